@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Installs what a fresh Debian machine with only the Rust toolchain lacks for kvc's tests:
+# cmake and C/C++ compilers (ffi-tests, the llama.cpp client), clang's sanitizer runtime,
+# and the Python packages the fixture scripts use. Installs nothing that is already there.
+set -euo pipefail
+
+need_apt=()
+command -v cmake >/dev/null 2>&1 || need_apt+=(cmake)
+command -v cc >/dev/null 2>&1 || need_apt+=(gcc)
+command -v c++ >/dev/null 2>&1 || need_apt+=(g++)
+command -v clang >/dev/null 2>&1 || need_apt+=(clang libclang-rt-14-dev)
+command -v ninja >/dev/null 2>&1 || need_apt+=(ninja-build)
+command -v pkg-config >/dev/null 2>&1 || need_apt+=(pkg-config)
+command -v python3 >/dev/null 2>&1 || need_apt+=(python3 python3-pip)
+
+if ((${#need_apt[@]})); then
+    sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    echo "install-deps: apt-get install ${need_apt[*]}"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${need_apt[@]}" >/dev/null
+fi
+
+need_py=()
+for mod in numpy safetensors; do
+    python3 -c "import $mod" >/dev/null 2>&1 || need_py+=("$mod")
+done
+if ((${#need_py[@]})); then
+    echo "install-deps: pip install ${need_py[*]}"
+    python3 -m pip install -q "${need_py[@]}" 2>/dev/null \
+        || python3 -m pip install -q --break-system-packages "${need_py[@]}"
+fi
+
+rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy rustfmt
