@@ -4,4 +4,37 @@
 //! real KV-cache data, and prints what they achieve (ratios, MB/s, errors) as a table and as
 //! JSON. It is a thin layer over the library crates and holds no algorithm of its own.
 
-fn main() {}
+mod cli_error;
+mod cmd;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use crate::cli_error::CliError;
+
+/// kvc: KV-cache compression for LLM inference engines.
+#[derive(Parser)]
+#[command(name = "kvc", version, about, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// One variant per area; each area's arguments and code live in `cmd/<area>.rs`.
+#[derive(Subcommand)]
+enum Command {}
+
+fn run(cli: Cli) -> Result<(), CliError> {
+    match cli.command {}
+}
+
+fn main() -> ExitCode {
+    match run(Cli::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("kvc: {err}");
+            ExitCode::from(err.exit_code())
+        }
+    }
+}
