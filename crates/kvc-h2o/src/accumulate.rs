@@ -120,20 +120,23 @@ fn add_rows_body(rows: Rows<'_>, target: &mut Target<'_>) {
 #[inline(always)]
 fn add_row(row: &[f32], first_token: usize, group: usize, target: &mut Target<'_>) {
     let block = target.block;
-    let mut t = first_token;
-    let mut rest = row;
+    let n_groups = target.n_groups;
+    let mut b = first_token / block;
+    let in_block = first_token - b * block;
+    // A leading partial block, then whole blocks; the division happens once per row.
+    let take = (block - in_block).min(row.len());
+    let (seg, mut rest) = row.split_at(take);
+    add_segment(
+        &mut target.lanes[b * n_groups + group],
+        seg,
+        in_block % LANES,
+    );
     while !rest.is_empty() {
-        let b = t / block;
-        let in_block = t - b * block;
-        let take = (block - in_block).min(rest.len());
+        b += 1;
+        let take = block.min(rest.len());
         let (seg, tail) = rest.split_at(take);
-        add_segment(
-            &mut target.lanes[b * target.n_groups + group],
-            seg,
-            in_block % LANES,
-        );
+        add_segment(&mut target.lanes[b * n_groups + group], seg, 0);
         rest = tail;
-        t += take;
     }
 }
 
@@ -142,19 +145,22 @@ fn add_segment(lanes: &mut Lanes, seg: &[f32], lane0: usize) {
     let head = ((LANES - lane0) % LANES).min(seg.len());
     let (first, rest) = seg.split_at(head);
     for (i, &v) in first.iter().enumerate() {
-        lanes[lane0 + i] += v;
+        lanes[(lane0 + i) % LANES] += v;
     }
-    let mut acc = *lanes;
+    // Sum the segment in registers first, then add it to the accumulator once.
+    let mut acc: Lanes = [0.0; LANES];
     let mut chunks = rest.chunks_exact(LANES);
     for c in &mut chunks {
-        for i in 0..LANES {
-            acc[i] += c[i];
+        for (a, v) in acc.iter_mut().zip(c) {
+            *a += *v;
         }
     }
-    for (i, &v) in chunks.remainder().iter().enumerate() {
-        acc[i] += v;
+    for (a, v) in acc.iter_mut().zip(chunks.remainder()) {
+        *a += *v;
     }
-    *lanes = acc;
+    for (l, a) in lanes.iter_mut().zip(acc) {
+        *l += a;
+    }
 }
 
 /// Folds each accumulator's lanes into one sum, adding into `out` (same indexing).
