@@ -166,14 +166,23 @@ impl Planner {
                 .filter(|&i| !self.keep[i])
                 .map(|i| (scores[i], i as u32)),
         );
+        // At most `need_blocks + 1` candidates are taken (one may be the partial last
+        // block), so only those are selected and sorted.
+        let take = (need_blocks + 1).min(self.order.len());
         match cfg.selection {
             // Descending score; equal scores: lower block index first. `total_cmp` makes the
             // order total, so the result never depends on the sort algorithm.
-            Selection::HeavyHitters => self
-                .order
-                .sort_unstable_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1))),
+            Selection::HeavyHitters => {
+                let by_score =
+                    |a: &(f32, u32), b: &(f32, u32)| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1));
+                if take > 0 && take < self.order.len() {
+                    self.order.select_nth_unstable_by(take - 1, by_score);
+                }
+                self.order[..take].sort_unstable_by(by_score);
+            }
             Selection::StreamingLlm => self.order.sort_unstable_by_key(|b| std::cmp::Reverse(b.1)),
         }
+        self.order.truncate(take);
         let mut kept = budget.protected;
         for &(_, i) in &self.order {
             if kept >= quantized {
