@@ -23,10 +23,15 @@ struct Cli {
 
 /// One variant per area; each area's arguments and code live in `cmd/<area>.rs`.
 #[derive(Subcommand)]
-enum Command {}
+enum Command {
+    /// H2O eviction policy: offline replay of attention traces.
+    H2o(cmd::h2o::H2oArgs),
+}
 
 fn run(cli: Cli) -> Result<(), CliError> {
-    match cli.command {}
+    match cli.command {
+        Command::H2o(args) => cmd::h2o::run(args),
+    }
 }
 
 fn main() -> ExitCode {
