@@ -23,10 +23,15 @@ struct Cli {
 
 /// One variant per area; each area's arguments and code live in `cmd/<area>.rs`.
 #[derive(Subcommand)]
-enum Command {}
+enum Command {
+    /// The learned MLP compressor: inspect weight files, compress raw K/V.
+    Mlp(cmd::mlp::MlpArgs),
+}
 
 fn run(cli: Cli) -> Result<(), CliError> {
-    match cli.command {}
+    match cli.command {
+        Command::Mlp(args) => cmd::mlp::run(args),
+    }
 }
 
 fn main() -> ExitCode {
