@@ -26,11 +26,14 @@ struct Cli {
 enum Command {
     /// H2O eviction policy: offline replay of attention traces.
     H2o(cmd::h2o::H2oArgs),
+    /// The learned MLP compressor: inspect weight files, compress raw K/V.
+    Mlp(cmd::mlp::MlpArgs),
 }
 
 fn run(cli: Cli) -> Result<(), CliError> {
     match cli.command {
         Command::H2o(args) => cmd::h2o::run(args),
+        Command::Mlp(args) => cmd::mlp::run(args),
     }
 }
 

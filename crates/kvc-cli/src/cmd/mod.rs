@@ -2,3 +2,4 @@
 //! its clap arguments and a `run` function returning `Result<(), CliError>`.
 
 pub mod h2o;
+pub mod mlp;
