@@ -558,8 +558,8 @@ struct CtxConfig {
 CtxPtr make_context(llama_model * model, const Options & o, const CtxConfig & c) {
     llama_context_params p = llama_context_default_params();
     p.n_ctx = (uint32_t) c.n_ctx;
-    p.n_batch = (uint32_t) c.n_batch;
-    p.n_ubatch = (uint32_t) std::min(c.n_batch, 512);
+    p.n_batch = (uint32_t) std::max(c.n_batch, o.prompt);
+    p.n_ubatch = 512;
     p.n_seq_max = 1;
     p.n_threads = o.threads;
     p.n_threads_batch = o.threads;
