@@ -394,7 +394,11 @@ struct EvalTap {
     bool capture_f32 = false;  // dump mode: keep every Kcur/Vcur row in token order
     int n_layer = 0;
     int n_head = 0;
+    int n_head_kv = 0;
+    int head_dim = 0;
     RowHook * hook = nullptr;
+    // data pointers of the tensors the hook saw last, per layer (checked against SET_ROWS)
+    std::vector<const void *> hooked_k, hooked_v;
 
     // per-cell attention mass, summed over layers, query tokens and heads (layer-uniform)
     std::vector<double> cell_scores;
@@ -432,12 +436,19 @@ float f32_at(const ggml_tensor * t, int64_t i0, int64_t i1, int64_t i2) {
     return *(const float *) p;
 }
 
-bool tensor_aliases(const ggml_tensor * view, const ggml_tensor * base) {
-    // follows view_src links; true when view reads base's storage
-    for (const ggml_tensor * v = view; v != nullptr; v = v->view_src) {
-        if (v == base || v->data == base->data) return true;
-    }
-    return false;
+// llama.cpp names several tensors "Kcur-<il>" / "Vcur-<il>" (the projection's MUL_MAT, its
+// 3-D reshape, the RoPE). The rows SET_ROWS writes are the RoPE output for K and the 3-D
+// [head_dim, n_head_kv, n_tokens] view of the projection for V; only those are hooked.
+bool is_row_target(const EvalTap * tap, const ggml_tensor * t, int * il, bool * is_v) {
+    const char * name = ggml_get_name(t);
+    const int ik = layer_of(name, "Kcur-");
+    const int iv = layer_of(name, "Vcur-");
+    if (ik < 0 && iv < 0) return false;
+    if (t->ne[0] != tap->head_dim || t->ne[1] != tap->n_head_kv || t->ne[3] != 1) return false;
+    if (ik >= 0 && t->op != GGML_OP_ROPE) return false;
+    *il = ik >= 0 ? ik : iv;
+    *is_v = iv >= 0;
+    return *il < tap->n_layer;
 }
 
 bool eval_callback(ggml_tensor * t, bool ask, void * ud) {
@@ -446,8 +457,8 @@ bool eval_callback(ggml_tensor * t, bool ask, void * ud) {
     int il;
     if (ask) {
         if (tap->want_kq && layer_of(name, "kq_soft_max-") >= 0) return true;
-        if ((tap->want_rows || tap->capture_f32) &&
-            (layer_of(name, "Kcur-") >= 0 || layer_of(name, "Vcur-") >= 0)) return true;
+        bool v_;
+        if ((tap->want_rows || tap->capture_f32) && is_row_target(tap, t, &il, &v_)) return true;
         if (tap->want_set_rows && t->op == GGML_OP_SET_ROWS) return true;
         return false;
     }
@@ -478,11 +489,8 @@ bool eval_callback(ggml_tensor * t, bool ask, void * ud) {
         return true;
     }
 
-    const int ik = layer_of(name, "Kcur-");
-    const int iv = layer_of(name, "Vcur-");
-    if (ik >= 0 || iv >= 0) {
-        const bool is_v = iv >= 0;
-        il = is_v ? iv : ik;
+    bool is_v = false;
+    if (is_row_target(tap, t, &il, &is_v)) {
         if (t->type != GGML_TYPE_F32 || t->ne[3] != 1) fail("Kcur/Vcur: unexpected " + shape_str(t));
         bool & logged = is_v ? tap->logged_v : tap->logged_k;
         if (!logged) {
@@ -491,6 +499,9 @@ bool eval_callback(ggml_tensor * t, bool ask, void * ud) {
             logged = true;
         }
         if (tap->hook) tap->hook->on_rows(il, is_v, t);
+        auto & seen = is_v ? tap->hooked_v : tap->hooked_k;
+        if ((int) seen.size() < tap->n_layer) seen.assign(tap->n_layer, nullptr);
+        seen[il] = t->data;
         if (tap->capture_f32 && il < tap->n_layer) {
             auto & dst = (is_v ? tap->v_rows : tap->k_rows)[il];
             for (int64_t tok = 0; tok < t->ne[2]; ++tok) {
@@ -523,12 +534,14 @@ bool eval_callback(ggml_tensor * t, bool ask, void * ud) {
                 tap->last_cells.push_back(*(const int64_t *) ((const char *) idx->data + i * idx->nb[0]));
             }
         }
-        // the rows SET_ROWS reads must be the Kcur/Vcur tensor the hook saw (a view of it)
-        if (is_k || is_v) {
-            const ggml_tensor * base = src;
-            while (base->view_src) base = base->view_src;
-            const char * bn = ggml_get_name(base);
-            const bool ok = layer_of(bn, "Kcur-") >= 0 || layer_of(bn, "Vcur-") >= 0;
+        // the rows SET_ROWS reads must be the storage of the tensor the hook saw for this layer
+        if ((is_k || is_v) && tap->want_rows) {
+            const char * digits = name + 9;  // after "cache_k_l" / "cache_v_l"
+            char * end = nullptr;
+            const long l = std::strtol(digits, &end, 10);
+            const auto & seen = is_k ? tap->hooked_k : tap->hooked_v;
+            const bool ok = end != digits && l >= 0 && l < (long) seen.size() && seen[l] != nullptr &&
+                            (src->data == seen[l] || (src->view_src && src->view_src->data == seen[l]));
             if (!ok) tap->stats.set_rows_reads_hooked_tensor = false;
         }
         tap->stats.set_rows_calls++;
@@ -968,6 +981,8 @@ RunResult run_dump(llama_model * model, const ModelInfo & mi, const Options & o,
     tap.capture_f32 = true;
     tap.n_layer = mi.n_layer;
     tap.n_head = mi.n_head;
+    tap.n_head_kv = mi.n_head_kv;
+    tap.head_dim = mi.head_dim;
     tap.k_rows.resize(mi.n_layer);
     tap.v_rows.resize(mi.n_layer);
     CtxConfig cfg;
@@ -1284,6 +1299,8 @@ int run(int argc, char ** argv) {
             tap.want_kq = tap.want_rows = tap.want_set_rows = true;
             tap.n_layer = mi.n_layer;
             tap.n_head = mi.n_head;
+            tap.n_head_kv = mi.n_head_kv;
+            tap.head_dim = mi.head_dim;
             tap.hook = &hook;
             DecodeSpec s;
             s.mode = "probe";
