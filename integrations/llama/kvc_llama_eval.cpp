@@ -882,6 +882,7 @@ struct Compare {
     bool done = false;
     long values = 0;
     long mismatches = 0;
+    long layer0_mismatches = 0;
     int layers = 0, tokens = 0;
 };
 
@@ -900,7 +901,10 @@ Compare compare_dump(const std::vector<uint16_t> & ours, int L, int T, const std
                 uint16_t y;
                 std::memcpy(&y, b + j * 2, 2);
                 c.values++;
-                if (a[j] != y) c.mismatches++;
+                if (a[j] != y) {
+                    c.mismatches++;
+                    if (l == 0) c.layer0_mismatches++;
+                }
             }
         }
     }
@@ -1067,8 +1071,13 @@ RunResult run_dump(llama_model * model, const ModelInfo & mi, const Options & o,
             }
             r.extra.push_back({key, "{\"layers\": " + std::to_string(c.layers) + ", \"tokens\": " + std::to_string(c.tokens) +
                                         ", \"values\": " + std::to_string(c.values) +
-                                        ", \"mismatches\": " + std::to_string(c.mismatches) + "}"});
-            summary += std::string(" ") + f.first + (c.mismatches == 0 ? " identical" : " DIFFERS");
+                                        ", \"mismatches\": " + std::to_string(c.mismatches) +
+                                        ", \"layer0_mismatches\": " + std::to_string(c.layer0_mismatches) + "}"});
+            char buf[96];
+            std::snprintf(buf, sizeof buf, " %s %s, %.2f%% of values differ;", f.first,
+                          c.layer0_mismatches == 0 ? "layer 0 identical" : "layer 0 DIFFERS",
+                          100.0 * (double) c.mismatches / (double) std::max<long>(1, c.values));
+            summary += buf;
         }
         if (!summary.empty()) r.detail += "; vs realkv:" + summary;
     }
