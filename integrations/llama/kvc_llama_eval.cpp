@@ -67,7 +67,7 @@ struct Options {
     int recent = 256;
     int trigger = 512;
     int interval = 16;
-    std::string budget = "fixed";     // fixed: n_tokens/ratio cells; adaptive: n_seen/ratio
+    std::string budget = "adaptive";  // adaptive: n_seen/ratio cells (MNN rule); fixed: n_tokens/ratio
     std::string positions = "shift";  // shift: close gaps with seq_add; keep: original positions
     bool bos = false;
     std::string json;
@@ -86,7 +86,7 @@ const char * kUsage =
     "  --prompt N          tokens decoded as one batch first [0]\n"
     "  --threads N         decode threads [1]\n"
     "  --ratio R --sink S --recent W --trigger T --interval I   budget [3.5 32 256 512 16]\n"
-    "  --budget fixed|adaptive   fixed: keep ceil(n_tokens/R); adaptive: ceil(seen/R) [fixed]\n"
+    "  --budget adaptive|fixed   adaptive: keep ceil(seen/R) (MNN); fixed: ceil(n_tokens/R) [adaptive]\n"
     "  --positions shift|keep    after eviction shift positions down or keep them [shift]\n"
     "  --bos               prepend BOS (default: no BOS, as the realkv data)\n"
     "  --dump-dir DIR      where the dump mode writes (default: no files, compare only)\n"
