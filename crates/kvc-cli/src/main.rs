@@ -23,10 +23,15 @@ struct Cli {
 
 /// One variant per area; each area's arguments and code live in `cmd/<area>.rs`.
 #[derive(Subcommand)]
-enum Command {}
+enum Command {
+    /// int8 C8 KV-cache quantization with msmodelslim scale files.
+    Quant(cmd::quant::QuantArgs),
+}
 
 fn run(cli: Cli) -> Result<(), CliError> {
-    match cli.command {}
+    match cli.command {
+        Command::Quant(args) => cmd::quant::run(args),
+    }
 }
 
 fn main() -> ExitCode {
