@@ -336,3 +336,40 @@ pub fn run(a: &BenchCacheArgs) -> Result<(), CliError> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn measures_a_small_cache_and_the_sample() {
+        let a = BenchCacheArgs {
+            data: Some(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/sample")),
+            layers: 2,
+            tokens: 512,
+            kv_heads: 2,
+            head_dim: 16,
+            reps: 1,
+            json: None,
+        };
+        let r = measure(&a).unwrap();
+        assert_eq!(r["compaction"].as_array().unwrap().len(), 4);
+        assert_eq!(r["quant_speed"].as_array().unwrap().len(), 6);
+        // 4 layers x K/V x f16/bf16 in the sample.
+        let e = r["c8_error"].as_array().unwrap();
+        assert_eq!(e.len(), 16);
+        assert!(e
+            .iter()
+            .all(|x| x["asym"]["snr_db"].as_f64().unwrap() > 25.0));
+        let bad = BenchCacheArgs {
+            tokens: 10,
+            ..a.clone()
+        };
+        assert!(measure(&bad).is_err());
+        let nodata = BenchCacheArgs {
+            data: Some(PathBuf::from("/nonexistent")),
+            ..a
+        };
+        assert!(measure(&nodata).is_err());
+    }
+}
