@@ -64,8 +64,16 @@ impl fmt::Display for DType {
 pub(crate) fn load_f32(dtype: DType, src: &[u8], dst: &mut [f32]) {
     match dtype {
         DType::F16 => {
-            for (d, c) in dst.iter_mut().zip(src.chunks_exact(2)) {
-                *d = half::f16::from_le_bytes([c[0], c[1]]).to_f32();
+            use half::slice::HalfFloatSliceExt;
+            let n = dst.len();
+            // The vectorised (F16C when detected) slice conversion needs aligned f16s.
+            match bytemuck::try_cast_slice::<u8, half::f16>(&src[..n * 2]) {
+                Ok(h) if cfg!(target_endian = "little") => h.convert_to_f32_slice(dst),
+                _ => {
+                    for (d, c) in dst.iter_mut().zip(src.chunks_exact(2)) {
+                        *d = half::f16::from_le_bytes([c[0], c[1]]).to_f32();
+                    }
+                }
             }
         }
         DType::BF16 => {
@@ -90,8 +98,15 @@ pub(crate) fn load_f32(dtype: DType, src: &[u8], dst: &mut [f32]) {
 pub(crate) fn store_f32(dtype: DType, src: &[f32], dst: &mut [u8]) {
     match dtype {
         DType::F16 => {
-            for (c, &x) in dst.chunks_exact_mut(2).zip(src) {
-                c.copy_from_slice(&half::f16::from_f32(x).to_le_bytes());
+            use half::slice::HalfFloatSliceExt;
+            let n = src.len();
+            match bytemuck::try_cast_slice_mut::<u8, half::f16>(&mut dst[..n * 2]) {
+                Ok(h) if cfg!(target_endian = "little") => h.convert_from_f32_slice(src),
+                Ok(_) | Err(_) => {
+                    for (c, &x) in dst.chunks_exact_mut(2).zip(src) {
+                        c.copy_from_slice(&half::f16::from_f32(x).to_le_bytes());
+                    }
+                }
             }
         }
         DType::BF16 => {

@@ -77,9 +77,16 @@ fn check_pair(
     Ok(())
 }
 
+/// Round half to even of a value already clamped to [-128, 127]: adding and removing
+/// 1.5 * 2^23 leaves an integer, rounded in the default (nearest-even) mode. Clamping to
+/// integer bounds commutes with rounding, so this equals
+/// `round_ties_even(v).clamp(-128, 127)` (NaN stays NaN and casts to 0 either way), and it
+/// vectorizes where `round_ties_even` is a library call.
 #[inline]
 fn q1(x: f32, scale: f32, offset: f32) -> i8 {
-    (x / scale + offset).round_ties_even().clamp(-128.0, 127.0) as i8
+    const MAGIC: f32 = 12_582_912.0;
+    let v = (x / scale + offset).clamp(-128.0, 127.0);
+    ((v + MAGIC) - MAGIC) as i8
 }
 
 /// Quantizes tokens `tokens` of `src` (f16/bf16/f32) into `dst` (the same layout in
