@@ -28,12 +28,15 @@ enum Command {
     H2o(cmd::h2o::H2oArgs),
     /// The learned MLP compressor: inspect weight files, compress raw K/V.
     Mlp(cmd::mlp::MlpArgs),
+    /// int8 C8 KV-cache quantization with msmodelslim scale files.
+    Quant(cmd::quant::QuantArgs),
 }
 
 fn run(cli: Cli) -> Result<(), CliError> {
     match cli.command {
         Command::H2o(args) => cmd::h2o::run(args),
         Command::Mlp(args) => cmd::mlp::run(args),
+        Command::Quant(args) => cmd::quant::run(args),
     }
 }
 
