@@ -138,6 +138,121 @@ pub fn compact_layers(layers: &mut [LayerMut<'_>], plans: &[ReservePlan]) -> Res
         .collect()
 }
 
+/// Moves tokens `[src, src + n)` to `[dst, dst + n)` of head `head` only (its `head_dim`
+/// channels), as `memmove` would.
+pub fn move_head_tokens(
+    buf: &mut [u8],
+    layout: &TensorLayout,
+    head: usize,
+    src: usize,
+    dst: usize,
+    n: usize,
+) -> Result<()> {
+    layout.check_buffer("tensor", buf.len())?;
+    if head >= layout.n_heads() {
+        return Err(Error::InvalidRange {
+            start: head,
+            end: head.saturating_add(1),
+            limit: layout.n_heads(),
+        });
+    }
+    let cap = layout.capacity();
+    for s in [src, dst] {
+        check_range(
+            s,
+            s.checked_add(n)
+                .ok_or(Error::SizeOverflow { what: "token + n" })?,
+            cap,
+        )?;
+    }
+    if n == 0 || src == dst {
+        return Ok(());
+    }
+    let es = layout.dtype().size();
+    let hd = layout.head_dim();
+    match layout.addressing() {
+        Addressing::HeadMajor => {
+            let base = layout.offset(0, head, 0) * es;
+            buf.copy_within(
+                base + src * hd * es..base + (src + n) * hd * es,
+                base + dst * hd * es,
+            );
+        }
+        Addressing::CellColumns => {
+            for c in head * hd..(head + 1) * hd {
+                let base = c * cap * es;
+                buf.copy_within(base + src * es..base + (src + n) * es, base + dst * es);
+            }
+        }
+        Addressing::CellRows | Addressing::MnnKey { .. } | Addressing::MnnValue { .. } => {
+            let runs: Vec<(usize, usize, usize)> = layout
+                .channel_runs()
+                .into_iter()
+                .filter_map(|(c0, off, len)| {
+                    // Clip each run to the head's channels.
+                    let (lo, hi) = (c0.max(head * hd), (c0 + len).min((head + 1) * hd));
+                    (lo < hi).then(|| (lo, off + (lo - c0), hi - lo))
+                })
+                .collect();
+            let mut one = |i: usize| {
+                let s = layout.token_offset(src + i);
+                let d = layout.token_offset(dst + i);
+                for &(_, coff, len) in &runs {
+                    let a = (s + coff) * es;
+                    buf.copy_within(a..a + len * es, (d + coff) * es);
+                }
+            };
+            if dst < src {
+                (0..n).for_each(&mut one);
+            } else {
+                (0..n).rev().for_each(&mut one);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Compacts each head of one tensor by its own plan (kvc-h2o with one score per KV head:
+/// [`ReservePlan::from_h2o_groups`]), in place; every plan must keep the same number of
+/// tokens, which is returned. All plans are checked before any byte moves.
+pub fn compact_heads(
+    buf: &mut [u8],
+    layout: &TensorLayout,
+    plans: &[ReservePlan],
+) -> Result<usize> {
+    layout.check_buffer("tensor", buf.len())?;
+    if plans.len() != layout.n_heads() {
+        return Err(Error::LayoutMismatch {
+            what: "plans per head",
+            expected: layout.n_heads(),
+            found: plans.len(),
+        });
+    }
+    let kept = plans.first().map_or(0, ReservePlan::kept);
+    for p in plans {
+        if p.len() > layout.capacity() {
+            return Err(Error::InvalidRange {
+                start: 0,
+                end: p.len(),
+                limit: layout.capacity(),
+            });
+        }
+        if p.kept() != kept {
+            return Err(Error::LayoutMismatch {
+                what: "tokens kept per head",
+                expected: kept,
+                found: p.kept(),
+            });
+        }
+    }
+    for (h, p) in plans.iter().enumerate() {
+        for (src, dst, n) in p.moves() {
+            move_head_tokens(buf, layout, h, src, dst, n)?;
+        }
+    }
+    Ok(kept)
+}
+
 /// Compaction of all layers with shared cells (llama.cpp): one plan moves the same
 /// tokens in every layer and, if given, in the cell table. Returns the old -> new map.
 pub fn compact_shared(

@@ -30,8 +30,8 @@ pub mod quant;
 
 pub use cells::{Cell, CellTable};
 pub use compact::{
-    compact_layer, compact_layers, compact_shared, compact_tensor, move_tokens, zero_layer_tokens,
-    zero_tokens,
+    compact_heads, compact_layer, compact_layers, compact_shared, compact_tensor, move_head_tokens,
+    move_tokens, zero_layer_tokens, zero_tokens,
 };
 pub use dtype::DType;
 pub use error::{Error, ErrorKind, Result};
