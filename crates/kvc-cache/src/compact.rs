@@ -59,10 +59,11 @@ pub fn move_tokens(
             }
         }
         Addressing::MnnKey { .. } | Addressing::MnnValue { .. } => {
-            // Token by token, like MNN's moveKV; direction chosen so that no source token
-            // is overwritten before it is read.
+            // Token by token, like MNN's moveKV, except that runs of whole packed units
+            // move with one memmove each (`mnn_chunk`); direction chosen so that no source
+            // token is overwritten before it is read.
             let runs = layout.channel_runs();
-            let mut one = |i: usize| {
+            let one = |buf: &mut [u8], i: usize| {
                 let s = layout.token_offset(src + i);
                 let d = layout.token_offset(dst + i);
                 for &(_, coff, len) in &runs {
@@ -71,13 +72,83 @@ pub fn move_tokens(
                 }
             };
             if dst < src {
-                (0..n).for_each(&mut one);
+                let mut i = 0;
+                while i < n {
+                    i += mnn_chunk(buf, layout, src + i, dst + i, n - i).unwrap_or_else(|| {
+                        one(buf, i);
+                        1
+                    });
+                }
             } else {
-                (0..n).rev().for_each(&mut one);
+                (0..n).rev().for_each(|i| one(buf, i));
             }
         }
     }
     Ok(())
+}
+
+/// The MNN fast path of a forward move (`dst < src`): if tokens `src` and `dst` both start
+/// a packed unit (`hP` tokens of a key block, `lP` tokens of a value block) that holds no
+/// padding, moves as many whole units as `n` allows (and, for values, as fit in the current
+/// flash-attention block of both) with one `memmove` per head (per head and `hP` dims for
+/// values), and returns how many tokens moved; `None` when the token must move alone.
+///
+/// The moved regions hold exactly the moved tokens' elements (whole units, no padding), so
+/// the result equals moving those tokens one by one in ascending order, which is how the
+/// caller uses it.
+fn mnn_chunk(
+    buf: &mut [u8],
+    layout: &TensorLayout,
+    src: usize,
+    dst: usize,
+    n: usize,
+) -> Option<usize> {
+    let (es, hd) = (layout.dtype().size(), layout.head_dim());
+    let head_bytes = layout.mnn_head_bytes();
+    match layout.addressing() {
+        Addressing::MnnKey { hp, lp } => {
+            if hd % lp != 0 || src % hp != 0 || dst % hp != 0 || n < hp {
+                return None;
+            }
+            let m = n / hp * hp;
+            let (s, d) = (layout.token_offset(src) * es, layout.token_offset(dst) * es);
+            for h in 0..layout.n_heads() {
+                let base = h * head_bytes;
+                buf.copy_within(base + s..base + s + m * hd * es, base + d);
+            }
+            Some(m)
+        }
+        Addressing::MnnValue { hp, lp, block } => {
+            let (sb, db) = (src % block, dst % block);
+            if hd % hp != 0 || sb % lp != 0 || db % lp != 0 {
+                return None;
+            }
+            let (s, d) = (layout.token_offset(src) * es, layout.token_offset(dst) * es);
+            if sb == 0 && db == 0 && block % lp == 0 && n >= block {
+                // Whole flash blocks: `block * head_dim` elements each, contiguous per head.
+                let m = n / block * block;
+                for h in 0..layout.n_heads() {
+                    let base = h * head_bytes;
+                    buf.copy_within(base + s..base + s + m * hd * es, base + d);
+                }
+                return Some(m);
+            }
+            let units = (n / lp).min((block - sb) / lp).min((block - db) / lp);
+            if units == 0 {
+                return None;
+            }
+            let stride1 = block.div_ceil(lp) * hp * lp * es;
+            let len = units * hp * lp * es;
+            for h in 0..layout.n_heads() {
+                for j in 0..hd / hp {
+                    let base = h * head_bytes + j * stride1;
+                    buf.copy_within(base + s..base + s + len, base + d);
+                }
+            }
+            Some(units * lp)
+        }
+        _ => None,
+    }
 }
 
 /// Compacts one tensor by `plan`, in place; returns the new length.
