@@ -10,6 +10,9 @@ rm -rf "$out/install" "$out/consumer" "$out/pkgconfig"
 gen=()
 command -v ninja >/dev/null 2>&1 && gen=(-G Ninja)
 
+# 0. The test-hooks code is only compiled with its feature: lint it like the rest.
+cargo clippy --locked -q -p kvc-capi --all-targets --features test-hooks -- -D warnings
+
 # 1. The shipped library (no test hooks), built by the top-level CMakeLists into the
 #    workspace's target/ (shared with cargo), installed to a prefix.
 cmake -S . -B "$out/package" "${gen[@]}" -DKVC_CARGO_TARGET_DIR="$root/target" >/dev/null

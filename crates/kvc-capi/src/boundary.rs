@@ -45,16 +45,24 @@ pub fn status_boundary(function: &str, body: impl FnOnce() -> Result<(), Error>)
             KvcStatus::KVC_OK
         }
         Ok(Err(err)) => {
-            set_last_error(function, &err);
+            record(function, &err);
             err.kind()
         }
         Err(payload) => {
             let err = Error::Panic {
                 message: panic_message(payload),
             };
-            set_last_error(function, &err);
+            record(function, &err);
             KvcStatus::KVC_PANIC
         }
+    }
+}
+
+/// Stores `err` as the thread's last error; a panic while formatting it (a broken
+/// `Display` of a wrapped error) must not escape either, and leaves the old message.
+fn record(function: &str, err: &Error) {
+    if let Err(payload) = catch_unwind(AssertUnwindSafe(|| set_last_error(function, err))) {
+        drop_payload(payload);
     }
 }
 
