@@ -5,3 +5,33 @@
 //! ranges, MLP compression of a cache, and int8 "C8" per-channel quantization with
 //! msmodelslim scale files. It decides nothing (policies live in `kvc-h2o`) and codes
 //! nothing losslessly (that is `kvc-codec`).
+//!
+//! - [`layout`]: [`TensorLayout`] / [`KvLayout`] value types for each engine, and
+//!   [`LayerMut`], a layer borrowed from whoever owns the memory.
+//! - [`plan`]: [`ReservePlan`] (validated reserve pairs) and the old -> new [`IndexMap`].
+//! - [`compact`]: in-place compaction per layer or across layers with shared cells,
+//!   zeroing of token ranges.
+//! - [`cells`]: a llama.cpp-style cell table kvc keeps beside the engine's.
+//! - [`paged`]: kvc-owned storage whose released token ranges return their pages to the
+//!   operating system.
+//! - [`quant`]: int8 C8 quantization, calibration and msmodelslim checkpoints.
+
+pub mod cells;
+pub mod compact;
+pub mod dtype;
+pub mod error;
+pub mod layout;
+pub mod paged;
+pub mod plan;
+pub mod quant;
+
+pub use cells::{Cell, CellTable};
+pub use compact::{
+    compact_layer, compact_layers, compact_shared, compact_tensor, move_tokens, zero_layer_tokens,
+    zero_tokens,
+};
+pub use dtype::DType;
+pub use error::{Error, ErrorKind, Result};
+pub use layout::{Addressing, KvLayout, LayerMut, TensorLayout};
+pub use paged::{OwnedCache, PagedBuffer};
+pub use plan::{IndexMap, ReservePlan};

@@ -23,10 +23,21 @@ struct Cli {
 
 /// One variant per area; each area's arguments and code live in `cmd/<area>.rs`.
 #[derive(Subcommand)]
-enum Command {}
+enum Command {
+    /// H2O eviction policy: offline replay of attention traces.
+    H2o(cmd::h2o::H2oArgs),
+    /// The learned MLP compressor: inspect weight files, compress raw K/V.
+    Mlp(cmd::mlp::MlpArgs),
+    /// int8 C8 KV-cache quantization with msmodelslim scale files.
+    Quant(cmd::quant::QuantArgs),
+}
 
 fn run(cli: Cli) -> Result<(), CliError> {
-    match cli.command {}
+    match cli.command {
+        Command::H2o(args) => cmd::h2o::run(args),
+        Command::Mlp(args) => cmd::mlp::run(args),
+        Command::Quant(args) => cmd::quant::run(args),
+    }
 }
 
 fn main() -> ExitCode {

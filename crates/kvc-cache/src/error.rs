@@ -1,0 +1,255 @@
+//! The one error type of `kvc-cache`.
+
+use std::fmt;
+
+/// The broad class of an [`Error`], which `kvc-capi` maps to one C status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// A caller passed a bad argument: a shape, a range, a plan.
+    InvalidArgument,
+    /// A file or buffer does not hold what its format says.
+    CorruptData,
+    /// A buffer is smaller than the layout needs.
+    BufferTooSmall,
+    /// Well-formed input that kvc does not handle (a dtype, a quantization type).
+    Unsupported,
+    /// The operating system refused (mmap, a file).
+    Io,
+}
+
+/// Everything that can go wrong in `kvc-cache`; each variant names what and where.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Error {
+    /// A layout dimension is zero or out of range.
+    InvalidShape {
+        /// Which dimension.
+        field: &'static str,
+        /// What was given.
+        value: usize,
+        /// Why it is rejected.
+        reason: &'static str,
+    },
+    /// A size computed from the shape does not fit in `usize`.
+    SizeOverflow {
+        /// What was being computed.
+        what: &'static str,
+    },
+    /// A buffer is shorter than its layout.
+    BufferTooSmall {
+        /// Which buffer.
+        what: &'static str,
+        /// Bytes the layout needs.
+        needed: usize,
+        /// Bytes given.
+        found: usize,
+    },
+    /// Two layouts that must agree do not.
+    LayoutMismatch {
+        /// What differs.
+        what: &'static str,
+        /// Expected value.
+        expected: usize,
+        /// Found value.
+        found: usize,
+    },
+    /// A reserve span is empty, unsorted, overlapping or out of range.
+    InvalidPlan {
+        /// Index of the offending span.
+        span: usize,
+        /// Its offset.
+        offset: usize,
+        /// Its length.
+        length: usize,
+        /// Why it is rejected.
+        reason: &'static str,
+    },
+    /// A token range is empty-reversed or beyond the capacity.
+    InvalidRange {
+        /// Start token.
+        start: usize,
+        /// End token (exclusive).
+        end: usize,
+        /// The limit it must stay within.
+        limit: usize,
+    },
+    /// A cell index or sequence id is out of range.
+    InvalidCell {
+        /// What is wrong.
+        what: &'static str,
+        /// The value given.
+        value: i64,
+        /// The limit.
+        limit: i64,
+    },
+    /// The element type cannot be used for this operation.
+    UnsupportedDType {
+        /// Where.
+        what: &'static str,
+        /// The dtype's name.
+        dtype: String,
+    },
+    /// `quant_model_description.json` is not valid JSON or not an object.
+    BadDescription {
+        /// The file.
+        path: String,
+        /// Why.
+        reason: String,
+    },
+    /// The description does not declare C8 KV quantization.
+    NotC8 {
+        /// The file.
+        path: String,
+        /// What `kv_cache_type` / `kv_quant_type` holds (or `missing`).
+        found: String,
+    },
+    /// The safetensors file is malformed.
+    BadSafetensors {
+        /// The file.
+        path: String,
+        /// The parser's reason.
+        reason: String,
+    },
+    /// A C8 tensor is unusable: bad shape, bad values, duplicate, no layer number.
+    BadTensor {
+        /// The tensor name.
+        name: String,
+        /// Why.
+        reason: String,
+    },
+    /// A C8 tensor that must exist is missing.
+    MissingTensor {
+        /// Layer number.
+        layer: usize,
+        /// Which one (`k_proj.kv_cache_scale`, ...).
+        which: &'static str,
+    },
+    /// A value that quantization cannot use (NaN or infinity in a cache).
+    NonFinite {
+        /// Where.
+        what: &'static str,
+        /// Element index.
+        index: usize,
+    },
+    /// A file could not be read or written.
+    Io {
+        /// The path.
+        path: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// mmap / madvise failed.
+    Os {
+        /// The call.
+        call: &'static str,
+        /// errno.
+        errno: i32,
+    },
+}
+
+impl Error {
+    /// The class of this error.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Error::InvalidShape { .. }
+            | Error::SizeOverflow { .. }
+            | Error::LayoutMismatch { .. }
+            | Error::InvalidPlan { .. }
+            | Error::InvalidRange { .. }
+            | Error::InvalidCell { .. } => ErrorKind::InvalidArgument,
+            Error::BufferTooSmall { .. } => ErrorKind::BufferTooSmall,
+            Error::UnsupportedDType { .. } | Error::NotC8 { .. } => ErrorKind::Unsupported,
+            Error::BadDescription { .. }
+            | Error::BadSafetensors { .. }
+            | Error::BadTensor { .. }
+            | Error::MissingTensor { .. }
+            | Error::NonFinite { .. } => ErrorKind::CorruptData,
+            Error::Io { .. } | Error::Os { .. } => ErrorKind::Io,
+        }
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::InvalidShape {
+                field,
+                value,
+                reason,
+            } => {
+                write!(f, "invalid layout: {field} = {value}: {reason}")
+            }
+            Error::SizeOverflow { what } => write!(f, "size overflow computing {what}"),
+            Error::BufferTooSmall {
+                what,
+                needed,
+                found,
+            } => {
+                write!(
+                    f,
+                    "{what} buffer too small: layout needs {needed} bytes, got {found}"
+                )
+            }
+            Error::LayoutMismatch {
+                what,
+                expected,
+                found,
+            } => {
+                write!(
+                    f,
+                    "layout mismatch: {what} expected {expected}, found {found}"
+                )
+            }
+            Error::InvalidPlan {
+                span,
+                offset,
+                length,
+                reason,
+            } => write!(
+                f,
+                "invalid reserve plan: span {span} (offset {offset}, length {length}): {reason}"
+            ),
+            Error::InvalidRange { start, end, limit } => {
+                write!(f, "invalid token range {start}..{end} (limit {limit})")
+            }
+            Error::InvalidCell { what, value, limit } => {
+                write!(f, "invalid {what} {value} (limit {limit})")
+            }
+            Error::UnsupportedDType { what, dtype } => {
+                write!(f, "unsupported dtype {dtype} for {what}")
+            }
+            Error::BadDescription { path, reason } => {
+                write!(f, "{path}: bad description: {reason}")
+            }
+            Error::NotC8 { path, found } => write!(
+                f,
+                "{path}: not a C8 KV-cache checkpoint (kv_cache_type/kv_quant_type is {found})"
+            ),
+            Error::BadSafetensors { path, reason } => {
+                write!(f, "{path}: bad safetensors: {reason}")
+            }
+            Error::BadTensor { name, reason } => write!(f, "tensor {name}: {reason}"),
+            Error::MissingTensor { layer, which } => {
+                write!(f, "layer {layer}: missing tensor {which}")
+            }
+            Error::NonFinite { what, index } => {
+                write!(f, "{what}: non-finite value at element {index}")
+            }
+            Error::Io { path, source } => write!(f, "{path}: {source}"),
+            Error::Os { call, errno } => write!(f, "{call} failed: errno {errno}"),
+        }
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Error::Io { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+}
+
+/// `Result` with [`Error`].
+pub type Result<T> = std::result::Result<T, Error>;

@@ -1,0 +1,215 @@
+//! `kvc mlp`: inspect learned-compressor weight files and compress raw K/V tensors with them.
+
+use std::path::{Path, PathBuf};
+
+use clap::{Args, Subcommand, ValueEnum};
+use kvc_mlp::{
+    bf16, f16, CompressParams, Compressor, CompressorWeights, ErrorKind, KvElement, KvShape,
+};
+
+use crate::cli_error::CliError;
+
+/// `kvc mlp ...`
+#[derive(Args)]
+pub struct MlpArgs {
+    #[command(subcommand)]
+    command: MlpCommand,
+}
+
+#[derive(Subcommand)]
+enum MlpCommand {
+    /// Print a .bin v1 weight file's header and every weight block's shape.
+    Inspect {
+        /// The weight file.
+        file: PathBuf,
+    },
+    /// Compress one layer's K and V (raw little-endian [H, S, D]) and print the new length.
+    Compress(CompressArgs),
+}
+
+/// Element type of the raw K/V files.
+#[derive(Clone, Copy, ValueEnum)]
+enum Dtype {
+    F16,
+    Bf16,
+    F32,
+}
+
+#[derive(Args)]
+struct CompressArgs {
+    /// The .bin v1 weight file.
+    #[arg(long)]
+    weights: PathBuf,
+    /// Layer index into the weights.
+    #[arg(long)]
+    layer: usize,
+    /// Element type of K, V and the outputs.
+    #[arg(long, value_enum)]
+    dtype: Dtype,
+    /// Number of KV heads H.
+    #[arg(long)]
+    heads: usize,
+    /// Sequence length S.
+    #[arg(long)]
+    seq: usize,
+    /// Head dimension D.
+    #[arg(long)]
+    head_dim: usize,
+    /// Length of the image prefix (compressed with the image MLPs).
+    #[arg(long, default_value_t = 0)]
+    image_kv_len: usize,
+    /// Tokens per group (default: the file's compression_factor).
+    #[arg(long)]
+    factor: Option<usize>,
+    /// Minimum number of groups to compress a segment (default: the file's min_seq_len).
+    #[arg(long)]
+    min_seq_len: Option<usize>,
+    /// Input keys, raw [H, S, D].
+    #[arg(long)]
+    k: PathBuf,
+    /// Input values, raw [H, S, D].
+    #[arg(long)]
+    v: PathBuf,
+    /// Output keys, raw [H, S_new, D].
+    #[arg(long)]
+    out_k: PathBuf,
+    /// Output values, raw [H, S_new, D].
+    #[arg(long)]
+    out_v: PathBuf,
+}
+
+fn mlp_error(path: Option<&Path>, e: kvc_mlp::Error) -> CliError {
+    match (e.kind(), path) {
+        (ErrorKind::Io, _) => CliError::Io(e.to_string()),
+        (_, Some(p)) => CliError::input(format!("{}: {e}", p.display())),
+        (_, None) => CliError::input(e),
+    }
+}
+
+/// Runs `kvc mlp`.
+pub fn run(args: MlpArgs) -> Result<(), CliError> {
+    match args.command {
+        MlpCommand::Inspect { file } => inspect(&file),
+        MlpCommand::Compress(a) => match a.dtype {
+            Dtype::F16 => compress::<f16>(&a),
+            Dtype::Bf16 => compress::<bf16>(&a),
+            Dtype::F32 => compress::<f32>(&a),
+        },
+    }
+}
+
+fn inspect(file: &Path) -> Result<(), CliError> {
+    let w = CompressorWeights::load(file).map_err(|e| mlp_error(Some(file), e))?;
+    let Some(h) = w.header() else {
+        return Err(CliError::input("no header"));
+    };
+    println!("file                   {}", file.display());
+    println!("magic                  0x{:08x}", kvc_mlp::MAGIC);
+    println!("version                {}", kvc_mlp::VERSION);
+    println!(
+        "dtype                  {} (code {})",
+        h.dtype.name(),
+        h.dtype.code()
+    );
+    println!("num_layers             {}", h.num_layers);
+    println!("num_heads              {}", h.num_heads);
+    println!(
+        "head_dim               {} (used: {})",
+        h.head_dim,
+        w.head_dim()
+    );
+    println!("hidden_size            {}", h.hidden_size);
+    println!("compression_factor     {}", h.compression_factor);
+    println!("min_seq_len            {}", h.min_seq_len);
+    println!("weight_count_per_layer {}", h.weight_count_per_layer);
+    println!("metadata_size_bytes    {}", h.metadata_size_bytes);
+    println!("layer index prefix       slot rows  cols  bias offset");
+    for r in w.records() {
+        println!(
+            "{:5} {:5} {:12} {:4} {:5} {:5} {:4} {}",
+            r.layer,
+            r.index,
+            r.prefix(),
+            r.slot(),
+            r.rows,
+            r.cols,
+            if r.has_bias { "yes" } else { "no" },
+            r.offset
+        );
+    }
+    Ok(())
+}
+
+fn read_tensor<T: KvElement>(path: &Path, elems: usize) -> Result<Vec<T>, CliError> {
+    let bytes = std::fs::read(path).map_err(|e| CliError::io(path, e))?;
+    let size = std::mem::size_of::<T>();
+    if Some(bytes.len()) != elems.checked_mul(size) {
+        return Err(CliError::input(format!(
+            "{}: {} bytes, expected {elems} {} elements ({} bytes) for the given shape",
+            path.display(),
+            bytes.len(),
+            T::NAME,
+            elems.saturating_mul(size)
+        )));
+    }
+    let mut v = vec![<T as bytemuck::Zeroable>::zeroed(); elems];
+    bytemuck::cast_slice_mut::<T, u8>(&mut v).copy_from_slice(&bytes);
+    Ok(v)
+}
+
+fn compress<T: KvElement>(a: &CompressArgs) -> Result<(), CliError> {
+    let weights =
+        CompressorWeights::load(&a.weights).map_err(|e| mlp_error(Some(&a.weights), e))?;
+    let comp = Compressor::new(weights);
+    let defaults = comp.default_params();
+    let params = CompressParams {
+        factor: a.factor.unwrap_or(defaults.factor),
+        min_seq_len: a.min_seq_len.unwrap_or(defaults.min_seq_len),
+        image_kv_len: a.image_kv_len,
+    };
+    let shape = KvShape {
+        heads: a.heads,
+        seq_len: a.seq,
+        head_dim: a.head_dim,
+    };
+    // Check the shape and options before reading the tensors.
+    let plan = comp
+        .plan(a.layer, a.seq, &params)
+        .map_err(|e| mlp_error(None, e))?;
+    if a.head_dim != comp.weights().head_dim() {
+        return Err(CliError::input(format!(
+            "--head-dim {} does not match the weights' head_dim {}",
+            a.head_dim,
+            comp.weights().head_dim()
+        )));
+    }
+    let elems = a
+        .heads
+        .checked_mul(a.seq)
+        .and_then(|x| x.checked_mul(a.head_dim))
+        .ok_or_else(|| CliError::input("--heads x --seq x --head-dim overflows"))?;
+    let k = read_tensor::<T>(&a.k, elems)?;
+    let v = read_tensor::<T>(&a.v, elems)?;
+    let n_out = a.heads * plan.lengths().kv_len * a.head_dim;
+    let zero = <T as bytemuck::Zeroable>::zeroed();
+    let (mut ok, mut ov) = (vec![zero; n_out], vec![zero; n_out]);
+    let lens = comp
+        .compress_layer(a.layer, shape, &k, &v, &mut ok, &mut ov, &params)
+        .map_err(|e| mlp_error(None, e))?;
+    for (path, data) in [(&a.out_k, &ok), (&a.out_v, &ov)] {
+        std::fs::write(path, bytemuck::cast_slice::<T, u8>(data))
+            .map_err(|e| CliError::io(path, e))?;
+    }
+    println!(
+        "kv_len {} rope_position {} (layer {}, {} -> {} tokens, factor {}, min_seq_len {}, image_kv_len {})",
+        lens.kv_len,
+        lens.rope_position,
+        a.layer,
+        a.seq,
+        lens.kv_len,
+        params.factor,
+        params.min_seq_len,
+        params.image_kv_len
+    );
+    Ok(())
+}

@@ -1,0 +1,342 @@
+//! `kvc quant calibrate | apply | dequant`: int8 C8 quantization of raw KV caches laid
+//! out `[layer][token][kv_head][head_dim]`, with msmodelslim checkpoints.
+
+use std::path::{Path, PathBuf};
+
+use clap::{Args, Subcommand, ValueEnum};
+use kvc_cache::quant::msmodelslim::{read_checkpoint, write_checkpoint, ScaleDType};
+use kvc_cache::quant::{
+    dequantize, quant_error, quantize, C8Params, ChannelStats, ErrorStats, LayerQuant,
+};
+use kvc_cache::{Addressing, DType, ErrorKind, TensorLayout};
+
+use crate::cli_error::CliError;
+
+/// `kvc quant` arguments.
+#[derive(Args)]
+pub struct QuantArgs {
+    #[command(subcommand)]
+    cmd: QuantCmd,
+}
+
+#[derive(Subcommand)]
+enum QuantCmd {
+    /// Calibrate per-channel scales / offsets from raw K and V caches and write an
+    /// msmodelslim checkpoint (quant_model_description.json + quant_model_weight.safetensors).
+    Calibrate(CalibrateArgs),
+    /// Quantize raw K and V caches to int8 with an msmodelslim C8 checkpoint.
+    Apply(ApplyArgs),
+    /// Dequantize int8 K and V caches back to --dtype with an msmodelslim C8 checkpoint.
+    Dequant(DequantArgs),
+}
+
+/// Element type of the float caches.
+#[derive(Clone, Copy, ValueEnum)]
+enum FloatType {
+    F16,
+    Bf16,
+    F32,
+}
+
+impl FloatType {
+    fn dtype(self) -> DType {
+        match self {
+            FloatType::F16 => DType::F16,
+            FloatType::Bf16 => DType::BF16,
+            FloatType::F32 => DType::F32,
+        }
+    }
+}
+
+/// Element type of written scales / offsets.
+#[derive(Clone, Copy, ValueEnum)]
+enum ScaleType {
+    F16,
+    Bf16,
+    F32,
+}
+
+#[derive(Args)]
+struct Shape {
+    /// Element type of the float caches.
+    #[arg(long)]
+    dtype: FloatType,
+    /// Layers in each file.
+    #[arg(long)]
+    layers: usize,
+    /// KV heads.
+    #[arg(long = "kv-heads")]
+    kv_heads: usize,
+    /// Elements per head.
+    #[arg(long = "head-dim")]
+    head_dim: usize,
+}
+
+#[derive(Args)]
+struct CalibrateArgs {
+    #[command(flatten)]
+    shape: Shape,
+    /// Symmetric (offset 0, msmodelslim int8_per_channel_sym) instead of asymmetric.
+    #[arg(long)]
+    symmetric: bool,
+    /// Raw K cache.
+    #[arg(long)]
+    k: PathBuf,
+    /// Raw V cache.
+    #[arg(long)]
+    v: PathBuf,
+    /// Output checkpoint directory.
+    #[arg(long)]
+    out: PathBuf,
+    /// Element type of the written scales and offsets.
+    #[arg(long = "scale-dtype", value_enum, default_value = "f32")]
+    scale_dtype: ScaleType,
+}
+
+#[derive(Args)]
+struct ApplyArgs {
+    /// msmodelslim checkpoint directory.
+    #[arg(long)]
+    scales: PathBuf,
+    #[command(flatten)]
+    shape: Shape,
+    /// Raw K cache.
+    #[arg(long)]
+    k: PathBuf,
+    /// Raw V cache.
+    #[arg(long)]
+    v: PathBuf,
+    /// int8 K output.
+    #[arg(long = "out-k")]
+    out_k: PathBuf,
+    /// int8 V output.
+    #[arg(long = "out-v")]
+    out_v: PathBuf,
+}
+
+#[derive(Args)]
+struct DequantArgs {
+    /// msmodelslim checkpoint directory.
+    #[arg(long)]
+    scales: PathBuf,
+    #[command(flatten)]
+    shape: Shape,
+    /// int8 K cache.
+    #[arg(long)]
+    k: PathBuf,
+    /// int8 V cache.
+    #[arg(long)]
+    v: PathBuf,
+    /// K output in --dtype.
+    #[arg(long = "out-k")]
+    out_k: PathBuf,
+    /// V output in --dtype.
+    #[arg(long = "out-v")]
+    out_v: PathBuf,
+}
+
+fn lib_err(e: kvc_cache::Error) -> CliError {
+    match e.kind() {
+        ErrorKind::Io => CliError::Io(e.to_string()),
+        _ => CliError::input(e),
+    }
+}
+
+fn read(path: &Path) -> Result<Vec<u8>, CliError> {
+    std::fs::read(path).map_err(|e| CliError::io(path, e))
+}
+
+fn write(path: &Path, bytes: &[u8]) -> Result<(), CliError> {
+    std::fs::write(path, bytes).map_err(|e| CliError::io(path, e))
+}
+
+/// The per-layer layout of a raw file of `len` bytes: `(layout, tokens)`.
+fn layer_layout(
+    shape: &Shape,
+    dtype: DType,
+    len: usize,
+    path: &Path,
+) -> Result<TensorLayout, CliError> {
+    let bad = |m: String| CliError::input(format!("{}: {m}", path.display()));
+    if shape.layers == 0 || shape.kv_heads == 0 || shape.head_dim == 0 {
+        return Err(bad(
+            "--layers, --kv-heads and --head-dim must be at least 1".into(),
+        ));
+    }
+    let per_token = shape
+        .layers
+        .checked_mul(shape.kv_heads)
+        .and_then(|x| x.checked_mul(shape.head_dim))
+        .and_then(|x| x.checked_mul(dtype.size()))
+        .ok_or_else(|| bad("shape overflows".into()))?;
+    if len == 0 || len % per_token != 0 {
+        return Err(bad(format!(
+            "{len} bytes is not a whole number of tokens of {} layers x {} heads x {} dims x {} bytes",
+            shape.layers,
+            shape.kv_heads,
+            shape.head_dim,
+            dtype.size()
+        )));
+    }
+    TensorLayout::new(
+        Addressing::CellRows,
+        dtype,
+        shape.kv_heads,
+        shape.head_dim,
+        len / per_token,
+    )
+    .map_err(lib_err)
+}
+
+fn check_params(p: &C8Params, layers: usize, channels: usize) -> Result<(), CliError> {
+    for i in 0..layers {
+        let l = p.require(i).map_err(lib_err)?;
+        if l.k.channels() != channels || l.v.channels() != channels {
+            return Err(CliError::input(format!(
+                "checkpoint layer {i} has {} K / {} V channels, the cache has {channels} (kv-heads x head-dim)",
+                l.k.channels(),
+                l.v.channels()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Runs `kvc quant`.
+pub fn run(args: QuantArgs) -> Result<(), CliError> {
+    match args.cmd {
+        QuantCmd::Calibrate(a) => calibrate(a),
+        QuantCmd::Apply(a) => apply(a),
+        QuantCmd::Dequant(a) => dequant(a),
+    }
+}
+
+fn calibrate(a: CalibrateArgs) -> Result<(), CliError> {
+    let dt = a.shape.dtype.dtype();
+    let (k, v) = (read(&a.k)?, read(&a.v)?);
+    let lk = layer_layout(&a.shape, dt, k.len(), &a.k)?;
+    let lv = layer_layout(&a.shape, dt, v.len(), &a.v)?;
+    let mut params = C8Params::new();
+    for i in 0..a.shape.layers {
+        let mut q = Vec::new();
+        for (buf, l) in [(&k, &lk), (&v, &lv)] {
+            let n = l.byte_len();
+            let mut st = ChannelStats::new(l.channels());
+            st.observe(&buf[i * n..(i + 1) * n], l, 0..l.capacity())
+                .map_err(lib_err)?;
+            q.push(st.finish(a.symmetric).map_err(lib_err)?);
+        }
+        let v = q.pop().ok_or_else(|| CliError::input("internal: no V"))?;
+        let k = q.pop().ok_or_else(|| CliError::input("internal: no K"))?;
+        params.insert(i, LayerQuant { k, v }).map_err(lib_err)?;
+    }
+    let sd = match a.scale_dtype {
+        ScaleType::F16 => ScaleDType::F16,
+        ScaleType::Bf16 => ScaleDType::BF16,
+        ScaleType::F32 => ScaleDType::F32,
+    };
+    write_checkpoint(&a.out, &params, sd).map_err(lib_err)?;
+    println!(
+        "calibrated {} layers ({}, {} tokens K, {} tokens V) -> {}",
+        a.shape.layers,
+        if a.symmetric {
+            "symmetric"
+        } else {
+            "asymmetric"
+        },
+        lk.capacity(),
+        lv.capacity(),
+        a.out.display()
+    );
+    Ok(())
+}
+
+fn apply(a: ApplyArgs) -> Result<(), CliError> {
+    let dt = a.shape.dtype.dtype();
+    let params = read_checkpoint(&a.scales).map_err(lib_err)?;
+    let (k, v) = (read(&a.k)?, read(&a.v)?);
+    let lk = layer_layout(&a.shape, dt, k.len(), &a.k)?;
+    let lv = layer_layout(&a.shape, dt, v.len(), &a.v)?;
+    check_params(&params, a.shape.layers, lk.channels())?;
+    let (ik, iv) = (
+        lk.with_dtype(DType::I8).map_err(lib_err)?,
+        lv.with_dtype(DType::I8).map_err(lib_err)?,
+    );
+    let mut out_k = vec![0u8; ik.byte_len() * a.shape.layers];
+    let mut out_v = vec![0u8; iv.byte_len() * a.shape.layers];
+    println!("layer  K max_abs   K rms       K SNR dB  V max_abs   V rms       V SNR dB");
+    let (mut tk, mut tv) = (ErrorStats::default(), ErrorStats::default());
+    for i in 0..a.shape.layers {
+        let p = params.require(i).map_err(lib_err)?;
+        let mut row = Vec::new();
+        for (src, l, il, out, q, tot) in [
+            (&k, &lk, &ik, &mut out_k, &p.k, &mut tk),
+            (&v, &lv, &iv, &mut out_v, &p.v, &mut tv),
+        ] {
+            let (n, m) = (l.byte_len(), il.byte_len());
+            let s = &src[i * n..(i + 1) * n];
+            quantize(s, l, &mut out[i * m..(i + 1) * m], il, 0..l.capacity(), q)
+                .map_err(lib_err)?;
+            let st = quant_error(s, l, 0..l.capacity(), q).map_err(lib_err)?;
+            tot.merge(&st);
+            row.push(st);
+        }
+        println!(
+            "{i:<5}  {:<10.4e} {:<10.4e} {:>8.2}  {:<10.4e} {:<10.4e} {:>8.2}",
+            row[0].max_abs,
+            row[0].rms(),
+            row[0].snr_db(),
+            row[1].max_abs,
+            row[1].rms(),
+            row[1].snr_db()
+        );
+    }
+    println!(
+        "all    {:<10.4e} {:<10.4e} {:>8.2}  {:<10.4e} {:<10.4e} {:>8.2}",
+        tk.max_abs,
+        tk.rms(),
+        tk.snr_db(),
+        tv.max_abs,
+        tv.rms(),
+        tv.snr_db()
+    );
+    write(&a.out_k, &out_k)?;
+    write(&a.out_v, &out_v)
+}
+
+fn dequant(a: DequantArgs) -> Result<(), CliError> {
+    let dt = a.shape.dtype.dtype();
+    let params = read_checkpoint(&a.scales).map_err(lib_err)?;
+    let (k, v) = (read(&a.k)?, read(&a.v)?);
+    let ik = layer_layout(&a.shape, DType::I8, k.len(), &a.k)?;
+    let iv = layer_layout(&a.shape, DType::I8, v.len(), &a.v)?;
+    check_params(&params, a.shape.layers, ik.channels())?;
+    let (lk, lv) = (
+        ik.with_dtype(dt).map_err(lib_err)?,
+        iv.with_dtype(dt).map_err(lib_err)?,
+    );
+    let mut out_k = vec![0u8; lk.byte_len() * a.shape.layers];
+    let mut out_v = vec![0u8; lv.byte_len() * a.shape.layers];
+    for i in 0..a.shape.layers {
+        let p = params.require(i).map_err(lib_err)?;
+        for (src, il, l, out, q) in [
+            (&k, &ik, &lk, &mut out_k, &p.k),
+            (&v, &iv, &lv, &mut out_v, &p.v),
+        ] {
+            let (n, m) = (il.byte_len(), l.byte_len());
+            dequantize(
+                &src[i * n..(i + 1) * n],
+                il,
+                &mut out[i * m..(i + 1) * m],
+                l,
+                0..il.capacity(),
+                q,
+            )
+            .map_err(lib_err)?;
+        }
+    }
+    write(&a.out_k, &out_k)?;
+    write(&a.out_v, &out_v)?;
+    println!("dequantized {} layers to {dt}", a.shape.layers);
+    Ok(())
+}

