@@ -84,6 +84,9 @@ impl Predictor {
     /// `lane >= stride` (a bug in the caller, never input-dependent).
     pub fn inverse_interleave(self, residuals: &[u8], out: &mut [u8], stride: usize, lane: usize) {
         assert!(lane < stride && out.len() >= residuals.len() * stride);
+        if residuals.is_empty() {
+            return;
+        }
         let dst = out[lane..].iter_mut().step_by(stride);
         match self {
             Predictor::Raw => {
