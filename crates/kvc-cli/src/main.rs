@@ -23,10 +23,18 @@ struct Cli {
 
 /// One variant per area; each area's arguments and code live in `cmd/<area>.rs`.
 #[derive(Subcommand)]
-enum Command {}
+enum Command {
+    /// Encode or decode one gear-v1 blob.
+    Codec(cmd::codec::CodecArgs),
+    /// Benchmarks on real KV data (plain `kvc bench`: the codecs).
+    Bench(cmd::bench::BenchArgs),
+}
 
 fn run(cli: Cli) -> Result<(), CliError> {
-    match cli.command {}
+    match cli.command {
+        Command::Codec(args) => cmd::codec::run(args),
+        Command::Bench(args) => cmd::bench::run(args),
+    }
 }
 
 fn main() -> ExitCode {

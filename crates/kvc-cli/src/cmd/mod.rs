@@ -1,2 +1,5 @@
 //! One module per command area (`codec`, `bench`, `h2o`, `mlp`, `quant`, ...), each with
 //! its clap arguments and a `run` function returning `Result<(), CliError>`.
+
+pub mod bench;
+pub mod codec;
