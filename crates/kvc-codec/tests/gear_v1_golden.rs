@@ -169,3 +169,21 @@ fn zstd_wins_on_long_repeating_patterns() {
     assert_ne!(b[18] >> 6, 0, "frame content size flag");
     assert_eq!(b[18] & 0x04, 0, "no checksum");
 }
+
+#[test]
+fn doc_example_f16() {
+    // docs/formats/gear-v1.md: 1.0 x4, 1.5, 2.0, 2.5, 3.0 as fp16.
+    let data = [
+        0x00, 0x3c, 0x00, 0x3c, 0x00, 0x3c, 0x00, 0x3c, 0x00, 0x3e, 0x00, 0x40, 0x00, 0x41, 0x00,
+        0x42,
+    ];
+    let want = blob(
+        8,
+        &[
+            frame(0, 0, 8, &[0x84, 0x00]),
+            frame(0, 0, 8, &[0x80, 0x3c, 0x03, 0x3e, 0x40, 0x41, 0x42]),
+        ],
+    );
+    assert_eq!(want.len(), 33);
+    assert_eq!(encode(Dtype::F16, &data, PredictorSet::ALL), want);
+}
