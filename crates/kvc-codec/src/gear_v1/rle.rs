@@ -42,13 +42,52 @@ fn starts_run(data: &[u8], pos: usize) -> bool {
     }
 }
 
+/// The first position `>= from` where a run of at least `MIN_RUN` equal bytes starts, or
+/// `data.len()` when there is none.
+///
+/// Eight positions at a time: `load(j) ^ load(j + 1)` has a zero byte at `k` exactly when
+/// `data[j + k] == data[j + k + 1]`, which every run start needs; blocks without one are
+/// skipped whole. This is only a faster search: it finds the same position as testing
+/// `starts_run` at `from`, `from + 1`, ...
+#[inline]
+fn next_run_start(data: &[u8], from: usize) -> usize {
+    const LO: u64 = 0x0101_0101_0101_0101;
+    const HI: u64 = 0x8080_8080_8080_8080;
+    let n = data.len();
+    let mut j = from;
+    while j + 9 <= n {
+        let x = u64::from_le_bytes(data[j..j + 8].try_into().expect("8 bytes"));
+        let y = u64::from_le_bytes(data[j + 1..j + 9].try_into().expect("8 bytes"));
+        let d = x ^ y;
+        if d.wrapping_sub(LO) & !d & HI == 0 {
+            j += 8;
+            continue;
+        }
+        for k in j..j + 8 {
+            if starts_run(data, k) {
+                return k;
+            }
+        }
+        j += 8;
+    }
+    while j < n {
+        if starts_run(data, j) {
+            return j;
+        }
+        j += 1;
+    }
+    n
+}
+
 /// Receives the segments of an encoding.
 trait Segments {
     fn literal(&mut self, bytes: &[u8]);
     fn run(&mut self, len: usize, byte: u8);
 }
 
-/// The greedy segmentation shared by the size count and the writer, so both agree.
+/// The greedy segmentation shared by the size count and the writer, so both agree: at a
+/// run start a run (capped at `MAX_RUN`); otherwise literals up to the next run start, cut
+/// into segments of at most `MAX_LITERAL` bytes.
 #[inline]
 fn segment(data: &[u8], sink: &mut impl Segments) {
     let n = data.len();
@@ -60,12 +99,11 @@ fn segment(data: &[u8], sink: &mut impl Segments) {
             i += run;
             continue;
         }
-        let start = i;
-        i += 1;
-        while i < n && i - start < MAX_LITERAL && !starts_run(data, i) {
-            i += 1;
+        let end = next_run_start(data, i + 1);
+        for lit in data[i..end].chunks(MAX_LITERAL) {
+            sink.literal(lit);
         }
-        sink.literal(&data[start..i]);
+        i = end;
     }
 }
 
@@ -262,6 +300,68 @@ mod tests {
                 available: 3
             })
         ));
+    }
+
+    /// The greedy rule written out position by position, as the format states it.
+    fn reference_encode(data: &[u8]) -> Vec<u8> {
+        let mut out = Vec::new();
+        let mut i = 0;
+        while i < data.len() {
+            let run = data[i..]
+                .iter()
+                .take(MAX_RUN)
+                .take_while(|&&b| b == data[i])
+                .count();
+            if run >= MIN_RUN {
+                out.extend_from_slice(&[0x80 | (run - MIN_RUN) as u8, data[i]]);
+                i += run;
+                continue;
+            }
+            let start = i;
+            while i < data.len() && i - start < MAX_LITERAL {
+                let r = data[i..]
+                    .iter()
+                    .take(MIN_RUN)
+                    .take_while(|&&b| b == data[i])
+                    .count();
+                if r >= MIN_RUN {
+                    break;
+                }
+                i += 1;
+            }
+            out.push((i - start - 1) as u8);
+            out.extend_from_slice(&data[start..i]);
+        }
+        out
+    }
+
+    #[test]
+    fn fast_search_matches_the_reference_rule() {
+        let mut x = 0x9e37_79b9u32;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            x
+        };
+        for len in 0..300 {
+            for alphabet in [2u32, 3, 16, 256] {
+                let data: Vec<u8> = (0..len).map(|_| (next() % alphabet) as u8).collect();
+                assert_eq!(
+                    enc(&data),
+                    reference_encode(&data),
+                    "len {len} alphabet {alphabet}"
+                );
+            }
+        }
+        // Runs placed at every offset of an 8-byte block and at the end.
+        for len in 4..40 {
+            for at in 0..len - 3 {
+                let mut data: Vec<u8> = (0..len as u32).map(|i| (i * 7 + 1) as u8).collect();
+                data[at..at + 4].fill(0xaa);
+                assert_eq!(enc(&data), reference_encode(&data), "len {len} at {at}");
+            }
+        }
     }
 
     #[test]
