@@ -14,5 +14,5 @@ export RUSTFLAGS="-Cpasses=sancov-module -Cllvm-args=-sanitizer-coverage-level=4
 -Cllvm-args=-sanitizer-coverage-trace-compares --cfg fuzzing -Zsanitizer=address -Cdebug-assertions -Coverflow-checks"
 cargo build --release --target "$target" --bin gear_v1_decode
 mkdir -p corpus/gear_v1_decode artifacts
-exec "target/$target/release/gear_v1_decode" corpus/gear_v1_decode \
+exec "target/$target/release/gear_v1_decode" corpus/gear_v1_decode seeds/gear_v1_decode \
     -runs="$runs" -max_len=4096 -artifact_prefix=artifacts/ -print_final_stats=1 "$@"
