@@ -1,11 +1,11 @@
 //! The gear-v2 decoder: validates the header, model and chunk index once, then decodes any
 //! chunk alone.
 
-use super::bits::peek;
 use super::encode::{CHUNK_CODED, CHUNK_STORED, CODED_CHUNK_HEADER, LANES};
 use super::format::{BlobHeader, ChunkIndex, FieldSplit, HEADER_LEN};
-use super::huffman::{self, DECODE_ENTRIES, MAX_LEN};
-use super::values::{dispatch, load, rest_bytes, store};
+use super::huffman::{self, DECODE_ENTRIES, INVALID_ENTRY};
+use super::lanes::{decode_coded, LaneModel, Lanes};
+use super::values::{dispatch, rest_bytes};
 use crate::error::{Error, Result};
 
 /// A reusable gear-v2 decoder. [`Decoder::open`] validates a blob and builds its decode
@@ -13,8 +13,7 @@ use crate::error::{Error, Result};
 #[derive(Debug, Default)]
 pub struct Decoder {
     tables: Vec<u16>,
-    lens: Vec<u8>,
-    codes: Vec<u32>,
+    used: Vec<u16>,
     index: ChunkIndex,
 }
 
@@ -55,18 +54,15 @@ impl Decoder {
             });
         }
         let alphabet = FieldSplit::of(header.dtype).alphabet();
-        self.lens.resize(alphabet, 0);
-        self.codes.resize(alphabet, 0);
-        self.tables.clear();
+        // Every entry is written below; resizing without clearing keeps old tables' memory.
         self.tables.resize(tables * DECODE_ENTRIES, 0);
         let mut pos = 0;
-        for t in 0..tables {
-            if huffman::read_table(model, &mut pos, &mut self.lens, t)? {
-                huffman::build_decode_table(
-                    &self.lens,
-                    &mut self.codes,
-                    &mut self.tables[t * DECODE_ENTRIES..(t + 1) * DECODE_ENTRIES],
-                );
+        for (t, table) in self.tables.chunks_exact_mut(DECODE_ENTRIES).enumerate() {
+            huffman::read_table(model, &mut pos, alphabet, &mut self.used, t)?;
+            if self.used.is_empty() {
+                table.fill(INVALID_ENTRY);
+            } else {
+                huffman::build_decode_table(&self.used, table);
             }
         }
         if pos != model.len() {
@@ -162,29 +158,33 @@ impl<'d, 'b> OpenBlob<'d, 'b> {
                 if data.len() < CODED_CHUNK_HEADER {
                     return Err(bad("coded chunk shorter than its header"));
                 }
-                let mut lanes = [&data[..0]; LANES];
+                let mut starts = [0usize; LANES];
+                let mut lens = [0usize; LANES];
                 let mut at = CODED_CHUNK_HEADER;
-                for (k, lane) in lanes.iter_mut().enumerate() {
+                for k in 0..LANES {
                     let o = 1 + 4 * k;
                     let len = u32::from_le_bytes([data[o], data[o + 1], data[o + 2], data[o + 3]])
                         as usize;
-                    *lane = data
-                        .get(at..at + len)
-                        .ok_or(bad("lane runs past the chunk"))?;
+                    if len > data.len() - at {
+                        return Err(bad("lane runs past the chunk"));
+                    }
+                    starts[k] = at;
+                    lens[k] = len;
                     at += len;
                 }
                 let rest = &data[at..];
                 if rest.len() != rest_bytes(self.header.dtype, values) {
                     return Err(bad("packed low bits have the wrong length"));
                 }
-                let ctx = Ctx {
+                let lanes = Lanes { data, starts, lens };
+                let model = LaneModel {
                     tables: self.tables,
                     channels: ch,
                     group: self.header.group_size as usize,
-                    nctx: self.header.contexts(),
-                    chunk: i,
+                    sign_context: self.header.sign_context,
                 };
-                dispatch!(self.header.dtype, decode_coded(&ctx, &lanes, rest, out))?;
+                dispatch!(self.header.dtype, decode_coded(&model, &lanes, rest, out))
+                    .map_err(bad)?;
             }
             m => {
                 return Err(Error::V2BadField {
@@ -196,109 +196,4 @@ impl<'d, 'b> OpenBlob<'d, 'b> {
         }
         Ok(n)
     }
-}
-
-struct Ctx<'a> {
-    tables: &'a [u16],
-    channels: usize,
-    group: usize,
-    nctx: usize,
-    chunk: usize,
-}
-
-fn decode_coded<const BPV: usize, const REST: u32, const SYM: u32>(
-    cx: &Ctx<'_>,
-    lanes: &[&[u8]; LANES],
-    rest: &[u8],
-    out: &mut [u8],
-) -> Result<()> {
-    let ch = cx.channels;
-    let values = out.len() / BPV;
-    let tokens = values / ch;
-    // 1. Low bits, token-major.
-    if REST == 8 && BPV == 2 {
-        for (pair, &lo) in out.chunks_exact_mut(2).zip(rest) {
-            pair[0] = lo;
-            pair[1] = 0;
-        }
-    } else if REST == 0 {
-        out.fill(0);
-    } else {
-        let mask = (1u64 << REST) - 1;
-        let mut pos = 0usize;
-        for j in 0..values {
-            store::<BPV>(out, j, (peek(rest, pos) & mask) as u32);
-            pos += REST as usize;
-        }
-    }
-    // 2. Top fields, channel-major per lane.
-    let bad = |reason| Error::V2BadChunk {
-        chunk: cx.chunk,
-        reason,
-    };
-    let mut pos = [0usize; LANES];
-    let ctx_mask = (cx.nctx - 1) as u32;
-    let table_mask = (DECODE_ENTRIES - 1) as u64;
-    let mut base = 0;
-    while base < ch {
-        let active = (ch - base).min(LANES);
-        if active == LANES {
-            let mut tb = [0usize; LANES];
-            for (k, t) in tb.iter_mut().enumerate() {
-                *t = ((base + k) / cx.group) * cx.nctx * DECODE_ENTRIES;
-            }
-            let mut cur = tb;
-            let mut p = pos;
-            let mut invalid = false;
-            for t in 0..tokens {
-                let row = t * ch + base;
-                for k in 0..LANES {
-                    let e = cx.tables[cur[k] + (peek(lanes[k], p[k]) & table_mask) as usize];
-                    let len = (e & 15) as usize;
-                    invalid |= len == 0;
-                    p[k] += len;
-                    let sym = (e >> 4) as u32;
-                    let j = row + k;
-                    let v = load::<BPV>(out, j) | (sym << REST);
-                    store::<BPV>(out, j, v);
-                    cur[k] = tb[k] + (((sym >> (SYM - 1)) & ctx_mask) as usize) * DECODE_ENTRIES;
-                }
-            }
-            if invalid {
-                return Err(bad("invalid Huffman code"));
-            }
-            pos = p;
-        } else {
-            for k in 0..active {
-                let c = base + k;
-                let tb = (c / cx.group) * cx.nctx * DECODE_ENTRIES;
-                let mut cur = tb;
-                for t in 0..tokens {
-                    let e = cx.tables[cur + (peek(lanes[k], pos[k]) & table_mask) as usize];
-                    let len = (e & 15) as usize;
-                    if len == 0 {
-                        return Err(bad("invalid Huffman code"));
-                    }
-                    pos[k] += len;
-                    let sym = (e >> 4) as u32;
-                    let j = t * ch + c;
-                    let v = load::<BPV>(out, j) | (sym << REST);
-                    store::<BPV>(out, j, v);
-                    cur = tb + (((sym >> (SYM - 1)) & ctx_mask) as usize) * DECODE_ENTRIES;
-                }
-            }
-        }
-        base += LANES;
-    }
-    for k in 0..LANES {
-        if pos[k].div_ceil(8) != lanes[k].len() {
-            return Err(bad(if pos[k] > lanes[k].len() * 8 {
-                "Huffman lane truncated"
-            } else {
-                "Huffman lane has trailing bytes"
-            }));
-        }
-    }
-    let _ = MAX_LEN;
-    Ok(())
 }

@@ -1,9 +1,9 @@
 //! The gear-v2 encoder.
 
-use super::bits::BitWriter;
 use super::format::{BlobHeader, TensorKind, HEADER_LEN, MAX_CHANNELS};
+use super::lanes;
 use super::model::EncoderModel;
-use super::values::{dispatch, load, rest_bytes};
+use super::values::dispatch;
 use crate::dtype::Dtype;
 use crate::error::{Error, Result};
 
@@ -178,43 +178,17 @@ fn encode_coded<const BPV: usize, const REST: u32, const SYM: u32>(
     raw: &[u8],
     out: &mut Vec<u8>,
 ) {
-    let alphabet = 1usize << SYM;
-    let tokens = raw.len() / (BPV * channels);
-    let g = model.group_size as usize;
-    let nctx = if model.sign_context { 2 } else { 1 };
-    let ctx_mask = (nctx - 1) as u32;
     out.push(CHUNK_CODED);
     let lens_at = out.len();
     out.resize(lens_at + 4 * LANES, 0);
-    for lane in 0..LANES {
-        let lane_start = out.len();
-        let mut w = BitWriter::new(out);
-        for c in (lane..channels).step_by(LANES) {
-            let base = (c / g) * nctx * alphabet;
-            let mut ctx = 0u32;
-            for t in 0..tokens {
-                let sym = load::<BPV>(raw, t * channels + c) >> REST;
-                let code = model.codes[base + (ctx as usize) * alphabet + sym as usize];
-                w.put(code & 0xffff, code >> 16);
-                ctx = (sym >> (SYM - 1)) & ctx_mask;
-            }
-        }
-        w.finish();
-        let n = (out.len() - lane_start) as u32;
-        out[lens_at + 4 * lane..lens_at + 4 * lane + 4].copy_from_slice(&n.to_le_bytes());
-    }
-    let values = tokens * channels;
-    if REST == 8 && BPV == 2 {
-        out.extend(raw.iter().step_by(2));
-    } else if REST > 0 {
-        let before = out.len();
-        let mut w = BitWriter::new(out);
-        let mask = (1u32 << REST) - 1;
-        for j in 0..values {
-            w.put(load::<BPV>(raw, j) & mask, REST);
-        }
-        w.finish();
-        debug_assert_eq!(out.len() - before, (values * REST as usize).div_ceil(8));
-    }
-    let _ = rest_bytes;
+    lanes::encode_lanes::<BPV, REST, SYM>(
+        &model.codes,
+        model.group_size as usize,
+        model.sign_context,
+        channels,
+        raw,
+        out,
+        lens_at,
+    );
+    lanes::pack_low_bits::<BPV, REST>(raw, out);
 }

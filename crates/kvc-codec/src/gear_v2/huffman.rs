@@ -136,34 +136,45 @@ pub fn write_table(lens: &[u8], out: &mut Vec<u8>) {
     }
 }
 
-/// Reads one table written by [`write_table`] from `src[*pos..]` into `lens` (its length is
-/// the alphabet size), checking the runs cover the alphabet exactly and the code is a valid
-/// prefix code. Returns whether any symbol is used.
-pub fn read_table(src: &[u8], pos: &mut usize, lens: &mut [u8], table: usize) -> Result<bool> {
+/// Entry of a decode table for a code word no symbol owns (an incomplete code): length 0
+/// and bit 15 set, which the decoder ORs into a flag word and reports after the chunk.
+pub const INVALID_ENTRY: u16 = 0x8000;
+
+/// Reads one table written by [`write_table`] from `src[*pos..]` for an alphabet of
+/// `alphabet` symbols, checking the runs cover the alphabet exactly and the code is a valid
+/// prefix code. The used symbols are appended to `used` as `sym << 4 | len`, in symbol order.
+pub fn read_table(
+    src: &[u8],
+    pos: &mut usize,
+    alphabet: usize,
+    used: &mut Vec<u16>,
+    table: usize,
+) -> Result<()> {
     let bad = |reason| Error::V2BadTable { table, reason };
+    used.clear();
     let mut i = 0;
     let mut kraft: u64 = 0;
     let limit = 1u64 << MAX_LEN;
-    while i < lens.len() {
+    while i < alphabet {
         let b = *src.get(*pos).ok_or(bad("truncated"))?;
         *pos += 1;
         let run = (b & 0x7f) as usize + 1;
-        if i + run > lens.len() {
+        if i + run > alphabet {
             return Err(bad("runs exceed the alphabet"));
         }
-        if b & 0x80 == 0 {
-            lens[i..i + run].fill(0);
-        } else {
+        if b & 0x80 != 0 {
             let bytes = run.div_ceil(2);
             let packed = src.get(*pos..*pos + bytes).ok_or(bad("truncated"))?;
             *pos += bytes;
+            let mut bad_len = false;
             for k in 0..run {
                 let l = (packed[k / 2] >> (4 * (k % 2))) & 15;
-                if l == 0 || l as u32 > MAX_LEN {
-                    return Err(bad("code length out of range"));
-                }
-                lens[i + k] = l;
-                kraft += limit >> l;
+                bad_len |= l == 0 || l as u32 > MAX_LEN;
+                used.push(((i + k) as u16) << 4 | l as u16);
+                kraft += limit >> (l & 15).min(63);
+            }
+            if bad_len {
+                return Err(bad("code length out of range"));
             }
             if run % 2 == 1 && packed[bytes - 1] >> 4 != 0 {
                 return Err(bad("nonzero padding nibble"));
@@ -174,7 +185,7 @@ pub fn read_table(src: &[u8], pos: &mut usize, lens: &mut [u8], table: usize) ->
     if kraft > limit {
         return Err(bad("over-subscribed code"));
     }
-    Ok(kraft > 0)
+    Ok(())
 }
 
 /// Canonical codes for `lens`, bit-reversed for LSB-first streams: `codes[s] = rev | len << 16`.
@@ -202,22 +213,49 @@ pub fn build_codes(lens: &[u8], codes: &mut [u32]) {
     }
 }
 
-/// Fills a decode table (`DECODE_ENTRIES` entries, `sym << 4 | len`, 0 = invalid code) for
-/// `lens`, which [`read_table`] has validated.
-pub fn build_decode_table(lens: &[u8], codes_scratch: &mut [u32], table: &mut [u16]) {
-    table.fill(0);
-    build_codes(lens, codes_scratch);
-    for (s, &l) in lens.iter().enumerate() {
-        if l == 0 {
-            continue;
+/// Fills a decode table (`DECODE_ENTRIES` entries indexed by the next `MAX_LEN` stream bits,
+/// LSB-first; each `sym << 4 | len`, [`INVALID_ENTRY`] for unowned code words) from the used
+/// symbols `read_table` gave (symbol order, valid lengths, Kraft sum checked).
+///
+/// LSB-first, a code of length `l` owns every index whose low `l` bits are its reversed
+/// code; the table is built by doubling: the table for lengths `<= l + 1` is two copies of
+/// the one for lengths `<= l` plus one entry per code of length `l + 1`. That costs one
+/// copy of the table and one store per symbol, with no pass over the whole alphabet.
+pub fn build_decode_table(used: &[u16], table: &mut [u16]) {
+    let table = &mut table[..DECODE_ENTRIES];
+    let mut count = [0u32; MAX_LEN as usize + 1];
+    for &u in used {
+        count[(u & 15) as usize] += 1;
+    }
+    let mut next = [0u32; MAX_LEN as usize + 1];
+    // start[l]: where codes of length l begin in `by_len`.
+    let mut start = [0usize; MAX_LEN as usize + 2];
+    let mut code = 0u32;
+    for l in 1..=MAX_LEN as usize {
+        code = (code + count[l - 1]) << 1;
+        next[l] = code;
+        start[l + 1] = start[l] + count[l] as usize;
+    }
+    let mut by_len = [0u32; 512];
+    let mut fill = start;
+    for &u in used {
+        let l = (u & 15) as usize;
+        let c = next[l];
+        next[l] += 1;
+        let rev = c.reverse_bits() >> (32 - l as u32);
+        // Canonical order within a length is symbol order, so `by_len` stays sorted too.
+        if let Some(slot) = by_len.get_mut(fill[l]) {
+            *slot = rev << 16 | u as u32;
         }
-        let rev = (codes_scratch[s] & 0xffff) as usize;
-        let entry = ((s as u16) << 4) | l as u16;
-        let step = 1usize << l;
-        let mut i = rev;
-        while i < DECODE_ENTRIES {
-            table[i] = entry;
-            i += step;
+        fill[l] += 1;
+    }
+    table[0] = INVALID_ENTRY;
+    let mut size = 1usize;
+    for l in 1..=MAX_LEN as usize {
+        table.copy_within(0..size, size);
+        size *= 2;
+        for &e in &by_len[start[l].min(512)..start[l + 1].min(512)] {
+            table[(e >> 16) as usize & (size - 1)] = e as u16;
         }
     }
 }
@@ -251,11 +289,30 @@ mod tests {
         assert!(kraft <= 1 << MAX_LEN);
         let mut buf = Vec::new();
         write_table(&lens, &mut buf);
-        let mut back = vec![0u8; 64];
+        let mut used = Vec::new();
         let mut pos = 0;
-        assert!(read_table(&buf, &mut pos, &mut back, 0).unwrap());
+        read_table(&buf, &mut pos, 64, &mut used, 0).unwrap();
         assert_eq!(pos, buf.len());
+        let mut back = vec![0u8; 64];
+        for &u in &used {
+            back[(u >> 4) as usize] = (u & 15) as u8;
+        }
         assert_eq!(back, lens);
+        // Every decode-table entry agrees with a straightforward canonical decode.
+        let mut codes = vec![0u32; 64];
+        build_codes(&lens, &mut codes);
+        let mut table = vec![0u16; DECODE_ENTRIES];
+        build_decode_table(&used, &mut table);
+        for (i, &e) in table.iter().enumerate() {
+            let owner = (0..64).find(|&s| {
+                let l = lens[s] as u32;
+                l > 0 && (i as u32) & ((1 << l) - 1) == codes[s] & 0xffff
+            });
+            match owner {
+                Some(s) => assert_eq!(e, (s as u16) << 4 | lens[s] as u16),
+                None => assert_eq!(e, INVALID_ENTRY),
+            }
+        }
     }
 
     #[test]
@@ -264,10 +321,10 @@ mod tests {
         let lens = [1u8, 1, 1, 0];
         let mut buf = Vec::new();
         write_table(&lens, &mut buf);
-        let mut back = [0u8; 4];
+        let mut used = Vec::new();
         let mut pos = 0;
         assert!(matches!(
-            read_table(&buf, &mut pos, &mut back, 3),
+            read_table(&buf, &mut pos, 4, &mut used, 3),
             Err(Error::V2BadTable { table: 3, .. })
         ));
     }

@@ -9,11 +9,11 @@
 //! Tables live once in the blob's model section; each chunk holds four interleaved Huffman
 //! lanes (channel `c` in lane `c % 4`) and the packed low bits. See `docs/formats/gear-v2.md`.
 
-mod bits;
 mod decode;
 mod encode;
 mod format;
 mod huffman;
+mod lanes;
 mod model;
 mod parallel;
 mod values;

@@ -3,6 +3,7 @@
 
 use super::format::FieldSplit;
 use super::huffman::{self, LengthBuilder};
+use super::lanes::CODE_ENTRIES;
 use super::values::{dispatch, load};
 use crate::dtype::Dtype;
 use std::sync::OnceLock;
@@ -21,7 +22,7 @@ pub struct EncoderModel {
     prev: Vec<u8>,
     lens: Vec<u8>,
     builder: LengthBuilder,
-    /// Encode codes, `codes[table * alphabet + sym] = rev | len << 16`.
+    /// Encode codes, `codes[table * CODE_ENTRIES + sym] = rev | len << 16`.
     pub codes: Vec<u32>,
     /// The serialised model section.
     pub section: Vec<u8>,
@@ -203,7 +204,7 @@ impl EncoderModel {
         self.merged.resize(alphabet, 0);
         self.lens.resize(alphabet, 0);
         self.codes.clear();
-        self.codes.resize(tables * alphabet, 0);
+        self.codes.resize(tables * CODE_ENTRIES, 0);
         self.section.clear();
         for table in 0..tables {
             let (lo, hi) = self.merge(channels, alphabet, g, nctx, table);
@@ -215,7 +216,7 @@ impl EncoderModel {
             huffman::write_table(&self.lens, &mut self.section);
             huffman::build_codes(
                 &self.lens,
-                &mut self.codes[table * alphabet..(table + 1) * alphabet],
+                &mut self.codes[table * CODE_ENTRIES..table * CODE_ENTRIES + alphabet],
             );
         }
     }

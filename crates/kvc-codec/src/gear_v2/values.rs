@@ -10,12 +10,6 @@ pub fn load<const BPV: usize>(s: &[u8], j: usize) -> u32 {
     u32::from_le_bytes(a)
 }
 
-/// Stores the low `BPV` bytes of `v` as element `j`.
-#[inline(always)]
-pub fn store<const BPV: usize>(s: &mut [u8], j: usize, v: u32) {
-    s[j * BPV..j * BPV + BPV].copy_from_slice(&v.to_le_bytes()[..BPV]);
-}
-
 /// Calls `$f::<BPV, REST, SYM>(args)` for the field split of `$dtype`.
 macro_rules! dispatch {
     ($dtype:expr, $f:ident($($arg:expr),*)) => {
