@@ -4,7 +4,7 @@
 use crate::error::{Error, Result};
 
 /// Longest code length; a decode table has `1 << MAX_LEN` entries.
-pub const MAX_LEN: u32 = 11;
+pub const MAX_LEN: u32 = 9;
 /// Entries in one decode table.
 pub const DECODE_ENTRIES: usize = 1 << MAX_LEN;
 
@@ -113,7 +113,7 @@ fn vec_depth(buf: &mut Vec<u64>, n: usize) -> &mut [u64] {
 
 /// Appends the compact encoding of one table's code lengths: a sequence of run bytes; a byte
 /// `b < 0x80` is a run of `b + 1` unused symbols; `b >= 0x80` announces `(b & 0x7f) + 1` code
-/// lengths (1..=11) that follow as nibbles, low nibble first, the last byte zero-padded.
+/// lengths (1..=MAX_LEN) that follow as nibbles, low nibble first, the last byte zero-padded.
 pub fn write_table(lens: &[u8], out: &mut Vec<u8>) {
     let mut i = 0;
     while i < lens.len() {
@@ -188,8 +188,8 @@ pub fn read_table(
     Ok(())
 }
 
-/// Canonical codes for `lens`, bit-reversed for LSB-first streams: `codes[s] = rev | len << 16`.
-pub fn build_codes(lens: &[u8], codes: &mut [u32]) {
+/// Canonical codes for `lens`, bit-reversed for LSB-first streams: `codes[s] = rev | len << 12`.
+pub fn build_codes(lens: &[u8], codes: &mut [u16]) {
     let mut count = [0u32; MAX_LEN as usize + 1];
     for &l in lens {
         count[l as usize] += 1;
@@ -209,7 +209,7 @@ pub fn build_codes(lens: &[u8], codes: &mut [u32]) {
         let c = next[l as usize];
         next[l as usize] += 1;
         let rev = c.reverse_bits() >> (32 - l as u32);
-        codes[s] = rev | (l as u32) << 16;
+        codes[s] = (rev | (l as u32) << 12) as u16;
     }
 }
 
@@ -299,14 +299,14 @@ mod tests {
         }
         assert_eq!(back, lens);
         // Every decode-table entry agrees with a straightforward canonical decode.
-        let mut codes = vec![0u32; 64];
+        let mut codes = vec![0u16; 64];
         build_codes(&lens, &mut codes);
         let mut table = vec![0u16; DECODE_ENTRIES];
         build_decode_table(&used, &mut table);
         for (i, &e) in table.iter().enumerate() {
             let owner = (0..64).find(|&s| {
                 let l = lens[s] as u32;
-                l > 0 && (i as u32) & ((1 << l) - 1) == codes[s] & 0xffff
+                l > 0 && (i as u32) & ((1 << l) - 1) == (codes[s] & 0xfff) as u32
             });
             match owner {
                 Some(s) => assert_eq!(e, (s as u16) << 4 | lens[s] as u16),

@@ -24,7 +24,7 @@ pub(crate) const SYMS_PER_WORD: usize = (64 - 7) / MAX_LEN as usize;
 pub(crate) const CODE_ENTRIES: usize = 512;
 
 type DecodeTable = [u16; DECODE_ENTRIES];
-type CodeTable = [u32; CODE_ENTRIES];
+type CodeTable = [u16; CODE_ENTRIES];
 
 /// What the lane decoder needs from the blob's model.
 pub(crate) struct LaneModel<'a> {
@@ -249,9 +249,9 @@ fn merge_low_bits<const BPV: usize, const REST: u32>(rest: &[u8], out: &mut [u8]
 }
 
 /// Appends the coded lanes of a chunk to `out` (after the mode byte and the lane lengths,
-/// which are filled in): `codes` holds `CODE_ENTRIES` codes (`rev | len << 16`) per table.
+/// which are filled in): `codes` holds `CODE_ENTRIES` codes (`rev | len << 12`) per table.
 pub(crate) fn encode_lanes<const BPV: usize, const REST: u32, const SYM: u32>(
-    codes: &[u32],
+    codes: &[u16],
     group: usize,
     sign_context: bool,
     channels: usize,
@@ -266,7 +266,7 @@ pub(crate) fn encode_lanes<const BPV: usize, const REST: u32, const SYM: u32>(
     }
 }
 
-fn code_table(codes: &[u32], group: usize, nctx: usize, channel: usize, ctx: usize) -> &CodeTable {
+fn code_table(codes: &[u16], group: usize, nctx: usize, channel: usize, ctx: usize) -> &CodeTable {
     let t = (channel / group) * nctx + ctx.min(nctx - 1);
     codes[t * CODE_ENTRIES..(t + 1) * CODE_ENTRIES]
         .try_into()
@@ -281,9 +281,9 @@ struct LaneWriter {
 
 impl LaneWriter {
     #[inline(always)]
-    fn add(&mut self, k: usize, code: u32) {
-        self.acc[k] |= ((code & 0xffff) as u64) << self.n[k];
-        self.n[k] += code >> 16;
+    fn add(&mut self, k: usize, code: u16) {
+        self.acc[k] |= ((code & 0xfff) as u64) << self.n[k];
+        self.n[k] += (code >> 12) as u32;
     }
     #[inline(always)]
     fn flush(&mut self, k: usize, out: &mut [u8]) {
@@ -295,7 +295,7 @@ impl LaneWriter {
 }
 
 fn encode_lanes_ctx<const BPV: usize, const REST: u32, const SYM: u32, const CTX: bool>(
-    codes: &[u32],
+    codes: &[u16],
     group: usize,
     channels: usize,
     raw: &[u8],

@@ -22,8 +22,8 @@ pub struct EncoderModel {
     prev: Vec<u8>,
     lens: Vec<u8>,
     builder: LengthBuilder,
-    /// Encode codes, `codes[table * CODE_ENTRIES + sym] = rev | len << 16`.
-    pub codes: Vec<u32>,
+    /// Encode codes, `codes[table * CODE_ENTRIES + sym] = rev | len << 12`.
+    pub codes: Vec<u16>,
     /// The serialised model section.
     pub section: Vec<u8>,
     /// Channels per table group.
@@ -208,16 +208,13 @@ impl EncoderModel {
         self.section.clear();
         for table in 0..tables {
             let (lo, hi) = self.merge(channels, alphabet, g, nctx, table);
-            self.merged[..lo].fill(0);
-            self.merged[hi..].fill(0);
-            let merged = std::mem::take(&mut self.merged);
-            self.builder.build_lengths(&merged, &mut self.lens);
-            self.merged = merged;
+            // Only the used range [lo, hi) is nonzero; canonical codes only depend on it.
+            self.lens.fill(0);
+            self.builder
+                .build_lengths(&self.merged[lo..hi], &mut self.lens[lo..hi]);
             huffman::write_table(&self.lens, &mut self.section);
-            huffman::build_codes(
-                &self.lens,
-                &mut self.codes[table * CODE_ENTRIES..table * CODE_ENTRIES + alphabet],
-            );
+            let at = table * CODE_ENTRIES;
+            huffman::build_codes(&self.lens[lo..hi], &mut self.codes[at + lo..at + hi]);
         }
     }
 }
