@@ -19,7 +19,6 @@ pub struct EncoderModel {
     /// Used symbol range per (channel, context): `[lo, hi)`.
     ranges: Vec<(u32, u32)>,
     merged: Vec<u32>,
-    prev: Vec<u8>,
     lens: Vec<u8>,
     builder: LengthBuilder,
     /// Encode codes, `codes[table * CODE_ENTRIES + sym] = rev | len << 12`.
@@ -55,27 +54,38 @@ fn xlog2x(c: u32, t: &[f32]) -> f64 {
     }
 }
 
+/// Counts the top fields per (channel, context). Walks one chunk at a time (contexts reset
+/// at chunk starts) and, inside it, four channels at a time over all the chunk's tokens, so
+/// the four histograms and the chunk's rows stay in L1.
 fn gather<const BPV: usize, const REST: u32, const SYM: u32>(
     input: &[u8],
     channels: usize,
     chunk_tokens: usize,
     counts: &mut [u32],
-    prev: &mut Vec<u8>,
 ) {
     let alphabet = 1usize << SYM;
+    let mask = alphabet as u32 - 1;
     let tokens = input.len() / (BPV * channels);
-    prev.clear();
-    prev.resize(channels, 0);
-    for t in 0..tokens {
-        if t % chunk_tokens == 0 {
-            prev.iter_mut().for_each(|p| *p = 0);
+    let hist = 2 * alphabet;
+    let mut t0 = 0;
+    while t0 < tokens {
+        let t1 = (t0 + chunk_tokens).min(tokens);
+        let mut c = 0;
+        while c < channels {
+            let n = (channels - c).min(4);
+            let h = &mut counts[c * hist..(c + n) * hist];
+            let mut p = [0usize; 4];
+            for t in t0..t1 {
+                let row = t * channels + c;
+                for k in 0..n {
+                    let sym = (load::<BPV>(input, row + k) >> REST) & mask;
+                    h[k * hist + p[k] * alphabet + sym as usize] += 1;
+                    p[k] = (sym >> (SYM - 1)) as usize;
+                }
+            }
+            c += n;
         }
-        let row = t * channels;
-        for (c, p) in prev.iter_mut().enumerate() {
-            let sym = (load::<BPV>(input, row + c) >> REST) as usize;
-            counts[(c * 2 + *p as usize) * alphabet + sym] += 1;
-            *p = (sym >> (SYM - 1)) as u8;
-        }
+        t0 = t1;
     }
 }
 
@@ -88,13 +98,7 @@ impl EncoderModel {
         self.counts.resize(channels * 2 * alphabet, 0);
         dispatch!(
             dtype,
-            gather(
-                input,
-                channels,
-                chunk_tokens,
-                &mut self.counts,
-                &mut self.prev
-            )
+            gather(input, channels, chunk_tokens, &mut self.counts)
         );
         self.ranges.clear();
         for h in self.counts.chunks_exact(alphabet) {
