@@ -55,9 +55,12 @@ impl Decoder {
         }
         let alphabet = FieldSplit::of(header.dtype).alphabet();
         // Every entry is written below; resizing without clearing keeps old tables' memory.
-        self.tables.resize(tables * DECODE_ENTRIES, 0);
+        // One padding table follows, so that any table and the next form one array.
+        self.tables.resize((tables + 1) * DECODE_ENTRIES, 0);
         let mut pos = 0;
-        for (t, table) in self.tables.chunks_exact_mut(DECODE_ENTRIES).enumerate() {
+        let (real, pad) = self.tables.split_at_mut(tables * DECODE_ENTRIES);
+        pad.fill(INVALID_ENTRY);
+        for (t, table) in real.chunks_exact_mut(DECODE_ENTRIES).enumerate() {
             huffman::read_table(model, &mut pos, alphabet, &mut self.used, t)?;
             if self.used.is_empty() {
                 table.fill(INVALID_ENTRY);

@@ -23,7 +23,10 @@ pub(crate) const SYMS_PER_WORD: usize = (64 - 7) / MAX_LEN as usize;
 /// indexes inside it).
 pub(crate) const CODE_ENTRIES: usize = 512;
 
-type DecodeTable = [u16; DECODE_ENTRIES];
+/// A channel's decode tables as one array: with the sign context, the table for context 1
+/// follows the one for context 0, so `ctx << MAX_LEN | bits` indexes both without a branch
+/// or a bounds check (the decoder keeps one padding table after the last).
+type DecodeTables = [u16; 2 * DECODE_ENTRIES];
 type CodeTable = [u16; CODE_ENTRIES];
 
 /// What the lane decoder needs from the blob's model.
@@ -49,11 +52,11 @@ pub(crate) struct Lanes<'a> {
 }
 
 impl LaneModel<'_> {
-    fn table(&self, channel: usize, ctx: usize) -> Option<&DecodeTable> {
+    fn table(&self, channel: usize) -> Option<&DecodeTables> {
         let nctx = if self.sign_context { 2 } else { 1 };
-        let t = (channel / self.group) * nctx + ctx.min(nctx - 1);
+        let t = (channel / self.group) * nctx;
         self.tables
-            .get(t * DECODE_ENTRIES..(t + 1) * DECODE_ENTRIES)?
+            .get(t * DECODE_ENTRIES..(t + 2) * DECODE_ENTRIES)?
             .try_into()
             .ok()
     }
@@ -134,13 +137,11 @@ fn decode_lanes<const BPV: usize, const REST: u32, const SYM: u32, const CTX: bo
     let mut flags = 0u16;
     let mut base = 0;
     while base + LANES <= ch {
-        let mut t0 = [model.table(base, 0).ok_or(MISSING)?; LANES];
-        let mut t1 = t0;
+        let mut tb = [model.table(base).ok_or(MISSING)?; LANES];
         for k in 0..LANES {
-            t0[k] = model.table(base + k, 0).ok_or(MISSING)?;
-            t1[k] = model.table(base + k, 1).ok_or(MISSING)?;
+            tb[k] = model.table(base + k).ok_or(MISSING)?;
         }
-        let mut cur = t0;
+        let mut ctx = [0usize; LANES];
         let mut t = 0;
         while t < tokens {
             let n = SYMS_PER_WORD.min(tokens - t);
@@ -155,7 +156,7 @@ fn decode_lanes<const BPV: usize, const REST: u32, const SYM: u32, const CTX: bo
                     return Err("output shape");
                 };
                 for k in 0..LANES {
-                    let e = cur[k][w[k] as usize & (DECODE_ENTRIES - 1)];
+                    let e = tb[k][ctx[k] | (w[k] as usize & (DECODE_ENTRIES - 1))];
                     let len = (e & 15) as u32;
                     w[k] >>= len;
                     used[k] += len;
@@ -163,11 +164,7 @@ fn decode_lanes<const BPV: usize, const REST: u32, const SYM: u32, const CTX: bo
                     let sym = (e >> 4) as u32;
                     put::<BPV, REST>(cell, k, sym);
                     if CTX {
-                        cur[k] = if (sym >> (SYM - 1)) & 1 != 0 {
-                            t1[k]
-                        } else {
-                            t0[k]
-                        };
+                        ctx[k] = (((sym >> (SYM - 1)) & 1) as usize) << MAX_LEN;
                     }
                 }
             }
@@ -181,9 +178,8 @@ fn decode_lanes<const BPV: usize, const REST: u32, const SYM: u32, const CTX: bo
     // The last `channels % 4` channels, one per lane.
     for c in base..ch {
         let k = c - base;
-        let t0 = model.table(c, 0).ok_or(MISSING)?;
-        let t1 = model.table(c, 1).ok_or(MISSING)?;
-        let mut cur = t0;
+        let tb = model.table(c).ok_or(MISSING)?;
+        let mut ctx = 0usize;
         let mut t = 0;
         while t < tokens {
             let n = SYMS_PER_WORD.min(tokens - t);
@@ -193,7 +189,7 @@ fn decode_lanes<const BPV: usize, const REST: u32, const SYM: u32, const CTX: bo
                 let Some(cell) = out.get_mut(at..at + BPV) else {
                     return Err("output shape");
                 };
-                let e = cur[w as usize & (DECODE_ENTRIES - 1)];
+                let e = tb[ctx | (w as usize & (DECODE_ENTRIES - 1))];
                 let len = (e & 15) as u32;
                 w >>= len;
                 bit[k] += len as usize;
@@ -201,7 +197,7 @@ fn decode_lanes<const BPV: usize, const REST: u32, const SYM: u32, const CTX: bo
                 let sym = (e >> 4) as u32;
                 put::<BPV, REST>(cell, 0, sym);
                 if CTX {
-                    cur = if (sym >> (SYM - 1)) & 1 != 0 { t1 } else { t0 };
+                    ctx = (((sym >> (SYM - 1)) & 1) as usize) << MAX_LEN;
                 }
             }
             t += n;
