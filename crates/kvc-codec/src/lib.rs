@@ -10,6 +10,7 @@
 pub mod dtype;
 pub mod error;
 pub mod gear_v1;
+pub mod gear_v2;
 pub mod zstd;
 
 pub use dtype::Dtype;
