@@ -189,12 +189,20 @@ fn bench_on_the_embedded_sample_writes_json() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let stdout = String::from_utf8_lossy(&o.stdout);
     assert!(stdout.contains("K+V"), "{stdout}");
+    assert!(stdout.contains("gear-v2"), "{stdout}");
+    assert!(v_has_k_and_v_v2(&json));
     let v: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let tensors = v["tensors"].as_array().unwrap();
     assert_eq!(tensors.len(), 4);
     for t in tensors {
         assert_eq!(t["layers"].as_array().unwrap().len(), 4);
+        let v2 = &t["total"]["gear_v2"];
+        assert!(v2["ratio_whole"].as_f64().unwrap() > 1.0);
+        assert!(v2["ratio_chunks"].as_f64().unwrap() > 1.0);
+        assert!(v2["compress_mb_s_all_cores"].as_f64().unwrap() > 0.0);
+        assert!(v2["decompress_mb_s_1core"].as_f64().unwrap() > 0.0);
+        assert!(t["layers"][0]["gear_v2"]["ratio_chunks"].as_f64().unwrap() > 1.0);
         let g = &t["total"]["gear_v1"];
         let z = &t["total"]["zstd"];
         // gear-v1 beats plain zstd on this data (it contains zstd as a candidate per stream).
@@ -234,4 +242,167 @@ fn bench_rejects_bad_data_dirs() {
         &out,
         "no KV dumps",
     );
+}
+
+fn v_has_k_and_v_v2(json: &Path) -> bool {
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(json).unwrap()).unwrap();
+    v["k_and_v"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|d| d["gear_v2_ratio_chunks"].as_f64().unwrap() > 1.0)
+}
+
+/// `kvc codec encode --format gear-v2` then `decode` without --dtype: bit-exact for every
+/// dtype, and smaller than the input on real K data.
+#[test]
+fn gear_v2_encode_decode_round_trip_every_dtype() {
+    let dir = tmp("v2rt");
+    let raw = std::fs::read(sample("textA.K.f16.bin")).unwrap();
+    // 96 whole tokens of 192 f16 channels; other dtypes reinterpret the same bytes.
+    let n = 96 * 192 * 2;
+    let input = dir.join("in.bin");
+    std::fs::write(&input, &raw[..n]).unwrap();
+    for (dtype, channels) in [
+        ("f16", "192"),
+        ("bf16", "192"),
+        ("f32", "96"),
+        ("i8", "384"),
+    ] {
+        let blob = dir.join(format!("{dtype}.kvg2"));
+        let back = dir.join(format!("{dtype}.raw"));
+        let o = kvc(&[
+            "codec",
+            "encode",
+            "--format",
+            "gear-v2",
+            "--dtype",
+            dtype,
+            "--channels",
+            channels,
+            "--kind",
+            "k",
+            "--chunk-tokens",
+            "40",
+            s(&input),
+            s(&blob),
+        ]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let bytes = std::fs::read(&blob).unwrap();
+        assert_eq!(&bytes[..4], b"KVG2");
+        assert_eq!(bytes[6], 1, "kind K recorded");
+        let o = kvc(&["codec", "decode", s(&blob), s(&back)]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        assert_eq!(std::fs::read(&back).unwrap(), &raw[..n], "{dtype}");
+        if dtype == "f16" {
+            assert!(bytes.len() < n, "f16 K compresses");
+        }
+        // A matching --dtype is accepted too.
+        let o = kvc(&["codec", "decode", "--dtype", dtype, s(&blob), s(&back)]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    }
+}
+
+#[test]
+fn gear_v2_bad_input_exits_2_with_one_line_and_no_output() {
+    let dir = tmp("v2bad");
+    let raw = std::fs::read(sample("textA.V.f16.bin")).unwrap();
+    let input = dir.join("in.bin");
+    std::fs::write(&input, &raw[..64 * 64 * 2]).unwrap();
+    let blob = dir.join("v.kvg2");
+    let o = kvc(&[
+        "codec",
+        "encode",
+        "--format",
+        "gear-v2",
+        "--dtype",
+        "f16",
+        "--channels",
+        "64",
+        "--kind",
+        "v",
+        s(&input),
+        s(&blob),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let good = std::fs::read(&blob).unwrap();
+    let out = dir.join("never.raw");
+    let bad = dir.join("bad.kvg2");
+    let dec = |p: &Path| kvc(&["codec", "decode", s(p), s(&out)]);
+
+    std::fs::write(&bad, &good[..good.len() - 1]).unwrap();
+    assert_input_error(&dec(&bad), &out, "bad.kvg2");
+    std::fs::write(&bad, &good[..20]).unwrap();
+    assert_input_error(&dec(&bad), &out, "bad.kvg2");
+    let mut b = good.clone();
+    b[4] = 77; // a newer version
+    std::fs::write(&bad, &b).unwrap();
+    assert_input_error(&dec(&bad), &out, "version");
+    let mut b = good.clone();
+    b[5] = 9; // unknown dtype
+    std::fs::write(&bad, &b).unwrap();
+    assert_input_error(&dec(&bad), &out, "dtype");
+    let mut b = good.clone();
+    b.push(0);
+    std::fs::write(&bad, &b).unwrap();
+    assert_input_error(&dec(&bad), &out, "bad.kvg2");
+    // Every single-byte flip past the header is refused cleanly or decodes to some
+    // output; it never crashes.
+    for i in (32..good.len()).step_by(good.len() / 97 + 1) {
+        let mut b = good.clone();
+        b[i] ^= 0x5a;
+        std::fs::write(&bad, &b).unwrap();
+        let o = dec(&bad);
+        match o.status.code() {
+            Some(0) => std::fs::remove_file(&out).unwrap(),
+            _ => assert_input_error(&o, &out, "bad.kvg2"),
+        }
+    }
+    // A v2 blob with the wrong --dtype.
+    assert_input_error(
+        &kvc(&["codec", "decode", "--dtype", "bf16", s(&blob), s(&out)]),
+        &out,
+        "holds f16",
+    );
+    // Not v2 and no --dtype.
+    std::fs::write(&bad, b"not a blob at all").unwrap();
+    assert_input_error(&dec(&bad), &out, "needs --dtype");
+
+    // Encoder arguments.
+    let enc = |extra: &[&str]| {
+        let mut a = vec!["codec", "encode", "--format", "gear-v2", "--dtype", "f16"];
+        a.extend_from_slice(extra);
+        a.push(s(&input));
+        a.push(s(&blob));
+        a.iter().map(|x| x.to_string()).collect::<Vec<_>>()
+    };
+    let blob_out = dir.join("never.kvg2");
+    let run = |args: Vec<String>| {
+        let mut args = args;
+        let n = args.len();
+        args[n - 1] = s(&blob_out).to_string();
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        kvc(&refs)
+    };
+    assert_input_error(&run(enc(&[])), &blob_out, "--channels");
+    assert_input_error(&run(enc(&["--channels", "0"])), &blob_out, "channel");
+    assert_input_error(&run(enc(&["--channels", "100"])), &blob_out, "whole");
+    assert_input_error(&run(enc(&["--channels", "70000"])), &blob_out, "channels");
+    assert_input_error(
+        &run(enc(&["--channels", "64", "--chunk-tokens", "0"])),
+        &blob_out,
+        "chunk",
+    );
+    let o = kvc(&[
+        "codec",
+        "encode",
+        "--dtype",
+        "f16",
+        "--channels",
+        "64",
+        s(&input),
+        s(&blob_out),
+    ]);
+    assert_input_error(&o, &blob_out, "gear-v2 only");
 }

@@ -70,37 +70,40 @@ impl LengthBuilder {
         for i in (0..root).rev() {
             depth[i] = depth[self.parent[i] as usize] + 1;
         }
-        let mut kraft: u64 = 0;
+        // Length limiting on the counts per length (no per-symbol search): clamp, then
+        // while the code is over-full move one code from the longest length below the limit
+        // one level down; then spend any slack shortening codes, shortest lengths first.
+        // Lengths are finally dealt out by frequency (most frequent symbol, shortest code),
+        // which for an unclamped Huffman tree gives back its own depths.
         let limit = 1u64 << MAX_LEN;
-        for (i, &(_, s)) in self.leaves.iter().enumerate() {
-            let l = depth[i].min(MAX_LEN as u64) as u8;
-            lens[s as usize] = l;
-            kraft += limit >> l;
+        let max = MAX_LEN as usize;
+        let mut count = [0u64; MAX_LEN as usize + 1];
+        for &d in &depth[..n] {
+            count[(d as usize).min(max)] += 1;
         }
-        // Repair an over-full code after clamping: lengthen the longest codes below the limit
-        // (the least probable symbols first), then spend any slack on the most probable ones.
+        let mut kraft: u64 = (1..=max).map(|l| count[l] << (max - l)).sum();
         while kraft > limit {
-            let mut best: Option<usize> = None;
-            for (i, &(_, s)) in self.leaves.iter().enumerate() {
-                let l = lens[s as usize];
-                if (l as u32) < MAX_LEN {
-                    match best {
-                        Some(b) if lens[self.leaves[b].1 as usize] >= l => {}
-                        _ => best = Some(i),
-                    }
-                }
-            }
-            let Some(b) = best else { break };
-            let s = self.leaves[b].1 as usize;
-            kraft -= limit >> (lens[s] + 1);
-            lens[s] += 1;
+            let Some(l) = (1..max).rev().find(|&l| count[l] > 0) else {
+                break;
+            };
+            count[l] -= 1;
+            count[l + 1] += 1;
+            kraft -= limit >> (l + 1);
         }
-        for &(_, s) in self.leaves.iter().rev() {
-            let l = lens[s as usize];
-            if l > 1 && kraft + (limit >> l) <= limit {
+        for l in 2..=max {
+            while count[l] > 0 && kraft + (limit >> l) <= limit {
+                count[l] -= 1;
+                count[l - 1] += 1;
                 kraft += limit >> l;
-                lens[s as usize] = l - 1;
             }
+        }
+        let mut l = 1;
+        for &(_, s) in self.leaves.iter().rev() {
+            while count[l] == 0 {
+                l += 1;
+            }
+            count[l] -= 1;
+            lens[s as usize] = l as u8;
         }
     }
 }
@@ -311,6 +314,49 @@ mod tests {
             match owner {
                 Some(s) => assert_eq!(e, (s as u16) << 4 | lens[s] as u16),
                 None => assert_eq!(e, INVALID_ENTRY),
+            }
+        }
+    }
+
+    #[test]
+    fn limited_lengths_follow_frequency_and_fill_kraft() {
+        let mut b = LengthBuilder::default();
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        for case in 0..200 {
+            let n = 2 + case % 511;
+            let counts: Vec<u32> = (0..n)
+                .map(|i| {
+                    seed = seed
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    // Geometric-ish skew (deep trees), some unused symbols.
+                    let shift = (seed >> 59) as u32 + (i as u32 % 7);
+                    if seed >> 40 & 7 == 0 {
+                        0
+                    } else {
+                        (1u32 << 20 >> shift.min(20)).max(1)
+                    }
+                })
+                .collect();
+            let mut lens = vec![0u8; n];
+            b.build_lengths(&counts, &mut lens);
+            let used: Vec<usize> = (0..n).filter(|&s| counts[s] > 0).collect();
+            let kraft: u64 = used.iter().map(|&s| (1u64 << MAX_LEN) >> lens[s]).sum();
+            assert!(kraft <= 1 << MAX_LEN, "case {case}");
+            if used.len() > 1 {
+                // A complete code: no slack left where a shorter code would fit.
+                assert_eq!(kraft, 1 << MAX_LEN, "case {case}");
+            }
+            for &s in &used {
+                assert!((1..=MAX_LEN as u8).contains(&lens[s]), "case {case}");
+                for &t in &used {
+                    if counts[s] > counts[t] {
+                        assert!(lens[s] <= lens[t], "case {case}: {s} vs {t}");
+                    }
+                }
+            }
+            for s in 0..n {
+                assert_eq!(lens[s] == 0, counts[s] == 0);
             }
         }
     }

@@ -1,8 +1,10 @@
-//! `kvc bench` / `kvc bench codec`: gear-v1 against plain zstd-3 on real KV dumps.
+//! `kvc bench` / `kvc bench codec`: gear-v1 and gear-v2 against plain zstd-3 on real KV
+//! dumps.
 //!
 //! For every dump (K and V, each dtype), per layer and in total: the ratio (raw bytes /
 //! stored bytes, headers included) of whole-layer blobs and of independent
-//! `--chunk-tokens` chunks, and compress / decompress MB/s (uncompressed bytes) of the
+//! `--chunk-tokens` chunks (gear-v2's whole-layer blobs use `--chunk-tokens` as their
+//! internal chunking too), and compress / decompress MB/s (uncompressed bytes) of the
 //! chunks on one core and, for the totals, on all cores. Every blob is decoded and checked
 //! bit-exact against its input. Timings are the fastest of `--repeat` runs.
 
@@ -13,6 +15,7 @@ use std::time::{Duration, Instant};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use kvc_codec::gear_v1::{EncodeOptions, GearV1Decoder, GearV1Encoder, PredictorSet};
+use kvc_codec::gear_v2::{self, EncodeParams, TensorKind};
 use kvc_codec::zstd::{compress_bound, ZstdCompressor, ZstdDecompressor};
 use kvc_codec::Dtype;
 use rayon::prelude::*;
@@ -89,6 +92,7 @@ struct LayerReport {
     layer: usize,
     raw_bytes: u64,
     gear_v1: CodecStats,
+    gear_v2: CodecStats,
     zstd: CodecStats,
 }
 
@@ -106,6 +110,7 @@ struct TensorReport {
 struct TotalReport {
     raw_bytes: u64,
     gear_v1: CodecStats,
+    gear_v2: CodecStats,
     zstd: CodecStats,
 }
 
@@ -115,6 +120,8 @@ struct DtypeSummary {
     raw_bytes: u64,
     gear_v1_ratio_chunks: f64,
     gear_v1_ratio_whole: f64,
+    gear_v2_ratio_chunks: f64,
+    gear_v2_ratio_whole: f64,
     zstd_ratio_chunks: f64,
     zstd_ratio_whole: f64,
 }
@@ -191,6 +198,29 @@ impl Codec for Gear {
     }
 }
 
+struct GearV2 {
+    params: EncodeParams,
+    enc: gear_v2::Encoder,
+    dec: gear_v2::Decoder,
+}
+
+impl Codec for GearV2 {
+    fn encode(&mut self, data: &[u8], out: &mut Vec<u8>) -> Result<(), CliError> {
+        self.enc
+            .encode_into(&self.params, data, out)
+            .map_err(codec_err)
+    }
+    fn decode(&mut self, blob: &[u8], out: &mut [u8]) -> Result<(), CliError> {
+        let n = self.dec.decode_into(blob, out).map_err(codec_err)?;
+        if n != out.len() {
+            return Err(CliError::input(
+                "gear-v2 blob decoded to a different length",
+            ));
+        }
+        Ok(())
+    }
+}
+
 struct PlainZstd {
     level: i32,
     enc: ZstdCompressor,
@@ -217,6 +247,7 @@ impl Codec for PlainZstd {
 #[derive(Clone, Copy)]
 enum Which {
     Gear(Dtype, EncodeOptions),
+    GearV2(EncodeParams),
     Zstd(i32),
 }
 
@@ -227,6 +258,11 @@ impl Which {
                 dtype,
                 enc: GearV1Encoder::new(options).map_err(codec_err)?,
                 dec: GearV1Decoder::new().map_err(codec_err)?,
+            }),
+            Which::GearV2(params) => Box::new(GearV2 {
+                params,
+                enc: gear_v2::Encoder::new(),
+                dec: gear_v2::Decoder::new(),
             }),
             Which::Zstd(level) => Box::new(PlainZstd {
                 level,
@@ -357,7 +393,21 @@ fn bench_dump(
         },
     );
     let zstd = Which::Zstd(args.zstd_level);
+    let channels = u32::try_from(dump.n_kv_head * dump.head_dim)
+        .map_err(|_| CliError::input("too many channels for gear-v2"))?;
+    let v2 = Which::GearV2(EncodeParams {
+        dtype: dump.dtype,
+        channels,
+        kind: if dump.tensor == "K" {
+            TensorKind::K
+        } else {
+            TensorKind::V
+        },
+        chunk_tokens: u32::try_from(args.chunk_tokens)
+            .map_err(|_| CliError::input("--chunk-tokens too large"))?,
+    });
     let mut gear_codec = gear.make()?;
+    let mut v2_codec = v2.make()?;
     let mut zstd_codec = zstd.make()?;
     let chunk_bytes = args
         .chunk_tokens
@@ -368,6 +418,7 @@ fn bench_dump(
     let mut total = TotalReport {
         raw_bytes: 0,
         gear_v1: CodecStats::default(),
+        gear_v2: CodecStats::default(),
         zstd: CodecStats::default(),
     };
     bar.set_message(format!("{} {}", dump.tensor, dump.dtype));
@@ -375,23 +426,32 @@ fn bench_dump(
         let layer = dump.layer(l);
         let raw = layer.len() as u64;
         let mut g = bench_layer(gear_codec.as_mut(), dump, layer, chunk_bytes, args.repeat)?;
+        let mut v = bench_layer(v2_codec.as_mut(), dump, layer, chunk_bytes, args.repeat)?;
         let mut z = bench_layer(zstd_codec.as_mut(), dump, layer, chunk_bytes, args.repeat)?;
         total.raw_bytes += raw;
         total.gear_v1.add(&g);
+        total.gear_v2.add(&v);
         total.zstd.add(&z);
         g.finish(raw);
+        v.finish(raw);
         z.finish(raw);
         layers.push(LayerReport {
             layer: l,
             raw_bytes: raw,
             gear_v1: g,
+            gear_v2: v,
             zstd: z,
         });
         bar.inc(1);
     }
     total.gear_v1.finish(total.raw_bytes);
+    total.gear_v2.finish(total.raw_bytes);
     total.zstd.finish(total.raw_bytes);
-    for (stats, which) in [(&mut total.gear_v1, gear), (&mut total.zstd, zstd)] {
+    for (stats, which) in [
+        (&mut total.gear_v1, gear),
+        (&mut total.gear_v2, v2),
+        (&mut total.zstd, zstd),
+    ] {
         let (enc, dec) = bench_all_cores(which, dump, chunk_bytes, args.repeat)?;
         stats.compress_mb_s_all_cores = Some(mb_s(total.raw_bytes, enc));
         stats.decompress_mb_s_all_cores = Some(mb_s(total.raw_bytes, dec));
@@ -411,50 +471,45 @@ fn print_tensor(t: &TensorReport, chunk_tokens: usize) {
         "\n{} {}  shape {:?}  gear-v1 predictors {}",
         t.tensor, t.dtype, t.shape, t.predictors
     );
-    println!(
-        "{:>6} | {:>8} {:>8} {:>9} {:>9} | {:>8} {:>8} {:>9} {:>9}",
-        "layer", "gear", "gear", "gear enc", "gear dec", "zstd", "zstd", "zstd enc", "zstd dec"
-    );
-    println!(
-        "{:>6} | {:>8} {:>8} {:>9} {:>9} | {:>8} {:>8} {:>9} {:>9}",
-        "",
-        "whole",
-        format!("{chunk_tokens}t"),
-        "MB/s 1c",
-        "MB/s 1c",
-        "whole",
-        format!("{chunk_tokens}t"),
-        "MB/s 1c",
-        "MB/s 1c"
-    );
-    let row = |name: String, g: &CodecStats, z: &CodecStats| {
-        println!(
-            "{:>6} | {:>8.3} {:>8.3} {:>9.0} {:>9.0} | {:>8.3} {:>8.3} {:>9.0} {:>9.0}",
-            name,
-            g.ratio_whole,
-            g.ratio_chunks,
-            g.compress_mb_s_1core,
-            g.decompress_mb_s_1core,
-            z.ratio_whole,
-            z.ratio_chunks,
-            z.compress_mb_s_1core,
-            z.decompress_mb_s_1core
+    let names = ["gear-v1", "gear-v2", "zstd"];
+    let mut head1 = format!("{:>6}", "layer");
+    let mut head2 = format!("{:>6}", "");
+    for n in names {
+        head1 += &format!(" | {:>8} {:>8} {:>9} {:>9}", n, n, "enc", "dec");
+        head2 += &format!(
+            " | {:>8} {:>8} {:>9} {:>9}",
+            "whole",
+            format!("{chunk_tokens}t"),
+            "MB/s 1c",
+            "MB/s 1c"
         );
+    }
+    println!("{head1}");
+    println!("{head2}");
+    let row = |name: String, stats: [&CodecStats; 3]| {
+        let mut line = format!("{name:>6}");
+        for s in stats {
+            line += &format!(
+                " | {:>8.3} {:>8.3} {:>9.0} {:>9.0}",
+                s.ratio_whole, s.ratio_chunks, s.compress_mb_s_1core, s.decompress_mb_s_1core
+            );
+        }
+        println!("{line}");
     };
     for l in &t.layers {
-        row(l.layer.to_string(), &l.gear_v1, &l.zstd);
+        row(l.layer.to_string(), [&l.gear_v1, &l.gear_v2, &l.zstd]);
     }
-    row("total".to_string(), &t.total.gear_v1, &t.total.zstd);
-    let g = &t.total.gear_v1;
-    let z = &t.total.zstd;
-    println!(
-        "{:>6} | all cores: gear-v1 enc {:.0} dec {:.0} MB/s | zstd enc {:.0} dec {:.0} MB/s",
-        "",
-        g.compress_mb_s_all_cores.unwrap_or(0.0),
-        g.decompress_mb_s_all_cores.unwrap_or(0.0),
-        z.compress_mb_s_all_cores.unwrap_or(0.0),
-        z.decompress_mb_s_all_cores.unwrap_or(0.0)
-    );
+    let tot = &t.total;
+    row("total".to_string(), [&tot.gear_v1, &tot.gear_v2, &tot.zstd]);
+    let mut line = format!("{:>6} | all cores MB/s:", "");
+    for (n, s) in names.iter().zip([&tot.gear_v1, &tot.gear_v2, &tot.zstd]) {
+        line += &format!(
+            " {n} enc {:.0} dec {:.0};",
+            s.compress_mb_s_all_cores.unwrap_or(0.0),
+            s.decompress_mb_s_all_cores.unwrap_or(0.0)
+        );
+    }
+    println!("{}", line.trim_end_matches(';'));
 }
 
 /// Runs the codec bench.
@@ -472,7 +527,7 @@ pub fn run(args: CodecBenchArgs) -> Result<(), CliError> {
     };
     let threads = rayon::current_num_threads();
     println!(
-        "kvc bench codec: gear-v1 vs plain zstd-{} on {}; ratio = raw / stored bytes \
+        "kvc bench codec: gear-v1 and gear-v2 vs plain zstd-{} on {}; ratio = raw / stored bytes \
          (headers included); MB/s of raw bytes, fastest of {} runs; {} threads for all cores",
         args.zstd_level, data.source, args.repeat, threads
     );
@@ -500,15 +555,20 @@ pub fn run(args: CodecBenchArgs) -> Result<(), CliError> {
             raw_bytes: raw,
             gear_v1_ratio_chunks: raw as f64 / sum(&|t| t.gear_v1.stored_bytes_chunks),
             gear_v1_ratio_whole: raw as f64 / sum(&|t| t.gear_v1.stored_bytes_whole),
+            gear_v2_ratio_chunks: raw as f64 / sum(&|t| t.gear_v2.stored_bytes_chunks),
+            gear_v2_ratio_whole: raw as f64 / sum(&|t| t.gear_v2.stored_bytes_whole),
             zstd_ratio_chunks: raw as f64 / sum(&|t| t.zstd.stored_bytes_chunks),
             zstd_ratio_whole: raw as f64 / sum(&|t| t.zstd.stored_bytes_whole),
         };
         println!(
-            "\n{} K+V: gear-v1 {:.3} ({}t chunks) {:.3} (whole layers) | zstd {:.3} / {:.3}",
+            "\n{} K+V: gear-v1 {:.3} ({}t chunks) {:.3} (whole layers) | gear-v2 {:.3} / {:.3} \
+             | zstd {:.3} / {:.3}",
             s.dtype,
             s.gear_v1_ratio_chunks,
             args.chunk_tokens,
             s.gear_v1_ratio_whole,
+            s.gear_v2_ratio_chunks,
+            s.gear_v2_ratio_whole,
             s.zstd_ratio_chunks,
             s.zstd_ratio_whole
         );
