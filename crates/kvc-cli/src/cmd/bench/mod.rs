@@ -23,7 +23,7 @@ pub struct BenchArgs {
 
 #[derive(Subcommand)]
 enum BenchCommand {
-    /// gear-v1 against plain zstd on KV dumps (the default).
+    /// gear-v1 and gear-v2 against plain zstd on KV dumps (the default).
     Codec(codec::CodecBenchArgs),
     /// kvc-cache: compaction and C8 quantize/dequantize GB/s, C8 error per layer.
     Cache(cache::BenchCacheArgs),
