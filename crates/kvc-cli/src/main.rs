@@ -30,6 +30,10 @@ enum Command {
     Mlp(cmd::mlp::MlpArgs),
     /// int8 C8 KV-cache quantization with msmodelslim scale files.
     Quant(cmd::quant::QuantArgs),
+    /// Encode or decode one gear-v1 blob.
+    Codec(cmd::codec::CodecArgs),
+    /// Benchmarks on real KV data (plain `kvc bench`: the codecs).
+    Bench(cmd::bench::BenchArgs),
 }
 
 fn run(cli: Cli) -> Result<(), CliError> {
@@ -37,6 +41,8 @@ fn run(cli: Cli) -> Result<(), CliError> {
         Command::H2o(args) => cmd::h2o::run(args),
         Command::Mlp(args) => cmd::mlp::run(args),
         Command::Quant(args) => cmd::quant::run(args),
+        Command::Codec(args) => cmd::codec::run(args),
+        Command::Bench(args) => cmd::bench::run(args),
     }
 }
 

@@ -2,8 +2,7 @@
 //! (default 32 layers x 8k tokens, Llama-3-8B's 8 KV heads x 128), C8 quantize /
 //! dequantize GB/s, and C8 error (max abs, RMS, SNR) per layer on real KV data.
 //!
-//! The integrator hooks [`run`] under `kvc bench cache`; [`measure`] returns the same
-//! numbers as JSON for a combined report.
+//! [`measure`] returns the same numbers as JSON for a combined report.
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;

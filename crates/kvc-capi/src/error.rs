@@ -1,0 +1,98 @@
+//! The crate's error type and the thread-local last-error message that C reads back.
+
+use std::fmt;
+
+use crate::status::KvcStatus;
+
+/// Why a kvc entry point failed. Each variant names what is wrong; [`Error::kind`] gives
+/// the [`KvcStatus`] the C caller receives and [`fmt::Display`] the message that
+/// `kvc_last_error_message` returns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Error {
+    /// A required pointer argument was NULL.
+    NullArgument {
+        /// The parameter's name as the header spells it.
+        argument: &'static str,
+    },
+    /// An argument is out of range or inconsistent with the others.
+    InvalidArgument {
+        /// The parameter's name as the header spells it.
+        argument: &'static str,
+        /// What is wrong with it, with the values involved.
+        reason: String,
+    },
+    /// A caller-owned output buffer is too small.
+    BufferTooSmall {
+        /// The buffer parameter's name as the header spells it.
+        argument: &'static str,
+        /// The capacity needed, in the buffer's unit (elements or bytes).
+        needed: usize,
+        /// The capacity the caller passed.
+        capacity: usize,
+    },
+    /// A library crate's error, already mapped to its status (how the codec, h2o, mlp,
+    /// cache and store errors cross the boundary: their `ErrorKind` picks the status and
+    /// their `Display` becomes the message).
+    Wrapped {
+        /// The status the error maps to.
+        status: KvcStatus,
+        /// The error's own message.
+        message: String,
+    },
+    /// kvc panicked; the panic was caught at the boundary.
+    Panic {
+        /// The panic payload, when it was a string.
+        message: String,
+    },
+}
+
+impl Error {
+    /// The status the C caller receives for this error.
+    pub fn kind(&self) -> KvcStatus {
+        match self {
+            Error::NullArgument { .. } => KvcStatus::KVC_NULL_ARGUMENT,
+            Error::InvalidArgument { .. } => KvcStatus::KVC_INVALID_ARGUMENT,
+            Error::BufferTooSmall { .. } => KvcStatus::KVC_BUFFER_TOO_SMALL,
+            Error::Wrapped { status, .. } => *status,
+            Error::Panic { .. } => KvcStatus::KVC_PANIC,
+        }
+    }
+
+    /// Shorthand for [`Error::InvalidArgument`].
+    pub fn invalid(argument: &'static str, reason: impl Into<String>) -> Error {
+        Error::InvalidArgument {
+            argument,
+            reason: reason.into(),
+        }
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::NullArgument { argument } => write!(f, "`{argument}` is NULL"),
+            Error::InvalidArgument { argument, reason } => {
+                write!(f, "invalid `{argument}`: {reason}")
+            }
+            Error::BufferTooSmall {
+                argument,
+                needed,
+                capacity,
+            } => write!(
+                f,
+                "`{argument}` holds {capacity} but {needed} are needed (the length output \
+                 received {needed})"
+            ),
+            Error::Wrapped { message, .. } => f.write_str(message),
+            Error::Panic { message } => {
+                write!(
+                    f,
+                    "internal error: kvc panicked ({message}); this is a bug in kvc"
+                )
+            }
+        }
+    }
+}
+
+impl std::error::Error for Error {}

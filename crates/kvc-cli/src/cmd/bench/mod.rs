@@ -1,0 +1,39 @@
+//! `kvc bench`: benchmarks on real KV data. Plain `kvc bench` is the codec bench; each
+//! other area adds its own subcommand (`kvc bench store`, `kvc bench cache`, ...) as a
+//! sibling module here.
+
+pub mod cache;
+pub mod codec;
+pub mod dataset;
+
+use clap::{Args, Subcommand};
+
+use crate::cli_error::CliError;
+
+/// Arguments of `kvc bench`.
+#[derive(Args)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    command: Option<BenchCommand>,
+    /// Plain `kvc bench` runs the codec bench with these arguments.
+    #[command(flatten)]
+    codec: codec::CodecBenchArgs,
+}
+
+#[derive(Subcommand)]
+enum BenchCommand {
+    /// gear-v1 and gear-v2 against plain zstd on KV dumps (the default).
+    Codec(codec::CodecBenchArgs),
+    /// kvc-cache: compaction and C8 quantize/dequantize GB/s, C8 error per layer.
+    Cache(cache::BenchCacheArgs),
+}
+
+/// Runs `kvc bench`.
+pub fn run(args: BenchArgs) -> Result<(), CliError> {
+    match args.command {
+        Some(BenchCommand::Codec(a)) => codec::run(a),
+        Some(BenchCommand::Cache(a)) => cache::run(&a),
+        None => codec::run(args.codec),
+    }
+}

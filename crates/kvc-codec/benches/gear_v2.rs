@@ -1,0 +1,122 @@
+//! gear-v2 on the real KV data: ratio (whole model, headers included) and MB/s of
+//! uncompressed data, one core and all cores (rayon over chunks).
+//!
+//! Data: `KVC_REALKV_DIR`, else `../shared/data/realkv`, else `data/sample/`.
+
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use kvc_codec::gear_v2::{Decoder, EncodeParams, Encoder, TensorKind};
+use kvc_codec::Dtype;
+use std::path::PathBuf;
+
+fn data_dir() -> PathBuf {
+    if let Ok(d) = std::env::var("KVC_REALKV_DIR") {
+        return PathBuf::from(d);
+    }
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let shared = root.join("../shared/data/realkv");
+    if shared.join("textA.K.f16.bin").exists() {
+        shared
+    } else {
+        root.join("data/sample")
+    }
+}
+
+/// Layers of one dump as `[tokens, 192]` tensors, read from the JSON sidecar's shape.
+fn layers(dir: &std::path::Path, name: &str) -> Option<Vec<Vec<u8>>> {
+    let data = std::fs::read(dir.join(format!("textA.{name}.bin"))).ok()?;
+    let json = std::fs::read_to_string(dir.join(format!("textA.{name}.json"))).ok()?;
+    let v: serde_json::Value = serde_json::from_str(&json).ok()?;
+    let shape = v.get("shape")?.as_array()?;
+    let n_layer = shape.first()?.as_u64()? as usize;
+    let per = data.len() / n_layer;
+    Some(data.chunks(per).map(<[u8]>::to_vec).collect())
+}
+
+fn bench(c: &mut Criterion) {
+    let dir = data_dir();
+    let one = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .unwrap();
+    for name in ["K.f16", "V.f16", "K.bf16", "V.bf16"] {
+        let Some(layers) = layers(&dir, name) else {
+            continue;
+        };
+        let dtype = if name.ends_with("bf16") {
+            Dtype::Bf16
+        } else {
+            Dtype::F16
+        };
+        let mut params = EncodeParams::new(dtype, 192);
+        params.kind = if name.starts_with('K') {
+            TensorKind::K
+        } else {
+            TensorKind::V
+        };
+        let mut enc = Encoder::new();
+        let mut dec = Decoder::new();
+        let blobs: Vec<Vec<u8>> = layers
+            .iter()
+            .map(|l| enc.encode(&params, l).unwrap())
+            .collect();
+        let raw: usize = layers.iter().map(Vec::len).sum();
+        let stored: usize = blobs.iter().map(Vec::len).sum();
+        for (l, b) in layers.iter().zip(&blobs) {
+            assert_eq!(&dec.decode(b).unwrap(), l);
+        }
+        println!(
+            "gear-v2 {name}: {} layers, {raw} -> {stored} bytes, ratio {:.4}",
+            layers.len(),
+            raw as f64 / stored as f64
+        );
+        let mut g = c.benchmark_group(format!("gear_v2/{name}"));
+        g.throughput(Throughput::Bytes(raw as u64));
+        g.sample_size(10);
+        let mut out = Vec::new();
+        let mut buf = vec![0u8; layers[0].len()];
+        g.bench_function("compress_1core", |b| {
+            b.iter(|| {
+                for l in &layers {
+                    enc.encode_into(&params, l, &mut out).unwrap();
+                }
+            })
+        });
+        g.bench_function("decompress_1core", |b| {
+            b.iter(|| {
+                for blob in &blobs {
+                    dec.decode_into(blob, &mut buf).unwrap();
+                }
+            })
+        });
+        g.bench_function("compress_all_cores", |b| {
+            b.iter(|| {
+                for l in &layers {
+                    enc.encode_into_parallel(&params, l, &mut out).unwrap();
+                }
+            })
+        });
+        g.bench_function("decompress_all_cores", |b| {
+            b.iter(|| {
+                for blob in &blobs {
+                    dec.open(blob)
+                        .unwrap()
+                        .decode_into_parallel(&mut buf)
+                        .unwrap();
+                }
+            })
+        });
+        g.bench_function("compress_1core_pool", |b| {
+            one.install(|| {
+                b.iter(|| {
+                    for l in &layers {
+                        enc.encode_into_parallel(&params, l, &mut out).unwrap();
+                    }
+                })
+            })
+        });
+        g.finish();
+    }
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

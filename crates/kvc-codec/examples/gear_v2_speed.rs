@@ -1,0 +1,109 @@
+//! Quick one-core speed and ratio check of gear-v2 on the real KV data (no criterion):
+//! `KVC_REALKV_DIR=/path cargo run --release -p kvc-codec --example gear_v2_speed [reps]`.
+//! Prints the ratio (whole blobs, headers included) and the best-of-`reps` MB/s (10^6 bytes
+//! of uncompressed data per second of this thread's CPU time) of compress and decompress,
+//! one blob per layer tensor.
+
+use kvc_codec::gear_v2::{Decoder, EncodeParams, Encoder, TensorKind};
+use kvc_codec::Dtype;
+use std::path::PathBuf;
+use std::time::Instant;
+
+/// Seconds this thread has run on a CPU (Linux `/proc/thread-self/schedstat`): on a shared
+/// machine that excludes the time other processes held the core. Falls back to wall time.
+struct Clock(Option<f64>, Instant);
+impl Clock {
+    fn cpu() -> Option<f64> {
+        let s = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+        Some(s.split_whitespace().next()?.parse::<f64>().ok()? / 1e9)
+    }
+    fn start() -> Self {
+        Clock(Self::cpu(), Instant::now())
+    }
+    fn secs(&self) -> f64 {
+        match (self.0, Self::cpu()) {
+            (Some(a), Some(b)) => b - a,
+            _ => self.1.elapsed().as_secs_f64(),
+        }
+    }
+}
+
+fn data_dir() -> PathBuf {
+    if let Ok(d) = std::env::var("KVC_REALKV_DIR") {
+        return PathBuf::from(d);
+    }
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let shared = root.join("../shared/data/realkv");
+    if shared.join("textA.K.f16.bin").exists() {
+        shared
+    } else {
+        root.join("data/sample")
+    }
+}
+
+fn main() {
+    let reps: usize = std::env::args()
+        .nth(1)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(5);
+    // "enc" or "dec" times only that direction (handy under `perf stat`).
+    let only = std::env::args().nth(2).unwrap_or_default();
+    let dir = data_dir();
+    println!("data: {}", dir.display());
+    for name in ["K.f16", "V.f16", "K.bf16", "V.bf16"] {
+        let Ok(data) = std::fs::read(dir.join(format!("textA.{name}.bin"))) else {
+            continue;
+        };
+        let layer_bytes = 2048 * 192 * 2;
+        let layers: Vec<&[u8]> = data.chunks(layer_bytes).collect();
+        let dtype = if name.ends_with("bf16") {
+            Dtype::Bf16
+        } else {
+            Dtype::F16
+        };
+        let mut params = EncodeParams::new(dtype, 192);
+        params.kind = if name.starts_with('K') {
+            TensorKind::K
+        } else {
+            TensorKind::V
+        };
+        let mut enc = Encoder::new();
+        let mut dec = Decoder::new();
+        let blobs: Vec<Vec<u8>> = layers
+            .iter()
+            .map(|l| enc.encode(&params, l).unwrap())
+            .collect();
+        let stored: usize = blobs.iter().map(Vec::len).sum();
+        let mut buf = vec![0u8; layer_bytes];
+        for (l, b) in layers.iter().zip(&blobs) {
+            dec.decode_into(b, &mut buf).unwrap();
+            assert_eq!(&buf[..l.len()], *l);
+        }
+        let mut out = Vec::new();
+        let (mut ce, mut cd) = (f64::INFINITY, f64::INFINITY);
+        for _ in 0..reps {
+            if only != "dec" {
+                let t = Clock::start();
+                for l in &layers {
+                    enc.encode_into(&params, l, &mut out).unwrap();
+                }
+                ce = ce.min(t.secs());
+            }
+            if only != "enc" {
+                let t = Clock::start();
+                for b in &blobs {
+                    dec.decode_into(b, &mut buf).unwrap();
+                }
+                cd = cd.min(t.secs());
+            }
+        }
+        let mb = data.len() as f64 / 1e6;
+        println!(
+            "{name}: {} layers, ratio {:.4}, compress {:.0} MB/s, decompress {:.0} MB/s",
+            layers.len(),
+            data.len() as f64 / stored as f64,
+            mb / ce,
+            mb / cd
+        );
+    }
+}

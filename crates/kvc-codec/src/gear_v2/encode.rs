@@ -1,0 +1,194 @@
+//! The gear-v2 encoder.
+
+use super::format::{BlobHeader, TensorKind, HEADER_LEN, MAX_CHANNELS};
+use super::lanes;
+use super::model::EncoderModel;
+use super::values::dispatch;
+use crate::dtype::Dtype;
+use crate::error::{Error, Result};
+
+/// Default tokens per chunk: the random-access granularity.
+pub const DEFAULT_CHUNK_TOKENS: u32 = 256;
+
+/// Chunk mode byte: the values follow raw, as in the input.
+pub(crate) const CHUNK_STORED: u8 = 0;
+/// Chunk mode byte: four Huffman lanes and the packed low bits follow.
+pub(crate) const CHUNK_CODED: u8 = 1;
+/// Interleaved Huffman lanes per chunk (channel `c` is in lane `c % LANES`).
+pub(crate) const LANES: usize = 4;
+/// Bytes of a coded chunk's header: mode byte and one u32 length per lane.
+pub(crate) const CODED_CHUNK_HEADER: usize = 1 + 4 * LANES;
+
+/// What to encode: the tensor's element type and shape, and the chunking.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EncodeParams {
+    /// Element type.
+    pub dtype: Dtype,
+    /// Channels per token (`kv_heads * head_dim`).
+    pub channels: u32,
+    /// Tensor kind, recorded in the header.
+    pub kind: TensorKind,
+    /// Tokens per independently decodable chunk.
+    pub chunk_tokens: u32,
+}
+
+impl EncodeParams {
+    /// Parameters with the default chunking and no recorded kind.
+    pub fn new(dtype: Dtype, channels: u32) -> Self {
+        EncodeParams {
+            dtype,
+            channels,
+            kind: TensorKind::Unspecified,
+            chunk_tokens: DEFAULT_CHUNK_TOKENS,
+        }
+    }
+
+    /// Checks the parameters against an input of `len` bytes; returns the token count.
+    pub fn tokens_for(&self, len: usize) -> Result<u32> {
+        if self.channels == 0 {
+            return Err(Error::V2ZeroChannels);
+        }
+        if self.channels > MAX_CHANNELS {
+            return Err(Error::V2TooLarge { what: "channels" });
+        }
+        if self.chunk_tokens == 0 {
+            return Err(Error::V2ZeroChunkTokens);
+        }
+        let token_bytes = self.channels as usize * self.dtype.width();
+        if len % token_bytes != 0 {
+            return Err(Error::V2InputNotWholeTokens { len, token_bytes });
+        }
+        u32::try_from(len / token_bytes).map_err(|_| Error::V2TooLarge { what: "tokens" })
+    }
+}
+
+/// The largest blob [`Encoder::encode_into`] can produce for `input_len` bytes.
+pub fn max_encoded_len(params: &EncodeParams, input_len: usize) -> Result<usize> {
+    let tokens = params.tokens_for(input_len)? as usize;
+    let chunks = tokens.div_ceil(params.chunk_tokens as usize);
+    let tables = params.channels as usize * 2;
+    // A table is at most 2 run bytes per 128 symbols plus a nibble per symbol.
+    let table_max = params.dtype.width().max(2) * 256 / 2 + 8 + 512 / 2;
+    Ok(HEADER_LEN + tables * table_max + chunks * (4 + 1) + input_len)
+}
+
+/// A reusable gear-v2 encoder: its buffers are kept between calls, so encoding tensors of
+/// a steady shape allocates nothing after the first call.
+#[derive(Debug, Default)]
+pub struct Encoder {
+    model: EncoderModel,
+    pub(crate) chunk_bufs: Vec<Vec<u8>>,
+}
+
+impl Encoder {
+    /// A new encoder.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Encodes `input` (whole tokens, token-major) into a fresh vector.
+    pub fn encode(&mut self, params: &EncodeParams, input: &[u8]) -> Result<Vec<u8>> {
+        let mut out = Vec::new();
+        self.encode_into(params, input, &mut out)?;
+        Ok(out)
+    }
+
+    /// Encodes `input` into `out` (cleared first; its capacity is reused).
+    pub fn encode_into(
+        &mut self,
+        params: &EncodeParams,
+        input: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<()> {
+        let tokens = self.prepare(params, input, out)?;
+        let ct = params.chunk_tokens as usize;
+        let chunks = (tokens as usize).div_ceil(ct);
+        let index_at = out.len();
+        out.resize(index_at + 4 * chunks, 0);
+        for i in 0..chunks {
+            let start = out.len();
+            let t0 = i * ct;
+            let t1 = (t0 + ct).min(tokens as usize);
+            encode_chunk(&self.model, params, input, t0, t1, out);
+            let len = (out.len() - start) as u32;
+            out[index_at + 4 * i..index_at + 4 * i + 4].copy_from_slice(&len.to_le_bytes());
+        }
+        Ok(())
+    }
+
+    /// Validates, fits the model and writes header and model section; returns the tokens.
+    pub(crate) fn prepare(
+        &mut self,
+        params: &EncodeParams,
+        input: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<u32> {
+        let tokens = params.tokens_for(input.len())?;
+        let channels = params.channels as usize;
+        self.model
+            .fit(params.dtype, channels, params.chunk_tokens as usize, input);
+        let model_len = u32::try_from(self.model.section.len()).map_err(|_| Error::V2TooLarge {
+            what: "model section",
+        })?;
+        let header = BlobHeader {
+            dtype: params.dtype,
+            kind: params.kind,
+            tokens,
+            channels: params.channels,
+            chunk_tokens: params.chunk_tokens,
+            group_size: self.model.group_size,
+            sign_context: self.model.sign_context,
+            model_len,
+        };
+        out.clear();
+        header.write(out);
+        out.extend_from_slice(&self.model.section);
+        Ok(tokens)
+    }
+
+    pub(crate) fn model(&self) -> &EncoderModel {
+        &self.model
+    }
+}
+
+/// Appends chunk `[t0, t1)` to `out`: coded, or stored when coding would not be smaller.
+pub(crate) fn encode_chunk(
+    model: &EncoderModel,
+    params: &EncodeParams,
+    input: &[u8],
+    t0: usize,
+    t1: usize,
+    out: &mut Vec<u8>,
+) {
+    let start = out.len();
+    let bpv = params.dtype.width();
+    let c = params.channels as usize;
+    let raw = &input[t0 * c * bpv..t1 * c * bpv];
+    dispatch!(params.dtype, encode_coded(model, c, raw, out));
+    if out.len() - start > raw.len() {
+        out.truncate(start);
+        out.push(CHUNK_STORED);
+        out.extend_from_slice(raw);
+    }
+}
+
+fn encode_coded<const BPV: usize, const REST: u32, const SYM: u32>(
+    model: &EncoderModel,
+    channels: usize,
+    raw: &[u8],
+    out: &mut Vec<u8>,
+) {
+    out.push(CHUNK_CODED);
+    let lens_at = out.len();
+    out.resize(lens_at + 4 * LANES, 0);
+    lanes::encode_lanes::<BPV, REST, SYM>(
+        &model.codes,
+        model.group_size as usize,
+        model.sign_context,
+        channels,
+        raw,
+        out,
+        lens_at,
+    );
+    lanes::pack_low_bits::<BPV, REST>(raw, out);
+}

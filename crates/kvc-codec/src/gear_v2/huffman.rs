@@ -1,0 +1,377 @@
+//! Static canonical Huffman codes: length-limited construction, the compact table encoding of
+//! the model section, encode codes and single-lookup decode tables.
+
+use crate::error::{Error, Result};
+
+/// Longest code length; a decode table has `1 << MAX_LEN` entries.
+pub const MAX_LEN: u32 = 9;
+/// Entries in one decode table.
+pub const DECODE_ENTRIES: usize = 1 << MAX_LEN;
+
+/// Reusable buffers for [`build_lengths`].
+#[derive(Default, Debug)]
+pub struct LengthBuilder {
+    leaves: Vec<(u32, u16)>,
+    weight: Vec<u64>,
+    parent: Vec<u32>,
+}
+
+impl LengthBuilder {
+    /// Writes Huffman code lengths (0 = unused symbol) for `counts` into `lens`, limited to
+    /// [`MAX_LEN`] bits. A single used symbol gets length 1.
+    pub fn build_lengths(&mut self, counts: &[u32], lens: &mut [u8]) {
+        lens.fill(0);
+        self.leaves.clear();
+        for (s, &c) in counts.iter().enumerate() {
+            if c > 0 {
+                self.leaves.push((c, s as u16));
+            }
+        }
+        let n = self.leaves.len();
+        if n == 0 {
+            return;
+        }
+        if n == 1 {
+            lens[self.leaves[0].1 as usize] = 1;
+            return;
+        }
+        self.leaves.sort_unstable();
+        // Two-queue Huffman: nodes 0..n are leaves (ascending), n.. are internal nodes in
+        // creation order (also ascending).
+        self.weight.clear();
+        self.weight
+            .extend(self.leaves.iter().map(|&(c, _)| c as u64));
+        self.parent.clear();
+        self.parent.resize(2 * n - 1, 0);
+        let (mut li, mut ii) = (0usize, n);
+        for _ in 0..n - 1 {
+            let mut pick = |weight: &Vec<u64>| {
+                let total = weight.len();
+                if li < n && (ii >= total || weight[li] <= weight[ii]) {
+                    li += 1;
+                    li - 1
+                } else {
+                    ii += 1;
+                    ii - 1
+                }
+            };
+            let a = pick(&self.weight);
+            let b = pick(&self.weight);
+            let id = self.weight.len();
+            let w = self.weight[a] + self.weight[b];
+            self.weight.push(w);
+            self.parent[a] = id as u32;
+            self.parent[b] = id as u32;
+        }
+        // Depths: the root is the last node; parents always have larger ids.
+        let root = 2 * n - 2;
+        let depth = vec_depth(&mut self.weight, 2 * n - 1);
+        depth[root] = 0;
+        for i in (0..root).rev() {
+            depth[i] = depth[self.parent[i] as usize] + 1;
+        }
+        // Length limiting on the counts per length (no per-symbol search): clamp, then
+        // while the code is over-full move one code from the longest length below the limit
+        // one level down; then spend any slack shortening codes, shortest lengths first.
+        // Lengths are finally dealt out by frequency (most frequent symbol, shortest code),
+        // which for an unclamped Huffman tree gives back its own depths.
+        let limit = 1u64 << MAX_LEN;
+        let max = MAX_LEN as usize;
+        let mut count = [0u64; MAX_LEN as usize + 1];
+        for &d in &depth[..n] {
+            count[(d as usize).min(max)] += 1;
+        }
+        let mut kraft: u64 = (1..=max).map(|l| count[l] << (max - l)).sum();
+        while kraft > limit {
+            let Some(l) = (1..max).rev().find(|&l| count[l] > 0) else {
+                break;
+            };
+            count[l] -= 1;
+            count[l + 1] += 1;
+            kraft -= limit >> (l + 1);
+        }
+        for l in 2..=max {
+            while count[l] > 0 && kraft + (limit >> l) <= limit {
+                count[l] -= 1;
+                count[l - 1] += 1;
+                kraft += limit >> l;
+            }
+        }
+        let mut l = 1;
+        for &(_, s) in self.leaves.iter().rev() {
+            while count[l] == 0 {
+                l += 1;
+            }
+            count[l] -= 1;
+            lens[s as usize] = l as u8;
+        }
+    }
+}
+
+fn vec_depth(buf: &mut Vec<u64>, n: usize) -> &mut [u64] {
+    buf.clear();
+    buf.resize(n, 0);
+    &mut buf[..]
+}
+
+/// Appends the compact encoding of one table's code lengths: a sequence of run bytes; a byte
+/// `b < 0x80` is a run of `b + 1` unused symbols; `b >= 0x80` announces `(b & 0x7f) + 1` code
+/// lengths (1..=MAX_LEN) that follow as nibbles, low nibble first, the last byte zero-padded.
+pub fn write_table(lens: &[u8], out: &mut Vec<u8>) {
+    let mut i = 0;
+    while i < lens.len() {
+        let zero = lens[i] == 0;
+        let mut j = i;
+        while j < lens.len() && (lens[j] == 0) == zero && j - i < 128 {
+            j += 1;
+        }
+        let run = j - i;
+        if zero {
+            out.push((run - 1) as u8);
+        } else {
+            out.push(0x80 | (run - 1) as u8);
+            for pair in lens[i..j].chunks(2) {
+                let hi = if pair.len() > 1 { pair[1] } else { 0 };
+                out.push(pair[0] | (hi << 4));
+            }
+        }
+        i = j;
+    }
+}
+
+/// Entry of a decode table for a code word no symbol owns (an incomplete code): length 0
+/// and bit 15 set, which the decoder ORs into a flag word and reports after the chunk.
+pub const INVALID_ENTRY: u16 = 0x8000;
+
+/// Reads one table written by [`write_table`] from `src[*pos..]` for an alphabet of
+/// `alphabet` symbols, checking the runs cover the alphabet exactly and the code is a valid
+/// prefix code. The used symbols are appended to `used` as `sym << 4 | len`, in symbol order.
+pub fn read_table(
+    src: &[u8],
+    pos: &mut usize,
+    alphabet: usize,
+    used: &mut Vec<u16>,
+    table: usize,
+) -> Result<()> {
+    let bad = |reason| Error::V2BadTable { table, reason };
+    used.clear();
+    let mut i = 0;
+    let mut kraft: u64 = 0;
+    let limit = 1u64 << MAX_LEN;
+    while i < alphabet {
+        let b = *src.get(*pos).ok_or(bad("truncated"))?;
+        *pos += 1;
+        let run = (b & 0x7f) as usize + 1;
+        if i + run > alphabet {
+            return Err(bad("runs exceed the alphabet"));
+        }
+        if b & 0x80 != 0 {
+            let bytes = run.div_ceil(2);
+            let packed = src.get(*pos..*pos + bytes).ok_or(bad("truncated"))?;
+            *pos += bytes;
+            let mut bad_len = false;
+            for k in 0..run {
+                let l = (packed[k / 2] >> (4 * (k % 2))) & 15;
+                bad_len |= l == 0 || l as u32 > MAX_LEN;
+                used.push(((i + k) as u16) << 4 | l as u16);
+                kraft += limit >> (l & 15).min(63);
+            }
+            if bad_len {
+                return Err(bad("code length out of range"));
+            }
+            if run % 2 == 1 && packed[bytes - 1] >> 4 != 0 {
+                return Err(bad("nonzero padding nibble"));
+            }
+        }
+        i += run;
+    }
+    if kraft > limit {
+        return Err(bad("over-subscribed code"));
+    }
+    Ok(())
+}
+
+/// Canonical codes for `lens`, bit-reversed for LSB-first streams: `codes[s] = rev | len << 12`.
+pub fn build_codes(lens: &[u8], codes: &mut [u16]) {
+    let mut count = [0u32; MAX_LEN as usize + 1];
+    for &l in lens {
+        count[l as usize] += 1;
+    }
+    count[0] = 0;
+    let mut next = [0u32; MAX_LEN as usize + 2];
+    let mut code = 0u32;
+    for l in 1..=MAX_LEN as usize {
+        code = (code + count[l - 1]) << 1;
+        next[l] = code;
+    }
+    for (s, &l) in lens.iter().enumerate() {
+        if l == 0 {
+            codes[s] = 0;
+            continue;
+        }
+        let c = next[l as usize];
+        next[l as usize] += 1;
+        let rev = c.reverse_bits() >> (32 - l as u32);
+        codes[s] = (rev | (l as u32) << 12) as u16;
+    }
+}
+
+/// Fills a decode table (`DECODE_ENTRIES` entries indexed by the next `MAX_LEN` stream bits,
+/// LSB-first; each `sym << 4 | len`, [`INVALID_ENTRY`] for unowned code words) from the used
+/// symbols `read_table` gave (symbol order, valid lengths, Kraft sum checked).
+///
+/// LSB-first, a code of length `l` owns every index whose low `l` bits are its reversed
+/// code; the table is built by doubling: the table for lengths `<= l + 1` is two copies of
+/// the one for lengths `<= l` plus one entry per code of length `l + 1`. That costs one
+/// copy of the table and one store per symbol, with no pass over the whole alphabet.
+pub fn build_decode_table(used: &[u16], table: &mut [u16]) {
+    let table = &mut table[..DECODE_ENTRIES];
+    let mut count = [0u32; MAX_LEN as usize + 1];
+    for &u in used {
+        count[(u & 15) as usize] += 1;
+    }
+    let mut next = [0u32; MAX_LEN as usize + 1];
+    // start[l]: where codes of length l begin in `by_len`.
+    let mut start = [0usize; MAX_LEN as usize + 2];
+    let mut code = 0u32;
+    for l in 1..=MAX_LEN as usize {
+        code = (code + count[l - 1]) << 1;
+        next[l] = code;
+        start[l + 1] = start[l] + count[l] as usize;
+    }
+    let mut by_len = [0u32; 512];
+    let mut fill = start;
+    for &u in used {
+        let l = (u & 15) as usize;
+        let c = next[l];
+        next[l] += 1;
+        let rev = c.reverse_bits() >> (32 - l as u32);
+        // Canonical order within a length is symbol order, so `by_len` stays sorted too.
+        if let Some(slot) = by_len.get_mut(fill[l]) {
+            *slot = rev << 16 | u as u32;
+        }
+        fill[l] += 1;
+    }
+    table[0] = INVALID_ENTRY;
+    let mut size = 1usize;
+    for l in 1..=MAX_LEN as usize {
+        table.copy_within(0..size, size);
+        size *= 2;
+        for &e in &by_len[start[l].min(512)..start[l + 1].min(512)] {
+            table[(e >> 16) as usize & (size - 1)] = e as u16;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lengths_are_limited_and_valid() {
+        let mut b = LengthBuilder::default();
+        // Fibonacci counts force deep trees.
+        let mut counts = vec![0u32; 64];
+        let (mut x, mut y) = (1u32, 1u32);
+        for c in counts.iter_mut().take(40) {
+            *c = x;
+            let z = x.saturating_add(y);
+            x = y;
+            y = z;
+        }
+        let mut lens = vec![0u8; 64];
+        b.build_lengths(&counts, &mut lens);
+        let mut kraft = 0u64;
+        for (s, &l) in lens.iter().enumerate() {
+            assert_eq!(l == 0, counts[s] == 0);
+            assert!(l as u32 <= MAX_LEN);
+            if l > 0 {
+                kraft += 1 << (MAX_LEN - l as u32);
+            }
+        }
+        assert!(kraft <= 1 << MAX_LEN);
+        let mut buf = Vec::new();
+        write_table(&lens, &mut buf);
+        let mut used = Vec::new();
+        let mut pos = 0;
+        read_table(&buf, &mut pos, 64, &mut used, 0).unwrap();
+        assert_eq!(pos, buf.len());
+        let mut back = vec![0u8; 64];
+        for &u in &used {
+            back[(u >> 4) as usize] = (u & 15) as u8;
+        }
+        assert_eq!(back, lens);
+        // Every decode-table entry agrees with a straightforward canonical decode.
+        let mut codes = vec![0u16; 64];
+        build_codes(&lens, &mut codes);
+        let mut table = vec![0u16; DECODE_ENTRIES];
+        build_decode_table(&used, &mut table);
+        for (i, &e) in table.iter().enumerate() {
+            let owner = (0..64).find(|&s| {
+                let l = lens[s] as u32;
+                l > 0 && (i as u32) & ((1 << l) - 1) == (codes[s] & 0xfff) as u32
+            });
+            match owner {
+                Some(s) => assert_eq!(e, (s as u16) << 4 | lens[s] as u16),
+                None => assert_eq!(e, INVALID_ENTRY),
+            }
+        }
+    }
+
+    #[test]
+    fn limited_lengths_follow_frequency_and_fill_kraft() {
+        let mut b = LengthBuilder::default();
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        for case in 0..200 {
+            let n = 2 + case % 511;
+            let counts: Vec<u32> = (0..n)
+                .map(|i| {
+                    seed = seed
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    // Geometric-ish skew (deep trees), some unused symbols.
+                    let shift = (seed >> 59) as u32 + (i as u32 % 7);
+                    if seed >> 40 & 7 == 0 {
+                        0
+                    } else {
+                        (1u32 << 20 >> shift.min(20)).max(1)
+                    }
+                })
+                .collect();
+            let mut lens = vec![0u8; n];
+            b.build_lengths(&counts, &mut lens);
+            let used: Vec<usize> = (0..n).filter(|&s| counts[s] > 0).collect();
+            let kraft: u64 = used.iter().map(|&s| (1u64 << MAX_LEN) >> lens[s]).sum();
+            assert!(kraft <= 1 << MAX_LEN, "case {case}");
+            if used.len() > 1 {
+                // A complete code: no slack left where a shorter code would fit.
+                assert_eq!(kraft, 1 << MAX_LEN, "case {case}");
+            }
+            for &s in &used {
+                assert!((1..=MAX_LEN as u8).contains(&lens[s]), "case {case}");
+                for &t in &used {
+                    if counts[s] > counts[t] {
+                        assert!(lens[s] <= lens[t], "case {case}: {s} vs {t}");
+                    }
+                }
+            }
+            for s in 0..n {
+                assert_eq!(lens[s] == 0, counts[s] == 0);
+            }
+        }
+    }
+
+    #[test]
+    fn oversubscribed_table_is_refused() {
+        // Three symbols of length 1.
+        let lens = [1u8, 1, 1, 0];
+        let mut buf = Vec::new();
+        write_table(&lens, &mut buf);
+        let mut used = Vec::new();
+        let mut pos = 0;
+        assert!(matches!(
+            read_table(&buf, &mut pos, 4, &mut used, 3),
+            Err(Error::V2BadTable { table: 3, .. })
+        ));
+    }
+}

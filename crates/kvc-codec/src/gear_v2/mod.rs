@@ -1,0 +1,28 @@
+//! gear-v2: kvc's own KV-aware lossless format.
+//!
+//! A tensor `[tokens, channels]` of f16, bf16, f32 or int8 values is cut into chunks of
+//! whole tokens that each decode alone. Every value is split into a top field (sign and
+//! exponent, plus the top mantissa bits for f16: 8 bits for f16/int8, 9 for bf16/f32) and the
+//! low bits. The low bits are near-uniform noise and are stored packed; the top field is
+//! coded with static canonical Huffman tables, one per group of channels (and, optionally, per
+//! sign of the previous token in the same channel), chosen for the tensor by measured size.
+//! Tables live once in the blob's model section; each chunk holds four interleaved Huffman
+//! lanes (channel `c` in lane `c % 4`) and the packed low bits. See `docs/formats/gear-v2.md`.
+
+mod decode;
+mod encode;
+mod format;
+mod huffman;
+mod lanes;
+mod model;
+mod parallel;
+mod values;
+
+pub use decode::{Decoder, OpenBlob};
+pub use encode::{max_encoded_len, EncodeParams, Encoder, DEFAULT_CHUNK_TOKENS};
+pub use format::{BlobHeader, FieldSplit, TensorKind, HEADER_LEN, MAGIC, VERSION};
+
+/// Whether `blob` starts with the gear-v2 magic.
+pub fn is_gear_v2(blob: &[u8]) -> bool {
+    blob.starts_with(&MAGIC)
+}

@@ -1,0 +1,62 @@
+//! Encoding and decoding over chunks in parallel with rayon.
+
+use super::decode::OpenBlob;
+use super::encode::{encode_chunk, EncodeParams, Encoder};
+use crate::error::{Error, Result};
+use rayon::prelude::*;
+
+impl Encoder {
+    /// Like [`Encoder::encode_into`], with the chunks encoded in parallel on rayon's pool.
+    /// The output is byte-identical to the serial encoder's.
+    pub fn encode_into_parallel(
+        &mut self,
+        params: &EncodeParams,
+        input: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<()> {
+        let tokens = self.prepare(params, input, out)? as usize;
+        let ct = params.chunk_tokens as usize;
+        let chunks = tokens.div_ceil(ct);
+        let mut bufs = std::mem::take(&mut self.chunk_bufs);
+        bufs.resize_with(chunks.max(bufs.len()), Vec::new);
+        let model = self.model();
+        bufs[..chunks]
+            .par_iter_mut()
+            .enumerate()
+            .for_each(|(i, buf)| {
+                buf.clear();
+                let t0 = i * ct;
+                encode_chunk(model, params, input, t0, (t0 + ct).min(tokens), buf);
+            });
+        for buf in &bufs[..chunks] {
+            out.extend_from_slice(&(buf.len() as u32).to_le_bytes());
+        }
+        for buf in &bufs[..chunks] {
+            out.extend_from_slice(buf);
+        }
+        self.chunk_bufs = bufs;
+        Ok(())
+    }
+}
+
+impl OpenBlob<'_, '_> {
+    /// Like [`OpenBlob::decode_into`], with the chunks decoded in parallel on rayon's pool.
+    pub fn decode_into_parallel(&self, out: &mut [u8]) -> Result<usize> {
+        let total = self.header().decoded_len();
+        if out.len() < total {
+            return Err(Error::OutputTooSmall {
+                needed: total,
+                available: out.len(),
+            });
+        }
+        if total == 0 {
+            return Ok(0);
+        }
+        let chunk_bytes = self.chunk_len(0);
+        out[..total]
+            .par_chunks_mut(chunk_bytes)
+            .enumerate()
+            .try_for_each(|(i, o)| self.decode_chunk_into(i, o).map(|_| ()))?;
+        Ok(total)
+    }
+}

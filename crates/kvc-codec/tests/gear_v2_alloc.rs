@@ -1,0 +1,94 @@
+//! A reusable gear-v2 encoder and decoder allocate nothing in steady state: after a first
+//! call has sized their buffers, encoding and decoding more tensors of the same shape makes
+//! no heap allocation (counted by a global allocator, per thread).
+
+use kvc_codec::gear_v2::{Decoder, EncodeParams, Encoder, TensorKind};
+use kvc_codec::Dtype;
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+
+struct Counting;
+
+thread_local! {
+    static ALLOCS: Cell<u64> = const { Cell::new(0) };
+}
+
+// SAFETY: forwards every call to the system allocator unchanged; it only counts calls.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCS.with(|a| a.set(a.get() + 1));
+        // SAFETY: same contract as the caller's.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: `ptr` came from `System.alloc` with this layout.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        ALLOCS.with(|a| a.set(a.get() + 1));
+        // SAFETY: same contract as the caller's.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+fn allocs() -> u64 {
+    ALLOCS.with(Cell::get)
+}
+
+/// Skewed KV-like data: small values with random signs, different per seed.
+fn tensor(dtype: Dtype, tokens: usize, channels: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    let mut v = Vec::with_capacity(tokens * channels * dtype.width());
+    for i in 0..tokens * channels * dtype.width() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let hi = i % dtype.width() == dtype.width() - 1;
+        v.push(if hi {
+            (x as u8 & 0x80) | 0x38 | (x >> 9) as u8 & 3
+        } else {
+            (x >> 20) as u8
+        });
+    }
+    v
+}
+
+#[test]
+fn steady_state_encode_and_decode_allocate_nothing() {
+    for dtype in [Dtype::F16, Dtype::Bf16, Dtype::F32, Dtype::I8] {
+        let (tokens, channels) = (300, 22);
+        let mut params = EncodeParams::new(dtype, channels as u32);
+        params.chunk_tokens = 64;
+        params.kind = TensorKind::V;
+        let mut enc = Encoder::new();
+        let mut dec = Decoder::new();
+        let mut blob = Vec::new();
+        let mut out = vec![0u8; tokens * channels * dtype.width()];
+        // Warm-up sizes every buffer.
+        for seed in 1..3 {
+            let data = tensor(dtype, tokens, channels, seed);
+            enc.encode_into(&params, &data, &mut blob).unwrap();
+            dec.decode_into(&blob, &mut out).unwrap();
+        }
+        for seed in 3..6 {
+            let data = tensor(dtype, tokens, channels, seed);
+            // Room for any blob of this shape, so `blob` never has to grow.
+            blob.reserve(2 * data.len() + 65536);
+            let before = allocs();
+            enc.encode_into(&params, &data, &mut blob).unwrap();
+            let n = dec.decode_into(&blob, &mut out).unwrap();
+            let open = dec.open(&blob).unwrap();
+            for i in 0..open.chunk_count() {
+                let len = open.chunk_len(i);
+                open.decode_chunk_into(i, &mut out[..len]).unwrap();
+            }
+            assert_eq!(allocs(), before, "{dtype:?}: allocation in steady state");
+            dec.decode_into(&blob, &mut out).unwrap();
+            assert_eq!(n, data.len());
+            assert_eq!(out, data);
+        }
+    }
+}

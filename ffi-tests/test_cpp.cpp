@@ -1,0 +1,113 @@
+// C++17: include/kvc.hpp, compiled twice (with exceptions and with -fno-exceptions).
+// Also checks kvc.h and kvc.hpp include twice cleanly from C++.
+#include "kvc.hpp"
+#include "kvc.hpp"
+#include "kvc.h"
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#define CHECK(cond)                                                                      \
+    do {                                                                                 \
+        if (!(cond)) {                                                                   \
+            std::fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
+            std::exit(1);                                                                \
+        }                                                                                \
+    } while (0)
+
+static void test_basics() {
+    CHECK(kvc::version() == kvc_version());
+    CHECK(kvc::abi_compatible());
+    CHECK(std::string(kvc::status_name(KVC_IO)) == "KVC_IO");
+    CHECK(kvc::dtype_size(KVC_DTYPE_F32) == 4);
+}
+
+static void test_results() {
+    const std::uint16_t h[3] = {0x3c00, 0xc000, 0x3800};
+    auto f = kvc::to_f32(KVC_DTYPE_F16, h, 3);
+    CHECK(f.ok() && f.status() == KVC_OK);
+    CHECK((*f == std::vector<float>{1.0f, -2.0f, 0.5f}));
+    auto b = kvc::from_f32(KVC_DTYPE_BF16, f->data(), f->size());
+    CHECK(b && b.value() == (std::vector<std::uint16_t>{0x3f80, 0xc000, 0x3f00}));
+
+    auto bad = kvc::to_f32(7, h, 3);
+    CHECK(!bad);
+    CHECK(bad.status() == KVC_INVALID_ARGUMENT);
+    CHECK(bad.error().message().find("kvc_convert: invalid `src_dtype`: 7") == 0);
+    CHECK(bad.error().to_string().find("KVC_INVALID_ARGUMENT: kvc_convert:") == 0);
+    CHECK(bad.value_or({42.0f}) == std::vector<float>{42.0f});
+
+    float small[2];
+    auto r = kvc::convert(KVC_DTYPE_F16, h, 3, KVC_DTYPE_F32, small, 2);
+    CHECK(r.status() == KVC_BUFFER_TOO_SMALL);
+    CHECK(r.error().message().find("`dst` holds 2 but 3") != std::string::npos);
+    auto n = kvc::convert(KVC_DTYPE_F16, h, 2, KVC_DTYPE_F32, small, 2);
+    CHECK(n && *n == 2 && small[1] == -2.0f);
+    CHECK(kvc::last_error_message().empty());
+
+#if KVC_HPP_EXCEPTIONS
+    bool thrown = false;
+    try {
+        (void)kvc::to_f32(7, h, 3).value();
+    } catch (const kvc::Exception& e) {
+        thrown = true;
+        CHECK(e.status() == KVC_INVALID_ARGUMENT);
+        CHECK(std::string(e.what()).find("KVC_INVALID_ARGUMENT: kvc_convert:") == 0);
+    }
+    CHECK(thrown);
+#endif
+}
+
+// A handle wrapper written the way every kvc handle's is: an alias of kvc::Handle and
+// a factory through kvc::make_handle.
+#ifdef KVC_TEST_HOOKS
+using TestCounter = kvc::Handle<kvc_test_counter, kvc_test_counter_free>;
+static_assert(!std::is_copy_constructible_v<TestCounter>);
+static_assert(std::is_nothrow_move_constructible_v<TestCounter>);
+
+static void test_handles() {
+    const std::size_t live0 = kvc_test_live_counters();
+    {
+        auto made = kvc::make_handle<TestCounter>(kvc_test_counter_new, std::int64_t{5});
+        CHECK(made.ok());
+        TestCounter c = std::move(made.value());
+        CHECK(c && kvc_test_live_counters() == live0 + 1);
+        std::int64_t v = 0;
+        CHECK(kvc::detail::check(kvc_test_counter_add(c.get(), 10, &v)).ok() && v == 15);
+        TestCounter moved = std::move(c);
+        CHECK(!c && moved);
+        CHECK(kvc_test_live_counters() == live0 + 1);
+        auto second = kvc::make_handle<TestCounter>(kvc_test_counter_new, std::int64_t{1});
+        moved = std::move(second.value());  // frees the first
+        CHECK(kvc_test_live_counters() == live0 + 1);
+        kvc_test_counter* raw = moved.release();
+        CHECK(!moved && kvc_test_live_counters() == live0 + 1);
+        moved.reset(raw);
+        auto err = kvc::detail::check(kvc_test_counter_add(moved.get(), INT64_MAX, &v));
+        CHECK(err.status() == KVC_INVALID_ARGUMENT);
+        CHECK(err.error().message().find("overflows") != std::string::npos);
+        auto panicked = kvc::detail::check(kvc_test_panic(0));
+        CHECK(panicked.status() == KVC_PANIC);
+    }
+    CHECK(kvc_test_live_counters() == live0);
+}
+#endif
+
+int main() {
+    test_basics();
+    test_results();
+#ifdef KVC_TEST_HOOKS
+    test_handles();
+#endif
+#if KVC_HPP_EXCEPTIONS
+    std::puts("test_cpp (exceptions): ok");
+#else
+    std::puts("test_cpp (no exceptions): ok");
+#endif
+    return 0;
+}

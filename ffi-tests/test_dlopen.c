@@ -1,0 +1,55 @@
+/* C11: load libkvc with dlopen by its soname (as an engine's plugin loader does), find
+ * it with a single dlsym("kvc_get_api"), and use only the function table. This program
+ * is not linked against libkvc; it only includes the header for the types. */
+#include <dlfcn.h>
+#include <stdint.h>
+
+#include "check.h"
+
+typedef const kvc_api* (*get_api_fn)(uint32_t);
+
+int main(void) {
+    void* lib = dlopen(KVC_SONAME, RTLD_NOW | RTLD_LOCAL);
+    if (lib == NULL) {
+        fprintf(stderr, "dlopen(%s): %s\n", KVC_SONAME, dlerror());
+        return 1;
+    }
+    get_api_fn get_api;
+    void* sym = dlsym(lib, "kvc_get_api");
+    CHECK(sym != NULL);
+    memcpy(&get_api, &sym, sizeof get_api); /* object pointer -> function pointer, portably */
+
+    const kvc_api* api = get_api(KVC_ABI_VERSION);
+    CHECK(api != NULL);
+    CHECK(api->struct_size >= sizeof(kvc_api));
+    CHECK(api->abi_version == KVC_ABI_VERSION);
+    CHECK(strcmp(api->status_name(KVC_CORRUPT_DATA), "KVC_CORRUPT_DATA") == 0);
+    CHECK(strlen(api->version()) >= 5);
+    CHECK(api->dtype_size(KVC_DTYPE_BF16) == 2);
+
+    const uint16_t h[3] = {0x3c00, 0x4000, 0xbc00};
+    float f[3];
+    size_t len = 0;
+    CHECK(api->convert(KVC_DTYPE_F16, h, 3, KVC_DTYPE_F32, f, 3, &len) == KVC_OK);
+    CHECK(len == 3 && f[0] == 1.0f && f[1] == 2.0f && f[2] == -1.0f);
+
+    /* Errors through the table, with the message through the table. */
+    CHECK(api->convert(KVC_DTYPE_F16, h, 3, KVC_DTYPE_F32, f, 2, &len) == KVC_BUFFER_TOO_SMALL);
+    CHECK(len == 3);
+    char msg[512];
+    size_t needed = 0;
+    CHECK(api->last_error_message(msg, sizeof msg, &needed) == KVC_OK);
+    CHECK(strstr(msg, "kvc_convert:") == msg);
+
+    /* Versions: an older minor is served, a newer minor or another major is not. */
+    CHECK(get_api((uint32_t)KVC_ABI_VERSION_MAJOR << 16) == api);
+    CHECK(get_api(KVC_ABI_VERSION + 1) == NULL);
+    CHECK(api->last_error_message(msg, sizeof msg, &needed) == KVC_OK);
+    CHECK(strstr(msg, "kvc_get_api: the program needs ABI") == msg);
+    CHECK(get_api(((uint32_t)KVC_ABI_VERSION_MAJOR + 1) << 16) == NULL);
+    CHECK(get_api(UINT32_MAX) == NULL);
+
+    CHECK(dlclose(lib) == 0);
+    puts("test_dlopen: ok");
+    return 0;
+}

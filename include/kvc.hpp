@@ -1,0 +1,248 @@
+// kvc — the C++17 wrapper of the C API (header-only, hand-written; kvc.h is the contract).
+// SPDX-License-Identifier: Apache-2.0
+//
+// Errors: every fallible call returns kvc::Result<T>, an expected-style value holding
+// either a T or a kvc::Error (status + the message kvc_last_error_message gave). Why not
+// exceptions: inference engines are often built with -fno-exceptions (mobile and
+// embedded builds of MNN, llama.cpp embedders), errors such as KVC_BUFFER_TOO_SMALL are
+// ordinary control flow, and the per-token hot path must not pay for unwinding. With
+// exceptions enabled, Result::value() throws kvc::Exception, so code that prefers
+// exceptions writes `auto v = kvc::to_f32(...).value();`. Without them, value() on an
+// error prints the message and calls std::abort().
+//
+// Handles: kvc::Handle<T, Free> owns one opaque C handle (move-only, frees on
+// destruction, like std::unique_ptr). Each kvc object gets an alias of it as its C
+// handle lands (kvc::Codec = Handle<kvc_codec, kvc_codec_free>, ...).
+//
+// Threads: the wrapper adds no state; the C functions' rules apply.
+#ifndef KVC_HPP
+#define KVC_HPP
+
+#include "kvc.h"
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#if defined(__cpp_exceptions) || defined(__EXCEPTIONS) || defined(_CPPUNWIND)
+#  define KVC_HPP_EXCEPTIONS 1
+#  include <stdexcept>
+#else
+#  define KVC_HPP_EXCEPTIONS 0
+#endif
+
+namespace kvc {
+
+/// Name of a status, e.g. "KVC_CORRUPT_DATA" (static; never NULL).
+inline const char* status_name(kvc_status status) noexcept { return kvc_status_name(status); }
+
+/// The library's version string, e.g. "0.1.0".
+inline std::string_view version() noexcept { return kvc_version(); }
+
+/// The loaded library's ABI version ((major << 16) | minor).
+inline std::uint32_t abi_version() noexcept { return kvc_abi_version(); }
+
+/// Whether the loaded library can serve a program built against this header.
+inline bool abi_compatible() noexcept {
+    const std::uint32_t lib = kvc_abi_version();
+    return (lib >> 16) == KVC_ABI_VERSION_MAJOR && (lib & 0xffffu) >= KVC_ABI_VERSION_MINOR;
+}
+
+/// This thread's last error message (empty when the last call succeeded).
+inline std::string last_error_message() {
+    std::size_t needed = 0;
+    if (kvc_last_error_message(nullptr, 0, &needed) != KVC_OK || needed == 0) return {};
+    std::string message(needed, '\0');
+    if (kvc_last_error_message(message.data(), message.size(), nullptr) != KVC_OK) return {};
+    message.resize(needed - 1);  // drop the NUL terminator
+    return message;
+}
+
+/// A failed call: its status and message.
+class Error {
+public:
+    Error(kvc_status status, std::string message) : status_(status), message_(std::move(message)) {}
+    /// The status the C function returned (never KVC_OK).
+    kvc_status status() const noexcept { return status_; }
+    /// The message kvc_last_error_message gave right after the call.
+    const std::string& message() const noexcept { return message_; }
+    /// "KVC_BUFFER_TOO_SMALL: kvc_convert: ..."
+    std::string to_string() const { return std::string(status_name(status_)) + ": " + message_; }
+
+private:
+    kvc_status status_;
+    std::string message_;
+};
+
+#if KVC_HPP_EXCEPTIONS
+/// Thrown by Result::value() on an error when exceptions are enabled.
+class Exception : public std::runtime_error {
+public:
+    explicit Exception(Error error) : std::runtime_error(error.to_string()), error_(std::move(error)) {}
+    const Error& error() const noexcept { return error_; }
+    kvc_status status() const noexcept { return error_.status(); }
+
+private:
+    Error error_;
+};
+#endif
+
+namespace detail {
+/// Reports an error accessed as a value: throws, or prints and aborts.
+[[noreturn]] inline void bad_access(const Error& error) {
+#if KVC_HPP_EXCEPTIONS
+    throw Exception(error);
+#else
+    std::fprintf(stderr, "kvc: value() of a failed Result: %s\n", error.to_string().c_str());
+    std::abort();
+#endif
+}
+
+/// The Error for a failed status, with this thread's message.
+inline Error error_from(kvc_status status) { return Error(status, last_error_message()); }
+}  // namespace detail
+
+/// Either a T (success) or an Error. [[nodiscard]]: an ignored Result is a warning.
+template <class T>
+class [[nodiscard]] Result {
+public:
+    Result(T value) : value_(std::move(value)) {}  // NOLINT: implicit, like expected
+    Result(Error error) : error_(std::move(error)) {}  // NOLINT
+
+    bool ok() const noexcept { return value_.has_value(); }
+    explicit operator bool() const noexcept { return ok(); }
+
+    /// The value; on an error throws kvc::Exception (or aborts without exceptions).
+    T& value() & {
+        if (!ok()) detail::bad_access(*error_);
+        return *value_;
+    }
+    const T& value() const& {
+        if (!ok()) detail::bad_access(*error_);
+        return *value_;
+    }
+    T&& value() && {
+        if (!ok()) detail::bad_access(*error_);
+        return std::move(*value_);
+    }
+    /// The value, or `fallback` on an error.
+    T value_or(T fallback) const& { return ok() ? *value_ : std::move(fallback); }
+    /// Unchecked access (undefined on an error, as with std::expected).
+    T& operator*() & noexcept { return *value_; }
+    T* operator->() noexcept { return &*value_; }
+    /// The error; only meaningful when !ok().
+    const Error& error() const noexcept { return *error_; }
+    /// The status: KVC_OK on success.
+    kvc_status status() const noexcept { return ok() ? KVC_OK : error_->status(); }
+
+private:
+    std::optional<T> value_;
+    std::optional<Error> error_;
+};
+
+/// Result of a call with no value.
+template <>
+class [[nodiscard]] Result<void> {
+public:
+    Result() = default;
+    Result(Error error) : error_(std::move(error)) {}  // NOLINT
+
+    bool ok() const noexcept { return !error_.has_value(); }
+    explicit operator bool() const noexcept { return ok(); }
+    /// Throws kvc::Exception (or aborts without exceptions) on an error.
+    void value() const {
+        if (!ok()) detail::bad_access(*error_);
+    }
+    const Error& error() const noexcept { return *error_; }
+    kvc_status status() const noexcept { return ok() ? KVC_OK : error_->status(); }
+
+private:
+    std::optional<Error> error_;
+};
+
+namespace detail {
+/// Turns a C status into a Result<void>, capturing the message on failure.
+inline Result<void> check(kvc_status status) {
+    if (status == KVC_OK) return {};
+    return error_from(status);
+}
+}  // namespace detail
+
+/// Owns one opaque kvc handle; `Free` is its kvc_*_free. Move-only; destruction frees.
+template <class T, void (*Free)(T*)>
+class Handle {
+public:
+    Handle() noexcept = default;
+    /// Takes ownership of `raw` (which may be NULL).
+    explicit Handle(T* raw) noexcept : raw_(raw) {}
+    Handle(const Handle&) = delete;
+    Handle& operator=(const Handle&) = delete;
+    Handle(Handle&& other) noexcept : raw_(std::exchange(other.raw_, nullptr)) {}
+    Handle& operator=(Handle&& other) noexcept {
+        if (this != &other) reset(std::exchange(other.raw_, nullptr));
+        return *this;
+    }
+    ~Handle() { Free(raw_); }
+
+    /// The C handle, still owned by this object.
+    T* get() const noexcept { return raw_; }
+    explicit operator bool() const noexcept { return raw_ != nullptr; }
+    /// Gives up ownership: the caller must free the returned handle.
+    T* release() noexcept { return std::exchange(raw_, nullptr); }
+    /// Frees the current handle (if any) and takes `raw`.
+    void reset(T* raw = nullptr) noexcept { Free(std::exchange(raw_, raw)); }
+
+private:
+    T* raw_ = nullptr;
+};
+
+/// Creates a handle through a `kvc_*_new`-style call `make(args..., &out)`.
+template <class H, class Make, class... Args>
+Result<H> make_handle(Make make, Args&&... args) {
+    decltype(std::declval<H>().get()) raw = nullptr;
+    const kvc_status status = make(std::forward<Args>(args)..., &raw);
+    if (status != KVC_OK) return detail::error_from(status);
+    return H(raw);
+}
+
+/// Size in bytes of one element of `dtype` (0 when unknown).
+inline std::size_t dtype_size(kvc_dtype dtype) noexcept { return kvc_dtype_size(dtype); }
+
+/// kvc_convert: `count` elements of `src_dtype` at `src` into `dst` (capacity in
+/// elements of `dst_dtype`). Returns the number of elements written.
+inline Result<std::size_t> convert(kvc_dtype src_dtype, const void* src, std::size_t count,
+                                   kvc_dtype dst_dtype, void* dst, std::size_t dst_capacity) {
+    std::size_t written = 0;
+    const kvc_status status =
+        kvc_convert(src_dtype, src, count, dst_dtype, dst, dst_capacity, &written);
+    if (status != KVC_OK) return detail::error_from(status);
+    return written;
+}
+
+/// Widens a row of fp16 or bf16 bits (`src_dtype`) to floats.
+inline Result<std::vector<float>> to_f32(kvc_dtype src_dtype, const std::uint16_t* src,
+                                         std::size_t count) {
+    std::vector<float> out(count);
+    auto written = convert(src_dtype, src, count, KVC_DTYPE_F32, out.data(), out.size());
+    if (!written) return written.error();
+    return out;
+}
+
+/// Narrows floats to a row of fp16 or bf16 bits (`dst_dtype`), rounding to nearest even.
+inline Result<std::vector<std::uint16_t>> from_f32(kvc_dtype dst_dtype, const float* src,
+                                                   std::size_t count) {
+    std::vector<std::uint16_t> out(count);
+    auto written = convert(KVC_DTYPE_F32, src, count, dst_dtype, out.data(), out.size());
+    if (!written) return written.error();
+    return out;
+}
+
+}  // namespace kvc
+
+#endif  // KVC_HPP
