@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what a fresh Debian machine with only the Rust toolchain lacks for kvc's tests:
-# cmake and C/C++ compilers (ffi-tests, the llama.cpp client), clang's sanitizer runtime,
+# cmake and C/C++ compilers (ffi-tests, the llama.cpp client), clang's sanitizer runtime, valgrind,
 # and the Python packages the fixture scripts use. Installs nothing that is already there.
 set -euo pipefail
 
@@ -11,6 +11,7 @@ command -v c++ >/dev/null 2>&1 || need_apt+=(g++)
 command -v clang >/dev/null 2>&1 || need_apt+=(clang libclang-rt-14-dev)
 command -v ninja >/dev/null 2>&1 || need_apt+=(ninja-build)
 command -v pkg-config >/dev/null 2>&1 || need_apt+=(pkg-config)
+command -v valgrind >/dev/null 2>&1 || need_apt+=(valgrind)
 command -v python3 >/dev/null 2>&1 || need_apt+=(python3 python3-pip)
 
 if ((${#need_apt[@]})); then

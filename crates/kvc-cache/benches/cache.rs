@@ -41,6 +41,11 @@ fn compaction(c: &mut Criterion) {
             "infinilm",
             KvLayout::infinilm(DType::F16, HEADS, DIM, TOKENS).unwrap(),
         ),
+        (
+            // An MNN packed cache (hP 8, lP 2), flash-attention block 64.
+            "mnn_hp8_lp2_flash64",
+            KvLayout::mnn(DType::F16, HEADS, DIM, TOKENS, 8, 2, Some(64)).unwrap(),
+        ),
     ] {
         let mut cache = OwnedCache::uniform(layout, LAYERS).unwrap();
         for mut l in cache.layers_mut().unwrap() {

@@ -59,10 +59,11 @@ pub fn move_tokens(
             }
         }
         Addressing::MnnKey { .. } | Addressing::MnnValue { .. } => {
-            // Token by token, like MNN's moveKV; direction chosen so that no source token
-            // is overwritten before it is read.
+            // Token by token, like MNN's moveKV, except that runs of whole packed units
+            // move with one memmove each (`mnn_chunk`); direction chosen so that no source
+            // token is overwritten before it is read.
             let runs = layout.channel_runs();
-            let mut one = |i: usize| {
+            let one = |buf: &mut [u8], i: usize| {
                 let s = layout.token_offset(src + i);
                 let d = layout.token_offset(dst + i);
                 for &(_, coff, len) in &runs {
@@ -71,13 +72,83 @@ pub fn move_tokens(
                 }
             };
             if dst < src {
-                (0..n).for_each(&mut one);
+                let mut i = 0;
+                while i < n {
+                    i += mnn_chunk(buf, layout, src + i, dst + i, n - i).unwrap_or_else(|| {
+                        one(buf, i);
+                        1
+                    });
+                }
             } else {
-                (0..n).rev().for_each(&mut one);
+                (0..n).rev().for_each(|i| one(buf, i));
             }
         }
     }
     Ok(())
+}
+
+/// The MNN fast path of a forward move (`dst < src`): if tokens `src` and `dst` both start
+/// a packed unit (`hP` tokens of a key block, `lP` tokens of a value block) that holds no
+/// padding, moves as many whole units as `n` allows (and, for values, as fit in the current
+/// flash-attention block of both) with one `memmove` per head (per head and `hP` dims for
+/// values), and returns how many tokens moved; `None` when the token must move alone.
+///
+/// The moved regions hold exactly the moved tokens' elements (whole units, no padding), so
+/// the result equals moving those tokens one by one in ascending order, which is how the
+/// caller uses it.
+fn mnn_chunk(
+    buf: &mut [u8],
+    layout: &TensorLayout,
+    src: usize,
+    dst: usize,
+    n: usize,
+) -> Option<usize> {
+    let (es, hd) = (layout.dtype().size(), layout.head_dim());
+    let head_bytes = layout.mnn_head_bytes();
+    match layout.addressing() {
+        Addressing::MnnKey { hp, lp } => {
+            if hd % lp != 0 || src % hp != 0 || dst % hp != 0 || n < hp {
+                return None;
+            }
+            let m = n / hp * hp;
+            let (s, d) = (layout.token_offset(src) * es, layout.token_offset(dst) * es);
+            for h in 0..layout.n_heads() {
+                let base = h * head_bytes;
+                buf.copy_within(base + s..base + s + m * hd * es, base + d);
+            }
+            Some(m)
+        }
+        Addressing::MnnValue { hp, lp, block } => {
+            let (sb, db) = (src % block, dst % block);
+            if hd % hp != 0 || sb % lp != 0 || db % lp != 0 {
+                return None;
+            }
+            let (s, d) = (layout.token_offset(src) * es, layout.token_offset(dst) * es);
+            if sb == 0 && db == 0 && block % lp == 0 && n >= block {
+                // Whole flash blocks: `block * head_dim` elements each, contiguous per head.
+                let m = n / block * block;
+                for h in 0..layout.n_heads() {
+                    let base = h * head_bytes;
+                    buf.copy_within(base + s..base + s + m * hd * es, base + d);
+                }
+                return Some(m);
+            }
+            let units = (n / lp).min((block - sb) / lp).min((block - db) / lp);
+            if units == 0 {
+                return None;
+            }
+            let stride1 = block.div_ceil(lp) * hp * lp * es;
+            let len = units * hp * lp * es;
+            for h in 0..layout.n_heads() {
+                for j in 0..hd / hp {
+                    let base = h * head_bytes + j * stride1;
+                    buf.copy_within(base + s..base + s + len, base + d);
+                }
+            }
+            Some(units * lp)
+        }
+        _ => None,
+    }
 }
 
 /// Compacts one tensor by `plan`, in place; returns the new length.
@@ -136,6 +207,121 @@ pub fn compact_layers(layers: &mut [LayerMut<'_>], plans: &[ReservePlan]) -> Res
         .zip(plans)
         .map(|(l, p)| compact_layer(l, p))
         .collect()
+}
+
+/// Moves tokens `[src, src + n)` to `[dst, dst + n)` of head `head` only (its `head_dim`
+/// channels), as `memmove` would.
+pub fn move_head_tokens(
+    buf: &mut [u8],
+    layout: &TensorLayout,
+    head: usize,
+    src: usize,
+    dst: usize,
+    n: usize,
+) -> Result<()> {
+    layout.check_buffer("tensor", buf.len())?;
+    if head >= layout.n_heads() {
+        return Err(Error::InvalidRange {
+            start: head,
+            end: head.saturating_add(1),
+            limit: layout.n_heads(),
+        });
+    }
+    let cap = layout.capacity();
+    for s in [src, dst] {
+        check_range(
+            s,
+            s.checked_add(n)
+                .ok_or(Error::SizeOverflow { what: "token + n" })?,
+            cap,
+        )?;
+    }
+    if n == 0 || src == dst {
+        return Ok(());
+    }
+    let es = layout.dtype().size();
+    let hd = layout.head_dim();
+    match layout.addressing() {
+        Addressing::HeadMajor => {
+            let base = layout.offset(0, head, 0) * es;
+            buf.copy_within(
+                base + src * hd * es..base + (src + n) * hd * es,
+                base + dst * hd * es,
+            );
+        }
+        Addressing::CellColumns => {
+            for c in head * hd..(head + 1) * hd {
+                let base = c * cap * es;
+                buf.copy_within(base + src * es..base + (src + n) * es, base + dst * es);
+            }
+        }
+        Addressing::CellRows | Addressing::MnnKey { .. } | Addressing::MnnValue { .. } => {
+            let runs: Vec<(usize, usize, usize)> = layout
+                .channel_runs()
+                .into_iter()
+                .filter_map(|(c0, off, len)| {
+                    // Clip each run to the head's channels.
+                    let (lo, hi) = (c0.max(head * hd), (c0 + len).min((head + 1) * hd));
+                    (lo < hi).then(|| (lo, off + (lo - c0), hi - lo))
+                })
+                .collect();
+            let mut one = |i: usize| {
+                let s = layout.token_offset(src + i);
+                let d = layout.token_offset(dst + i);
+                for &(_, coff, len) in &runs {
+                    let a = (s + coff) * es;
+                    buf.copy_within(a..a + len * es, (d + coff) * es);
+                }
+            };
+            if dst < src {
+                (0..n).for_each(&mut one);
+            } else {
+                (0..n).rev().for_each(&mut one);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Compacts each head of one tensor by its own plan (kvc-h2o with one score per KV head:
+/// [`ReservePlan::from_h2o_groups`]), in place; every plan must keep the same number of
+/// tokens, which is returned. All plans are checked before any byte moves.
+pub fn compact_heads(
+    buf: &mut [u8],
+    layout: &TensorLayout,
+    plans: &[ReservePlan],
+) -> Result<usize> {
+    layout.check_buffer("tensor", buf.len())?;
+    if plans.len() != layout.n_heads() {
+        return Err(Error::LayoutMismatch {
+            what: "plans per head",
+            expected: layout.n_heads(),
+            found: plans.len(),
+        });
+    }
+    let kept = plans.first().map_or(0, ReservePlan::kept);
+    for p in plans {
+        if p.len() > layout.capacity() {
+            return Err(Error::InvalidRange {
+                start: 0,
+                end: p.len(),
+                limit: layout.capacity(),
+            });
+        }
+        if p.kept() != kept {
+            return Err(Error::LayoutMismatch {
+                what: "tokens kept per head",
+                expected: kept,
+                found: p.kept(),
+            });
+        }
+    }
+    for (h, p) in plans.iter().enumerate() {
+        for (src, dst, n) in p.moves() {
+            move_head_tokens(buf, layout, h, src, dst, n)?;
+        }
+    }
+    Ok(kept)
 }
 
 /// Compaction of all layers with shared cells (llama.cpp): one plan moves the same

@@ -139,6 +139,37 @@ pub enum Error {
         /// The OS error.
         source: std::io::Error,
     },
+    /// A borrowed buffer is not aligned for its element type (the MLP works on typed
+    /// slices).
+    Misaligned {
+        /// Which buffer.
+        what: &'static str,
+        /// The alignment needed, in bytes.
+        align: usize,
+    },
+    /// A cell of the sequence is also used by another sequence, so it cannot be rewritten.
+    SharedCell {
+        /// The cell index.
+        cell: usize,
+        /// The sequence being rewritten.
+        seq: i32,
+        /// The cell's full sequence mask.
+        seq_mask: u64,
+    },
+    /// Two cells of one sequence hold the same position.
+    DuplicatePosition {
+        /// The sequence.
+        seq: i32,
+        /// The position.
+        pos: i32,
+    },
+    /// A kvc-h2o plan with one list of pairs per KV head where one list is needed.
+    GroupedPlan {
+        /// Groups in the plan.
+        groups: usize,
+    },
+    /// The MLP compressor refused (layer out of range, factor or head_dim mismatch).
+    Mlp(kvc_mlp::Error),
     /// mmap / madvise failed.
     Os {
         /// The call.
@@ -157,7 +188,17 @@ impl Error {
             | Error::LayoutMismatch { .. }
             | Error::InvalidPlan { .. }
             | Error::InvalidRange { .. }
-            | Error::InvalidCell { .. } => ErrorKind::InvalidArgument,
+            | Error::InvalidCell { .. }
+            | Error::Misaligned { .. }
+            | Error::DuplicatePosition { .. } => ErrorKind::InvalidArgument,
+            Error::SharedCell { .. } | Error::GroupedPlan { .. } => ErrorKind::Unsupported,
+            Error::Mlp(e) => match e.kind() {
+                kvc_mlp::ErrorKind::InvalidArgument => ErrorKind::InvalidArgument,
+                kvc_mlp::ErrorKind::BufferTooSmall => ErrorKind::BufferTooSmall,
+                kvc_mlp::ErrorKind::Unsupported => ErrorKind::Unsupported,
+                kvc_mlp::ErrorKind::Io => ErrorKind::Io,
+                _ => ErrorKind::CorruptData,
+            },
             Error::BufferTooSmall { .. } => ErrorKind::BufferTooSmall,
             Error::UnsupportedDType { .. } | Error::NotC8 { .. } => ErrorKind::Unsupported,
             Error::BadDescription { .. }
@@ -237,6 +278,21 @@ impl fmt::Display for Error {
                 write!(f, "{what}: non-finite value at element {index}")
             }
             Error::Io { path, source } => write!(f, "{path}: {source}"),
+            Error::Misaligned { what, align } => {
+                write!(f, "{what} buffer is not aligned to {align} bytes")
+            }
+            Error::SharedCell { cell, seq, seq_mask } => write!(
+                f,
+                "cell {cell} of sequence {seq} is shared with other sequences (mask {seq_mask:#x})"
+            ),
+            Error::DuplicatePosition { seq, pos } => {
+                write!(f, "sequence {seq} has two cells at position {pos}")
+            }
+            Error::GroupedPlan { groups } => write!(
+                f,
+                "the kvc-h2o plan has {groups} groups (one per KV head); convert one group at a time"
+            ),
+            Error::Mlp(e) => write!(f, "MLP compression: {e}"),
             Error::Os { call, errno } => write!(f, "{call} failed: errno {errno}"),
         }
     }
@@ -246,8 +302,15 @@ impl std::error::Error for Error {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             Error::Io { source, .. } => Some(source),
+            Error::Mlp(e) => Some(e),
             _ => None,
         }
+    }
+}
+
+impl From<kvc_mlp::Error> for Error {
+    fn from(e: kvc_mlp::Error) -> Error {
+        Error::Mlp(e)
     }
 }
 

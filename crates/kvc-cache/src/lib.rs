@@ -12,6 +12,8 @@
 //! - [`compact`]: in-place compaction per layer or across layers with shared cells,
 //!   zeroing of token ranges.
 //! - [`cells`]: a llama.cpp-style cell table kvc keeps beside the engine's.
+//! - [`mlp`]: `kvc-mlp` compression of an InfiniLM cache in place, and of one sequence of
+//!   a llama.cpp cache through the cell table.
 //! - [`paged`]: kvc-owned storage whose released token ranges return their pages to the
 //!   operating system.
 //! - [`quant`]: int8 C8 quantization, calibration and msmodelslim checkpoints.
@@ -21,17 +23,19 @@ pub mod compact;
 pub mod dtype;
 pub mod error;
 pub mod layout;
+pub mod mlp;
 pub mod paged;
 pub mod plan;
 pub mod quant;
 
 pub use cells::{Cell, CellTable};
 pub use compact::{
-    compact_layer, compact_layers, compact_shared, compact_tensor, move_tokens, zero_layer_tokens,
-    zero_tokens,
+    compact_heads, compact_layer, compact_layers, compact_shared, compact_tensor, move_head_tokens,
+    move_tokens, zero_layer_tokens, zero_tokens,
 };
 pub use dtype::DType;
 pub use error::{Error, ErrorKind, Result};
 pub use layout::{Addressing, KvLayout, LayerMut, TensorLayout};
+pub use mlp::{mlp_compress_infinilm, mlp_compress_llama, SeqCompression};
 pub use paged::{OwnedCache, PagedBuffer};
 pub use plan::{IndexMap, ReservePlan};

@@ -107,6 +107,36 @@ impl ReservePlan {
         }
     }
 
+    /// kvc-h2o reserve pairs, validated against a cache of `len` tokens (the plan's
+    /// `kv_len`).
+    pub fn from_h2o_pairs(pairs: &[kvc_h2o::ReservePair], len: usize) -> Result<ReservePlan> {
+        let spans: Vec<(usize, usize)> = pairs
+            .iter()
+            .map(|p| (p.offset as usize, p.length as usize))
+            .collect();
+        ReservePlan::new(&spans, len)
+    }
+
+    /// Group `group` (a KV head) of a kvc-h2o plan, as made with one score per KV head;
+    /// compact each head by its own plan with [`compact_heads`](crate::compact_heads).
+    pub fn from_h2o_group(plan: &kvc_h2o::ReservePlan, group: usize) -> Result<ReservePlan> {
+        if group >= plan.n_groups() {
+            return Err(Error::InvalidRange {
+                start: group,
+                end: group.saturating_add(1),
+                limit: plan.n_groups(),
+            });
+        }
+        ReservePlan::from_h2o_pairs(plan.group_pairs(group), plan.kv_len())
+    }
+
+    /// Every group of a kvc-h2o plan, one plan per KV head.
+    pub fn from_h2o_groups(plan: &kvc_h2o::ReservePlan) -> Result<Vec<ReservePlan>> {
+        (0..plan.n_groups())
+            .map(|g| ReservePlan::from_h2o_group(plan, g))
+            .collect()
+    }
+
     /// The spans.
     pub fn spans(&self) -> &[(usize, usize)] {
         &self.spans
@@ -148,6 +178,21 @@ impl ReservePlan {
         IndexMap {
             map,
             new_len: self.kept,
+        }
+    }
+}
+
+/// A kvc-h2o plan of one group (scores per layer, the default): its pairs as a kvc-cache
+/// plan for its `kv_len`. A plan with one group per KV head is refused with
+/// [`Error::GroupedPlan`]; use [`ReservePlan::from_h2o_groups`] for those.
+impl TryFrom<&kvc_h2o::ReservePlan> for ReservePlan {
+    type Error = Error;
+
+    fn try_from(plan: &kvc_h2o::ReservePlan) -> Result<ReservePlan> {
+        match plan.n_groups() {
+            0 => ReservePlan::new(&[], plan.kv_len()),
+            1 => ReservePlan::from_h2o_pairs(plan.pairs(), plan.kv_len()),
+            groups => Err(Error::GroupedPlan { groups }),
         }
     }
 }

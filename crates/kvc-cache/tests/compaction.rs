@@ -100,6 +100,50 @@ proptest! {
         prop_assert_eq!(padding(&buf, &l), pad);
     }
 
+    /// Plans made of whole packed units (hP / lP / flash blocks), so that MNN's
+    /// whole-unit fast path runs, including head dims with and without padding.
+    #[test]
+    fn unit_aligned_mnn_compaction_equals_reference(
+        key in any::<bool>(), hp in prop::sample::select(vec![2usize, 4, 8]),
+        lp in prop::sample::select(vec![1usize, 2, 4]), bmul in 1usize..5, boff in 0usize..2,
+        d in 0usize..4, heads in 1usize..3, dim in 1usize..10, unit_sel in 0usize..3,
+        units in 1usize..24, mask_seed in any::<u64>(), seed in any::<u64>(),
+    ) {
+        let block = bmul * lp + boff;
+        let unit = [hp, lp, block][unit_sel];
+        let cap = unit * units + (seed % 5) as usize;
+        let a = if key {
+            Addressing::MnnKey { hp, lp }
+        } else {
+            Addressing::MnnValue { hp, lp, block }
+        };
+        let l = TensorLayout::new(a, DTYPES[d], heads, dim, cap).unwrap();
+        // Keep whole units, mostly in long runs, plus a few stray tokens.
+        let um: Vec<u8> = bytes(units, mask_seed);
+        let mut mask: Vec<bool> = (0..unit * units).map(|t| um[t / unit] % 4 != 0).collect();
+        for (t, b) in bytes(mask.len(), mask_seed ^ 1).iter().enumerate() {
+            if b % 29 == 0 {
+                mask[t] = !mask[t];
+            }
+        }
+        let len = mask.len();
+        let plan = ReservePlan::from_mask(&mask);
+        let mut buf = bytes(l.byte_len(), seed);
+        let before = logical(&buf, &l);
+        let pad = padding(&buf, &l);
+        let kept: Vec<usize> = (0..len).filter(|&t| mask[t]).collect();
+        let n = compact_tensor(&mut buf, &l, &plan).unwrap();
+        prop_assert_eq!(n, kept.len());
+        let after = logical(&buf, &l);
+        for (new, &old) in kept.iter().enumerate() {
+            prop_assert_eq!(&after[new], &before[old], "token {} <- {}", new, old);
+        }
+        for t in len..cap {
+            prop_assert_eq!(&after[t], &before[t], "token {} past the length moved", t);
+        }
+        prop_assert_eq!(padding(&buf, &l), pad);
+    }
+
     #[test]
     fn zeroing_equals_reference(
         a in 0usize..7, d in 0usize..4, heads in 1usize..4, dim in 1usize..7, cap in 1usize..40,

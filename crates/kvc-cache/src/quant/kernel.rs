@@ -77,21 +77,156 @@ fn check_pair(
     Ok(())
 }
 
-/// Round half to even of a value already clamped to [-128, 127]: adding and removing
-/// 1.5 * 2^23 leaves an integer, rounded in the default (nearest-even) mode. Clamping to
-/// integer bounds commutes with rounding, so this equals
-/// `round_ties_even(v).clamp(-128, 127)` (NaN stays NaN and casts to 0 either way), and it
-/// vectorizes where `round_ties_even` is a library call.
-#[inline]
-fn q1(x: f32, scale: f32, offset: f32) -> i8 {
-    const MAGIC: f32 = 12_582_912.0;
+/// `1.5 * 2^23`: adding it to a value in [-128, 127] leaves `round_ties_even(v)` in the low
+/// mantissa bits (the default rounding mode is nearest-even, and every float in
+/// `[2^23, 2^24)` is an integer).
+const MAGIC: f32 = 12_582_912.0;
+
+/// The C8 formula, as written: `clamp(round_ties_even(x / scale + offset), -128, 127)`
+/// (rounded after clamping, which commutes with rounding to integer bounds; NaN casts to 0).
+/// Kept as the reference the fast kernel is tested against.
+#[cfg(test)]
+pub(crate) fn q1(x: f32, scale: f32, offset: f32) -> i8 {
     let v = (x / scale + offset).clamp(-128.0, 127.0);
     ((v + MAGIC) - MAGIC) as i8
+}
+
+/// [`q1`] without a float-to-int conversion: the rounded integer is read from the bits of
+/// `v + MAGIC` (its mantissa holds `round_ties_even(v)` offset by `MAGIC`), NaN mapped to 0
+/// first as the saturating cast does. Only integer and compare/select operations after the
+/// division, so loops of it vectorize (the saturating `as i8` does not). Equal to `q1` for
+/// every input (tested).
+#[inline(always)]
+pub(crate) fn q_fast(x: f32, scale: f32, offset: f32) -> i8 {
+    let v = (x / scale + offset).clamp(-128.0, 127.0);
+    let v = if v.is_nan() { 0.0 } else { v };
+    ((v + MAGIC).to_bits() as i32 - MAGIC.to_bits() as i32) as i8
+}
+
+#[inline(always)]
+fn quant_run_body(x: &[f32], scale: &[f32], offset: &[f32], out: &mut [u8]) {
+    for (((d, &x), &s), &f) in out.iter_mut().zip(x).zip(scale).zip(offset) {
+        *d = q_fast(x, s, f) as u8;
+    }
+}
+
+#[inline(always)]
+fn quant_bcast_body(x: &[f32], scale: f32, offset: f32, out: &mut [u8]) {
+    for (d, &x) in out.iter_mut().zip(x) {
+        *d = q_fast(x, scale, offset) as u8;
+    }
+}
+
+#[inline(always)]
+fn dequant_run_body(q: &[u8], scale: &[f32], offset: &[f32], out: &mut [f32]) {
+    for (((x, &b), &s), &f) in out.iter_mut().zip(q).zip(scale).zip(offset) {
+        *x = (f32::from(b as i8) - f) * s;
+    }
+}
+
+#[inline(always)]
+fn dequant_bcast_body(q: &[u8], scale: f32, offset: f32, out: &mut [f32]) {
+    for (x, &b) in out.iter_mut().zip(q) {
+        *x = (f32::from(b as i8) - offset) * scale;
+    }
+}
+
+/// The same loops compiled for AVX2 (wider vectors; no FMA, so results are identical:
+/// Rust never contracts `a * b + c`).
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn quant_run(x: &[f32], scale: &[f32], offset: &[f32], out: &mut [u8]) {
+        super::quant_run_body(x, scale, offset, out)
+    }
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn quant_bcast(x: &[f32], scale: f32, offset: f32, out: &mut [u8]) {
+        super::quant_bcast_body(x, scale, offset, out)
+    }
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn dequant_run(q: &[u8], scale: &[f32], offset: &[f32], out: &mut [f32]) {
+        super::dequant_run_body(q, scale, offset, out)
+    }
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn dequant_bcast(q: &[u8], scale: f32, offset: f32, out: &mut [f32]) {
+        super::dequant_bcast_body(q, scale, offset, out)
+    }
+}
+
+/// Which compiled loops to run: AVX2 when the CPU has it, else portable. Tests force
+/// the portable path too.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Isa {
+    Portable,
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
+}
+
+impl Isa {
+    pub(crate) fn detect() -> Isa {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") {
+            return Isa::Avx2;
+        }
+        Isa::Portable
+    }
+
+    /// `out[i] = q(x[i], scale[i], offset[i])`.
+    pub(crate) fn quant_run(self, x: &[f32], scale: &[f32], offset: &[f32], out: &mut [u8]) {
+        match self {
+            Isa::Portable => quant_run_body(x, scale, offset, out),
+            // SAFETY: `Isa::Avx2` is only made by `detect` after the CPU reported AVX2.
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => unsafe { avx2::quant_run(x, scale, offset, out) },
+        }
+    }
+
+    /// `out[i] = q(x[i], scale, offset)`.
+    pub(crate) fn quant_bcast(self, x: &[f32], scale: f32, offset: f32, out: &mut [u8]) {
+        match self {
+            Isa::Portable => quant_bcast_body(x, scale, offset, out),
+            // SAFETY: `Isa::Avx2` is only made by `detect` after the CPU reported AVX2.
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => unsafe { avx2::quant_bcast(x, scale, offset, out) },
+        }
+    }
+
+    /// `out[i] = (q[i] - offset[i]) * scale[i]`.
+    pub(crate) fn dequant_run(self, q: &[u8], scale: &[f32], offset: &[f32], out: &mut [f32]) {
+        match self {
+            Isa::Portable => dequant_run_body(q, scale, offset, out),
+            // SAFETY: `Isa::Avx2` is only made by `detect` after the CPU reported AVX2.
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => unsafe { avx2::dequant_run(q, scale, offset, out) },
+        }
+    }
+
+    /// `out[i] = (q[i] - offset) * scale`.
+    pub(crate) fn dequant_bcast(self, q: &[u8], scale: f32, offset: f32, out: &mut [f32]) {
+        match self {
+            Isa::Portable => dequant_bcast_body(q, scale, offset, out),
+            // SAFETY: `Isa::Avx2` is only made by `detect` after the CPU reported AVX2.
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => unsafe { avx2::dequant_bcast(q, scale, offset, out) },
+        }
+    }
 }
 
 /// Quantizes tokens `tokens` of `src` (f16/bf16/f32) into `dst` (the same layout in
 /// `I8`).
 pub fn quantize(
+    src: &[u8],
+    src_layout: &TensorLayout,
+    dst: &mut [u8],
+    dst_layout: &TensorLayout,
+    tokens: Range<usize>,
+    q: &ChannelQuant,
+) -> Result<()> {
+    quantize_with(Isa::detect(), src, src_layout, dst, dst_layout, tokens, q)
+}
+
+pub(crate) fn quantize_with(
+    isa: Isa,
     src: &[u8],
     src_layout: &TensorLayout,
     dst: &mut [u8],
@@ -110,15 +245,9 @@ pub fn quantize(
         load_f32(src_layout.dtype(), &src[o * es..(o + n) * es], &mut scratch);
         let out = &mut dst[o..o + n];
         if step == 1 {
-            let (s, f) = (&scale[c0..c0 + n], &offset[c0..c0 + n]);
-            for (((d, &x), &s), &f) in out.iter_mut().zip(&scratch).zip(s).zip(f) {
-                *d = q1(x, s, f) as u8;
-            }
+            isa.quant_run(&scratch, &scale[c0..c0 + n], &offset[c0..c0 + n], out);
         } else {
-            let (s, f) = (scale[c0], offset[c0]);
-            for (d, &x) in out.iter_mut().zip(&scratch) {
-                *d = q1(x, s, f) as u8;
-            }
+            isa.quant_bcast(&scratch, scale[c0], offset[c0], out);
         }
         Ok(())
     })
@@ -127,6 +256,18 @@ pub fn quantize(
 /// Dequantizes tokens `tokens` of `src` (`I8`) into `dst` (the same layout in
 /// f16/bf16/f32, rounded to nearest even).
 pub fn dequantize(
+    src: &[u8],
+    src_layout: &TensorLayout,
+    dst: &mut [u8],
+    dst_layout: &TensorLayout,
+    tokens: Range<usize>,
+    q: &ChannelQuant,
+) -> Result<()> {
+    dequantize_with(Isa::detect(), src, src_layout, dst, dst_layout, tokens, q)
+}
+
+pub(crate) fn dequantize_with(
+    isa: Isa,
     src: &[u8],
     src_layout: &TensorLayout,
     dst: &mut [u8],
@@ -144,15 +285,9 @@ pub fn dequantize(
         scratch.resize(n, 0.0);
         let inp = &src[o..o + n];
         if step == 1 {
-            let (s, f) = (&scale[c0..c0 + n], &offset[c0..c0 + n]);
-            for (((x, &b), &s), &f) in scratch.iter_mut().zip(inp).zip(s).zip(f) {
-                *x = (f32::from(b as i8) - f) * s;
-            }
+            isa.dequant_run(inp, &scale[c0..c0 + n], &offset[c0..c0 + n], &mut scratch);
         } else {
-            let (s, f) = (scale[c0], offset[c0]);
-            for (x, &b) in scratch.iter_mut().zip(inp) {
-                *x = (f32::from(b as i8) - f) * s;
-            }
+            isa.dequant_bcast(inp, scale[c0], offset[c0], &mut scratch);
         }
         store_f32(dst_layout.dtype(), &scratch, &mut dst[o * es..(o + n) * es]);
         Ok(())
@@ -218,7 +353,7 @@ pub fn quant_error(
         load_f32(layout.dtype(), &src[o * es..(o + n) * es], &mut scratch);
         for (i, &x) in scratch.iter().enumerate() {
             let c = c0 + i * step;
-            let y = (f32::from(q1(x, scale[c], offset[c])) - offset[c]) * scale[c];
+            let y = (f32::from(q_fast(x, scale[c], offset[c])) - offset[c]) * scale[c];
             let e = f64::from(y - x);
             st.max_abs = st.max_abs.max(e.abs());
             st.sum_sq_err += e * e;
@@ -262,4 +397,116 @@ pub(crate) fn observe(
         }
         Ok(())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layout::Addressing;
+
+    fn check(x: f32, s: f32, f: f32) {
+        assert_eq!(
+            q_fast(x, s, f),
+            q1(x, s, f),
+            "x {x:e} ({:#x}) s {s} f {f}",
+            x.to_bits()
+        );
+    }
+
+    const PARAMS: [(f32, f32); 6] = [
+        (1.0, 0.0),
+        (0.5, 0.0),
+        (0.0123, -37.0),
+        (3.0e-5, 12.0),
+        (7.5, 127.0),
+        (f32::MIN_POSITIVE, -128.0),
+    ];
+
+    #[test]
+    fn fast_rounding_equals_the_formula() {
+        for (s, f) in PARAMS {
+            // A stride through every bit pattern (NaNs, infinities, subnormals included).
+            let mut b = 0u32;
+            loop {
+                check(f32::from_bits(b), s, f);
+                match b.checked_add(1021) {
+                    Some(n) => b = n,
+                    None => break,
+                }
+            }
+            for x in [
+                0.0,
+                -0.0,
+                f32::NAN,
+                -f32::NAN,
+                f32::INFINITY,
+                f32::NEG_INFINITY,
+                f32::MAX,
+                f32::MIN,
+                f32::EPSILON,
+            ] {
+                check(x, s, f);
+            }
+        }
+        // Every tie and its neighbours in and around [-128, 127] (scale 1, offset 0 puts v
+        // exactly there), and ties reached through the division and offset.
+        for k in -140i32..=140 {
+            let t = k as f32 + 0.5;
+            for v in [
+                t,
+                f32::from_bits(t.to_bits() + 1),
+                f32::from_bits(t.to_bits() - 1),
+            ] {
+                check(v, 1.0, 0.0);
+                check(v * 0.25, 0.25, 0.0);
+                check(v - 3.0, 1.0, 3.0);
+            }
+        }
+    }
+
+    fn rng(seed: u64) -> impl FnMut() -> f32 {
+        let mut x = seed | 1;
+        move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 40) as f32 / (1u64 << 20) as f32 - 8.0
+        }
+    }
+
+    #[test]
+    fn every_isa_quantizes_and_dequantizes_identically() {
+        let mut r = rng(42);
+        for a in [Addressing::CellRows, Addressing::CellColumns] {
+            for dt in [DType::F16, DType::BF16, DType::F32] {
+                let l = TensorLayout::new(a, dt, 3, 20, 37).unwrap();
+                let li = l.with_dtype(DType::I8).unwrap();
+                let xs: Vec<f32> = (0..l.elem_count()).map(|_| r()).collect();
+                let mut src = vec![0u8; l.byte_len()];
+                crate::dtype::store_f32(dt, &xs, &mut src);
+                let scale: Vec<f32> = (0..60).map(|_| r().abs() * 0.01 + 1e-3).collect();
+                let offset: Vec<f32> = (0..60).map(|_| (r() * 8.0).round()).collect();
+                let q = ChannelQuant::new(scale.clone(), offset.clone()).unwrap();
+                let mut outs = Vec::new();
+                for isa in [Isa::Portable, Isa::detect()] {
+                    let mut i8b = vec![0u8; li.byte_len()];
+                    quantize_with(isa, &src, &l, &mut i8b, &li, 0..37, &q).unwrap();
+                    let mut back = vec![0u8; l.byte_len()];
+                    dequantize_with(isa, &i8b, &li, &mut back, &l, 0..37, &q).unwrap();
+                    outs.push((i8b, back));
+                }
+                assert_eq!(outs[0], outs[1], "{a:?} {dt}");
+                // And both equal the scalar formula, element by element.
+                let mut x = vec![0f32; l.elem_count()];
+                crate::dtype::load_f32(dt, &src, &mut x);
+                for t in 0..37 {
+                    for c in 0..60 {
+                        let o = l.token_offset(t) + l.channel_offset(c);
+                        let want = q1(x[o], scale[c], offset[c]);
+                        assert_eq!(outs[0].0[o] as i8, want);
+                    }
+                }
+            }
+        }
+    }
 }
