@@ -113,7 +113,8 @@ pub struct StoreMetrics {
     pub restore_us_max: f64,
     /// Microseconds callers spent in `wait_idle`.
     pub async_wait_us: u64,
-    /// Bytes the store returned to the OS by `madvise` (cumulative, whole pages).
+    /// Bytes that left memory when the store released ranges (cumulative, measured with
+    /// `mincore` before and after each release).
     pub released_bytes_total: u64,
     /// Bytes the store's cache maps.
     pub cache_mapped_bytes: u64,

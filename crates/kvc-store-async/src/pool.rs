@@ -189,7 +189,7 @@ mod tests {
         drop(gate_tx);
         let accepted = 10 - refused;
         for _ in 0..accepted {
-            p.wait_done().unwrap();
+            let _ = p.wait_done().unwrap();
         }
     }
 }

@@ -65,6 +65,12 @@ pub struct ChunkView {
     pub status: ChunkStatus,
 }
 
+/// A global-LRU entry pushed out: (layer, start, residency generation).
+type Victim = (usize, usize, u64);
+
+/// A restored chunk: K, V, microseconds to decode.
+type Decoded = (Vec<u8>, Vec<u8>, u64);
+
 struct Held {
     k_blob: Vec<u8>,
     v_blob: Vec<u8>,
@@ -337,7 +343,7 @@ impl Store {
             });
         }
         let mut st = self.layer(layer)?.lock();
-        let end = start.checked_add(count).unwrap_or(usize::MAX);
+        let end = start.saturating_add(count);
         if start > st.len || end > layout.capacity() {
             return Err(Error::InvalidRange {
                 layer,
@@ -418,7 +424,7 @@ impl Store {
     pub fn compress_chunk(&self, layer: usize, start: usize, count: usize) -> Result<bool> {
         let layout = self.layout(layer)?;
         let mut st = self.layer(layer)?.lock();
-        let end = start.checked_add(count).unwrap_or(usize::MAX);
+        let end = start.saturating_add(count);
         if count == 0 || end > st.len {
             return Err(Error::InvalidRange {
                 layer,
@@ -555,7 +561,7 @@ impl Store {
 
     fn finish(&self, (id, out): (u64, std::result::Result<JobResult, String>)) -> Result<()> {
         let Some((layer, start, _)) = self.inflight.lock().remove(&id) else {
-            Counters::add(&self.counters.stale, 1);
+            // Abandoned by `materialize`, which counted it stale.
             return Ok(());
         };
         let layout = self.layouts[layer];
@@ -694,7 +700,7 @@ impl Store {
         layer: usize,
         layout: &KvLayout,
         st: &mut LayerState,
-    ) -> Result<(RestoreStats, Vec<(usize, usize, u64)>)> {
+    ) -> Result<(RestoreStats, Vec<Victim>)> {
         let mut stats = RestoreStats::default();
         let mut todo = Vec::new();
         let mut touched = Vec::new();
@@ -712,7 +718,7 @@ impl Store {
         Counters::add(&self.counters.misses, todo.len() as u64);
         let codec = self.codec.as_ref();
         let verify = self.config.verify_restore;
-        let decoded: Vec<(usize, Result<(Vec<u8>, Vec<u8>, u64)>)> = todo
+        let decoded: Vec<(usize, Result<Decoded>)> = todo
             .par_iter()
             .map(|&(s, count, h)| {
                 let t0 = Instant::now();
@@ -854,8 +860,11 @@ impl Store {
             {
                 let mut inf = self.inflight.lock();
                 for id in ids {
-                    inf.remove(&id);
-                    Counters::add(&self.counters.stale, 1);
+                    // A result already taken out by `finish` (waiting for this lock)
+                    // is counted stale there.
+                    if inf.remove(&id).is_some() {
+                        Counters::add(&self.counters.stale, 1);
+                    }
                 }
             }
             st.chunks.clear();
@@ -1050,7 +1059,8 @@ fn is_released(c: &Chunk) -> bool {
 }
 
 /// Releases the chunk at `start` together with its released neighbours, so that pages
-/// straddling two released chunks go back to the OS too. Returns bytes returned.
+/// straddling two released chunks go back to the OS too. Returns the bytes that left
+/// memory.
 fn release_merged(st: &mut LayerState, start: usize) -> Result<usize> {
     let Some(c) = st.chunks.get(&start) else {
         return Ok(0);
@@ -1071,7 +1081,11 @@ fn release_merged(st: &mut LayerState, start: usize) -> Result<usize> {
             break;
         }
     }
-    Ok(st.cache.release_tokens(0, lo, hi)?)
+    // Count what really left memory (mincore), not what madvise was asked for:
+    // the merged range includes neighbours released before.
+    let before = st.cache.resident_bytes()?;
+    st.cache.release_tokens(0, lo, hi)?;
+    Ok(before.saturating_sub(st.cache.resident_bytes()?))
 }
 
 /// Ends the residency `gen` of the chunk at `start` (if it is still that one) and
