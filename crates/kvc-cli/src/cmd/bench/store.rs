@@ -223,7 +223,7 @@ pub fn measure(a: &BenchStoreArgs) -> Result<Value, CliError> {
         let len = step + 1;
         // Baseline: append and attend on a plain kvc-owned cache.
         let t0 = Instant::now();
-        for l in 0..layers {
+        for (l, ql) in q.iter().enumerate() {
             let krow = &kd.layer(l)[src * row..(src + 1) * row];
             let vrow = &vd.layer(l)[src * row..(src + 1) * row];
             let mut lm = base.layer_mut(l).map_err(lib)?;
@@ -231,20 +231,20 @@ pub fn measure(a: &BenchStoreArgs) -> Result<Value, CliError> {
             kb[step * row..len * row].copy_from_slice(krow);
             vb[step * row..len * row].copy_from_slice(vrow);
             let (kb, vb) = base.layer(l).ok_or_else(|| lib("layer"))?;
-            checksum_base += attend(cdt, heads, dim, kb, vb, len, &q[l]);
+            checksum_base += attend(cdt, heads, dim, kb, vb, len, ql);
         }
         base_s += t0.elapsed().as_secs_f64();
         for var in &mut variants {
             let t0 = Instant::now();
             var.store.poll().map_err(lib)?;
-            for l in 0..layers {
+            for (l, ql) in q.iter().enumerate() {
                 let krow = &kd.layer(l)[src * row..(src + 1) * row];
                 let vrow = &vd.layer(l)[src * row..(src + 1) * row];
                 var.store.append_tokens(l, krow, vrow).map_err(lib)?;
                 var.store.schedule(l).map_err(lib)?;
                 let (c, st) = var
                     .store
-                    .with_layer(l, |kb, vb| attend(cdt, heads, dim, kb, vb, len, &q[l]))
+                    .with_layer(l, |kb, vb| attend(cdt, heads, dim, kb, vb, len, ql))
                     .map_err(lib)?;
                 var.checksum += c;
                 if st.decoded > 0 {
