@@ -5,6 +5,7 @@
 pub mod cache;
 pub mod codec;
 pub mod dataset;
+pub mod store;
 
 use clap::{Args, Subcommand};
 
@@ -27,6 +28,8 @@ enum BenchCommand {
     Codec(codec::CodecBenchArgs),
     /// kvc-cache: compaction and C8 quantize/dequantize GB/s, C8 error per layer.
     Cache(cache::BenchCacheArgs),
+    /// kvc-store-async: simulated decode, bytes released, restore latency, C8 option.
+    Store(store::BenchStoreArgs),
 }
 
 /// Runs `kvc bench`.
@@ -34,6 +37,7 @@ pub fn run(args: BenchArgs) -> Result<(), CliError> {
     match args.command {
         Some(BenchCommand::Codec(a)) => codec::run(a),
         Some(BenchCommand::Cache(a)) => cache::run(&a),
+        Some(BenchCommand::Store(a)) => store::run(&a),
         None => codec::run(args.codec),
     }
 }

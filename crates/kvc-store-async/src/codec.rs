@@ -1,0 +1,237 @@
+//! The codec is a parameter of the store: [`StoreCodec`], with gear-v1 ([`GearV1Codec`])
+//! and C8-then-gear-v1 ([`C8GearV1Codec`]) implementations. gear-v2 plugs in as another
+//! implementation.
+//!
+//! A codec sees one tensor (K or V) of one chunk in canonical order: `count` tokens of
+//! `n_heads * head_dim` channels, token-major, in the cache's dtype.
+
+use parking_lot::Mutex;
+
+use kvc_cache::quant::{dequantize, quantize, C8Params, ChannelQuant};
+use kvc_cache::{Addressing, DType, TensorLayout};
+use kvc_codec::gear_v1::{EncodeOptions, GearV1Decoder, GearV1Encoder};
+use kvc_codec::Dtype;
+
+use crate::error::{Error, Result};
+
+/// K or V.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Tensor {
+    /// Keys.
+    K,
+    /// Values.
+    V,
+}
+
+impl Tensor {
+    /// `"K"` or `"V"`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Tensor::K => "K",
+            Tensor::V => "V",
+        }
+    }
+}
+
+/// What a codec is handed: one tensor of one chunk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChunkInfo {
+    /// The layer.
+    pub layer: usize,
+    /// K or V.
+    pub tensor: Tensor,
+    /// The cache's element type.
+    pub dtype: DType,
+    /// KV heads.
+    pub n_heads: usize,
+    /// Values per head.
+    pub head_dim: usize,
+    /// First token.
+    pub start: usize,
+    /// Tokens.
+    pub count: usize,
+}
+
+impl ChunkInfo {
+    /// Bytes of the chunk in the cache's dtype.
+    pub fn raw_len(&self) -> usize {
+        self.count * self.n_heads * self.head_dim * self.dtype.size()
+    }
+
+    /// The chunk's canonical layout: `count` rows of channels.
+    pub fn layout(&self, dtype: DType) -> Result<TensorLayout> {
+        Ok(TensorLayout::new(
+            Addressing::CellRows,
+            dtype,
+            self.n_heads,
+            self.head_dim,
+            self.count.max(1),
+        )?)
+    }
+}
+
+/// A codec the store compresses chunks with. Implementations are shared by every worker
+/// and restoring thread, so they keep per-thread state (encoders, zstd contexts) inside.
+pub trait StoreCodec: Send + Sync {
+    /// A short name for reports (`gear-v1`, `c8+gear-v1`).
+    fn name(&self) -> String;
+
+    /// Whether `decode(encode(raw)) == raw`. A lossy codec must make `decode(encode(raw))`
+    /// equal [`StoreCodec::reference`] bit for bit.
+    fn is_lossless(&self) -> bool;
+
+    /// Encodes `raw` (`info.raw_len()` bytes) into `blob`, replacing its contents.
+    fn encode(&self, info: &ChunkInfo, raw: &[u8], blob: &mut Vec<u8>) -> Result<()>;
+
+    /// Decodes `blob` into `out` (`info.raw_len()` bytes); any malformed blob is an error.
+    fn decode(&self, info: &ChunkInfo, blob: &[u8], out: &mut [u8]) -> Result<()>;
+
+    /// What decoding must give back for `raw`: `raw` itself for a lossless codec.
+    fn reference(&self, info: &ChunkInfo, raw: &[u8], out: &mut Vec<u8>) -> Result<()> {
+        let _ = info;
+        out.clear();
+        out.extend_from_slice(raw);
+        Ok(())
+    }
+}
+
+fn codec_dtype(d: DType) -> Dtype {
+    match d {
+        DType::F16 => Dtype::F16,
+        DType::BF16 => Dtype::Bf16,
+        DType::F32 => Dtype::F32,
+        DType::I8 => Dtype::I8,
+    }
+}
+
+/// gear-v1 (the MNN format) with reusable encoders and decoders.
+pub struct GearV1Codec {
+    options: EncodeOptions,
+    encoders: Mutex<Vec<GearV1Encoder>>,
+    decoders: Mutex<Vec<GearV1Decoder>>,
+}
+
+impl GearV1Codec {
+    /// gear-v1 with the given options (checked here).
+    pub fn new(options: EncodeOptions) -> Result<GearV1Codec> {
+        let first = GearV1Encoder::new(options)?;
+        Ok(GearV1Codec {
+            options,
+            encoders: Mutex::new(vec![first]),
+            decoders: Mutex::new(Vec::new()),
+        })
+    }
+
+    fn encode_dtype(&self, dtype: Dtype, raw: &[u8], blob: &mut Vec<u8>) -> Result<()> {
+        let popped = self.encoders.lock().pop();
+        let mut enc = match popped {
+            Some(e) => e,
+            None => GearV1Encoder::new(self.options)?,
+        };
+        let r = enc.encode(dtype, raw, blob);
+        self.encoders.lock().push(enc);
+        Ok(r?)
+    }
+
+    fn decode_dtype(&self, dtype: Dtype, blob: &[u8], out: &mut [u8]) -> Result<()> {
+        let popped = self.decoders.lock().pop();
+        let mut dec = match popped {
+            Some(d) => d,
+            None => GearV1Decoder::new()?,
+        };
+        let r = dec.decode_into(dtype, blob, out);
+        self.decoders.lock().push(dec);
+        let n = r?;
+        if n != out.len() {
+            return Err(Error::Codec(kvc_codec::Error::ChunkSizesMismatch {
+                decoded: n,
+                output: out.len(),
+            }));
+        }
+        Ok(())
+    }
+}
+
+impl StoreCodec for GearV1Codec {
+    fn name(&self) -> String {
+        "gear-v1".to_string()
+    }
+    fn is_lossless(&self) -> bool {
+        true
+    }
+    fn encode(&self, info: &ChunkInfo, raw: &[u8], blob: &mut Vec<u8>) -> Result<()> {
+        self.encode_dtype(codec_dtype(info.dtype), raw, blob)
+    }
+    fn decode(&self, info: &ChunkInfo, blob: &[u8], out: &mut [u8]) -> Result<()> {
+        self.decode_dtype(codec_dtype(info.dtype), blob, out)
+    }
+}
+
+/// C8 (int8 per channel, msmodelslim's scheme, via `kvc-cache`) then gear-v1 on the int8
+/// bytes. Lossy: restores give the dequantized values, rounded to the cache dtype.
+pub struct C8GearV1Codec {
+    params: C8Params,
+    inner: GearV1Codec,
+}
+
+impl C8GearV1Codec {
+    /// With per-layer C8 parameters and gear-v1 options.
+    pub fn new(params: C8Params, options: EncodeOptions) -> Result<C8GearV1Codec> {
+        Ok(C8GearV1Codec {
+            params,
+            inner: GearV1Codec::new(options)?,
+        })
+    }
+
+    fn quant(&self, info: &ChunkInfo) -> Result<&ChannelQuant> {
+        let l = self.params.require(info.layer)?;
+        Ok(match info.tensor {
+            Tensor::K => &l.k,
+            Tensor::V => &l.v,
+        })
+    }
+
+    fn quantize(&self, info: &ChunkInfo, raw: &[u8]) -> Result<Vec<u8>> {
+        let src = info.layout(info.dtype)?;
+        let dst = info.layout(DType::I8)?;
+        let mut q = vec![0u8; info.count * info.n_heads * info.head_dim];
+        if info.count > 0 {
+            quantize(raw, &src, &mut q, &dst, 0..info.count, self.quant(info)?)?;
+        }
+        Ok(q)
+    }
+
+    fn dequantize(&self, info: &ChunkInfo, q: &[u8], out: &mut [u8]) -> Result<()> {
+        if info.count == 0 {
+            return Ok(());
+        }
+        let src = info.layout(DType::I8)?;
+        let dst = info.layout(info.dtype)?;
+        dequantize(q, &src, out, &dst, 0..info.count, self.quant(info)?)?;
+        Ok(())
+    }
+}
+
+impl StoreCodec for C8GearV1Codec {
+    fn name(&self) -> String {
+        "c8+gear-v1".to_string()
+    }
+    fn is_lossless(&self) -> bool {
+        false
+    }
+    fn encode(&self, info: &ChunkInfo, raw: &[u8], blob: &mut Vec<u8>) -> Result<()> {
+        let q = self.quantize(info, raw)?;
+        self.inner.encode_dtype(Dtype::I8, &q, blob)
+    }
+    fn decode(&self, info: &ChunkInfo, blob: &[u8], out: &mut [u8]) -> Result<()> {
+        let mut q = vec![0u8; info.count * info.n_heads * info.head_dim];
+        self.inner.decode_dtype(Dtype::I8, blob, &mut q)?;
+        self.dequantize(info, &q, out)
+    }
+    fn reference(&self, info: &ChunkInfo, raw: &[u8], out: &mut Vec<u8>) -> Result<()> {
+        let q = self.quantize(info, raw)?;
+        out.clear();
+        out.resize(raw.len(), 0);
+        self.dequantize(info, &q, out)
+    }
+}
