@@ -442,7 +442,8 @@ fn last_error_copy_out_contract() {
     let _ = kvc_version();
     assert_eq!(kvc_dtype_size(KVC_DTYPE_BF16), 2);
     assert_eq!(kvc_dtype_size(KVC_DTYPE_F32), 4);
-    assert_eq!(kvc_dtype_size(3), 0);
+    assert_eq!(kvc_dtype_size(kvc::convert::KVC_DTYPE_I8), 1);
+    assert_eq!(kvc_dtype_size(4), 0);
     assert_eq!(last_error(), msg);
 }
 
