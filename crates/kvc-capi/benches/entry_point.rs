@@ -125,10 +125,8 @@ fn encode_4kib(c: &mut Criterion) {
     let config = KvcCodecConfig::default();
     let mut codec: *mut KvcCodec = ptr::null_mut();
     // SAFETY: valid config and out pointer.
-    assert_eq!(
-        unsafe { (api.codec_new)(&config, &mut codec) },
-        kvc::KvcStatus::KVC_OK
-    );
+    let status = unsafe { (api.codec_new)(&config, &mut codec) };
+    assert_eq!(status, kvc::KvcStatus::KVC_OK);
     let encode = black_box(api.codec_encode);
     g.bench_function("c_abi", |b| {
         let mut len = 0usize;
