@@ -98,9 +98,48 @@ static void test_handles() {
 }
 #endif
 
+static void test_library_handles() {
+    kvc_codec_config cfg;
+    CHECK(kvc::detail::check(kvc_codec_config_default(&cfg)).ok());
+    auto codec = kvc::make_handle<kvc::Codec>(kvc_codec_new, &cfg);
+    CHECK(codec.ok() && codec->get() != nullptr);
+    std::vector<std::uint16_t> src(1024);
+    for (std::size_t i = 0; i < src.size(); i++) src[i] = static_cast<std::uint16_t>(0x3c00 + (i % 7));
+    auto blob = kvc::encode(codec->get(), KVC_TENSOR_V, src.data(), src.size() * 2);
+    CHECK(blob.ok() && !blob->empty() && blob->size() < src.size() * 2);
+    auto back = kvc::decode(codec->get(), blob->data(), blob->size());
+    CHECK(back.ok() && back->size() == src.size() * 2 &&
+          std::memcmp(back->data(), src.data(), back->size()) == 0);
+    auto bad = kvc::decode(codec->get(), blob->data(), blob->size() - 1);
+    CHECK(bad.status() == KVC_CORRUPT_DATA);
+    cfg.zstd_level = 999;
+    auto bad_codec = kvc::make_handle<kvc::Codec>(kvc_codec_new, &cfg);
+    CHECK(bad_codec.status() == KVC_INVALID_ARGUMENT);
+
+    kvc_h2o_config hc;
+    CHECK(kvc::detail::check(kvc_h2o_config_default(&hc)).ok());
+    auto h2o = kvc::make_handle<kvc::H2o>(kvc_h2o_new, &hc, std::size_t{1});
+    CHECK(h2o.ok());
+    kvc_h2o_call_shape shape = {2048, 1, 2, 2};
+    std::vector<float> probs(2 * 2048, 1.0f / 2048);
+    CHECK(kvc::detail::check(kvc_h2o_begin_call(h2o->get(), 0, &shape, nullptr)).ok());
+    CHECK(kvc::detail::check(kvc_h2o_ingest_probabilities(h2o->get(), 0, probs.data(), probs.size())).ok());
+    kvc_h2o_decision d{};
+    CHECK(kvc::detail::check(kvc_h2o_end_call(h2o->get(), 0, &d)).ok() && d.triggered == 1);
+    auto pairs = kvc::plan_pairs(h2o->get(), 0);
+    CHECK(pairs.ok() && !pairs->empty());
+    std::size_t kept = 0;
+    for (const auto& p : *pairs) kept += p.length;
+    CHECK(kept == d.kept_tokens);
+    CHECK(kvc::plan_pairs(h2o->get(), 0, 1).status() == KVC_INVALID_ARGUMENT);
+    auto mlp = kvc::make_handle<kvc::Mlp>(kvc_mlp_new, "/nonexistent.bin");
+    CHECK(mlp.status() == KVC_IO);
+}
+
 int main() {
     test_basics();
     test_results();
+    test_library_handles();
 #ifdef KVC_TEST_HOOKS
     test_handles();
 #endif

@@ -25,6 +25,77 @@
 #endif
 
 /**
+ * Bit of the raw predictor (the bytes as they are) in a predictor mask.
+ */
+#define KVC_PREDICTOR_RAW 1
+
+/**
+ * Bit of the delta_seq predictor (byte minus the previous byte of its stream).
+ */
+#define KVC_PREDICTOR_DELTA_SEQ 2
+
+/**
+ * Bit of the xor_seq predictor (byte xor the previous byte of its stream).
+ */
+#define KVC_PREDICTOR_XOR_SEQ 4
+
+/**
+ * Every predictor: kvc's default for K and V.
+ */
+#define KVC_PREDICTOR_ALL 7
+
+/**
+ * `kvc_h2o_config.granularity`: one score per block for the whole layer (the spec).
+ */
+#define KVC_H2O_SCORES_PER_LAYER 0
+
+/**
+ * `kvc_h2o_config.granularity`: one score per block and KV head (one plan per KV head).
+ */
+#define KVC_H2O_SCORES_PER_KV_HEAD 1
+
+/**
+ * `kvc_h2o_config.selection`: H2O, keep the heavy hitters by EMA score.
+ */
+#define KVC_H2O_SELECT_HEAVY_HITTERS 0
+
+/**
+ * `kvc_h2o_config.selection`: StreamingLLM, keep sink plus the most recent blocks.
+ */
+#define KVC_H2O_SELECT_STREAMING_LLM 1
+
+/**
+ * `kvc_h2o_config.scope`: every layer plans alone (MNN).
+ */
+#define KVC_H2O_SCOPE_PER_LAYER 0
+
+/**
+ * `kvc_h2o_config.scope`: one plan for all layers (cells shared by all layers: llama.cpp).
+ */
+#define KVC_H2O_SCOPE_LAYER_UNIFORM 1
+
+/**
+ * `kvc_h2o_config.layer_end` meaning "the last layer".
+ */
+#define KVC_H2O_LAYER_END_LAST -1
+
+/**
+ * `kvc_h2o_begin_call` resolution: there was no pending plan.
+ */
+#define KVC_H2O_NO_PLAN 0
+
+/**
+ * `kvc_h2o_begin_call` resolution: the pending plan was applied (`kv_len == kept +
+ * n_queries`).
+ */
+#define KVC_H2O_PLAN_APPLIED 1
+
+/**
+ * `kvc_h2o_begin_call` resolution: the pending plan was dropped (`kv_len` did not match).
+ */
+#define KVC_H2O_PLAN_DROPPED 2
+
+/**
  * ABI major version: bumped on any incompatible change to the C ABI; it is the number
  * in the shared library's soname (`libkvc.so.0`).
  */
@@ -35,7 +106,7 @@
  * fields are added (only ever appended). A program built against minor `m` runs on any
  * library with the same major and a minor `>= m`.
  */
-#define KVC_ABI_VERSION_MINOR 1
+#define KVC_ABI_VERSION_MINOR 2
 
 /**
  * The ABI version this header describes, `(major << 16) | minor`. Pass it to
@@ -99,7 +170,29 @@ typedef enum kvc_status {
      * boundary and never unwinds into C; the handle involved, if any, should be freed.
      */
     KVC_PANIC = 9,
+    /**
+     * A library kvc relies on (zstd) failed in a way the input does not explain. The
+     * message says what failed. Added in ABI 0.2.
+     */
+    KVC_INTERNAL = 10,
 } kvc_status;
+
+/**
+ * A gear-v1 codec: opaque; create with `kvc_codec_new`, free with `kvc_codec_free`.
+ */
+typedef struct kvc_codec kvc_codec;
+
+/**
+ * An H2O policy for one model: opaque; create with `kvc_h2o_new`, free with
+ * `kvc_h2o_free`.
+ */
+typedef struct kvc_h2o kvc_h2o;
+
+/**
+ * A loaded compressor: opaque; create with `kvc_mlp_new` or `kvc_mlp_new_from_memory`,
+ * free with `kvc_mlp_free`.
+ */
+typedef struct kvc_mlp kvc_mlp;
 
 #if defined(KVC_TEST_HOOKS)
 /**
@@ -114,6 +207,240 @@ typedef struct kvc_test_counter kvc_test_counter;
  * `dtype_code`s of the kvc compressor weight file (`.bin` v1).
  */
 typedef uint32_t kvc_dtype;
+
+/**
+ * Settings of a gear-v1 codec. Fill it with `kvc_codec_config_default`, then change
+ * fields.
+ */
+typedef struct kvc_codec_config {
+    /**
+     * Element type of the tensors: `KVC_DTYPE_F16`, `_BF16`, `_F32` or `_I8` [F16]. It
+     * fixes the number of byte streams; blobs must be decoded with the same dtype.
+     */
+    kvc_dtype dtype;
+    /**
+     * Predictors tried on K tensors, a mask of `KVC_PREDICTOR_*` bits, non-zero
+     * [`KVC_PREDICTOR_ALL`].
+     */
+    uint32_t k_predictors;
+    /**
+     * Predictors tried on V tensors [`KVC_PREDICTOR_ALL`].
+     */
+    uint32_t v_predictors;
+    /**
+     * zstd level of the zstd candidates [3]; zstd's own range.
+     */
+    int32_t zstd_level;
+} kvc_codec_config;
+
+/**
+ * Which tensor of a layer a call is about.
+ */
+typedef uint32_t kvc_tensor;
+
+/**
+ * H2O settings: field `x` is the spec's `h2o_x`. Fill it with `kvc_h2o_config_default`
+ * (the spec's defaults, shown in brackets), then change fields.
+ */
+typedef struct kvc_h2o_config {
+    /**
+     * Tokens per scored block [64]; at least 1.
+     */
+    uint32_t block_tokens;
+    /**
+     * Leading tokens never evicted [32].
+     */
+    uint32_t sink_tokens;
+    /**
+     * Trailing tokens never evicted [256].
+     */
+    uint32_t recent_tokens;
+    /**
+     * Tokens before / tokens kept the plan aims at [3.5]; finite, >= 1.
+     */
+    float target_lossy_ratio;
+    /**
+     * Weight of the history in the EMA [0.9]; in [0, 1].
+     */
+    float ema_alpha;
+    /**
+     * No plan below this kv_len [512].
+     */
+    uint32_t trigger_min_tokens;
+    /**
+     * Calls of a layer between two of its plans [16].
+     */
+    uint32_t update_interval;
+    /**
+     * First managed layer [0].
+     */
+    uint32_t layer_start;
+    /**
+     * Last managed layer, inclusive, or `KVC_H2O_LAYER_END_LAST` (-1) [-1].
+     */
+    int64_t layer_end;
+    /**
+     * `KVC_H2O_SCORES_PER_LAYER` or `KVC_H2O_SCORES_PER_KV_HEAD` [per layer].
+     */
+    uint32_t granularity;
+    /**
+     * `KVC_H2O_SELECT_HEAVY_HITTERS` or `KVC_H2O_SELECT_STREAMING_LLM` [heavy hitters].
+     */
+    uint32_t selection;
+    /**
+     * `KVC_H2O_SCOPE_PER_LAYER` or `KVC_H2O_SCOPE_LAYER_UNIFORM` [per layer].
+     */
+    uint32_t scope;
+} kvc_h2o_config;
+
+/**
+ * The shape of one attention call of one layer.
+ */
+typedef struct kvc_h2o_call_shape {
+    /**
+     * Tokens attended to, this call's new tokens included (1..=UINT32_MAX).
+     */
+    size_t kv_len;
+    /**
+     * Query rows of the call: its new tokens (1..=kv_len).
+     */
+    size_t n_queries;
+    /**
+     * Query heads (at least 1).
+     */
+    size_t n_heads;
+    /**
+     * KV heads; divides n_heads.
+     */
+    size_t n_kv_heads;
+} kvc_h2o_call_shape;
+
+/**
+ * What `kvc_h2o_end_call` decided.
+ */
+typedef struct kvc_h2o_decision {
+    /**
+     * 1 when a plan was made (it is then pending: read it with `kvc_h2o_plan_pairs` and
+     * apply it before the layer's next call), else 0.
+     */
+    uint32_t triggered;
+    /**
+     * The call's kv_len.
+     */
+    size_t kv_len;
+    /**
+     * Tokens the layer keeps: the plan's count, or kv_len without a plan.
+     */
+    size_t kept_tokens;
+} kvc_h2o_decision;
+
+/**
+ * The pending plan of a layer.
+ */
+typedef struct kvc_h2o_plan_info {
+    /**
+     * 1 when a plan is pending for the layer, else 0 (then the other fields are 0).
+     */
+    uint32_t pending;
+    /**
+     * Number of pair lists: 1, or the KV head count with per-KV-head scores.
+     */
+    uint32_t n_groups;
+    /**
+     * The cache length the plan was made for.
+     */
+    size_t kv_len;
+    /**
+     * Tokens kept (per group; every group keeps the same count).
+     */
+    size_t kept_tokens;
+} kvc_h2o_plan_info;
+
+/**
+ * One kept token range `[offset, offset + length)` of a cache before compaction.
+ */
+typedef struct kvc_reserve_pair {
+    /**
+     * First kept token.
+     */
+    uint32_t offset;
+    /**
+     * Number of kept tokens from `offset` on.
+     */
+    uint32_t length;
+} kvc_reserve_pair;
+
+/**
+ * Counters of the policy (or of one layer).
+ */
+typedef struct kvc_h2o_metrics {
+    /**
+     * Managed layers (for one layer: 1 when managed, else 0).
+     */
+    uint64_t managed_layers;
+    /**
+     * Tokens the cache holds (kv_len of the last call), summed over managed layers.
+     */
+    uint64_t cached_tokens;
+    /**
+     * Tokens it would hold without eviction, summed over managed layers.
+     */
+    uint64_t logical_tokens;
+    /**
+     * Plans made.
+     */
+    uint64_t plans_made;
+    /**
+     * Plans the engine applied.
+     */
+    uint64_t plans_applied;
+    /**
+     * Plans dropped (the next call's kv_len did not match).
+     */
+    uint64_t plans_dropped;
+    /**
+     * Sequence restarts detected (scores cleared).
+     */
+    uint64_t resets;
+    /**
+     * logical / cached tokens (1 with nothing cached).
+     */
+    double lossy_ratio;
+} kvc_h2o_metrics;
+
+/**
+ * The header of a loaded compressor weight file.
+ */
+typedef struct kvc_mlp_info {
+    /**
+     * Element type of the stored weights (`KVC_DTYPE_F16`, `_BF16` or `_F32`).
+     */
+    kvc_dtype weight_dtype;
+    /**
+     * Layers with weights.
+     */
+    uint32_t num_layers;
+    /**
+     * KV heads of the model the file was trained for.
+     */
+    uint32_t num_heads;
+    /**
+     * Head dimension `D` every MLP maps to.
+     */
+    uint32_t head_dim;
+    /**
+     * Hidden width of the MLPs.
+     */
+    uint32_t hidden_size;
+    /**
+     * Tokens per compressed group.
+     */
+    uint32_t compression_factor;
+    /**
+     * A segment with fewer whole groups than this is left unchanged.
+     */
+    uint32_t min_seq_len;
+} kvc_mlp_info;
 
 /**
  * The C API as function pointers; each field behaves exactly as the function of the
@@ -159,7 +486,177 @@ typedef struct kvc_api {
                                void *dst,
                                size_t dst_capacity,
                                size_t *dst_len);
+    /**
+     * See `kvc_codec_config_default` (ABI 0.2).
+     */
+    enum kvc_status (*codec_config_default)(struct kvc_codec_config *out);
+    /**
+     * See `kvc_codec_new` (ABI 0.2).
+     */
+    enum kvc_status (*codec_new)(const struct kvc_codec_config *config, struct kvc_codec **out);
+    /**
+     * See `kvc_codec_max_encoded_size` (ABI 0.2).
+     */
+    enum kvc_status (*codec_max_encoded_size)(const struct kvc_codec *codec,
+                                              size_t input_bytes,
+                                              size_t *out);
+    /**
+     * See `kvc_codec_encode` (ABI 0.2).
+     */
+    enum kvc_status (*codec_encode)(struct kvc_codec *codec,
+                                    kvc_tensor tensor,
+                                    const void *src,
+                                    size_t src_bytes,
+                                    void *dst,
+                                    size_t dst_capacity,
+                                    size_t *dst_len);
+    /**
+     * See `kvc_codec_decoded_size` (ABI 0.2).
+     */
+    enum kvc_status (*codec_decoded_size)(const struct kvc_codec *codec,
+                                          const void *blob,
+                                          size_t blob_bytes,
+                                          size_t *out);
+    /**
+     * See `kvc_codec_decode` (ABI 0.2).
+     */
+    enum kvc_status (*codec_decode)(struct kvc_codec *codec,
+                                    const void *blob,
+                                    size_t blob_bytes,
+                                    void *dst,
+                                    size_t dst_capacity,
+                                    size_t *dst_len);
+    /**
+     * See `kvc_codec_free` (ABI 0.2).
+     */
+    void (*codec_free)(struct kvc_codec *codec);
+    /**
+     * See `kvc_h2o_config_default` (ABI 0.2).
+     */
+    enum kvc_status (*h2o_config_default)(struct kvc_h2o_config *out);
+    /**
+     * See `kvc_h2o_new` (ABI 0.2).
+     */
+    enum kvc_status (*h2o_new)(const struct kvc_h2o_config *config,
+                               size_t n_layers,
+                               struct kvc_h2o **out);
+    /**
+     * See `kvc_h2o_begin_call` (ABI 0.2).
+     */
+    enum kvc_status (*h2o_begin_call)(struct kvc_h2o *h2o,
+                                      size_t layer,
+                                      const struct kvc_h2o_call_shape *shape,
+                                      uint32_t *resolution);
+    /**
+     * See `kvc_h2o_ingest_probabilities` (ABI 0.2).
+     */
+    enum kvc_status (*h2o_ingest_probabilities)(struct kvc_h2o *h2o,
+                                                size_t layer,
+                                                const float *data,
+                                                size_t count);
+    /**
+     * See `kvc_h2o_ingest_column_sums` (ABI 0.2).
+     */
+    enum kvc_status (*h2o_ingest_column_sums)(struct kvc_h2o *h2o,
+                                              size_t layer,
+                                              const float *data,
+                                              size_t count);
+    /**
+     * See `kvc_h2o_ingest_block_sums` (ABI 0.2).
+     */
+    enum kvc_status (*h2o_ingest_block_sums)(struct kvc_h2o *h2o,
+                                             size_t layer,
+                                             const float *data,
+                                             size_t count);
+    /**
+     * See `kvc_h2o_ingest_softmax_tile` (ABI 0.2).
+     */
+    enum kvc_status (*h2o_ingest_softmax_tile)(struct kvc_h2o *h2o,
+                                               size_t layer,
+                                               size_t head,
+                                               size_t first_key,
+                                               size_t n_keys,
+                                               const float *rows,
+                                               size_t rows_count,
+                                               size_t n_rows,
+                                               size_t row_stride);
+    /**
+     * See `kvc_h2o_end_call` (ABI 0.2).
+     */
+    enum kvc_status (*h2o_end_call)(struct kvc_h2o *h2o,
+                                    size_t layer,
+                                    struct kvc_h2o_decision *decision);
+    /**
+     * See `kvc_h2o_get_plan_info` (ABI 0.2).
+     */
+    enum kvc_status (*h2o_get_plan_info)(const struct kvc_h2o *h2o,
+                                         size_t layer,
+                                         struct kvc_h2o_plan_info *out);
+    /**
+     * See `kvc_h2o_plan_pairs` (ABI 0.2).
+     */
+    enum kvc_status (*h2o_plan_pairs)(const struct kvc_h2o *h2o,
+                                      size_t layer,
+                                      size_t group,
+                                      struct kvc_reserve_pair *pairs,
+                                      size_t capacity,
+                                      size_t *n_pairs);
+    /**
+     * See `kvc_h2o_get_metrics` (ABI 0.2).
+     */
+    enum kvc_status (*h2o_get_metrics)(const struct kvc_h2o *h2o, struct kvc_h2o_metrics *out);
+    /**
+     * See `kvc_h2o_get_layer_metrics` (ABI 0.2).
+     */
+    enum kvc_status (*h2o_get_layer_metrics)(const struct kvc_h2o *h2o,
+                                             size_t layer,
+                                             struct kvc_h2o_metrics *out);
+    /**
+     * See `kvc_h2o_free` (ABI 0.2).
+     */
+    void (*h2o_free)(struct kvc_h2o *h2o);
+    /**
+     * See `kvc_mlp_new` (ABI 0.2).
+     */
+    enum kvc_status (*mlp_new)(const char *path, struct kvc_mlp **out);
+    /**
+     * See `kvc_mlp_new_from_memory` (ABI 0.2).
+     */
+    enum kvc_status (*mlp_new_from_memory)(const void *bytes, size_t len, struct kvc_mlp **out);
+    /**
+     * See `kvc_mlp_get_info` (ABI 0.2).
+     */
+    enum kvc_status (*mlp_get_info)(const struct kvc_mlp *mlp, struct kvc_mlp_info *out);
+    /**
+     * See `kvc_mlp_compress_inplace` (ABI 0.2).
+     */
+    enum kvc_status (*mlp_compress_inplace)(const struct kvc_mlp *mlp,
+                                            size_t layer,
+                                            kvc_dtype dtype,
+                                            void *k,
+                                            void *v,
+                                            size_t n_heads,
+                                            size_t capacity,
+                                            size_t seq_len,
+                                            size_t head_dim,
+                                            size_t image_kv_len,
+                                            size_t *new_kv_len,
+                                            size_t *rope_position);
+    /**
+     * See `kvc_mlp_free` (ABI 0.2).
+     */
+    void (*mlp_free)(struct kvc_mlp *mlp);
 } kvc_api;
+
+/**
+ * The keys (K) of a layer.
+ */
+#define KVC_TENSOR_K 0
+
+/**
+ * The values (V) of a layer.
+ */
+#define KVC_TENSOR_V 1
 
 /**
  * IEEE 754 binary16, stored as `uint16_t` bits in native byte order.
@@ -175,6 +672,12 @@ typedef struct kvc_api {
  * IEEE 754 binary32 (`float`).
  */
 #define KVC_DTYPE_F32 2
+
+/**
+ * Signed 8-bit integers (`int8_t`): C8-quantized caches. Accepted by the codec, the
+ * cache view and the quantizer; `kvc_convert` rejects it. Added in ABI 0.2.
+ */
+#define KVC_DTYPE_I8 3
 
 #ifdef __cplusplus
 extern "C" {
@@ -196,6 +699,124 @@ extern "C" {
  * `KVC_ABI_VERSION`, then call everything through the table.
  */
 const struct kvc_api *kvc_get_api(uint32_t abi_version);
+
+/**
+ * Writes the default codec settings (gear-v1 defaults: F16, every predictor for K and V,
+ * zstd level 3) into `*out`.
+ *
+ * Ownership: `out` is caller-owned. Threads: safe from any thread.
+ *
+ * # Safety
+ * `out` must be NULL or point to a writable `kvc_codec_config`.
+ */
+KVC_NODISCARD enum kvc_status kvc_codec_config_default(struct kvc_codec_config *out);
+
+/**
+ * Creates a gear-v1 codec with `config` and stores it in `*out` (only on `KVC_OK`).
+ * Errors: an unknown dtype, an empty or unknown predictor mask, a zstd level out of
+ * range are `KVC_INVALID_ARGUMENT`.
+ *
+ * Ownership: `config` is only read during the call; the caller owns the new handle and
+ * frees it with `kvc_codec_free`. Threads: safe from any thread; the handle is not
+ * shared with anything.
+ *
+ * # Safety
+ * `config` must point to a readable `kvc_codec_config`, `out` to a writable pointer.
+ */
+KVC_NODISCARD
+enum kvc_status kvc_codec_new(const struct kvc_codec_config *config,
+                              struct kvc_codec **out);
+
+/**
+ * The largest blob that `input_bytes` bytes of the codec's dtype can encode to, in
+ * `*out`: a `dst` of this size never fails with `KVC_BUFFER_TOO_SMALL`.
+ * `input_bytes` not a whole number of elements is `KVC_INVALID_ARGUMENT`; more elements
+ * than gear-v1 can hold is `KVC_UNSUPPORTED`.
+ *
+ * Threads: reads the handle only; may run concurrently with other `const` calls on it.
+ *
+ * # Safety
+ * `codec` must be a live handle; `out` writable.
+ */
+KVC_NODISCARD
+enum kvc_status kvc_codec_max_encoded_size(const struct kvc_codec *codec,
+                                           size_t input_bytes,
+                                           size_t *out);
+
+/**
+ * Encodes `src_bytes` bytes of elements at `src` as one gear-v1 blob into `dst`, trying
+ * the predictors configured for `tensor` (`KVC_TENSOR_K` or `KVC_TENSOR_V`).
+ *
+ * Size query: `dst == NULL && dst_capacity == 0` stores the worst-case size
+ * (`kvc_codec_max_encoded_size`) in `*dst_len`. A `dst_capacity` at least that size
+ * always works; a smaller one works when the blob fits, else `KVC_BUFFER_TOO_SMALL` with
+ * the blob's exact size in `*dst_len` and `dst` untouched. On `KVC_OK`, `*dst_len` is
+ * the blob's length.
+ *
+ * Ownership: `src` and `dst` are caller-owned and must not overlap; nothing is kept.
+ * Threads: exclusive use of `codec` (it holds scratch state).
+ *
+ * # Safety
+ * `codec` live; `src` readable for `src_bytes`; `dst` writable for `dst_capacity`;
+ * `dst_len` writable.
+ */
+KVC_NODISCARD
+enum kvc_status kvc_codec_encode(struct kvc_codec *codec,
+                                 kvc_tensor tensor,
+                                 const void *src,
+                                 size_t src_bytes,
+                                 void *dst,
+                                 size_t dst_capacity,
+                                 size_t *dst_len);
+
+/**
+ * The number of bytes the gear-v1 blob at `blob` decodes to, read from the blob after
+ * validating its structure, in `*out`. A malformed or truncated blob is
+ * `KVC_CORRUPT_DATA`.
+ *
+ * Threads: reads the handle only; may run concurrently with other `const` calls on it.
+ *
+ * # Safety
+ * `codec` live; `blob` readable for `blob_bytes`; `out` writable.
+ */
+KVC_NODISCARD
+enum kvc_status kvc_codec_decoded_size(const struct kvc_codec *codec,
+                                       const void *blob,
+                                       size_t blob_bytes,
+                                       size_t *out);
+
+/**
+ * Decodes the gear-v1 blob at `blob` into `dst`.
+ *
+ * Size query: `dst == NULL && dst_capacity == 0` stores the decoded size in `*dst_len`
+ * (as `kvc_codec_decoded_size`). Too small a `dst_capacity` is `KVC_BUFFER_TOO_SMALL`
+ * with the size in `*dst_len`. A malformed, truncated or inconsistent blob is
+ * `KVC_CORRUPT_DATA`; `dst` is written only on `KVC_OK`.
+ *
+ * Ownership: `blob` and `dst` are caller-owned and must not overlap. Threads: exclusive
+ * use of `codec`.
+ *
+ * # Safety
+ * `codec` live; `blob` readable for `blob_bytes`; `dst` writable for `dst_capacity`;
+ * `dst_len` writable.
+ */
+KVC_NODISCARD
+enum kvc_status kvc_codec_decode(struct kvc_codec *codec,
+                                 const void *blob,
+                                 size_t blob_bytes,
+                                 void *dst,
+                                 size_t dst_capacity,
+                                 size_t *dst_len);
+
+/**
+ * Frees a codec; NULL is a no-op.
+ *
+ * Ownership: the handle is invalid afterwards. Threads: no other call may be using it.
+ *
+ * # Safety
+ * `codec` must be NULL or a live handle from `kvc_codec_new`, freed once.
+ */
+void kvc_codec_free(struct kvc_codec *codec);
 
 /**
  * Size in bytes of one element of `dtype`, or 0 when `dtype` is not a `KVC_DTYPE_*`.
@@ -241,6 +862,205 @@ enum kvc_status kvc_convert(kvc_dtype src_dtype,
                             size_t *dst_len);
 
 /**
+ * Writes the spec's default H2O settings into `*out` (see `kvc_h2o_config`).
+ *
+ * Ownership: `out` is caller-owned. Threads: safe from any thread.
+ *
+ * # Safety
+ * `out` must be NULL or point to a writable `kvc_h2o_config`.
+ */
+KVC_NODISCARD enum kvc_status kvc_h2o_config_default(struct kvc_h2o_config *out);
+
+/**
+ * Creates a policy for a model of `n_layers` layers with `config` and stores it in
+ * `*out` (only on `KVC_OK`). An out-of-range setting or `n_layers == 0` is
+ * `KVC_INVALID_ARGUMENT`, with the spec's key name in the message.
+ *
+ * Ownership: `config` is only read; the caller owns the handle and frees it with
+ * `kvc_h2o_free`. Threads: safe from any thread.
+ *
+ * # Safety
+ * `config` readable; `out` writable.
+ */
+KVC_NODISCARD
+enum kvc_status kvc_h2o_new(const struct kvc_h2o_config *config,
+                            size_t n_layers,
+                            struct kvc_h2o **out);
+
+/**
+ * Opens a call of `layer` with `shape`: resolves the layer's pending plan (applied iff
+ * `kv_len == kept + n_queries`, else dropped) and stores what happened to it in
+ * `*resolution` (`KVC_H2O_NO_PLAN`, `_PLAN_APPLIED`, `_PLAN_DROPPED`) unless
+ * `resolution` is NULL. A bad shape is `KVC_INVALID_ARGUMENT`; a call already open for
+ * the layer is `KVC_INVALID_STATE`.
+ *
+ * Threads: exclusive use of `h2o`.
+ *
+ * # Safety
+ * `h2o` live; `shape` readable; `resolution` NULL or writable.
+ */
+KVC_NODISCARD
+enum kvc_status kvc_h2o_begin_call(struct kvc_h2o *h2o,
+                                   size_t layer,
+                                   const struct kvc_h2o_call_shape *shape,
+                                   uint32_t *resolution);
+
+/**
+ * Adds the call's full softmax probabilities `[n_heads][n_queries][kv_len]` (`count`
+ * floats at `data`) to the open call of `layer`. A wrong count is
+ * `KVC_INVALID_ARGUMENT`; no open call is `KVC_INVALID_STATE`.
+ *
+ * Ownership: `data` is only read during the call. Threads: exclusive use of `h2o`.
+ *
+ * # Safety
+ * `h2o` live; `data` readable for `count` floats.
+ */
+KVC_NODISCARD
+enum kvc_status kvc_h2o_ingest_probabilities(struct kvc_h2o *h2o,
+                                             size_t layer,
+                                             const float *data,
+                                             size_t count);
+
+/**
+ * Adds per-token column sums (probabilities summed over heads and queries): `[kv_len]`
+ * for the layer, or `[n_kv_heads][kv_len]` with per-KV-head scores. The layer-wide form
+ * with per-KV-head scores is `KVC_UNSUPPORTED`. Otherwise as
+ * `kvc_h2o_ingest_probabilities`.
+ *
+ * # Safety
+ * `h2o` live; `data` readable for `count` floats.
+ */
+KVC_NODISCARD
+enum kvc_status kvc_h2o_ingest_column_sums(struct kvc_h2o *h2o,
+                                           size_t layer,
+                                           const float *data,
+                                           size_t count);
+
+/**
+ * Adds raw block sums (probabilities summed over heads, queries and the block's tokens):
+ * `[n_blocks]`, or `[n_blocks][n_kv_heads]` with per-KV-head scores (what an offline
+ * trace records). Otherwise as `kvc_h2o_ingest_probabilities`.
+ *
+ * # Safety
+ * `h2o` live; `data` readable for `count` floats.
+ */
+KVC_NODISCARD
+enum kvc_status kvc_h2o_ingest_block_sums(struct kvc_h2o *h2o,
+                                          size_t layer,
+                                          const float *data,
+                                          size_t count);
+
+/**
+ * Adds a block-local softmax tile as a flash-attention loop sees it: `n_rows` query rows
+ * of query head `head`, row `r` being `rows[r * row_stride ..][.. n_keys]` (`rows_count`
+ * floats in all), over keys `first_key .. first_key + n_keys` of the call. Indices out of
+ * range or too few floats are `KVC_INVALID_ARGUMENT`.
+ *
+ * Ownership: `rows` is only read during the call. Threads: exclusive use of `h2o`.
+ *
+ * # Safety
+ * `h2o` live; `rows` readable for `rows_count` floats.
+ */
+KVC_NODISCARD
+enum kvc_status kvc_h2o_ingest_softmax_tile(struct kvc_h2o *h2o,
+                                            size_t layer,
+                                            size_t head,
+                                            size_t first_key,
+                                            size_t n_keys,
+                                            const float *rows,
+                                            size_t rows_count,
+                                            size_t n_rows,
+                                            size_t row_stride);
+
+/**
+ * Closes the open call of `layer`: updates the EMA scores and, when the layer triggers,
+ * makes a plan (then pending). Stores the decision in `*decision` unless it is NULL.
+ * Non-finite or negative sums are `KVC_INVALID_ARGUMENT` (the call is discarded, scores
+ * unchanged); no open call is `KVC_INVALID_STATE`.
+ *
+ * Threads: exclusive use of `h2o`.
+ *
+ * # Safety
+ * `h2o` live; `decision` NULL or writable.
+ */
+KVC_NODISCARD
+enum kvc_status kvc_h2o_end_call(struct kvc_h2o *h2o,
+                                 size_t layer,
+                                 struct kvc_h2o_decision *decision);
+
+/**
+ * Describes the plan pending for `layer` (in the layer-uniform scope, the shared plan) in
+ * `*out`; `out->pending` is 0 when there is none.
+ *
+ * Threads: reads the handle only; may run concurrently with other `const` calls on it.
+ *
+ * # Safety
+ * `h2o` live; `out` writable.
+ */
+KVC_NODISCARD
+enum kvc_status kvc_h2o_get_plan_info(const struct kvc_h2o *h2o,
+                                      size_t layer,
+                                      struct kvc_h2o_plan_info *out);
+
+/**
+ * Copies the reserve pairs of group `group` (0 unless scores are per KV head) of the
+ * plan pending for `layer` into `pairs`: sorted, merged, inside the plan's kv_len. The
+ * engine compacts its cache to these ranges before the layer's next call.
+ *
+ * Size query: `pairs == NULL && capacity == 0` stores the pair count in `*n_pairs`. Too
+ * small a capacity is `KVC_BUFFER_TOO_SMALL` with the count in `*n_pairs`. No pending
+ * plan is `KVC_INVALID_STATE`; a group out of range is `KVC_INVALID_ARGUMENT`.
+ *
+ * Threads: reads the handle only; may run concurrently with other `const` calls on it.
+ *
+ * # Safety
+ * `h2o` live; `pairs` writable for `capacity` pairs; `n_pairs` writable.
+ */
+KVC_NODISCARD
+enum kvc_status kvc_h2o_plan_pairs(const struct kvc_h2o *h2o,
+                                   size_t layer,
+                                   size_t group,
+                                   struct kvc_reserve_pair *pairs,
+                                   size_t capacity,
+                                   size_t *n_pairs);
+
+/**
+ * Whole-model counters in `*out`.
+ *
+ * Threads: reads the handle only; may run concurrently with other `const` calls on it.
+ *
+ * # Safety
+ * `h2o` live; `out` writable.
+ */
+KVC_NODISCARD
+enum kvc_status kvc_h2o_get_metrics(const struct kvc_h2o *h2o,
+                                    struct kvc_h2o_metrics *out);
+
+/**
+ * One layer's counters in `*out` (`managed_layers` is 1 for a managed layer, else 0).
+ * A layer out of range is `KVC_INVALID_ARGUMENT`.
+ *
+ * Threads: reads the handle only; may run concurrently with other `const` calls on it.
+ *
+ * # Safety
+ * `h2o` live; `out` writable.
+ */
+KVC_NODISCARD
+enum kvc_status kvc_h2o_get_layer_metrics(const struct kvc_h2o *h2o,
+                                          size_t layer,
+                                          struct kvc_h2o_metrics *out);
+
+/**
+ * Frees a policy; NULL is a no-op.
+ *
+ * Ownership: the handle is invalid afterwards. Threads: no other call may be using it.
+ *
+ * # Safety
+ * `h2o` must be NULL or a live handle from `kvc_h2o_new`, freed once.
+ */
+void kvc_h2o_free(struct kvc_h2o *h2o);
+
+/**
  * Copies the message explaining this thread's last failed kvc call into `buf`.
  *
  * The message is UTF-8, NUL-terminated, one line, and starts with the name of the
@@ -269,6 +1089,86 @@ enum kvc_status kvc_convert(kvc_dtype src_dtype,
  * a `size_t`.
  */
 KVC_NODISCARD enum kvc_status kvc_last_error_message(char *buf, size_t capacity, size_t *needed);
+
+/**
+ * Loads the compressor weight file (`.bin` v1) at `path` (a NUL-terminated path) and
+ * stores a new compressor in `*out` (only on `KVC_OK`). A file that cannot be read is
+ * `KVC_IO`; a malformed one `KVC_CORRUPT_DATA`; an unknown version `KVC_UNSUPPORTED`.
+ *
+ * Ownership: `path` is only read; the caller owns the handle and frees it with
+ * `kvc_mlp_free`. Threads: safe from any thread.
+ *
+ * # Safety
+ * `path` must be a NUL-terminated string; `out` writable.
+ */
+KVC_NODISCARD enum kvc_status kvc_mlp_new(const char *path, struct kvc_mlp **out);
+
+/**
+ * Parses a complete compressor weight file held in memory (`len` bytes at `bytes`) and
+ * stores a new compressor in `*out` (only on `KVC_OK`). The bytes are copied: the caller
+ * may free them right after the call. Errors as `kvc_mlp_new`.
+ *
+ * # Safety
+ * `bytes` readable for `len` bytes; `out` writable.
+ */
+KVC_NODISCARD
+enum kvc_status kvc_mlp_new_from_memory(const void *bytes,
+                                        size_t len,
+                                        struct kvc_mlp **out);
+
+/**
+ * The weight file's header in `*out`.
+ *
+ * Threads: reads the handle only; safe concurrently with any `const` call on it.
+ *
+ * # Safety
+ * `mlp` live; `out` writable.
+ */
+KVC_NODISCARD enum kvc_status kvc_mlp_get_info(const struct kvc_mlp *mlp, struct kvc_mlp_info *out);
+
+/**
+ * Compresses layer `layer` of an InfiniLM StaticKVCache in place: `k` and `v` are each
+ * `[n_heads, capacity, head_dim]` elements of `dtype` (`KVC_DTYPE_F16`, `_BF16` or
+ * `_F32`) whose first `seq_len` tokens per head hold data (the first `image_kv_len` of
+ * them an image prefix, compressed with the image MLPs). Afterwards tokens
+ * `[0, *new_kv_len)` of each head hold the result; what lies beyond is unspecified.
+ * `*rope_position` receives the position of the next token (the original `seq_len`).
+ *
+ * Errors (nothing is changed): a layer without weights, a `head_dim` other than the
+ * file's, `seq_len > capacity`, a shape whose size overflows: `KVC_INVALID_ARGUMENT`;
+ * `KVC_DTYPE_I8`: `KVC_UNSUPPORTED`.
+ *
+ * Ownership: `k` and `v` are engine-owned, must not overlap, and are only used during
+ * the call. Threads: `mlp` is only read: calls on one handle may run concurrently (on
+ * different caches); the work runs on kvc's thread pool.
+ *
+ * # Safety
+ * `mlp` live; `k` and `v` writable for `n_heads * capacity * head_dim` elements each,
+ * aligned for `dtype`; `new_kv_len` and `rope_position` writable.
+ */
+KVC_NODISCARD
+enum kvc_status kvc_mlp_compress_inplace(const struct kvc_mlp *mlp,
+                                         size_t layer,
+                                         kvc_dtype dtype,
+                                         void *k,
+                                         void *v,
+                                         size_t n_heads,
+                                         size_t capacity,
+                                         size_t seq_len,
+                                         size_t head_dim,
+                                         size_t image_kv_len,
+                                         size_t *new_kv_len,
+                                         size_t *rope_position);
+
+/**
+ * Frees a compressor; NULL is a no-op.
+ *
+ * Ownership: the handle is invalid afterwards. Threads: no other call may be using it.
+ *
+ * # Safety
+ * `mlp` must be NULL or a live handle from `kvc_mlp_new*`, freed once.
+ */
+void kvc_mlp_free(struct kvc_mlp *mlp);
 
 /**
  * Name of the enumerator whose value is `status`, e.g. `"KVC_CORRUPT_DATA"`, or

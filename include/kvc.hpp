@@ -211,6 +211,52 @@ Result<H> make_handle(Make make, Args&&... args) {
     return H(raw);
 }
 
+/// The gear-v1 codec (kvc_codec_*): create with make_handle<Codec>(kvc_codec_new, &config).
+using Codec = Handle<kvc_codec, kvc_codec_free>;
+/// The H2O policy (kvc_h2o_*): make_handle<H2o>(kvc_h2o_new, &config, n_layers).
+using H2o = Handle<kvc_h2o, kvc_h2o_free>;
+/// The MLP compressor (kvc_mlp_*): make_handle<Mlp>(kvc_mlp_new, path).
+using Mlp = Handle<kvc_mlp, kvc_mlp_free>;
+
+/// kvc_codec_encode into a new vector sized by the worst-case query, trimmed to the blob.
+inline Result<std::vector<std::uint8_t>> encode(kvc_codec* codec, kvc_tensor tensor,
+                                                const void* src, std::size_t src_bytes) {
+    std::size_t bound = 0;
+    kvc_status st = kvc_codec_max_encoded_size(codec, src_bytes, &bound);
+    if (st != KVC_OK) return detail::error_from(st);
+    std::vector<std::uint8_t> out(bound);
+    std::size_t len = 0;
+    st = kvc_codec_encode(codec, tensor, src, src_bytes, out.data(), out.size(), &len);
+    if (st != KVC_OK) return detail::error_from(st);
+    out.resize(len);
+    return out;
+}
+
+/// kvc_codec_decode into a new vector sized by the blob's decoded size.
+inline Result<std::vector<std::uint8_t>> decode(kvc_codec* codec, const void* blob,
+                                                std::size_t blob_bytes) {
+    std::size_t size = 0;
+    kvc_status st = kvc_codec_decoded_size(codec, blob, blob_bytes, &size);
+    if (st != KVC_OK) return detail::error_from(st);
+    std::vector<std::uint8_t> out(size);
+    std::size_t len = 0;
+    st = kvc_codec_decode(codec, blob, blob_bytes, out.data(), out.size(), &len);
+    if (st != KVC_OK) return detail::error_from(st);
+    return out;
+}
+
+/// The reserve pairs of the plan pending for `layer` (group `group`), via the size query.
+inline Result<std::vector<kvc_reserve_pair>> plan_pairs(const kvc_h2o* h2o, std::size_t layer,
+                                                        std::size_t group = 0) {
+    std::size_t n = 0;
+    kvc_status st = kvc_h2o_plan_pairs(h2o, layer, group, nullptr, 0, &n);
+    if (st != KVC_OK) return detail::error_from(st);
+    std::vector<kvc_reserve_pair> out(n);
+    st = kvc_h2o_plan_pairs(h2o, layer, group, out.data(), out.size(), &n);
+    if (st != KVC_OK) return detail::error_from(st);
+    return out;
+}
+
 /// Size in bytes of one element of `dtype` (0 when unknown).
 inline std::size_t dtype_size(kvc_dtype dtype) noexcept { return kvc_dtype_size(dtype); }
 

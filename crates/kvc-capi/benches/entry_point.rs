@@ -108,5 +108,54 @@ fn four_kib(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, trivial, four_kib);
+/// Encoding 4 KiB of fp16 (2048 elements of a real-looking signal) as one gear-v1 blob:
+/// through the C API (`kvc_codec_encode` via the table, into a worst-case-sized buffer)
+/// and through `kvc-codec`'s `GearV1Encoder::encode_into` with the same options.
+fn encode_4kib(c: &mut Criterion) {
+    use kvc::codec::{KvcCodec, KvcCodecConfig, KVC_TENSOR_K};
+    use kvc_codec::gear_v1::{max_encoded_len, EncodeOptions, GearV1Encoder};
+    let api = api();
+    let src: Vec<u8> = (0..2048)
+        .flat_map(|i| f16::from_f32(((i as f32) * 0.37).sin() * 0.5).to_le_bytes())
+        .collect();
+    let bound = max_encoded_len(kvc_codec::Dtype::F16, src.len()).unwrap();
+    let mut dst = vec![0u8; bound];
+    let mut g = c.benchmark_group("encode_4KiB_f16_gear_v1");
+    g.throughput(Throughput::Bytes(4096));
+    let config = KvcCodecConfig::default();
+    let mut codec: *mut KvcCodec = ptr::null_mut();
+    // SAFETY: valid config and out pointer.
+    let status = unsafe { (api.codec_new)(&config, &mut codec) };
+    assert_eq!(status, kvc::KvcStatus::KVC_OK);
+    let encode = black_box(api.codec_encode);
+    g.bench_function("c_abi", |b| {
+        let mut len = 0usize;
+        b.iter(|| {
+            // SAFETY: live codec; `src`/`dst` valid and disjoint.
+            unsafe {
+                encode(
+                    codec,
+                    KVC_TENSOR_K,
+                    black_box(src.as_ptr()).cast(),
+                    src.len(),
+                    black_box(dst.as_mut_ptr()).cast(),
+                    dst.len(),
+                    &mut len,
+                )
+            }
+        })
+    });
+    let mut enc = GearV1Encoder::new(EncodeOptions::default()).unwrap();
+    g.bench_function("rust", |b| {
+        b.iter(|| {
+            enc.encode_into(kvc_codec::Dtype::F16, black_box(&src), black_box(&mut dst))
+                .unwrap()
+        })
+    });
+    g.finish();
+    // SAFETY: freed once.
+    unsafe { (api.codec_free)(codec) };
+}
+
+criterion_group!(benches, trivial, four_kib, encode_4kib);
 criterion_main!(benches);

@@ -4,8 +4,27 @@
 use std::ffi::{c_char, c_int, c_void};
 
 use crate::boundary::value_boundary;
+use crate::codec::{
+    kvc_codec_config_default, kvc_codec_decode, kvc_codec_decoded_size, kvc_codec_encode,
+    kvc_codec_free, kvc_codec_max_encoded_size, kvc_codec_new,
+};
+use crate::codec::{KvcCodec, KvcCodecConfig, KvcTensor};
 use crate::convert::{kvc_convert, kvc_dtype_size, KvcDtype};
+use crate::h2o::{
+    kvc_h2o_begin_call, kvc_h2o_config_default, kvc_h2o_end_call, kvc_h2o_free,
+    kvc_h2o_get_layer_metrics, kvc_h2o_get_metrics, kvc_h2o_get_plan_info,
+    kvc_h2o_ingest_block_sums, kvc_h2o_ingest_column_sums, kvc_h2o_ingest_probabilities,
+    kvc_h2o_ingest_softmax_tile, kvc_h2o_new, kvc_h2o_plan_pairs,
+};
+use crate::h2o::{
+    KvcH2o, KvcH2oCallShape, KvcH2oConfig, KvcH2oDecision, KvcH2oMetrics, KvcH2oPlanInfo,
+    KvcReservePair,
+};
 use crate::last_error::{kvc_last_error_message, set_last_error};
+use crate::mlp::{
+    kvc_mlp_compress_inplace, kvc_mlp_free, kvc_mlp_get_info, kvc_mlp_new, kvc_mlp_new_from_memory,
+};
+use crate::mlp::{KvcMlp, KvcMlpInfo};
 use crate::status::{kvc_status_name, KvcStatus};
 use crate::version::{kvc_abi_version, kvc_version, KVC_ABI_VERSION, KVC_ABI_VERSION_MAJOR};
 
@@ -41,6 +60,149 @@ pub struct KvcApi {
         dst_capacity: usize,
         dst_len: *mut usize,
     ) -> KvcStatus,
+    /// See `kvc_codec_config_default` (ABI 0.2).
+    pub codec_config_default: unsafe extern "C" fn(out: *mut KvcCodecConfig) -> KvcStatus,
+    /// See `kvc_codec_new` (ABI 0.2).
+    pub codec_new:
+        unsafe extern "C" fn(config: *const KvcCodecConfig, out: *mut *mut KvcCodec) -> KvcStatus,
+    /// See `kvc_codec_max_encoded_size` (ABI 0.2).
+    pub codec_max_encoded_size: unsafe extern "C" fn(
+        codec: *const KvcCodec,
+        input_bytes: usize,
+        out: *mut usize,
+    ) -> KvcStatus,
+    /// See `kvc_codec_encode` (ABI 0.2).
+    pub codec_encode: unsafe extern "C" fn(
+        codec: *mut KvcCodec,
+        tensor: KvcTensor,
+        src: *const c_void,
+        src_bytes: usize,
+        dst: *mut c_void,
+        dst_capacity: usize,
+        dst_len: *mut usize,
+    ) -> KvcStatus,
+    /// See `kvc_codec_decoded_size` (ABI 0.2).
+    pub codec_decoded_size: unsafe extern "C" fn(
+        codec: *const KvcCodec,
+        blob: *const c_void,
+        blob_bytes: usize,
+        out: *mut usize,
+    ) -> KvcStatus,
+    /// See `kvc_codec_decode` (ABI 0.2).
+    pub codec_decode: unsafe extern "C" fn(
+        codec: *mut KvcCodec,
+        blob: *const c_void,
+        blob_bytes: usize,
+        dst: *mut c_void,
+        dst_capacity: usize,
+        dst_len: *mut usize,
+    ) -> KvcStatus,
+    /// See `kvc_codec_free` (ABI 0.2).
+    pub codec_free: unsafe extern "C" fn(codec: *mut KvcCodec),
+    /// See `kvc_h2o_config_default` (ABI 0.2).
+    pub h2o_config_default: unsafe extern "C" fn(out: *mut KvcH2oConfig) -> KvcStatus,
+    /// See `kvc_h2o_new` (ABI 0.2).
+    pub h2o_new: unsafe extern "C" fn(
+        config: *const KvcH2oConfig,
+        n_layers: usize,
+        out: *mut *mut KvcH2o,
+    ) -> KvcStatus,
+    /// See `kvc_h2o_begin_call` (ABI 0.2).
+    pub h2o_begin_call: unsafe extern "C" fn(
+        h2o: *mut KvcH2o,
+        layer: usize,
+        shape: *const KvcH2oCallShape,
+        resolution: *mut u32,
+    ) -> KvcStatus,
+    /// See `kvc_h2o_ingest_probabilities` (ABI 0.2).
+    pub h2o_ingest_probabilities: unsafe extern "C" fn(
+        h2o: *mut KvcH2o,
+        layer: usize,
+        data: *const f32,
+        count: usize,
+    ) -> KvcStatus,
+    /// See `kvc_h2o_ingest_column_sums` (ABI 0.2).
+    pub h2o_ingest_column_sums: unsafe extern "C" fn(
+        h2o: *mut KvcH2o,
+        layer: usize,
+        data: *const f32,
+        count: usize,
+    ) -> KvcStatus,
+    /// See `kvc_h2o_ingest_block_sums` (ABI 0.2).
+    pub h2o_ingest_block_sums: unsafe extern "C" fn(
+        h2o: *mut KvcH2o,
+        layer: usize,
+        data: *const f32,
+        count: usize,
+    ) -> KvcStatus,
+    /// See `kvc_h2o_ingest_softmax_tile` (ABI 0.2).
+    pub h2o_ingest_softmax_tile: unsafe extern "C" fn(
+        h2o: *mut KvcH2o,
+        layer: usize,
+        head: usize,
+        first_key: usize,
+        n_keys: usize,
+        rows: *const f32,
+        rows_count: usize,
+        n_rows: usize,
+        row_stride: usize,
+    ) -> KvcStatus,
+    /// See `kvc_h2o_end_call` (ABI 0.2).
+    pub h2o_end_call: unsafe extern "C" fn(
+        h2o: *mut KvcH2o,
+        layer: usize,
+        decision: *mut KvcH2oDecision,
+    ) -> KvcStatus,
+    /// See `kvc_h2o_get_plan_info` (ABI 0.2).
+    pub h2o_get_plan_info: unsafe extern "C" fn(
+        h2o: *const KvcH2o,
+        layer: usize,
+        out: *mut KvcH2oPlanInfo,
+    ) -> KvcStatus,
+    /// See `kvc_h2o_plan_pairs` (ABI 0.2).
+    pub h2o_plan_pairs: unsafe extern "C" fn(
+        h2o: *const KvcH2o,
+        layer: usize,
+        group: usize,
+        pairs: *mut KvcReservePair,
+        capacity: usize,
+        n_pairs: *mut usize,
+    ) -> KvcStatus,
+    /// See `kvc_h2o_get_metrics` (ABI 0.2).
+    pub h2o_get_metrics:
+        unsafe extern "C" fn(h2o: *const KvcH2o, out: *mut KvcH2oMetrics) -> KvcStatus,
+    /// See `kvc_h2o_get_layer_metrics` (ABI 0.2).
+    pub h2o_get_layer_metrics: unsafe extern "C" fn(
+        h2o: *const KvcH2o,
+        layer: usize,
+        out: *mut KvcH2oMetrics,
+    ) -> KvcStatus,
+    /// See `kvc_h2o_free` (ABI 0.2).
+    pub h2o_free: unsafe extern "C" fn(h2o: *mut KvcH2o),
+    /// See `kvc_mlp_new` (ABI 0.2).
+    pub mlp_new: unsafe extern "C" fn(path: *const c_char, out: *mut *mut KvcMlp) -> KvcStatus,
+    /// See `kvc_mlp_new_from_memory` (ABI 0.2).
+    pub mlp_new_from_memory:
+        unsafe extern "C" fn(bytes: *const c_void, len: usize, out: *mut *mut KvcMlp) -> KvcStatus,
+    /// See `kvc_mlp_get_info` (ABI 0.2).
+    pub mlp_get_info: unsafe extern "C" fn(mlp: *const KvcMlp, out: *mut KvcMlpInfo) -> KvcStatus,
+    /// See `kvc_mlp_compress_inplace` (ABI 0.2).
+    pub mlp_compress_inplace: unsafe extern "C" fn(
+        mlp: *const KvcMlp,
+        layer: usize,
+        dtype: KvcDtype,
+        k: *mut c_void,
+        v: *mut c_void,
+        n_heads: usize,
+        capacity: usize,
+        seq_len: usize,
+        head_dim: usize,
+        image_kv_len: usize,
+        new_kv_len: *mut usize,
+        rope_position: *mut usize,
+    ) -> KvcStatus,
+    /// See `kvc_mlp_free` (ABI 0.2).
+    pub mlp_free: unsafe extern "C" fn(mlp: *mut KvcMlp),
 }
 
 static API: KvcApi = KvcApi {
@@ -51,6 +213,31 @@ static API: KvcApi = KvcApi {
     last_error_message: kvc_last_error_message,
     dtype_size: kvc_dtype_size,
     convert: kvc_convert,
+    codec_config_default: kvc_codec_config_default,
+    codec_new: kvc_codec_new,
+    codec_max_encoded_size: kvc_codec_max_encoded_size,
+    codec_encode: kvc_codec_encode,
+    codec_decoded_size: kvc_codec_decoded_size,
+    codec_decode: kvc_codec_decode,
+    codec_free: kvc_codec_free,
+    h2o_config_default: kvc_h2o_config_default,
+    h2o_new: kvc_h2o_new,
+    h2o_begin_call: kvc_h2o_begin_call,
+    h2o_ingest_probabilities: kvc_h2o_ingest_probabilities,
+    h2o_ingest_column_sums: kvc_h2o_ingest_column_sums,
+    h2o_ingest_block_sums: kvc_h2o_ingest_block_sums,
+    h2o_ingest_softmax_tile: kvc_h2o_ingest_softmax_tile,
+    h2o_end_call: kvc_h2o_end_call,
+    h2o_get_plan_info: kvc_h2o_get_plan_info,
+    h2o_plan_pairs: kvc_h2o_plan_pairs,
+    h2o_get_metrics: kvc_h2o_get_metrics,
+    h2o_get_layer_metrics: kvc_h2o_get_layer_metrics,
+    h2o_free: kvc_h2o_free,
+    mlp_new: kvc_mlp_new,
+    mlp_new_from_memory: kvc_mlp_new_from_memory,
+    mlp_get_info: kvc_mlp_get_info,
+    mlp_compress_inplace: kvc_mlp_compress_inplace,
+    mlp_free: kvc_mlp_free,
 };
 
 /// Whether a program built against ABI version `requested` can use this library.

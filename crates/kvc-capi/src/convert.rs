@@ -23,6 +23,9 @@ pub const KVC_DTYPE_F16: KvcDtype = 0;
 pub const KVC_DTYPE_BF16: KvcDtype = 1;
 /// IEEE 754 binary32 (`float`).
 pub const KVC_DTYPE_F32: KvcDtype = 2;
+/// Signed 8-bit integers (`int8_t`): C8-quantized caches. Accepted by the codec, the
+/// cache view and the quantizer; `kvc_convert` rejects it. Added in ABI 0.2.
+pub const KVC_DTYPE_I8: KvcDtype = 3;
 
 /// The element types kvc converts between.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -158,7 +161,13 @@ pub fn convert_row(src: Row<'_>, dst: RowMut<'_>) -> Result<(), Error> {
 /// Threads: safe from any thread. Does not touch the last error.
 #[no_mangle]
 pub extern "C" fn kvc_dtype_size(dtype: KvcDtype) -> usize {
-    value_boundary(0, || Dtype::from_code(dtype).map_or(0, Dtype::size))
+    value_boundary(0, || {
+        if dtype == KVC_DTYPE_I8 {
+            1
+        } else {
+            Dtype::from_code(dtype).map_or(0, Dtype::size)
+        }
+    })
 }
 
 /// Forms the typed input row for `count` elements of `dtype` at `src`.

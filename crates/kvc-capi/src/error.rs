@@ -96,3 +96,55 @@ impl fmt::Display for Error {
 }
 
 impl std::error::Error for Error {}
+
+/// Maps a library crate's error to the boundary's error: its kind picks the status, its
+/// `Display` is the message. Kinds added to a crate later (the kinds are
+/// `#[non_exhaustive]`) become `KVC_INTERNAL` until mapped here.
+macro_rules! wrap_crate_error {
+    ($krate:ident, { $($variant:ident => $status:ident),* $(,)? }) => {
+        impl From<$krate::Error> for Error {
+            fn from(err: $krate::Error) -> Error {
+                let status = match err.kind() {
+                    $($krate::ErrorKind::$variant => KvcStatus::$status,)*
+                    #[allow(unreachable_patterns)]
+                    _ => KvcStatus::KVC_INTERNAL,
+                };
+                Error::Wrapped {
+                    status,
+                    message: err.to_string(),
+                }
+            }
+        }
+    };
+}
+
+wrap_crate_error!(kvc_codec, {
+    InvalidArgument => KVC_INVALID_ARGUMENT,
+    CorruptData => KVC_CORRUPT_DATA,
+    BufferTooSmall => KVC_BUFFER_TOO_SMALL,
+    Unsupported => KVC_UNSUPPORTED,
+    Internal => KVC_INTERNAL,
+});
+
+wrap_crate_error!(kvc_h2o, {
+    InvalidArgument => KVC_INVALID_ARGUMENT,
+    InvalidState => KVC_INVALID_STATE,
+    Unsupported => KVC_UNSUPPORTED,
+    OutOfMemory => KVC_OUT_OF_MEMORY,
+});
+
+wrap_crate_error!(kvc_mlp, {
+    InvalidArgument => KVC_INVALID_ARGUMENT,
+    CorruptData => KVC_CORRUPT_DATA,
+    BufferTooSmall => KVC_BUFFER_TOO_SMALL,
+    Unsupported => KVC_UNSUPPORTED,
+    Io => KVC_IO,
+});
+
+wrap_crate_error!(kvc_cache, {
+    InvalidArgument => KVC_INVALID_ARGUMENT,
+    CorruptData => KVC_CORRUPT_DATA,
+    BufferTooSmall => KVC_BUFFER_TOO_SMALL,
+    Unsupported => KVC_UNSUPPORTED,
+    Io => KVC_IO,
+});

@@ -26,10 +26,13 @@
 
 pub mod api;
 pub mod boundary;
+pub mod codec;
 pub mod convert;
 pub mod error;
+pub mod h2o;
 pub mod handle;
 pub mod last_error;
+pub mod mlp;
 pub mod status;
 #[cfg(feature = "test-hooks")]
 pub mod test_hooks;

@@ -42,11 +42,14 @@ pub enum KvcStatus {
     /// kvc panicked inside the call (a bug in kvc). The panic was caught at the
     /// boundary and never unwinds into C; the handle involved, if any, should be freed.
     KVC_PANIC = 9,
+    /// A library kvc relies on (zstd) failed in a way the input does not explain. The
+    /// message says what failed. Added in ABI 0.2.
+    KVC_INTERNAL = 10,
 }
 
 impl KvcStatus {
     /// Every status, in numeric order.
-    pub fn all() -> [KvcStatus; 10] {
+    pub fn all() -> [KvcStatus; 11] {
         [
             KvcStatus::KVC_OK,
             KvcStatus::KVC_NULL_ARGUMENT,
@@ -58,6 +61,7 @@ impl KvcStatus {
             KvcStatus::KVC_OUT_OF_MEMORY,
             KvcStatus::KVC_INVALID_STATE,
             KvcStatus::KVC_PANIC,
+            KvcStatus::KVC_INTERNAL,
         ]
     }
 
@@ -81,6 +85,7 @@ impl KvcStatus {
             KvcStatus::KVC_OUT_OF_MEMORY => c"KVC_OUT_OF_MEMORY",
             KvcStatus::KVC_INVALID_STATE => c"KVC_INVALID_STATE",
             KvcStatus::KVC_PANIC => c"KVC_PANIC",
+            KvcStatus::KVC_INTERNAL => c"KVC_INTERNAL",
         }
     }
 

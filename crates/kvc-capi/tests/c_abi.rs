@@ -442,7 +442,8 @@ fn last_error_copy_out_contract() {
     let _ = kvc_version();
     assert_eq!(kvc_dtype_size(KVC_DTYPE_BF16), 2);
     assert_eq!(kvc_dtype_size(KVC_DTYPE_F32), 4);
-    assert_eq!(kvc_dtype_size(3), 0);
+    assert_eq!(kvc_dtype_size(kvc::convert::KVC_DTYPE_I8), 1);
+    assert_eq!(kvc_dtype_size(4), 0);
     assert_eq!(last_error(), msg);
 }
 
@@ -499,7 +500,14 @@ fn get_api_serves_compatible_versions_only() {
     // An older minor of the same major is served; a newer minor or another major is not.
     assert!(!kvc_get_api(KVC_ABI_VERSION_MAJOR << 16).is_null());
     assert!(kvc_get_api(KVC_ABI_VERSION + 1).is_null());
-    assert!(last_error().contains("needs ABI 0.2"), "{}", last_error());
+    let want = format!(
+        "needs ABI {}.{}",
+        KVC_ABI_VERSION_MAJOR,
+        KVC_ABI_VERSION_MINOR + 1
+    );
+    assert!(last_error().contains(&want), "{}", last_error());
+    // ABI 0.1 programs keep working on this library.
+    assert!(!kvc_get_api(KVC_ABI_VERSION_MAJOR << 16 | 1).is_null());
     assert!(kvc_get_api((KVC_ABI_VERSION_MAJOR + 1) << 16 | KVC_ABI_VERSION_MINOR).is_null());
     assert!(kvc_get_api(u32::MAX).is_null());
 }
