@@ -385,7 +385,8 @@ impl Store {
 
     /// Compresses what the mode and scope call for in layer `layer`, given its length:
     /// store mode submits every new cold chunk to the pool (never blocking), probe and
-    /// full modes process them synchronously. Returns the chunks handled.
+    /// full modes process them synchronously. Returns the chunks handled. Safe to call
+    /// from several threads at once: a chunk claimed concurrently is skipped.
     pub fn schedule(&self, layer: usize) -> Result<usize> {
         self.layer(layer)?;
         if !self.config.in_scope(layer) {
@@ -401,7 +402,13 @@ impl Store {
             if known {
                 continue;
             }
-            n += usize::from(self.compress_chunk(layer, s, c)?);
+            // Another thread may have claimed an overlapping range between the check
+            // above and this call: that chunk is already handled, not an error.
+            match self.compress_chunk(layer, s, c) {
+                Ok(queued) => n += usize::from(queued),
+                Err(Error::RangeBusy { .. }) => continue,
+                Err(e) => return Err(e),
+            }
         }
         Ok(n)
     }
