@@ -46,7 +46,23 @@ fn run(cli: Cli) -> Result<(), CliError> {
     }
 }
 
+/// Restores the default action of SIGPIPE, which the Rust runtime sets to "ignore": a
+/// reader that closes its end early (`kvc bench | head`) then ends `kvc` quietly, as it
+/// does any Unix filter, instead of making the next `println!` panic.
+#[cfg(unix)]
+fn end_quietly_on_closed_pipe() {
+    // SAFETY: called first thing in `main`, before any other thread exists; setting a
+    // signal's disposition to SIG_DFL installs no handler code and touches no memory.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
+#[cfg(not(unix))]
+fn end_quietly_on_closed_pipe() {}
+
 fn main() -> ExitCode {
+    end_quietly_on_closed_pipe();
     match run(Cli::parse()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
