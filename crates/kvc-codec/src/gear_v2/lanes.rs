@@ -34,6 +34,53 @@ pub(crate) fn encode_lanes<const BPV: usize, const REST: u32, const SYM: u32>(
     out: &mut Vec<u8>,
     lens_at: usize,
 ) {
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("bmi2") {
+        // SAFETY: the CPU supports BMI2, checked just above; the function is otherwise safe.
+        unsafe {
+            encode_lanes_bmi2::<BPV, REST, SYM>(
+                codes,
+                group,
+                sign_context,
+                channels,
+                raw,
+                out,
+                lens_at,
+            )
+        };
+        return;
+    }
+    encode_lanes_any::<BPV, REST, SYM>(codes, group, sign_context, channels, raw, out, lens_at)
+}
+
+/// [`encode_lanes`] compiled with BMI2 (shifts by a register without `cl`).
+///
+/// # Safety
+/// The CPU must support BMI2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "bmi2")]
+unsafe fn encode_lanes_bmi2<const BPV: usize, const REST: u32, const SYM: u32>(
+    codes: &[u16],
+    group: usize,
+    sign_context: bool,
+    channels: usize,
+    raw: &[u8],
+    out: &mut Vec<u8>,
+    lens_at: usize,
+) {
+    encode_lanes_any::<BPV, REST, SYM>(codes, group, sign_context, channels, raw, out, lens_at)
+}
+
+#[inline(always)]
+fn encode_lanes_any<const BPV: usize, const REST: u32, const SYM: u32>(
+    codes: &[u16],
+    group: usize,
+    sign_context: bool,
+    channels: usize,
+    raw: &[u8],
+    out: &mut Vec<u8>,
+    lens_at: usize,
+) {
     if sign_context {
         encode_lanes_ctx::<BPV, REST, SYM, true>(codes, group, channels, raw, out, lens_at)
     } else {
@@ -69,6 +116,7 @@ impl LaneWriter {
     }
 }
 
+#[inline(always)]
 fn encode_lanes_ctx<const BPV: usize, const REST: u32, const SYM: u32, const CTX: bool>(
     codes: &[u16],
     group: usize,
@@ -175,9 +223,7 @@ pub(crate) fn pack_low_bits<const BPV: usize, const REST: u32>(raw: &[u8], out: 
     let total = (values * REST as usize).div_ceil(8);
     if REST == 8 && BPV == 2 {
         out.resize(at + values, 0);
-        for (d, s) in out[at..].iter_mut().zip(raw.chunks_exact(2)) {
-            *d = s[0];
-        }
+        super::low_bits::split_low_bytes(raw, &mut out[at..]);
         return;
     }
     // Generic: a 64-bit buffer, 8 bytes stored per flush (slack trimmed at the end).

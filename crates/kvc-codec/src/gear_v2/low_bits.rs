@@ -61,6 +61,51 @@ pub(crate) unsafe fn spread_low_bytes_avx2(rest: &[u8], out: &mut [u8]) {
     spread_low_bytes_portable(&rest[done..n], &mut out[2 * done..2 * n]);
 }
 
+/// The encoder's side of [`spread_low_bytes`]: `low[i] = raw[2 * i]` (f16 low bytes).
+pub(crate) fn split_low_bytes(raw: &[u8], low: &mut [u8]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU supports AVX2, checked just above.
+        unsafe { split_low_bytes_avx2(raw, low) };
+        return;
+    }
+    split_low_bytes_portable(raw, low);
+}
+
+/// Portable [`split_low_bytes`].
+pub(crate) fn split_low_bytes_portable(raw: &[u8], low: &mut [u8]) {
+    for (d, s) in low.iter_mut().zip(raw.chunks_exact(2)) {
+        *d = s[0];
+    }
+}
+
+/// AVX2 [`split_low_bytes`]: 64 input bytes become 32 low bytes per step.
+///
+/// # Safety
+/// The CPU must support AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+pub(crate) unsafe fn split_low_bytes_avx2(raw: &[u8], low: &mut [u8]) {
+    use std::arch::x86_64::*;
+    let n = low.len().min(raw.len() / 2);
+    let blocks = n / 32;
+    let even = _mm256_set1_epi16(0xff);
+    for i in 0..blocks {
+        // SAFETY: i * 64 + 64 <= 2 * n <= raw.len() and i * 32 + 32 <= n <= low.len(), so
+        // every load and store stays inside its slice; all unaligned.
+        unsafe {
+            let p = raw.as_ptr().add(i * 64);
+            let a = _mm256_and_si256(_mm256_loadu_si256(p as *const __m256i), even);
+            let b = _mm256_and_si256(_mm256_loadu_si256(p.add(32) as *const __m256i), even);
+            // packus works per 128-bit half: [a0 b0 a1 b1] in 64-bit units; reorder.
+            let packed = _mm256_permute4x64_epi64(_mm256_packus_epi16(a, b), 0b11_01_10_00);
+            _mm256_storeu_si256(low.as_mut_ptr().add(i * 32) as *mut __m256i, packed);
+        }
+    }
+    let done = blocks * 32;
+    split_low_bytes_portable(&raw[2 * done..2 * n], &mut low[done..n]);
+}
+
 /// ORs the packed low bits (`REST` bits per element, LSB-first) into the elements of `out`.
 pub(crate) fn merge_low_bits<const BPV: usize, const REST: u32>(rest: &[u8], out: &mut [u8]) {
     let mut done = 0;
@@ -192,6 +237,23 @@ mod tests {
             assert_eq!(a, b, "{values} values");
             for i in 0..values {
                 assert_eq!((a[2 * i], a[2 * i + 1]), (rest[i], 0));
+            }
+        }
+    }
+
+    #[test]
+    fn f16_split_simd_matches_portable() {
+        for values in [0usize, 1, 31, 32, 33, 64, 100, 1000] {
+            let raw = noise(2 * values, values as u64 + 5);
+            let mut a = vec![0u8; values];
+            let mut b = vec![1u8; values];
+            split_low_bytes_portable(&raw, &mut a);
+            split_low_bytes(&raw, &mut b);
+            assert_eq!(a, b, "{values} values");
+            let mut back = vec![0u8; 2 * values];
+            spread_low_bytes::<2, 8>(&a, &mut back);
+            for i in 0..values {
+                assert_eq!(back[2 * i], raw[2 * i]);
             }
         }
     }
