@@ -21,7 +21,7 @@ use kvc_cache::{
 use crate::codec::{ChunkInfo, StoreCodec, Tensor};
 use crate::config::{Mode, StoreConfig};
 use crate::error::{Error, Result};
-use crate::gather::{equals, gather, scatter};
+use crate::gather::{equals, gather, gather_into, scatter};
 use crate::hash::{check64, fnv1a64, fnv1a64_update, FNV_OFFSET};
 use crate::metrics::{quantile, Counters, StoreMetrics};
 use crate::pool::Pool;
@@ -731,6 +731,69 @@ impl Store {
             (k, v)
         })?;
         Ok(r)
+    }
+
+    /// Bytes of tokens `[start, end)` of layer `layer` in canonical order: (K, V).
+    pub fn token_bytes(&self, layer: usize, start: usize, end: usize) -> Result<(usize, usize)> {
+        let layout = self.layout(layer)?;
+        let n = end.checked_sub(start).ok_or(Error::InvalidRange {
+            layer,
+            start,
+            end,
+            limit: layout.capacity(),
+        })?;
+        let bytes = |t: &TensorLayout| {
+            n.checked_mul(t.channels() * t.dtype().size())
+                .ok_or(Error::InvalidRange {
+                    layer,
+                    start,
+                    end,
+                    limit: layout.capacity(),
+                })
+        };
+        Ok((bytes(&layout.k)?, bytes(&layout.v)?))
+    }
+
+    /// [`Store::read_tokens`] into caller buffers of exactly
+    /// [`Store::token_bytes`] bytes each (no allocation besides restoring).
+    pub fn read_tokens_into(
+        &self,
+        layer: usize,
+        start: usize,
+        end: usize,
+        k: &mut [u8],
+        v: &mut [u8],
+    ) -> Result<()> {
+        let layout = self.layout(layer)?;
+        let len = self.len(layer)?;
+        if start > end || end > len {
+            return Err(Error::InvalidRange {
+                layer,
+                start,
+                end,
+                limit: len,
+            });
+        }
+        let (kn, vn) = self.token_bytes(layer, start, end)?;
+        if k.len() != kn {
+            return Err(Error::WrongLength {
+                tensor: "K",
+                expected: kn,
+                found: k.len(),
+            });
+        }
+        if v.len() != vn {
+            return Err(Error::WrongLength {
+                tensor: "V",
+                expected: vn,
+                found: v.len(),
+            });
+        }
+        self.with_layer(layer, |kb, vb| {
+            gather_into(kb, &layout.k, start, end - start, k);
+            gather_into(vb, &layout.v, start, end - start, v);
+        })?;
+        Ok(())
     }
 
     /// Restores the held chunks of a locked layer that reach token `from` or beyond.
