@@ -138,13 +138,63 @@
  * fields are added (only ever appended). A program built against minor `m` runs on any
  * library with the same major and a minor `>= m`.
  */
-#define KVC_ABI_VERSION_MINOR 3
+#define KVC_ABI_VERSION_MINOR 4
 
 /**
  * The ABI version this header describes, `(major << 16) | minor`. Pass it to
  * `kvc_get_api`; compare it with `kvc_abi_version()`.
  */
 #define KVC_ABI_VERSION ((KVC_ABI_VERSION_MAJOR << 16) | KVC_ABI_VERSION_MINOR)
+
+/**
+ * `kvc_store_config.mode`: measure one layer per scope, never write back.
+ */
+#define KVC_STORE_MODE_PROBE 0
+
+/**
+ * `kvc_store_config.mode`: compress, decode, verify, write back synchronously.
+ */
+#define KVC_STORE_MODE_FULL 1
+
+/**
+ * `kvc_store_config.mode`: compress on the worker pool, release, restore on demand.
+ */
+#define KVC_STORE_MODE_STORE 2
+
+/**
+ * `kvc_store_config.scope`: the first `front_n` layers, all tokens (MNN's 1).
+ */
+#define KVC_STORE_SCOPE_FRONT_N 1
+
+/**
+ * `kvc_store_config.scope`: the H2O layers, the tokens they keep (MNN's 2).
+ */
+#define KVC_STORE_SCOPE_H2O_KEPT 2
+
+/**
+ * `kvc_store_config.scope`: both (MNN's 3, recommended).
+ */
+#define KVC_STORE_SCOPE_BOTH 3
+
+/**
+ * `kvc_store_config.codec`: gear-v1, the MNN format.
+ */
+#define KVC_STORE_CODEC_GEAR_V1 0
+
+/**
+ * `kvc_store_config.codec`: gear-v2, kvc's own format.
+ */
+#define KVC_STORE_CODEC_GEAR_V2 1
+
+/**
+ * `kvc_store_config.h2o_layer_end` meaning "the last layer".
+ */
+#define KVC_STORE_LAYER_END_LAST -1
+
+/**
+ * `kvc_store_evict_decoded`'s `layer` meaning "every layer".
+ */
+#define KVC_STORE_ALL_LAYERS -1
 
 /**
  * Result of a kvc call. `KVC_OK` (zero) is success; every other value is a failure
@@ -237,6 +287,12 @@ typedef struct kvc_mlp kvc_mlp;
  * `kvc_quant_new` or `kvc_quant_new_from_msmodelslim`, free with `kvc_quant_free`.
  */
 typedef struct kvc_quant kvc_quant;
+
+/**
+ * A compressed KV store over its own cache: opaque; create with `kvc_store_new`, free
+ * with `kvc_store_free`. Thread-safe (see the module's functions).
+ */
+typedef struct kvc_store kvc_store;
 
 #if defined(KVC_TEST_HOOKS)
 /**
@@ -606,6 +662,217 @@ typedef struct kvc_cache_info {
 } kvc_cache_info;
 
 /**
+ * Store settings. Fill it with `kvc_store_config_default` (defaults in brackets: MNN's
+ * `h2o_lossless_*` settings, and restored chunks released after attention), then change
+ * fields.
+ */
+typedef struct kvc_store_config {
+    /**
+     * `KVC_STORE_MODE_PROBE`, `_FULL` or `_STORE` [store].
+     */
+    uint32_t mode;
+    /**
+     * `KVC_STORE_SCOPE_FRONT_N` (1), `_H2O_KEPT` (2) or `_BOTH` (3) [3].
+     */
+    uint32_t scope;
+    /**
+     * `KVC_STORE_CODEC_GEAR_V1` or `KVC_STORE_CODEC_GEAR_V2` [gear-v1].
+     */
+    uint32_t codec;
+    /**
+     * Layers below this are the front scope [2].
+     */
+    uint32_t front_n;
+    /**
+     * First H2O layer [2].
+     */
+    uint32_t h2o_layer_start;
+    /**
+     * Last H2O layer, inclusive, or `KVC_STORE_LAYER_END_LAST` (-1) [-1].
+     */
+    int64_t h2o_layer_end;
+    /**
+     * Leading tokens never compressed [16].
+     */
+    uint32_t hot_sink_tokens;
+    /**
+     * Trailing tokens never compressed [256].
+     */
+    uint32_t hot_recent_tokens;
+    /**
+     * Tokens of the first cold chunk [16]; 0 disables it.
+     */
+    uint32_t bootstrap_tokens;
+    /**
+     * Tokens of every later chunk [384]; at least 1.
+     */
+    uint32_t group_tokens;
+    /**
+     * Worker threads [2]; 1..=256 in store mode.
+     */
+    uint32_t async_threads;
+    /**
+     * Tasks queued before submissions are skipped (backpressure) [16]; at least 1 in
+     * store mode.
+     */
+    uint32_t queue_capacity;
+    /**
+     * Restored chunks one layer keeps resident when not evicting after attention [64].
+     */
+    uint32_t layer_cache_capacity;
+    /**
+     * Restored chunks the model keeps resident when not evicting after attention [64].
+     */
+    uint32_t global_cache_capacity;
+    /**
+     * 1: check each restored chunk against the hash taken at compression [1].
+     */
+    uint32_t verify_restore;
+    /**
+     * 1: a read releases what it restored once it returns, so memory stays at the
+     * codec's saving [1]; 0: MNN's decode cache (restored chunks stay resident, bounded
+     * by the two capacities above).
+     */
+    uint32_t evict_after_attention;
+} kvc_store_config;
+
+/**
+ * One layer of the store's cache, llama.cpp style: K rows of `n_kv_heads * head_dim_k`
+ * values per token; V the same, or transposed (`v_trans`: one row of `capacity` values
+ * per channel).
+ */
+typedef struct kvc_store_layer {
+    /**
+     * `KVC_DTYPE_F16`, `_BF16`, `_F32` or `_I8`.
+     */
+    kvc_dtype dtype;
+    /**
+     * 0: V rows per token; 1: V transposed.
+     */
+    uint32_t v_trans;
+    /**
+     * KV heads.
+     */
+    size_t n_kv_heads;
+    /**
+     * Values per K head.
+     */
+    size_t head_dim_k;
+    /**
+     * Values per V head.
+     */
+    size_t head_dim_v;
+    /**
+     * Tokens the layer holds at most.
+     */
+    size_t capacity;
+} kvc_store_layer;
+
+/**
+ * What the store holds and did, whole model (every layer, K and V). Byte counts are
+ * bytes; times are microseconds.
+ */
+typedef struct kvc_store_metrics {
+    /**
+     * Chunks handed to the worker pool.
+     */
+    uint64_t chunks_submitted;
+    /**
+     * Chunks released after verification (cumulative).
+     */
+    uint64_t chunks_stored;
+    /**
+     * Chunks held compressed now.
+     */
+    uint64_t chunks_held;
+    /**
+     * Chunks skipped because the queue was full.
+     */
+    uint64_t backpressure_skips;
+    /**
+     * Chunks left raw because something failed (encoder error, verification mismatch,
+     * a panicking task, bytes changed meanwhile).
+     */
+    uint64_t fallbacks;
+    /**
+     * Tasks queued or running now.
+     */
+    uint64_t in_flight;
+    /**
+     * The deepest the queue has been.
+     */
+    uint64_t queue_peak;
+    /**
+     * Raw bytes of the chunks held compressed.
+     */
+    uint64_t stored_raw_bytes;
+    /**
+     * Bytes of their blobs.
+     */
+    uint64_t blob_bytes;
+    /**
+     * Bytes of the store's bookkeeping.
+     */
+    uint64_t metadata_bytes;
+    /**
+     * Bytes that left memory when ranges were released (cumulative, `mincore`).
+     */
+    uint64_t released_bytes_total;
+    /**
+     * Bytes of the store's cache resident now (`mincore`).
+     */
+    uint64_t cache_resident_bytes;
+    /**
+     * Bytes the store's cache maps.
+     */
+    uint64_t cache_mapped_bytes;
+    /**
+     * Chunks restored (decoded).
+     */
+    uint64_t restores;
+    /**
+     * Restores that failed (a blob no longer decodes to its hash).
+     */
+    uint64_t restore_failures;
+    /**
+     * Restores served by a chunk still resident.
+     */
+    uint64_t decode_cache_hits;
+    /**
+     * Restores that decoded.
+     */
+    uint64_t decode_cache_misses;
+    /**
+     * Restored chunks resident now.
+     */
+    uint64_t decode_cache_resident;
+    /**
+     * Microseconds callers spent in `kvc_store_wait_idle`.
+     */
+    uint64_t async_wait_us;
+    /**
+     * Microseconds of compression work (all chunks).
+     */
+    uint64_t compress_us_total;
+    /**
+     * Microseconds of decode work (all restores).
+     */
+    uint64_t decomp_us_total;
+    /**
+     * `stored_raw_bytes / blob_bytes` (0 when nothing is held).
+     */
+    double lossless_ratio;
+    /**
+     * Median microseconds to restore one chunk of `group_tokens` tokens.
+     */
+    double restore_us_p50;
+    /**
+     * 99th percentile of the same.
+     */
+    double restore_us_p99;
+} kvc_store_metrics;
+
+/**
  * The C API as function pointers; each field behaves exactly as the function of the
  * same name with the `kvc_` prefix (see there for ownership and threads).
  *
@@ -946,6 +1213,74 @@ typedef struct kvc_api {
      * See `kvc_cache_free` (ABI 0.3).
      */
     void (*cache_free)(struct kvc_cache *cache);
+    /**
+     * See `kvc_store_config_default` (ABI 0.4).
+     */
+    enum kvc_status (*store_config_default)(struct kvc_store_config *out);
+    /**
+     * See `kvc_store_new` (ABI 0.4).
+     */
+    enum kvc_status (*store_new)(const struct kvc_store_config *config,
+                                 const struct kvc_store_layer *layers,
+                                 size_t n_layers,
+                                 struct kvc_store **out);
+    /**
+     * See `kvc_store_append_tokens` (ABI 0.4).
+     */
+    enum kvc_status (*store_append_tokens)(const struct kvc_store *store,
+                                           size_t layer,
+                                           const uint8_t *k,
+                                           size_t k_bytes,
+                                           const uint8_t *v,
+                                           size_t v_bytes,
+                                           size_t *new_len);
+    /**
+     * See `kvc_store_schedule` (ABI 0.4).
+     */
+    enum kvc_status (*store_schedule)(const struct kvc_store *store, size_t layer, size_t *handled);
+    /**
+     * See `kvc_store_poll` (ABI 0.4).
+     */
+    enum kvc_status (*store_poll)(const struct kvc_store *store, size_t *finished);
+    /**
+     * See `kvc_store_wait_idle` (ABI 0.4).
+     */
+    enum kvc_status (*store_wait_idle)(const struct kvc_store *store);
+    /**
+     * See `kvc_store_read_tokens` (ABI 0.4).
+     */
+    enum kvc_status (*store_read_tokens)(const struct kvc_store *store,
+                                         size_t layer,
+                                         size_t start,
+                                         size_t end,
+                                         uint8_t *k_dst,
+                                         size_t k_capacity,
+                                         uint8_t *v_dst,
+                                         size_t v_capacity,
+                                         size_t *k_len,
+                                         size_t *v_len);
+    /**
+     * See `kvc_store_restore_layer` (ABI 0.4).
+     */
+    enum kvc_status (*store_restore_layer)(const struct kvc_store *store,
+                                           size_t layer,
+                                           size_t *decoded,
+                                           size_t *hits);
+    /**
+     * See `kvc_store_evict_decoded` (ABI 0.4).
+     */
+    enum kvc_status (*store_evict_decoded)(const struct kvc_store *store,
+                                           int64_t layer,
+                                           size_t *released);
+    /**
+     * See `kvc_store_get_metrics` (ABI 0.4).
+     */
+    enum kvc_status (*store_get_metrics)(const struct kvc_store *store,
+                                         struct kvc_store_metrics *out);
+    /**
+     * See `kvc_store_free` (ABI 0.4).
+     */
+    void (*store_free)(struct kvc_store *store);
 } kvc_api;
 
 /**
@@ -1936,6 +2271,188 @@ const char *kvc_version(void);
  * Threads: safe from any thread. Does not touch the last error.
  */
 uint32_t kvc_abi_version(void);
+
+/**
+ * Writes the default store settings into `*out` (see `kvc_store_config`).
+ *
+ * Ownership: `out` is caller-owned. Threads: safe from any thread.
+ *
+ * # Safety
+ * `out` must be NULL or point to a writable `kvc_store_config`.
+ */
+KVC_NODISCARD enum kvc_status kvc_store_config_default(struct kvc_store_config *out);
+
+/**
+ * Creates a store of `n_layers` layers (`layers[i]` describes layer `i`) with `config`
+ * and stores it in `*out` (only on `KVC_OK`). Its cache is mapped at once and starts
+ * its worker threads (store mode). An out-of-range setting, an unknown codec, dtype or
+ * mode, `n_layers == 0`, or a layer whose size overflows: `KVC_INVALID_ARGUMENT`; the
+ * mapping failing: `KVC_IO`.
+ *
+ * Ownership: `config` and `layers` are only read; the caller owns the handle and frees
+ * it with `kvc_store_free`. Threads: safe from any thread.
+ *
+ * # Safety
+ * `config` readable; `layers` readable for `n_layers` entries; `out` writable.
+ */
+KVC_NODISCARD
+enum kvc_status kvc_store_new(const struct kvc_store_config *config,
+                              const struct kvc_store_layer *layers,
+                              size_t n_layers,
+                              struct kvc_store **out);
+
+/**
+ * Appends tokens to layer `layer`: `k_bytes` bytes of K rows at `k` and `v_bytes` of V
+ * rows at `v` (token-major, `n_kv_heads * head_dim` values per row, the layer's dtype,
+ * the same number of tokens in both). `*new_len` receives the layer's token count.
+ * A wrong layer, lengths that are not whole rows or disagree, or tokens past the
+ * capacity: `KVC_INVALID_ARGUMENT` (nothing is written). Writing over tokens the store
+ * holds is impossible by construction (appends go past the end).
+ *
+ * Ownership: `k` and `v` are copied into the store. Threads: any call may run
+ * concurrently; appends to one layer from two threads interleave in an unspecified
+ * order.
+ *
+ * # Safety
+ * `store` live; `k`, `v` readable for their byte counts; `new_len` writable.
+ */
+KVC_NODISCARD
+enum kvc_status kvc_store_append_tokens(const struct kvc_store *store,
+                                        size_t layer,
+                                        const uint8_t *k,
+                                        size_t k_bytes,
+                                        const uint8_t *v,
+                                        size_t v_bytes,
+                                        size_t *new_len);
+
+/**
+ * Compresses what became cold in layer `layer`: in store mode, every new cold chunk
+ * is queued for the workers (never blocking; a full queue skips the chunk, counted);
+ * in probe and full modes the work is done now. `*handled` receives the chunks queued
+ * or processed. A layer out of range: `KVC_INVALID_ARGUMENT`.
+ *
+ * Threads: any call may run concurrently (a chunk claimed by another thread is
+ * skipped).
+ *
+ * # Safety
+ * `store` live; `handled` writable.
+ */
+KVC_NODISCARD
+enum kvc_status kvc_store_schedule(const struct kvc_store *store,
+                                   size_t layer,
+                                   size_t *handled);
+
+/**
+ * Takes in every finished task without blocking: verified chunks release their raw
+ * pages, failed ones stay raw (counted fallbacks). `*finished` receives the tasks
+ * taken in.
+ *
+ * Threads: any call may run concurrently.
+ *
+ * # Safety
+ * `store` live; `finished` writable.
+ */
+KVC_NODISCARD enum kvc_status kvc_store_poll(const struct kvc_store *store, size_t *finished);
+
+/**
+ * Blocks until no task is in flight, taking in every result (the time is counted as
+ * async wait).
+ *
+ * Threads: any call may run concurrently; tasks queued meanwhile are waited for too.
+ *
+ * # Safety
+ * `store` live.
+ */
+KVC_NODISCARD enum kvc_status kvc_store_wait_idle(const struct kvc_store *store);
+
+/**
+ * Copies tokens `[start, end)` of layer `layer` into `k_dst` and `v_dst` (token-major
+ * rows, the layer's dtype), restoring stored chunks first (bit-exactly, K and V of
+ * several chunks decoded in parallel). `*k_len` and `*v_len` receive the bytes needed;
+ * if `k_capacity` or `v_capacity` is smaller, the call returns `KVC_BUFFER_TOO_SMALL`
+ * and writes only the two lengths (pass NULL buffers with capacity 0 to ask for the
+ * size). A layer or range out of bounds (`start > end`, `end` past the layer's
+ * length): `KVC_INVALID_ARGUMENT`; a blob that no longer decodes to what was stored:
+ * `KVC_CORRUPT_DATA` (its tokens were not read; the blob is kept).
+ *
+ * With `evict_after_attention` (the default) the chunks this call restored are
+ * released again before it returns.
+ *
+ * Ownership: the buffers are caller-owned and must not overlap. Threads: any call may
+ * run concurrently; reads of one layer are serialised inside the store.
+ *
+ * # Safety
+ * `store` live; `k_dst`, `v_dst` writable for their capacities; `k_len`, `v_len`
+ * writable.
+ */
+KVC_NODISCARD
+enum kvc_status kvc_store_read_tokens(const struct kvc_store *store,
+                                      size_t layer,
+                                      size_t start,
+                                      size_t end,
+                                      uint8_t *k_dst,
+                                      size_t k_capacity,
+                                      uint8_t *v_dst,
+                                      size_t v_capacity,
+                                      size_t *k_len,
+                                      size_t *v_len);
+
+/**
+ * Restores every stored chunk of layer `layer` ahead of its attention (a prefetch, for
+ * example while the previous layer attends); the chunks stay resident until the
+ * layer's next read or `kvc_store_evict_decoded`. `*decoded` receives the chunks
+ * decoded, `*hits` those already resident. Errors as `kvc_store_read_tokens`.
+ *
+ * Threads: any call may run concurrently.
+ *
+ * # Safety
+ * `store` live; `decoded`, `hits` writable.
+ */
+KVC_NODISCARD
+enum kvc_status kvc_store_restore_layer(const struct kvc_store *store,
+                                        size_t layer,
+                                        size_t *decoded,
+                                        size_t *hits);
+
+/**
+ * Releases the restored chunks of layer `layer` (or of every layer with
+ * `KVC_STORE_ALL_LAYERS`): their raw pages go back to the OS. `*released` receives the
+ * chunks released. Any other negative layer, or one out of range:
+ * `KVC_INVALID_ARGUMENT`.
+ *
+ * Threads: any call may run concurrently.
+ *
+ * # Safety
+ * `store` live; `released` writable.
+ */
+KVC_NODISCARD
+enum kvc_status kvc_store_evict_decoded(const struct kvc_store *store,
+                                        int64_t layer,
+                                        size_t *released);
+
+/**
+ * The store's whole-model metrics now in `*out` (resident bytes measured with
+ * `mincore`).
+ *
+ * Threads: any call may run concurrently.
+ *
+ * # Safety
+ * `store` live; `out` writable.
+ */
+KVC_NODISCARD
+enum kvc_status kvc_store_get_metrics(const struct kvc_store *store,
+                                      struct kvc_store_metrics *out);
+
+/**
+ * Frees a store: joins its workers (results still queued are discarded) and unmaps its
+ * cache; NULL is a no-op.
+ *
+ * Ownership: the handle is invalid afterwards. Threads: no other call may be using it.
+ *
+ * # Safety
+ * `store` must be NULL or a live handle from `kvc_store_new`, freed once.
+ */
+void kvc_store_free(struct kvc_store *store);
 
 #ifdef __cplusplus
 }  // extern "C"

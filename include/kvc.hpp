@@ -355,6 +355,33 @@ inline Result<std::vector<std::uint16_t>> from_f32(kvc_dtype dst_dtype, const fl
     return out;
 }
 
+// --- kvc_store (ABI 0.4) ---
+
+/// The compressed KV store (kvc_store_*): make_handle<Store>(kvc_store_new, &config,
+/// layers, n_layers). Every call but free may run concurrently on one handle.
+using Store = Handle<kvc_store, kvc_store_free>;
+
+/// K and V bytes of some tokens, token-major rows.
+struct StoreTokens {
+    std::vector<std::uint8_t> k;
+    std::vector<std::uint8_t> v;
+};
+
+/// kvc_store_read_tokens of tokens [start, end) of `layer` into new vectors sized by the
+/// size query (restored bit-exactly).
+inline Result<StoreTokens> read_tokens(const kvc_store* store, std::size_t layer,
+                                       std::size_t start, std::size_t end) {
+    std::size_t kl = 0, vl = 0;
+    kvc_status st =
+        kvc_store_read_tokens(store, layer, start, end, nullptr, 0, nullptr, 0, &kl, &vl);
+    if (st != KVC_OK && st != KVC_BUFFER_TOO_SMALL) return detail::error_from(st);
+    StoreTokens out{std::vector<std::uint8_t>(kl), std::vector<std::uint8_t>(vl)};
+    st = kvc_store_read_tokens(store, layer, start, end, out.k.data(), out.k.size(),
+                               out.v.data(), out.v.size(), &kl, &vl);
+    if (st != KVC_OK) return detail::error_from(st);
+    return out;
+}
+
 }  // namespace kvc
 
 #endif  // KVC_HPP

@@ -40,6 +40,13 @@ use crate::quant::{
 use crate::quant::{KvcQuant, KvcQuantConfig};
 use crate::status::{kvc_status_name, KvcStatus};
 use crate::version::{kvc_abi_version, kvc_version, KVC_ABI_VERSION, KVC_ABI_VERSION_MAJOR};
+// --- kvc_store (ABI 0.4) ---
+use crate::store::{
+    kvc_store_append_tokens, kvc_store_config_default, kvc_store_evict_decoded, kvc_store_free,
+    kvc_store_get_metrics, kvc_store_new, kvc_store_poll, kvc_store_read_tokens,
+    kvc_store_restore_layer, kvc_store_schedule, kvc_store_wait_idle,
+};
+use crate::store::{KvcStore, KvcStoreConfig, KvcStoreLayer, KvcStoreMetrics};
 
 /// The C API as function pointers; each field behaves exactly as the function of the
 /// same name with the `kvc_` prefix (see there for ownership and threads).
@@ -339,6 +346,64 @@ pub struct KvcApi {
     ) -> KvcStatus,
     /// See `kvc_cache_free` (ABI 0.3).
     pub cache_free: unsafe extern "C" fn(cache: *mut KvcCache),
+    // --- kvc_store (ABI 0.4) ---
+    /// See `kvc_store_config_default` (ABI 0.4).
+    pub store_config_default: unsafe extern "C" fn(out: *mut KvcStoreConfig) -> KvcStatus,
+    /// See `kvc_store_new` (ABI 0.4).
+    pub store_new: unsafe extern "C" fn(
+        config: *const KvcStoreConfig,
+        layers: *const KvcStoreLayer,
+        n_layers: usize,
+        out: *mut *mut KvcStore,
+    ) -> KvcStatus,
+    /// See `kvc_store_append_tokens` (ABI 0.4).
+    pub store_append_tokens: unsafe extern "C" fn(
+        store: *const KvcStore,
+        layer: usize,
+        k: *const u8,
+        k_bytes: usize,
+        v: *const u8,
+        v_bytes: usize,
+        new_len: *mut usize,
+    ) -> KvcStatus,
+    /// See `kvc_store_schedule` (ABI 0.4).
+    pub store_schedule: unsafe extern "C" fn(
+        store: *const KvcStore,
+        layer: usize,
+        handled: *mut usize,
+    ) -> KvcStatus,
+    /// See `kvc_store_poll` (ABI 0.4).
+    pub store_poll: unsafe extern "C" fn(store: *const KvcStore, finished: *mut usize) -> KvcStatus,
+    /// See `kvc_store_wait_idle` (ABI 0.4).
+    pub store_wait_idle: unsafe extern "C" fn(store: *const KvcStore) -> KvcStatus,
+    /// See `kvc_store_read_tokens` (ABI 0.4).
+    pub store_read_tokens: unsafe extern "C" fn(
+        store: *const KvcStore,
+        layer: usize,
+        start: usize,
+        end: usize,
+        k_dst: *mut u8,
+        k_capacity: usize,
+        v_dst: *mut u8,
+        v_capacity: usize,
+        k_len: *mut usize,
+        v_len: *mut usize,
+    ) -> KvcStatus,
+    /// See `kvc_store_restore_layer` (ABI 0.4).
+    pub store_restore_layer: unsafe extern "C" fn(
+        store: *const KvcStore,
+        layer: usize,
+        decoded: *mut usize,
+        hits: *mut usize,
+    ) -> KvcStatus,
+    /// See `kvc_store_evict_decoded` (ABI 0.4).
+    pub store_evict_decoded:
+        unsafe extern "C" fn(store: *const KvcStore, layer: i64, released: *mut usize) -> KvcStatus,
+    /// See `kvc_store_get_metrics` (ABI 0.4).
+    pub store_get_metrics:
+        unsafe extern "C" fn(store: *const KvcStore, out: *mut KvcStoreMetrics) -> KvcStatus,
+    /// See `kvc_store_free` (ABI 0.4).
+    pub store_free: unsafe extern "C" fn(store: *mut KvcStore),
 }
 
 static API: KvcApi = KvcApi {
@@ -395,6 +460,18 @@ static API: KvcApi = KvcApi {
     cache_compact_heads: kvc_cache_compact_heads,
     cache_zero_tokens: kvc_cache_zero_tokens,
     cache_free: kvc_cache_free,
+    // --- kvc_store (ABI 0.4) ---
+    store_config_default: kvc_store_config_default,
+    store_new: kvc_store_new,
+    store_append_tokens: kvc_store_append_tokens,
+    store_schedule: kvc_store_schedule,
+    store_poll: kvc_store_poll,
+    store_wait_idle: kvc_store_wait_idle,
+    store_read_tokens: kvc_store_read_tokens,
+    store_restore_layer: kvc_store_restore_layer,
+    store_evict_decoded: kvc_store_evict_decoded,
+    store_get_metrics: kvc_store_get_metrics,
+    store_free: kvc_store_free,
 };
 
 /// Whether a program built against ABI version `requested` can use this library.

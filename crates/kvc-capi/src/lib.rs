@@ -47,3 +47,6 @@ pub use error::Error;
 pub use last_error::kvc_last_error_message;
 pub use status::{kvc_status_name, KvcStatus};
 pub use version::{kvc_abi_version, kvc_version, KVC_ABI_VERSION};
+
+// kvc_store (ABI 0.3): the asynchronous compressed store.
+pub mod store;

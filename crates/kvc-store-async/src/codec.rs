@@ -1,6 +1,6 @@
-//! The codec is a parameter of the store: [`StoreCodec`], with gear-v1 ([`GearV1Codec`])
-//! and C8-then-gear-v1 ([`C8GearV1Codec`]) implementations. gear-v2 plugs in as another
-//! implementation.
+//! The codec is a parameter of the store: [`StoreCodec`], with gear-v1 ([`GearV1Codec`]),
+//! gear-v2 ([`GearV2Codec`]) and C8 int8 quantization before either ([`C8Codec`])
+//! implementations.
 //!
 //! A codec sees one tensor (K or V) of one chunk in canonical order: `count` tokens of
 //! `n_heads * head_dim` channels, token-major, in the cache's dtype.
@@ -9,7 +9,10 @@ use parking_lot::Mutex;
 
 use kvc_cache::quant::{dequantize, quantize, C8Params, ChannelQuant};
 use kvc_cache::{Addressing, DType, TensorLayout};
+use std::sync::Arc;
+
 use kvc_codec::gear_v1::{EncodeOptions, GearV1Decoder, GearV1Encoder};
+use kvc_codec::gear_v2::{self, EncodeParams, TensorKind};
 use kvc_codec::Dtype;
 
 use crate::error::{Error, Result};
@@ -141,14 +144,17 @@ impl GearV1Codec {
         };
         let r = dec.decode_into(dtype, blob, out);
         self.decoders.lock().push(dec);
-        let n = r?;
-        if n != out.len() {
-            return Err(Error::Codec(kvc_codec::Error::ChunkSizesMismatch {
-                decoded: n,
-                output: out.len(),
-            }));
+        let mismatch = |found| Error::BlobMismatch {
+            what: "decoded bytes",
+            expected: out.len(),
+            found,
+        };
+        match r {
+            Ok(n) if n == out.len() => Ok(()),
+            Ok(n) => Err(mismatch(n)),
+            Err(kvc_codec::Error::OutputTooSmall { needed, .. }) => Err(mismatch(needed)),
+            Err(e) => Err(e.into()),
         }
-        Ok(())
     }
 }
 
@@ -167,20 +173,130 @@ impl StoreCodec for GearV1Codec {
     }
 }
 
-/// C8 (int8 per channel, msmodelslim's scheme, via `kvc-cache`) then gear-v1 on the int8
-/// bytes. Lossy: restores give the dequantized values, rounded to the cache dtype.
-pub struct C8GearV1Codec {
-    params: C8Params,
-    inner: GearV1Codec,
+/// gear-v2 (kvc's own format) with reusable encoders and decoders. Each store chunk is
+/// one blob whose channels are `n_heads * head_dim` and whose kind is K or V; inside it,
+/// tokens are cut into independently decodable gear-v2 chunks of `chunk_tokens`.
+pub struct GearV2Codec {
+    chunk_tokens: u32,
+    encoders: Mutex<Vec<gear_v2::Encoder>>,
+    decoders: Mutex<Vec<gear_v2::Decoder>>,
 }
 
-impl C8GearV1Codec {
-    /// With per-layer C8 parameters and gear-v1 options.
-    pub fn new(params: C8Params, options: EncodeOptions) -> Result<C8GearV1Codec> {
-        Ok(C8GearV1Codec {
-            params,
-            inner: GearV1Codec::new(options)?,
+impl Default for GearV2Codec {
+    fn default() -> Self {
+        GearV2Codec {
+            chunk_tokens: gear_v2::DEFAULT_CHUNK_TOKENS,
+            encoders: Mutex::new(Vec::new()),
+            decoders: Mutex::new(Vec::new()),
+        }
+    }
+}
+
+impl GearV2Codec {
+    /// gear-v2 with `chunk_tokens` tokens per random-access chunk inside a blob
+    /// ([`gear_v2::DEFAULT_CHUNK_TOKENS`] by default).
+    pub fn new(chunk_tokens: u32) -> Result<GearV2Codec> {
+        if chunk_tokens == 0 {
+            return Err(Error::InvalidConfig {
+                field: "gear_v2_chunk_tokens",
+                value: 0,
+                reason: "must be at least 1",
+            });
+        }
+        Ok(GearV2Codec {
+            chunk_tokens,
+            ..GearV2Codec::default()
         })
+    }
+
+    fn params(&self, info: &ChunkInfo) -> Result<EncodeParams> {
+        let channels = info.n_heads.saturating_mul(info.head_dim);
+        let channels = u32::try_from(channels).map_err(|_| Error::InvalidConfig {
+            field: "channels",
+            value: channels,
+            reason: "more than gear-v2 accepts",
+        })?;
+        Ok(EncodeParams {
+            dtype: codec_dtype(info.dtype),
+            channels,
+            kind: match info.tensor {
+                Tensor::K => TensorKind::K,
+                Tensor::V => TensorKind::V,
+            },
+            chunk_tokens: self.chunk_tokens,
+        })
+    }
+}
+
+impl StoreCodec for GearV2Codec {
+    fn name(&self) -> String {
+        "gear-v2".to_string()
+    }
+    fn is_lossless(&self) -> bool {
+        true
+    }
+    fn encode(&self, info: &ChunkInfo, raw: &[u8], blob: &mut Vec<u8>) -> Result<()> {
+        let params = self.params(info)?;
+        let popped = self.encoders.lock().pop();
+        let mut enc = popped.unwrap_or_default();
+        let r = enc.encode_into(&params, raw, blob);
+        self.encoders.lock().push(enc);
+        Ok(r?)
+    }
+    fn decode(&self, info: &ChunkInfo, blob: &[u8], out: &mut [u8]) -> Result<()> {
+        let params = self.params(info)?;
+        let popped = self.decoders.lock().pop();
+        let mut dec = popped.unwrap_or_default();
+        let r = (|| {
+            let open = dec.open(blob)?;
+            let h = open.header();
+            let mismatch = |what, expected: usize, found: usize| {
+                Err(Error::BlobMismatch {
+                    what,
+                    expected,
+                    found,
+                })
+            };
+            if h.dtype != params.dtype {
+                return mismatch("dtype width", params.dtype.width(), h.dtype.width());
+            }
+            if h.channels != params.channels {
+                return mismatch("channels", params.channels as usize, h.channels as usize);
+            }
+            if h.tokens as usize != info.count || h.decoded_len() != out.len() {
+                return mismatch("tokens", info.count, h.tokens as usize);
+            }
+            open.decode_into(out)?;
+            Ok(())
+        })();
+        self.decoders.lock().push(dec);
+        r
+    }
+}
+
+/// C8 (int8 per channel, msmodelslim's scheme, via `kvc-cache`), then a lossless codec
+/// on the int8 bytes (gear-v1 or gear-v2). Lossy: restores give the dequantized values,
+/// rounded to the cache dtype.
+pub struct C8Codec {
+    params: C8Params,
+    inner: Arc<dyn StoreCodec>,
+}
+
+impl C8Codec {
+    /// With per-layer C8 parameters and the lossless codec of the int8 bytes (it is handed
+    /// chunks whose dtype is [`DType::I8`]).
+    pub fn new(params: C8Params, inner: Arc<dyn StoreCodec>) -> C8Codec {
+        C8Codec { params, inner }
+    }
+
+    /// C8 then gear-v1 with `options`.
+    pub fn gear_v1(params: C8Params, options: EncodeOptions) -> Result<C8Codec> {
+        Ok(C8Codec::new(params, Arc::new(GearV1Codec::new(options)?)))
+    }
+
+    /// C8 then gear-v2 with its default chunking.
+    pub fn gear_v2(params: C8Params) -> C8Codec {
+        C8Codec::new(params, Arc::new(GearV2Codec::default()))
     }
 
     fn quant(&self, info: &ChunkInfo) -> Result<&ChannelQuant> {
@@ -189,6 +305,13 @@ impl C8GearV1Codec {
             Tensor::K => &l.k,
             Tensor::V => &l.v,
         })
+    }
+
+    fn int8_info(info: &ChunkInfo) -> ChunkInfo {
+        ChunkInfo {
+            dtype: DType::I8,
+            ..*info
+        }
     }
 
     fn quantize(&self, info: &ChunkInfo, raw: &[u8]) -> Result<Vec<u8>> {
@@ -212,20 +335,20 @@ impl C8GearV1Codec {
     }
 }
 
-impl StoreCodec for C8GearV1Codec {
+impl StoreCodec for C8Codec {
     fn name(&self) -> String {
-        "c8+gear-v1".to_string()
+        format!("c8+{}", self.inner.name())
     }
     fn is_lossless(&self) -> bool {
         false
     }
     fn encode(&self, info: &ChunkInfo, raw: &[u8], blob: &mut Vec<u8>) -> Result<()> {
         let q = self.quantize(info, raw)?;
-        self.inner.encode_dtype(Dtype::I8, &q, blob)
+        self.inner.encode(&Self::int8_info(info), &q, blob)
     }
     fn decode(&self, info: &ChunkInfo, blob: &[u8], out: &mut [u8]) -> Result<()> {
         let mut q = vec![0u8; info.count * info.n_heads * info.head_dim];
-        self.inner.decode_dtype(Dtype::I8, blob, &mut q)?;
+        self.inner.decode(&Self::int8_info(info), blob, &mut q)?;
         self.dequantize(info, &q, out)
     }
     fn reference(&self, info: &ChunkInfo, raw: &[u8], out: &mut Vec<u8>) -> Result<()> {

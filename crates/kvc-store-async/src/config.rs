@@ -65,7 +65,9 @@ impl Scope {
     }
 }
 
-/// The store's configuration. [`StoreConfig::default`] is MNN's recommended setting.
+/// The store's configuration. [`StoreConfig::default`] is MNN's recommended setting,
+/// except that restored chunks are released after attention
+/// ([`StoreConfig::evict_after_attention`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 pub struct StoreConfig {
     /// probe / full / store.
@@ -94,8 +96,23 @@ pub struct StoreConfig {
     pub layer_cache_capacity: usize,
     /// Restored chunks the whole model keeps resident (global LRU) [64].
     pub global_cache_capacity: usize,
-    /// Check a restored chunk's FNV-1a 64 against the hash taken at compression [true].
+    /// Check a restored chunk against the hash taken at compression [true].
     pub verify_restore: bool,
+    /// Release what a layer restored once its attention ([`Store::with_layer`],
+    /// [`Store::read_tokens`]) returns [true]. Stored chunks then never stay resident
+    /// between attention calls, so the memory saved is the codec's whole saving, and each
+    /// attention decodes its layer's cold chunks (several in parallel). `false` is MNN's
+    /// decode cache: restored chunks stay resident in the per-layer and global LRUs above
+    /// and repeated attention calls hit, but a resident chunk holds its raw bytes and its
+    /// blob, so a full decode cache makes the store cost memory instead of saving it.
+    /// [`Store::restore_layer`] (a prefetch) keeps its chunks resident either way, until
+    /// the layer's next attention or [`Store::evict_decoded`].
+    ///
+    /// [`Store::with_layer`]: crate::Store::with_layer
+    /// [`Store::read_tokens`]: crate::Store::read_tokens
+    /// [`Store::restore_layer`]: crate::Store::restore_layer
+    /// [`Store::evict_decoded`]: crate::Store::evict_decoded
+    pub evict_after_attention: bool,
 }
 
 impl Default for StoreConfig {
@@ -115,6 +132,7 @@ impl Default for StoreConfig {
             layer_cache_capacity: 64,
             global_cache_capacity: 64,
             verify_restore: true,
+            evict_after_attention: true,
         }
     }
 }
@@ -153,6 +171,16 @@ impl StoreConfig {
             );
         }
         Ok(())
+    }
+
+    /// The H2O layer range of a kvc-h2o policy's config (`layer_start..=layer_end`), so
+    /// that the store's h2o_kept scope covers exactly the layers that policy manages.
+    pub fn with_h2o_layers(self, h2o: &kvc_h2o::H2oConfig) -> StoreConfig {
+        StoreConfig {
+            h2o_layer_start: h2o.layer_start as usize,
+            h2o_layer_end: h2o.layer_end.map_or(usize::MAX, |e| e as usize),
+            ..self
+        }
     }
 
     /// Whether `layer` is in the configured scope.

@@ -78,6 +78,15 @@ pub enum Error {
         /// What went wrong.
         reason: String,
     },
+    /// A blob whose header does not describe the chunk it is decoded for.
+    BlobMismatch {
+        /// The header field.
+        what: &'static str,
+        /// What the chunk has.
+        expected: usize,
+        /// What the blob says.
+        found: usize,
+    },
     /// The worker pool could not be started or has stopped.
     Pool {
         /// What happened.
@@ -98,7 +107,7 @@ impl Error {
             | Error::InvalidRange { .. }
             | Error::WrongLength { .. } => ErrorKind::InvalidArgument,
             Error::RangeBusy { .. } => ErrorKind::Busy,
-            Error::RestoreFailed { .. } => ErrorKind::CorruptData,
+            Error::RestoreFailed { .. } | Error::BlobMismatch { .. } => ErrorKind::CorruptData,
             Error::Pool { .. } => ErrorKind::Internal,
             Error::Cache(e) => match e.kind() {
                 kvc_cache::ErrorKind::Io => ErrorKind::Io,
@@ -156,6 +165,11 @@ impl fmt::Display for Error {
                 f,
                 "layer {layer}: restoring the chunk at token {start} failed: {reason}"
             ),
+            Error::BlobMismatch {
+                what,
+                expected,
+                found,
+            } => write!(f, "blob header {what} is {found}, the chunk has {expected}"),
             Error::Pool { reason } => write!(f, "worker pool: {reason}"),
             Error::Cache(e) => write!(f, "cache: {e}"),
             Error::Codec(e) => write!(f, "codec: {e}"),

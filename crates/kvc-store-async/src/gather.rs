@@ -13,20 +13,33 @@ pub(crate) fn gather(
     count: usize,
     out: &mut Vec<u8>,
 ) {
+    let row = layout.channels() * layout.dtype().size();
+    let base = out.len();
+    out.resize(base + count * row, 0);
+    gather_into(buf, layout, start, count, &mut out[base..]);
+}
+
+/// Writes tokens `[start, start + count)` of `buf` into `out` (exactly `count` rows) in
+/// canonical order; checked as [`gather`].
+pub(crate) fn gather_into(
+    buf: &[u8],
+    layout: &TensorLayout,
+    start: usize,
+    count: usize,
+    out: &mut [u8],
+) {
     let es = layout.dtype().size();
     let row = layout.channels() * es;
     if layout.addressing() == Addressing::CellRows {
-        out.extend_from_slice(&buf[start * row..(start + count) * row]);
+        out.copy_from_slice(&buf[start * row..(start + count) * row]);
         return;
     }
     let runs = layout.channel_runs();
-    let base = out.len();
-    out.resize(base + count * row, 0);
     for i in 0..count {
         let to = layout.token_offset(start + i);
         for &(c0, coff, n) in &runs {
             let src = (to + coff) * es;
-            let dst = base + i * row + c0 * es;
+            let dst = i * row + c0 * es;
             out[dst..dst + n * es].copy_from_slice(&buf[src..src + n * es]);
         }
     }

@@ -7,7 +7,7 @@
 //! front_n / h2o_kept / both, hot sink and recent zones, bootstrap then grouped chunks)
 //! without MNN's flaw of keeping a raw copy. It does not choose which tokens an H2O policy
 //! keeps (that is `kvc-h2o`), does not define a codec (the codec is a [`StoreCodec`]
-//! parameter: gear-v1, C8+gear-v1, later gear-v2) and does not know engines' own caches.
+//! parameter: gear-v1, gear-v2, or C8 int8 before either) and does not know engines' own caches.
 //!
 //! ```
 //! use std::sync::Arc;
@@ -41,7 +41,7 @@ pub mod metrics;
 mod pool;
 pub mod store;
 
-pub use codec::{C8GearV1Codec, ChunkInfo, GearV1Codec, StoreCodec, Tensor};
+pub use codec::{C8Codec, ChunkInfo, GearV1Codec, GearV2Codec, StoreCodec, Tensor};
 pub use config::{Mode, Scope, StoreConfig};
 pub use error::{Error, ErrorKind, Result};
 pub use metrics::StoreMetrics;

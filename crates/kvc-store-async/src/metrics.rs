@@ -27,7 +27,8 @@ pub(crate) struct Counters {
     pub decomp_us: AtomicU64,
     pub async_wait_us: AtomicU64,
     pub released_bytes: AtomicU64,
-    pub restore_us: Mutex<Vec<u32>>,
+    /// (tokens of the chunk, microseconds) of every restore, up to 2^22 of them.
+    pub restore_us: Mutex<Vec<(u32, u32)>>,
 }
 
 impl Counters {
@@ -37,10 +38,11 @@ impl Counters {
     pub(crate) fn get(c: &AtomicU64) -> u64 {
         c.load(Ordering::Relaxed)
     }
-    pub(crate) fn restore_sample(&self, us: u32) {
+    pub(crate) fn restore_sample(&self, tokens: usize, us: u64) {
         let mut v = self.restore_us.lock();
         if v.len() < 1 << 22 {
-            v.push(us);
+            let c = |x: u64| x.min(u64::from(u32::MAX)) as u32;
+            v.push((c(tokens as u64), c(us)));
         }
     }
 }
@@ -105,12 +107,19 @@ pub struct StoreMetrics {
     pub decode_cache_resident: u64,
     /// Microseconds spent decoding restores, all chunks (the spec's decomp us).
     pub decomp_us_total: u64,
-    /// Median microseconds to restore one chunk (decode, check, write back).
+    /// Median microseconds to restore one chunk, any size (decode K and V, check, write
+    /// back), from the start of its first tensor's decode to the end of its write-back.
     pub restore_us_p50: f64,
     /// 99th percentile of the same.
     pub restore_us_p99: f64,
     /// Largest of the same.
     pub restore_us_max: f64,
+    /// Restores of chunks of `group_tokens` tokens (the bootstrap chunk is smaller).
+    pub group_restores: u64,
+    /// Median microseconds to restore one chunk of `group_tokens` tokens.
+    pub group_restore_us_p50: f64,
+    /// 99th percentile of the same.
+    pub group_restore_us_p99: f64,
     /// Microseconds callers spent in `wait_idle`.
     pub async_wait_us: u64,
     /// Bytes that left memory when the store released ranges (cumulative, measured with

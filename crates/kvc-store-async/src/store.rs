@@ -14,13 +14,15 @@ use std::time::Instant;
 use parking_lot::Mutex;
 use rayon::prelude::*;
 
-use kvc_cache::{compact_layer, KvLayout, OwnedCache, ReservePlan};
+use kvc_cache::{
+    compact_heads, compact_layer, Addressing, KvLayout, OwnedCache, ReservePlan, TensorLayout,
+};
 
 use crate::codec::{ChunkInfo, StoreCodec, Tensor};
 use crate::config::{Mode, StoreConfig};
 use crate::error::{Error, Result};
-use crate::gather::{equals, gather, scatter};
-use crate::hash::{fnv1a64, fnv1a64_update, FNV_OFFSET};
+use crate::gather::{equals, gather, gather_into, scatter};
+use crate::hash::{check64, fnv1a64, fnv1a64_update, FNV_OFFSET};
 use crate::metrics::{quantile, Counters, StoreMetrics};
 use crate::pool::Pool;
 
@@ -68,13 +70,12 @@ pub struct ChunkView {
 /// A global-LRU entry pushed out: (layer, start, residency generation).
 type Victim = (usize, usize, u64);
 
-/// A restored chunk: K, V, microseconds to decode.
-type Decoded = (Vec<u8>, Vec<u8>, u64);
-
 struct Held {
     k_blob: Vec<u8>,
     v_blob: Vec<u8>,
     key: DecodeKey,
+    /// [`check64`] of the bytes a restore gives back, K and V.
+    checks: [u64; 2],
     /// Non-zero while restored; the generation of that residency.
     resident_gen: u64,
 }
@@ -114,6 +115,7 @@ enum JobOutcome {
         k_blob: Vec<u8>,
         v_blob: Vec<u8>,
         raw_hash: u64,
+        checks: [u64; 2],
         us: u64,
     },
     EncodeError,
@@ -184,6 +186,7 @@ fn compress_verify(
     let t0 = Instant::now();
     let mut blobs = [Vec::new(), Vec::new()];
     let mut raw_hash = FNV_OFFSET;
+    let mut checks = [0u64; 2];
     for (i, (t, raw)) in [(Tensor::K, k), (Tensor::V, v)].into_iter().enumerate() {
         let info = chunk_info(layout, layer, t, start, count);
         if codec.encode(&info, raw, &mut blobs[i]).is_err() {
@@ -206,6 +209,7 @@ fn compress_verify(
             return JobOutcome::Mismatch;
         }
         raw_hash = fnv1a64_update(raw_hash, &decoded);
+        checks[i] = check64(&decoded);
         blobs[i].shrink_to_fit();
     }
     let [k_blob, v_blob] = blobs;
@@ -213,6 +217,7 @@ fn compress_verify(
         k_blob,
         v_blob,
         raw_hash,
+        checks,
         us: t0.elapsed().as_micros() as u64,
     }
 }
@@ -463,6 +468,7 @@ impl Store {
                     k_blob,
                     v_blob,
                     raw_hash: _,
+                    checks: _,
                     us,
                 } => {
                     Counters::add(&self.counters.compress_us, us);
@@ -603,6 +609,7 @@ impl Store {
                 k_blob,
                 v_blob,
                 raw_hash,
+                checks,
                 us,
             } => {
                 Counters::add(&self.counters.compress_us, us);
@@ -638,6 +645,7 @@ impl Store {
                         k_blob,
                         v_blob,
                         key,
+                        checks,
                         resident_gen: 0,
                     }));
                 }
@@ -649,9 +657,10 @@ impl Store {
     }
 
     /// Makes every stored chunk of layer `layer` resident (decoding the misses in
-    /// parallel), runs `f` on the layer's K and V bytes (engine layout) with nothing
-    /// evicted meanwhile, then applies the global LRU. This is "restore before the
-    /// layer's attention".
+    /// parallel, K and V of a chunk too), runs `f` on the layer's K and V bytes (engine
+    /// layout) with nothing evicted meanwhile, then releases the layer's restored chunks
+    /// ([`StoreConfig::evict_after_attention`]) or applies the global LRU. This is
+    /// "restore before the layer's attention".
     pub fn with_layer<R>(
         &self,
         layer: usize,
@@ -660,7 +669,18 @@ impl Store {
         let layout = self.layout(layer)?;
         let (r, stats, victims) = {
             let mut st = self.layer(layer)?.lock();
-            let (stats, victims) = self.restore_locked(layer, &layout, &mut st)?;
+            let restored = self.restore_locked(layer, &layout, &mut st, 0);
+            let (stats, victims) = match restored {
+                Ok(x) => x,
+                Err(e) => {
+                    drop(st);
+                    if self.config.evict_after_attention {
+                        // What did restore goes back too: the attention will not run.
+                        self.evict_decoded(Some(layer))?;
+                    }
+                    return Err(e);
+                }
+            };
             let (kb, vb) = st
                 .cache
                 .layer(0)
@@ -668,12 +688,23 @@ impl Store {
             (f(kb, vb), stats, victims)
         };
         self.evict_victims(victims)?;
+        if self.config.evict_after_attention {
+            self.evict_decoded(Some(layer))?;
+        }
         Ok((r, stats))
     }
 
-    /// Restores layer `layer` (see [`Store::with_layer`]) without reading it.
+    /// Restores layer `layer` ahead of its attention (a prefetch, for example while the
+    /// previous layer attends): its chunks stay resident, bounded by the LRUs, until the
+    /// layer's next attention ([`Store::with_layer`]) or [`Store::evict_decoded`].
     pub fn restore_layer(&self, layer: usize) -> Result<RestoreStats> {
-        Ok(self.with_layer(layer, |_, _| ())?.1)
+        let layout = self.layout(layer)?;
+        let (stats, victims) = {
+            let mut st = self.layer(layer)?.lock();
+            self.restore_locked(layer, &layout, &mut st, 0)?
+        };
+        self.evict_victims(victims)?;
+        Ok(stats)
     }
 
     /// Tokens `[start, end)` of layer `layer` in canonical order, restoring as needed.
@@ -702,16 +733,82 @@ impl Store {
         Ok(r)
     }
 
+    /// Bytes of tokens `[start, end)` of layer `layer` in canonical order: (K, V).
+    pub fn token_bytes(&self, layer: usize, start: usize, end: usize) -> Result<(usize, usize)> {
+        let layout = self.layout(layer)?;
+        let n = end.checked_sub(start).ok_or(Error::InvalidRange {
+            layer,
+            start,
+            end,
+            limit: layout.capacity(),
+        })?;
+        let bytes = |t: &TensorLayout| {
+            n.checked_mul(t.channels() * t.dtype().size())
+                .ok_or(Error::InvalidRange {
+                    layer,
+                    start,
+                    end,
+                    limit: layout.capacity(),
+                })
+        };
+        Ok((bytes(&layout.k)?, bytes(&layout.v)?))
+    }
+
+    /// [`Store::read_tokens`] into caller buffers of exactly
+    /// [`Store::token_bytes`] bytes each (no allocation besides restoring).
+    pub fn read_tokens_into(
+        &self,
+        layer: usize,
+        start: usize,
+        end: usize,
+        k: &mut [u8],
+        v: &mut [u8],
+    ) -> Result<()> {
+        let layout = self.layout(layer)?;
+        let len = self.len(layer)?;
+        if start > end || end > len {
+            return Err(Error::InvalidRange {
+                layer,
+                start,
+                end,
+                limit: len,
+            });
+        }
+        let (kn, vn) = self.token_bytes(layer, start, end)?;
+        if k.len() != kn {
+            return Err(Error::WrongLength {
+                tensor: "K",
+                expected: kn,
+                found: k.len(),
+            });
+        }
+        if v.len() != vn {
+            return Err(Error::WrongLength {
+                tensor: "V",
+                expected: vn,
+                found: v.len(),
+            });
+        }
+        self.with_layer(layer, |kb, vb| {
+            gather_into(kb, &layout.k, start, end - start, k);
+            gather_into(vb, &layout.v, start, end - start, v);
+        })?;
+        Ok(())
+    }
+
+    /// Restores the held chunks of a locked layer that reach token `from` or beyond.
     fn restore_locked(
         &self,
         layer: usize,
         layout: &KvLayout,
         st: &mut LayerState,
+        from: usize,
     ) -> Result<(RestoreStats, Vec<Victim>)> {
         let mut stats = RestoreStats::default();
-        let mut todo = Vec::new();
         let mut touched = Vec::new();
-        for (&s, c) in &st.chunks {
+        let LayerState { cache, chunks, .. } = &mut *st;
+        let mut todo: Vec<(usize, usize, &Held)> = Vec::new();
+        for (&s, c) in chunks.iter().filter(|(&s, c)| s + c.count > from) {
             if let State::Held(h) = &c.state {
                 if h.resident_gen != 0 {
                     stats.hits += 1;
@@ -723,67 +820,110 @@ impl Store {
         }
         Counters::add(&self.counters.hits, stats.hits as u64);
         Counters::add(&self.counters.misses, todo.len() as u64);
-        let codec = self.codec.as_ref();
-        let verify = self.config.verify_restore;
-        let decoded: Vec<(usize, Result<Decoded>)> = todo
-            .par_iter()
-            .map(|&(s, count, h)| {
-                let t0 = Instant::now();
-                let ik = chunk_info(layout, layer, Tensor::K, s, count);
-                let iv = chunk_info(layout, layer, Tensor::V, s, count);
-                let r = (|| {
-                    let mut k = vec![0u8; ik.raw_len()];
-                    let mut v = vec![0u8; iv.raw_len()];
-                    codec.decode(&ik, &h.k_blob, &mut k)?;
-                    codec.decode(&iv, &h.v_blob, &mut v)?;
-                    if verify && fnv1a64_update(fnv1a64(&k), &v) != h.key.raw_hash {
-                        return Err(Error::RestoreFailed {
-                            layer,
-                            start: s,
-                            reason: "decoded bytes do not match the hash taken at compression"
-                                .to_string(),
-                        });
-                    }
-                    Ok((k, v, t0.elapsed().as_micros() as u64))
-                })();
-                (s, r)
-            })
-            .collect();
+        let mut failed = Vec::new();
         let mut first_err = None;
-        let mut victims = Vec::new();
-        for (s, r) in decoded {
-            match r {
-                Ok((k, v, us)) => {
-                    let t0 = Instant::now();
-                    let count = st.chunks[&s].count;
-                    {
-                        let mut lm = st.cache.layer_mut(0)?;
-                        let (kb, vb) = lm.kv_mut();
-                        scatter(kb, &layout.k, s, count, &k);
-                        scatter(vb, &layout.v, s, count, &v);
-                    }
-                    let gen = self.next_gen.fetch_add(1, Ordering::Relaxed);
-                    if let Some(Chunk {
-                        state: State::Held(h),
-                        ..
-                    }) = st.chunks.get_mut(&s)
-                    {
-                        h.resident_gen = gen;
-                    }
-                    touched.push((s, gen));
-                    let total = us + t0.elapsed().as_micros() as u64;
-                    Counters::add(&self.counters.decomp_us, us);
-                    Counters::add(&self.counters.restores, 1);
-                    self.counters
-                        .restore_sample(total.min(u64::from(u32::MAX)) as u32);
-                    stats.decoded += 1;
-                }
-                Err(e) => {
-                    Counters::add(&self.counters.restore_failures, 1);
-                    first_err.get_or_insert(e);
+        if !todo.is_empty() {
+            let ranges: Vec<(usize, usize)> = todo.iter().map(|&(s, n, _)| (s, s + n)).collect();
+            let mut lm = cache.layer_mut(0)?;
+            let (kb, vb) = lm.kv_mut();
+            let k_dest = destinations(kb, &layout.k, &ranges, layer)?;
+            let v_dest = destinations(vb, &layout.v, &ranges, layer)?;
+            // One task per tensor of each chunk, decoded straight into the cache where
+            // the layout keeps a chunk contiguous.
+            let mut tasks: Vec<RestoreTask<'_>> = Vec::with_capacity(2 * todo.len());
+            for (i, (kd, vd)) in k_dest.into_iter().zip(v_dest).enumerate() {
+                let (s, count, h) = todo[i];
+                for (t, dest, blob, check) in [
+                    (Tensor::K, kd, &h.k_blob, h.checks[0]),
+                    (Tensor::V, vd, &h.v_blob, h.checks[1]),
+                ] {
+                    tasks.push(RestoreTask {
+                        chunk: i,
+                        info: chunk_info(layout, layer, t, s, count),
+                        blob,
+                        check,
+                        dest,
+                        outcome: None,
+                        began: None,
+                        ended: None,
+                    });
                 }
             }
+            let codec = self.codec.as_ref();
+            let verify = self.config.verify_restore;
+            tasks.par_iter_mut().for_each(|t| t.run(codec, verify));
+            // (chunk, scratch K, scratch V, microseconds from the first task's start to
+            // the last one's end, microseconds of work) of every chunk decoded.
+            let mut done = Vec::with_capacity(todo.len());
+            for (i, pair) in tasks.chunks_exact_mut(2).enumerate() {
+                let s = todo[i].0;
+                let mut err = None;
+                for t in pair.iter_mut() {
+                    if let Some(Err(e)) = t.outcome.take() {
+                        err.get_or_insert(e);
+                    }
+                }
+                if let Some(e) = err {
+                    Counters::add(&self.counters.restore_failures, 1);
+                    failed.push(s);
+                    first_err.get_or_insert(e);
+                    continue;
+                }
+                let (mut began, mut ended, mut busy) = (None::<Instant>, None::<Instant>, 0u64);
+                for t in pair.iter() {
+                    if let (Some(b), Some(e)) = (t.began, t.ended) {
+                        began = Some(began.map_or(b, |x| x.min(b)));
+                        ended = Some(ended.map_or(e, |x| x.max(e)));
+                        busy += e.duration_since(b).as_micros() as u64;
+                    }
+                }
+                let wall = match (began, ended) {
+                    (Some(b), Some(e)) => e.duration_since(b).as_micros() as u64,
+                    _ => 0,
+                };
+                let mut scratch = pair.iter_mut().map(|t| match &mut t.dest {
+                    Dest::Scratch(v) => Some(std::mem::take(v)),
+                    Dest::Direct(_) => None,
+                });
+                let (sk, sv) = (scratch.next().flatten(), scratch.next().flatten());
+                done.push((i, sk, sv, wall, busy));
+            }
+            drop(tasks);
+            for (i, sk, sv, wall, busy) in done {
+                let (s, count, _) = todo[i];
+                let t0 = Instant::now();
+                if let Some(k) = sk {
+                    scatter(kb, &layout.k, s, count, &k);
+                }
+                if let Some(v) = sv {
+                    scatter(vb, &layout.v, s, count, &v);
+                }
+                let wall = wall + t0.elapsed().as_micros() as u64;
+                Counters::add(&self.counters.decomp_us, busy);
+                Counters::add(&self.counters.restores, 1);
+                self.counters.restore_sample(count, wall);
+                stats.decoded += 1;
+                touched.push((s, 0));
+            }
         }
+        // Generations are set after the borrows of the blobs end.
+        for e in touched.iter_mut().filter(|e| e.1 == 0) {
+            let gen = self.next_gen.fetch_add(1, Ordering::Relaxed);
+            if let Some(Chunk {
+                state: State::Held(h),
+                ..
+            }) = st.chunks.get_mut(&e.0)
+            {
+                h.resident_gen = gen;
+            }
+            e.1 = gen;
+        }
+        // A failed chunk may have been partly written: its pages go back to the OS.
+        for s in failed {
+            let freed = release_merged(st, s)?;
+            Counters::add(&self.counters.released_bytes, freed as u64);
+        }
+        let mut victims = Vec::new();
         // Per-layer LRU: touched chunks move to the back; beyond capacity, the least
         // recently used are released (not the ones this restore needs).
         st.lru.retain(|e| !touched.iter().any(|t| t.0 == e.0));
@@ -799,7 +939,10 @@ impl Store {
             let mut g = self.global.lock();
             g.retain(|e| !(e.0 == layer && touched.iter().any(|t| t.0 == e.1)));
             g.extend(touched.iter().map(|&(s, gen)| (layer, s, gen)));
-            while g.len() > self.config.global_cache_capacity {
+            // After a failure nothing is popped: victims can only be released once this
+            // layer's lock is dropped, and the caller gets no victims with an error. The
+            // next restore trims the global LRU.
+            while first_err.is_none() && g.len() > self.config.global_cache_capacity {
                 if let Some(v) = g.pop_front() {
                     victims.push(v);
                 }
@@ -807,7 +950,6 @@ impl Store {
         }
         if let Some(e) = first_err {
             // The layer cannot be read whole; what was restored stays resident.
-            self.evict_victims(std::mem::take(&mut victims)).ok();
             return Err(e);
         }
         Ok((stats, victims))
@@ -855,51 +997,125 @@ impl Store {
         let layout = self.layout(layer)?;
         let victims = {
             let mut st = self.layer(layer)?.lock();
-            let (_, victims) = self.restore_locked(layer, &layout, &mut st)?;
-            let ids: Vec<u64> = st
-                .chunks
-                .values()
-                .filter_map(|c| match c.state {
-                    State::InFlight { id } => Some(id),
-                    _ => None,
-                })
-                .collect();
-            {
-                let mut inf = self.inflight.lock();
-                for id in ids {
-                    // A result already taken out by `finish` (waiting for this lock)
-                    // is counted stale there.
-                    if inf.remove(&id).is_some() {
-                        Counters::add(&self.counters.stale, 1);
-                    }
-                }
-            }
-            st.chunks.clear();
-            st.lru.clear();
-            victims
+            self.materialize_locked(layer, &layout, &mut st, 0)?
         };
-        self.global.lock().retain(|e| e.0 != layer);
-        self.evict_victims(victims.into_iter().filter(|v| v.0 != layer).collect())
+        self.evict_victims(victims)
     }
 
-    /// H2O eviction on a stored layer: materializes it, compacts it in place by `plan`
-    /// (kvc-cache) and sets its length to the tokens kept. Returns the new length.
-    pub fn compact(&self, layer: usize, plan: &ReservePlan) -> Result<usize> {
-        self.materialize(layer)?;
-        let mut st = self.layer(layer)?.lock();
-        if plan.len() != st.len {
-            return Err(Error::InvalidRange {
-                layer,
-                start: 0,
-                end: plan.len(),
-                limit: st.len,
-            });
+    /// Materializes the chunks of a locked layer that reach token `from` or beyond;
+    /// chunks wholly before `from` keep their state. Returns global-LRU victims to
+    /// release once the lock is dropped.
+    fn materialize_locked(
+        &self,
+        layer: usize,
+        layout: &KvLayout,
+        st: &mut LayerState,
+        from: usize,
+    ) -> Result<Vec<Victim>> {
+        let (_, victims) = self.restore_locked(layer, layout, st, from)?;
+        let gone: Vec<(usize, Option<u64>)> = st
+            .chunks
+            .range(..)
+            .filter(|(&s, c)| s + c.count > from)
+            .map(|(&s, c)| {
+                let id = match c.state {
+                    State::InFlight { id } => Some(id),
+                    _ => None,
+                };
+                (s, id)
+            })
+            .collect();
+        {
+            let mut inf = self.inflight.lock();
+            for id in gone.iter().filter_map(|g| g.1) {
+                // A result already taken out by `finish` (waiting for this lock) is
+                // counted stale there.
+                if inf.remove(&id).is_some() {
+                    Counters::add(&self.counters.stale, 1);
+                }
+            }
         }
+        for (s, _) in &gone {
+            st.chunks.remove(s);
+        }
+        st.lru
+            .retain(|e| e.0 < from && st.chunks.contains_key(&e.0));
+        let chunks = &st.chunks;
+        self.global
+            .lock()
+            .retain(|e| e.0 != layer || chunks.contains_key(&e.1));
+        Ok(victims)
+    }
+
+    /// H2O eviction on a stored layer: compacts it in place by `plan` (kvc-cache) and
+    /// sets its length to the tokens kept; returns the new length. Chunks wholly before
+    /// the first token the plan moves or drops stay stored (or in flight); the others are
+    /// restored and dropped first, and the new cold range is compressed by the next
+    /// [`Store::schedule`].
+    pub fn compact(&self, layer: usize, plan: &ReservePlan) -> Result<usize> {
+        self.compact_by(layer, std::slice::from_ref(plan), false)
+    }
+
+    /// Applies a kvc-h2o plan (the tokens an H2O policy keeps, from
+    /// [`kvc_h2o::H2oPolicy::pending_plan`]) to layer `layer`, which must hold the plan's
+    /// `kv_len` tokens: one plan for the layer, or one per KV head when the policy scores
+    /// per KV head. This is how the h2o_kept scope learns its budget: what the layer
+    /// keeps is what the store compresses. Returns the new length.
+    pub fn apply_h2o_plan(&self, layer: usize, plan: &kvc_h2o::ReservePlan) -> Result<usize> {
+        if plan.n_groups() <= 1 {
+            self.compact(layer, &ReservePlan::try_from(plan)?)
+        } else {
+            self.compact_by(layer, &ReservePlan::from_h2o_groups(plan)?, true)
+        }
+    }
+
+    fn compact_by(&self, layer: usize, plans: &[ReservePlan], per_head: bool) -> Result<usize> {
+        let layout = self.layout(layer)?;
+        let victims;
         let n = {
-            let mut lm = st.cache.layer_mut(0)?;
-            compact_layer(&mut lm, plan)?
+            let mut st = self.layer(layer)?.lock();
+            let len = st.len;
+            if let Some(p) = plans.iter().find(|p| p.len() != len) {
+                return Err(Error::InvalidRange {
+                    layer,
+                    start: 0,
+                    end: p.len(),
+                    limit: len,
+                });
+            }
+            if per_head && (plans.len() != layout.k.n_heads() || plans.len() != layout.v.n_heads())
+            {
+                return Err(Error::InvalidConfig {
+                    field: "plans per KV head",
+                    value: plans.len(),
+                    reason: "must equal the layer's KV heads",
+                });
+            }
+            // Tokens before the first one a plan moves or drops stay where they are.
+            let from = plans
+                .iter()
+                .map(|p| match p.spans().first() {
+                    Some(&(0, n)) => n,
+                    _ => 0,
+                })
+                .min()
+                .unwrap_or(0);
+            victims = self.materialize_locked(layer, &layout, &mut st, from)?;
+            let n = {
+                let mut lm = st.cache.layer_mut(0)?;
+                if per_head {
+                    let (kb, vb) = lm.kv_mut();
+                    let n = compact_heads(kb, &layout.k, plans)?;
+                    compact_heads(vb, &layout.v, plans)?;
+                    n
+                } else {
+                    compact_layer(&mut lm, &plans[0])?
+                }
+            };
+            st.len = n;
+            n
         };
-        st.len = n;
+        self.evict_victims(victims)?;
         Ok(n)
     }
 
@@ -971,7 +1187,14 @@ impl Store {
         meta += self.global.lock().len() as u64 * 24;
         let in_flight_bytes: u64 = self.inflight.lock().values().map(|v| v.2 as u64).sum();
         let in_flight = self.inflight.lock().len() as u64;
-        let mut lat = c.restore_us.lock().clone();
+        let samples = c.restore_us.lock().clone();
+        let mut lat: Vec<u32> = samples.iter().map(|s| s.1).collect();
+        let group = self.config.group_tokens.min(u32::MAX as usize) as u32;
+        let mut glat: Vec<u32> = samples
+            .iter()
+            .filter(|s| s.0 == group)
+            .map(|s| s.1)
+            .collect();
         let ratio = |a: u64, b: u64| if b == 0 { 0.0 } else { a as f64 / b as f64 };
         let fe = g(&c.fallback_encode);
         let fv = g(&c.fallback_verify);
@@ -1009,6 +1232,9 @@ impl Store {
             restore_us_p50: quantile(&mut lat, 0.5),
             restore_us_p99: quantile(&mut lat, 0.99),
             restore_us_max: quantile(&mut lat, 1.0),
+            group_restores: glat.len() as u64,
+            group_restore_us_p50: quantile(&mut glat, 0.5),
+            group_restore_us_p99: quantile(&mut glat, 0.99),
             async_wait_us: g(&c.async_wait_us),
             released_bytes_total: g(&c.released_bytes),
             cache_mapped_bytes: mapped,
@@ -1108,4 +1334,93 @@ fn evict_resident(st: &mut LayerState, start: usize, gen: u64) -> Result<usize> 
         _ => return Ok(0),
     }
     release_merged(st, start)
+}
+
+/// Where a restored tensor of a chunk is decoded to.
+enum Dest<'a> {
+    /// Its bytes in the cache (a row layout keeps a chunk contiguous).
+    Direct(&'a mut [u8]),
+    /// A buffer scattered into the cache afterwards.
+    Scratch(Vec<u8>),
+}
+
+/// One tensor of one chunk to restore.
+struct RestoreTask<'a> {
+    chunk: usize,
+    info: ChunkInfo,
+    blob: &'a [u8],
+    check: u64,
+    dest: Dest<'a>,
+    outcome: Option<Result<()>>,
+    began: Option<Instant>,
+    ended: Option<Instant>,
+}
+
+impl RestoreTask<'_> {
+    fn run(&mut self, codec: &dyn StoreCodec, verify: bool) {
+        self.began = Some(Instant::now());
+        let out: &mut [u8] = match &mut self.dest {
+            Dest::Direct(d) => d,
+            Dest::Scratch(v) => v,
+        };
+        let r = codec.decode(&self.info, self.blob, out).and_then(|()| {
+            if verify && check64(out) != self.check {
+                return Err(Error::RestoreFailed {
+                    layer: self.info.layer,
+                    start: self.info.start,
+                    reason: format!(
+                        "decoded {} bytes (chunk {}) do not match the hash taken at compression",
+                        self.info.tensor.name(),
+                        self.chunk
+                    ),
+                });
+            }
+            Ok(())
+        });
+        self.ended = Some(Instant::now());
+        self.outcome = Some(r);
+    }
+}
+
+/// Disjoint destinations for the ascending, disjoint token ranges `ranges` of one tensor:
+/// slices of `buf` for a row layout, zeroed scratch buffers otherwise.
+fn destinations<'a>(
+    buf: &'a mut [u8],
+    layout: &TensorLayout,
+    ranges: &[(usize, usize)],
+    layer: usize,
+) -> Result<Vec<Dest<'a>>> {
+    let row = layout.channels() * layout.dtype().size();
+    let bad = |s: usize, e: usize| Error::InvalidRange {
+        layer,
+        start: s,
+        end: e,
+        limit: layout.capacity(),
+    };
+    if layout.addressing() != Addressing::CellRows {
+        return ranges
+            .iter()
+            .map(|&(s, e)| {
+                if s > e || e > layout.capacity() {
+                    return Err(bad(s, e));
+                }
+                Ok(Dest::Scratch(vec![0u8; (e - s) * row]))
+            })
+            .collect();
+    }
+    let mut out = Vec::with_capacity(ranges.len());
+    let mut rest = buf;
+    let mut at = 0usize;
+    for &(s, e) in ranges {
+        let (a, b) = (s * row, e * row);
+        if s > e || a < at || b - at > rest.len() {
+            return Err(bad(s, e));
+        }
+        let (_, tail) = std::mem::take(&mut rest).split_at_mut(a - at);
+        let (mid, tail) = tail.split_at_mut(b - a);
+        out.push(Dest::Direct(mid));
+        rest = tail;
+        at = b;
+    }
+    Ok(out)
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use common::{quiet_injected_panics, Faults, FaultyCodec, Rng};
 use kvc_cache::{DType, KvLayout, ReservePlan};
 use kvc_store_async::{
-    C8GearV1Codec, ChunkStatus, ErrorKind, GearV1Codec, Mode, Scope, Store, StoreCodec, StoreConfig,
+    C8Codec, ChunkStatus, ErrorKind, GearV1Codec, Mode, Scope, Store, StoreCodec, StoreConfig,
 };
 
 const HEADS: usize = 3;
@@ -41,9 +41,14 @@ fn layout(v_trans: bool) -> KvLayout {
 
 #[test]
 fn store_mode_releases_pages_and_restores_bit_exact() {
+    // MNN's decode cache: restored chunks stay resident between reads.
+    let cfg = StoreConfig {
+        evict_after_attention: false,
+        ..StoreConfig::default()
+    };
     for v_trans in [false, true] {
         let l = layout(v_trans);
-        let store = Store::new(StoreConfig::default(), &[l, l], gear()).unwrap();
+        let store = Store::new(cfg, &[l, l], gear()).unwrap();
         let mut rng = Rng(7);
         let data: Vec<_> = (0..2).map(|i| fill(&store, i, 1500, &mut rng)).collect();
         let before = store.resident_bytes().unwrap();
@@ -110,6 +115,7 @@ fn lru_capacities_bound_resident_chunks() {
     let cfg = StoreConfig {
         layer_cache_capacity: 2,
         global_cache_capacity: 5,
+        evict_after_attention: false,
         ..StoreConfig::default()
     };
     let store = Store::new(cfg, &[l, l, l], gear()).unwrap();
@@ -188,10 +194,73 @@ fn a_blob_corrupted_after_release_is_a_typed_restore_error() {
     let mut rng = Rng(5);
     fill(&store, 0, 800, &mut rng);
     store.wait_idle().unwrap();
+    let stored = store.resident_bytes().unwrap();
     assert!(store.corrupt_held_blob_for_test(0, 32).unwrap());
-    let e = store.read_tokens(0, 0, 800).unwrap_err();
-    assert_eq!(e.kind(), ErrorKind::CorruptData, "{e}");
-    assert_eq!(store.metrics().unwrap().restore_failures, 1);
+    for _ in 0..2 {
+        let e = store.read_tokens(0, 0, 800).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::CorruptData, "{e}");
+    }
+    let m = store.metrics().unwrap();
+    assert_eq!(m.restore_failures, 2);
+    // The chunk decoded straight into the cache: its pages went back to the OS, and it
+    // is still held (not resident, not lost).
+    assert_eq!(store.resident_bytes().unwrap(), stored);
+    assert_eq!(m.decode_cache_resident, 0);
+    let chunks = store.chunks(0).unwrap();
+    assert!(chunks
+        .iter()
+        .any(|c| c.start == 32 && c.status == ChunkStatus::Stored));
+    // The layer cannot be attended, but the blob is still there for a diagnosis.
+    assert!(store.decode_key(0, 32).unwrap().is_some());
+}
+
+#[test]
+fn by_default_attention_releases_what_it_restored() {
+    for v_trans in [false, true] {
+        let l = layout(v_trans);
+        let store = Store::new(StoreConfig::default(), &[l], gear()).unwrap();
+        let mut rng = Rng(17);
+        let (k, v) = fill(&store, 0, 1500, &mut rng);
+        store.wait_idle().unwrap();
+        let stored = store.resident_bytes().unwrap();
+        for round in 1..=3u64 {
+            let ((), stats) = store
+                .with_layer(0, |kb, vb| {
+                    let mut rk = Vec::new();
+                    let mut rv = Vec::new();
+                    for t in 0..1500 {
+                        for (buf, tl, out) in [(kb, &l.k, &mut rk), (vb, &l.v, &mut rv)] {
+                            for h in 0..HEADS {
+                                for d in 0..DIM {
+                                    let at = tl.offset(t, h, d) * 2;
+                                    out.extend_from_slice(&buf[at..at + 2]);
+                                }
+                            }
+                        }
+                    }
+                    assert!(rk == k && rv == v, "v_trans {v_trans}");
+                })
+                .unwrap();
+            assert_eq!((stats.decoded, stats.hits), (4, 0));
+            // Nothing stays resident: memory is back where the store left it.
+            assert_eq!(store.resident_bytes().unwrap(), stored, "v_trans {v_trans}");
+            let m = store.metrics().unwrap();
+            assert_eq!((m.restores, m.decode_cache_resident), (4 * round, 0));
+            assert!(store
+                .chunks(0)
+                .unwrap()
+                .iter()
+                .all(|c| c.status == ChunkStatus::Stored));
+        }
+        // A prefetch keeps its chunks until the layer's next attention, which hits.
+        assert_eq!(store.restore_layer(0).unwrap().decoded, 4);
+        assert!(store.resident_bytes().unwrap() > stored);
+        let (rk, rv) = store.read_tokens(0, 0, 1500).unwrap();
+        assert!(rk == k && rv == v);
+        let m = store.metrics().unwrap();
+        assert_eq!((m.restores, m.decode_cache_hits), (16, 4));
+        assert_eq!(store.resident_bytes().unwrap(), stored);
+    }
 }
 
 #[test]
@@ -278,7 +347,7 @@ fn c8_codec_restores_the_dequantized_values() {
         )
         .unwrap();
     let codec: Arc<dyn StoreCodec> =
-        Arc::new(C8GearV1Codec::new(params, Default::default()).unwrap());
+        Arc::new(C8Codec::gear_v1(params, Default::default()).unwrap());
     let store = Store::new(StoreConfig::default(), &[l], codec.clone()).unwrap();
     store.write_tokens(0, 0, &k, &v).unwrap();
     store.schedule(0).unwrap();
@@ -372,7 +441,14 @@ fn compact_materializes_then_evicts() {
     // Keep tokens 0..100 and 500..900.
     let plan = ReservePlan::new(&[(0, 100), (500, 400)], 900).unwrap();
     assert_eq!(store.compact(0, &plan).unwrap(), 500);
-    assert!(store.chunks(0).unwrap().is_empty());
+    // The bootstrap chunk (16..32) is before the first token the plan moves (100): it
+    // stays stored; the group at 32 was restored and dropped.
+    let chunks = store.chunks(0).unwrap();
+    assert_eq!(chunks.len(), 1, "{chunks:?}");
+    assert_eq!(
+        (chunks[0].start, chunks[0].count, chunks[0].status),
+        (16, 16, ChunkStatus::Stored)
+    );
     let (rk, rv) = store.read_tokens(0, 0, 500).unwrap();
     let want_k = [&k[..100 * ROW], &k[500 * ROW..900 * ROW]].concat();
     let want_v = [&v[..100 * ROW], &v[500 * ROW..900 * ROW]].concat();

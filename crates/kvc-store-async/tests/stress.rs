@@ -2,7 +2,9 @@
 //! operations on one store over random data, with injected codec faults. Every restore
 //! must be bit-exact, and at the end no range may be lost or held twice.
 //!
-//! `KVC_STRESS_OPS` sets the operations per thread (default 12 500: 10^5 in all).
+//! It runs twice, with restored chunks released after each attention (the default) and
+//! with MNN's decode cache. `KVC_STRESS_OPS` sets the operations per thread of both runs
+//! together (default 12 500: 10^5 in all, half in each run).
 
 mod common;
 
@@ -26,7 +28,16 @@ fn ops_per_thread() -> usize {
 }
 
 #[test]
-fn eight_threads_mixed_operations_lose_nothing() {
+fn eight_threads_mixed_operations_lose_nothing_evicting_after_attention() {
+    stress(true);
+}
+
+#[test]
+fn eight_threads_mixed_operations_lose_nothing_with_a_decode_cache() {
+    stress(false);
+}
+
+fn stress(evict_after_attention: bool) {
     quiet_injected_panics();
     let layout = KvLayout::llama(DType::F16, 2, 8, 8, CAP, false).unwrap();
     let cfg = StoreConfig {
@@ -38,6 +49,7 @@ fn eight_threads_mixed_operations_lose_nothing() {
         queue_capacity: 8,
         layer_cache_capacity: 6,
         global_cache_capacity: 24,
+        evict_after_attention,
         ..StoreConfig::default()
     };
     let codec = Arc::new(FaultyCodec::new(Faults {
@@ -50,7 +62,7 @@ fn eight_threads_mixed_operations_lose_nothing() {
     let reference: Vec<Mutex<(Vec<u8>, Vec<u8>)>> = (0..LAYERS)
         .map(|_| Mutex::new((Vec::new(), Vec::new())))
         .collect();
-    let ops = ops_per_thread();
+    let ops = ops_per_thread().div_ceil(2);
     let restores = std::sync::atomic::AtomicU64::new(0);
     std::thread::scope(|s| {
         for t in 0..THREADS {
@@ -104,8 +116,12 @@ fn eight_threads_mixed_operations_lose_nothing() {
                             assert!(k == r.0 && v == r.1, "layer {layer} differs after restore");
                             restores.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                         }
+                        // Prefetch a layer (its chunks stay resident until its next read).
+                        90..=92 => {
+                            store.restore_layer(layer).unwrap();
+                        }
                         // Evict decoded chunks (one layer or all).
-                        90..=96 => {
+                        93..=96 => {
                             let which = if rng.below(3) == 0 { None } else { Some(layer) };
                             store.evict_decoded(which).unwrap();
                         }
@@ -129,6 +145,7 @@ fn eight_threads_mixed_operations_lose_nothing() {
         "{m:?}"
     );
     assert_eq!(m.restore_failures, 0);
+    // Prefetched chunks are hits in both runs.
     assert!(
         m.chunks_stored > 0 && m.restores > 0 && m.decode_cache_hits > 0,
         "{m:?}"
@@ -150,7 +167,7 @@ fn eight_threads_mixed_operations_lose_nothing() {
         assert!(k == r.0 && v == r.1, "layer {layer} lost data");
     }
     eprintln!(
-        "stress: {} threads x {ops} ops, {} restores checked; {m:?}",
+        "stress (evict after attention: {evict_after_attention}): {} threads x {ops} ops, {} restores checked; {m:?}",
         THREADS,
         restores.into_inner()
     );

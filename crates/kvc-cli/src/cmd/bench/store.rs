@@ -1,10 +1,15 @@
 //! `kvc bench store`: a simulated decode over real KV dumps with and without
 //! kvc-store-async. Each step appends one token to every layer, lets the store compress
 //! what became cold, restores each layer before a stand-in attention (one query per KV
-//! head: scores, softmax, weighted V) and times the step. Three caches run in lockstep:
-//! a plain kvc-owned cache (the baseline), the store with gear-v1, and the store with
-//! C8 + gear-v1. At the end it measures resident memory with `mincore` and reports bytes
-//! released gross and net, the codec ratio, restore latency, cache hits and fallbacks.
+//! head: scores, softmax, weighted V) and times the step. A plain kvc-owned cache (the
+//! baseline) runs in lockstep with one store per codec (`--codec`: gear-v1, gear-v2,
+//! c8-gear-v1, c8-gear-v2), each with the default configuration (restored chunks released
+//! after each attention), and with the first codec once more under MNN's decode cache
+//! (`--decode-cache N`, 0 skips it). At the end of the run (the steady state: every step
+//! ends the same way) and again after evicting every restored chunk it measures resident
+//! memory with `mincore` and reports bytes released gross and net, the codec's ideal
+//! saving, restore latency per chunk, async headroom, cache hits and fallbacks; the lossy
+//! C8 codecs also report their error.
 //!
 //! Dumps shorter than `--steps` tokens are read cyclically (token `s % n_tokens`).
 
@@ -18,7 +23,7 @@ use kvc_cache::{DType, KvLayout, OwnedCache};
 use kvc_codec::gear_v1::EncodeOptions;
 use kvc_codec::Dtype;
 use kvc_store_async::{
-    C8GearV1Codec, ChunkStatus, GearV1Codec, Store, StoreCodec, StoreConfig, StoreMetrics,
+    C8Codec, ChunkStatus, GearV1Codec, GearV2Codec, Store, StoreCodec, StoreConfig, StoreMetrics,
 };
 use serde_json::{json, Value};
 
@@ -41,7 +46,15 @@ pub struct BenchStoreArgs {
     /// Worker threads of the store.
     #[arg(long, default_value_t = 2)]
     pub threads: usize,
-    /// Capacity of both decode-cache LRUs (restored chunks kept resident).
+    /// Store codecs to run, comma-separated: gear-v1, gear-v2, c8-gear-v1, c8-gear-v2.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "gear-v1,gear-v2,c8-gear-v1,c8-gear-v2"
+    )]
+    pub codec: Vec<String>,
+    /// Also run the first codec with MNN's decode cache of this many chunks (both LRUs),
+    /// restored chunks kept resident between steps; 0 skips that run.
     #[arg(long = "decode-cache", default_value_t = 64)]
     pub decode_cache: usize,
     /// Also write the results as JSON here.
@@ -119,7 +132,9 @@ fn attend(
 }
 
 struct Variant {
-    name: &'static str,
+    name: String,
+    lossy: bool,
+    keeps_decoded: bool,
     store: Store,
     step_s: f64,
     restore_calls: u64,
@@ -186,21 +201,59 @@ pub fn measure(a: &BenchStoreArgs) -> Result<Value, CliError> {
     let layouts = vec![layout; layers];
     let cfg = StoreConfig {
         async_threads: a.threads,
-        layer_cache_capacity: a.decode_cache,
-        global_cache_capacity: a.decode_cache,
         ..StoreConfig::default()
     };
-    let gear: Arc<dyn StoreCodec> =
-        Arc::new(GearV1Codec::new(EncodeOptions::default()).map_err(lib)?);
-    let c8: Arc<dyn StoreCodec> = Arc::new(
-        C8GearV1Codec::new(c8_params(kd, vd, &layout)?, EncodeOptions::default()).map_err(lib)?,
-    );
+    let cached = StoreConfig {
+        layer_cache_capacity: a.decode_cache,
+        global_cache_capacity: a.decode_cache,
+        evict_after_attention: false,
+        ..cfg
+    };
+    if a.codec.is_empty() {
+        return Err(CliError::input("--codec: name at least one codec"));
+    }
+    let mut c8: Option<C8Params> = None;
+    let mut codecs: Vec<Arc<dyn StoreCodec>> = Vec::new();
+    for name in &a.codec {
+        let mut params = || -> Result<C8Params, CliError> {
+            if c8.is_none() {
+                c8 = Some(c8_params(kd, vd, &layout)?);
+            }
+            Ok(c8.clone().unwrap_or_default())
+        };
+        codecs.push(match name.as_str() {
+            "gear-v1" => Arc::new(GearV1Codec::new(EncodeOptions::default()).map_err(lib)?),
+            "gear-v2" => Arc::new(GearV2Codec::default()),
+            "c8-gear-v1" => {
+                Arc::new(C8Codec::gear_v1(params()?, EncodeOptions::default()).map_err(lib)?)
+            }
+            "c8-gear-v2" => Arc::new(C8Codec::gear_v2(params()?)),
+            other => {
+                return Err(CliError::input(format!(
+                    "--codec {other:?}: expected gear-v1, gear-v2, c8-gear-v1 or c8-gear-v2"
+                )))
+            }
+        });
+    }
     let mut base = OwnedCache::new(&layouts).map_err(lib)?;
+    let mut runs: Vec<(Arc<dyn StoreCodec>, StoreConfig)> =
+        codecs.iter().map(|c| (c.clone(), cfg)).collect();
+    if a.decode_cache > 0 {
+        runs.push((codecs[0].clone(), cached));
+    }
     let mut variants = Vec::new();
-    for (name, codec) in [("store", gear), ("store_c8", c8)] {
+    for (codec, c) in runs {
+        let keeps_decoded = !c.evict_after_attention;
+        let name = if keeps_decoded {
+            format!("{} dc{}", codec.name(), a.decode_cache)
+        } else {
+            codec.name()
+        };
         variants.push(Variant {
             name,
-            store: Store::new(cfg, &layouts, codec).map_err(lib)?,
+            lossy: !codec.is_lossless(),
+            keeps_decoded,
+            store: Store::new(c, &layouts, codec).map_err(lib)?,
             step_s: 0.0,
             restore_calls: 0,
             bit_exact: 0,
@@ -252,22 +305,27 @@ pub fn measure(a: &BenchStoreArgs) -> Result<Value, CliError> {
                 }
             }
             var.step_s += t0.elapsed().as_secs_f64();
-            // Bit-exactness against the baseline, outside the timed part: every layer
-            // whose chunks were restored this step.
+            // Bit-exactness against the baseline, outside the timed part: every 64th
+            // step, every layer holding chunks is restored and its chunks compared.
+            if step % 64 != 0 && step + 1 != a.steps {
+                continue;
+            }
             for l in 0..layers {
-                let chunks = var.store.chunks(l).map_err(lib)?;
-                let restored: Vec<_> = chunks
-                    .iter()
-                    .filter(|c| c.status == ChunkStatus::Resident)
+                let held: Vec<_> = var
+                    .store
+                    .chunks(l)
+                    .map_err(lib)?
+                    .into_iter()
+                    .filter(|c| matches!(c.status, ChunkStatus::Stored | ChunkStatus::Resident))
                     .collect();
-                if restored.is_empty() || step % 64 != 0 && step + 1 != a.steps {
+                if held.is_empty() {
                     continue;
                 }
                 let (bk, bv) = base.layer(l).ok_or_else(|| lib("layer"))?;
                 let ((), _) = var
                     .store
                     .with_layer(l, |kb, vb| {
-                        for c in &restored {
+                        for c in &held {
                             var.compared += 1;
                             let r = c.start * row..(c.start + c.count) * row;
                             if kb[r.clone()] == bk[r.clone()] && vb[r.clone()] == bv[r] {
@@ -295,25 +353,37 @@ pub fn measure(a: &BenchStoreArgs) -> Result<Value, CliError> {
             "checksum": checksum_base,
         },
     });
+    let (cb, ce) = cfg.cold_range(a.steps);
+    let in_scope = (0..layers).filter(|&l| cfg.in_scope(l)).count();
+    // Every in-scope layer holds all steps' tokens: the same cold range each.
+    let cold = (in_scope * (ce - cb) * row * 2) as u64;
+    let mut reports = serde_json::Map::new();
     for var in &variants {
+        // The steady state: the end of the last step, as every step ends.
+        let steady: StoreMetrics = var.store.metrics().map_err(lib)?;
         let t0 = Instant::now();
         var.store.wait_idle().map_err(lib)?;
         let wait_us = t0.elapsed().as_micros() as u64;
-        let working: StoreMetrics = var.store.metrics().map_err(lib)?;
         var.store.evict_decoded(None).map_err(lib)?;
         let m: StoreMetrics = var.store.metrics().map_err(lib)?;
-        // Every in-scope layer holds all steps' tokens: the same cold range each.
-        let (cb, ce) = cfg.cold_range(a.steps);
-        let in_scope = (0..layers).filter(|&l| cfg.in_scope(l)).count();
-        let cold = (in_scope * (ce - cb) * row * 2) as u64;
-        let held = m.blob_bytes + m.metadata_bytes + m.in_flight_bytes;
-        let gross = base_resident.saturating_sub(m.cache_resident_bytes);
-        let net = gross as i64 - held as i64;
-        let gross_w = base_resident.saturating_sub(working.cache_resident_bytes);
-        let net_w = gross_w as i64 - held as i64;
         let ideal = m.stored_raw_bytes.saturating_sub(m.blob_bytes);
+        let released = |x: &StoreMetrics| {
+            let held = x.blob_bytes + x.metadata_bytes + x.in_flight_bytes;
+            let gross = base_resident.saturating_sub(x.cache_resident_bytes);
+            let net = gross as i64 - held as i64;
+            json!({
+                "decode_cache_resident_chunks": x.decode_cache_resident,
+                "cache_resident_bytes": x.cache_resident_bytes,
+                "held_bytes": held,
+                "gross_released_bytes": gross,
+                "net_released_bytes": net,
+                "net_released_pct_of_cold": 100.0 * net as f64 / cold.max(1) as f64,
+                "net_pct_of_ideal": 100.0 * net as f64 / ideal.max(1) as f64,
+            })
+        };
+        let (steady_v, evicted_v) = (released(&steady), released(&m));
         let mut err = (0u64, 0f64, 0f64, 0f64);
-        if var.name == "store_c8" {
+        if var.lossy {
             for l in 0..layers {
                 let (bk, bv) = base.layer(l).ok_or_else(|| lib("layer"))?;
                 let (rk, rv) = var.store.read_tokens(l, 0, a.steps).map_err(lib)?;
@@ -333,28 +403,36 @@ pub fn measure(a: &BenchStoreArgs) -> Result<Value, CliError> {
             }
             var.store.evict_decoded(None).map_err(lib)?;
         }
+        // Worker time left over while decoding: positive means compression never held
+        // the decode back (the spec's async wait headroom).
+        let capacity_us = var.step_s * 1e6 * a.threads as f64;
+        let headroom_us = capacity_us - steady.compress_us_total as f64;
+        let pick = |k: &str| evicted_v[k].clone();
         let mut v = json!({
             "codec": m.codec,
+            "decode_cache": if var.keeps_decoded { json!(a.decode_cache) } else { json!("evict after attention") },
             "cold_bytes": cold,
             "stored_raw_bytes": m.stored_raw_bytes,
             "blob_bytes": m.blob_bytes,
             "metadata_bytes": m.metadata_bytes,
-            "gross_released_bytes": gross,
-            "net_released_bytes": net,
-            "net_released_pct_of_cold": 100.0 * net as f64 / cold.max(1) as f64,
+            "gross_released_bytes": pick("gross_released_bytes"),
+            "net_released_bytes": pick("net_released_bytes"),
+            "net_released_pct_of_cold": pick("net_released_pct_of_cold"),
+            "net_pct_of_ideal": pick("net_pct_of_ideal"),
             "codec_ratio": m.lossless_ratio,
             "ideal_saving_bytes": ideal,
-            "net_pct_of_ideal": 100.0 * net as f64 / ideal.max(1) as f64,
-            "working_set": {
-                "decode_cache_resident_chunks": working.decode_cache_resident,
-                "cache_resident_bytes": working.cache_resident_bytes,
-                "gross_released_bytes": gross_w,
-                "net_released_bytes": net_w,
-            },
-            "restore_us_p50": m.restore_us_p50,
-            "restore_us_p99": m.restore_us_p99,
-            "restore_us_max": m.restore_us_max,
+            "ideal_saving_pct": 100.0 * ideal as f64 / m.stored_raw_bytes.max(1) as f64,
+            "steady_state": steady_v,
+            "decode_cache_evicted": evicted_v,
+            "restore_us_p50": m.group_restore_us_p50,
+            "restore_us_p99": m.group_restore_us_p99,
             "restore_chunk_tokens": cfg.group_tokens,
+            "group_restores": m.group_restores,
+            "restore_us_p50_all_chunks": m.restore_us_p50,
+            "restore_us_p99_all_chunks": m.restore_us_p99,
+            "restore_us_max_all_chunks": m.restore_us_max,
+            "async_headroom_us": headroom_us,
+            "async_headroom_ratio": headroom_us / capacity_us.max(1.0),
             "fallbacks": m.fallbacks,
             "backpressure_skips": m.backpressure_skips,
             "decode_cache_hits": m.decode_cache_hits,
@@ -377,8 +455,12 @@ pub fn measure(a: &BenchStoreArgs) -> Result<Value, CliError> {
                 "snr_db": 10.0 * (err.3 / err.2).log10(),
             });
         }
-        out[var.name] = v;
+        reports.insert(var.name.clone(), v);
     }
+    let first = variants.first().map(|v| v.name.clone()).unwrap_or_default();
+    out["store"] = reports.get(&first).cloned().unwrap_or(Value::Null);
+    out["order"] = json!(variants.iter().map(|v| v.name.clone()).collect::<Vec<_>>());
+    out["variants"] = Value::Object(reports);
     Ok(out)
 }
 
@@ -395,58 +477,73 @@ pub fn run(a: &BenchStoreArgs) -> Result<(), CliError> {
         r["baseline"]["resident_bytes"]
     );
     println!(
-        "  {:<12} {:>10} {:>7} {:>11} {:>11} {:>8} {:>8} {:>9} {:>9} {:>6} {:>6} {:>9}",
+        "  {:<17} {:>9} {:>6} {:>7} {:>7} {:>7} {:>7} {:>7} {:>7} {:>8} {:>8} {:>7} {:>8} {:>8}",
         "codec",
         "cold B",
         "ratio",
-        "gross B",
-        "net B",
-        "net%cold",
+        "ideal%",
+        "gross%",
+        "net%",
         "net%idl",
+        "evct%",
+        "evct%i",
         "rest p50",
         "rest p99",
-        "fallbk",
-        "skips",
-        "step ms"
+        "headrm",
+        "step ms",
+        "base ms"
     );
-    for k in ["store", "store_c8"] {
-        let s = &r[k];
+    let empty = Vec::new();
+    for name in r["order"].as_array().unwrap_or(&empty) {
+        let s = &r["variants"][name.as_str().unwrap_or("")];
+        let f = |v: &Value| v.as_f64().unwrap_or(0.0);
+        let cold = f(&s["cold_bytes"]).max(1.0);
+        let (st, ev) = (&s["steady_state"], &s["decode_cache_evicted"]);
         println!(
-            "  {:<12} {:>10} {:>7.3} {:>11} {:>11} {:>8.1} {:>8.1} {:>9.0} {:>9.0} {:>6} {:>6} {:>9.3}",
-            s["codec"].as_str().unwrap_or(""),
+            "  {:<17} {:>9} {:>6.3} {:>7.1} {:>7.1} {:>7.1} {:>7.1} {:>7.1} {:>7.1} {:>8.0} {:>8.0} {:>7.2} {:>8.3} {:>8.3}",
+            name.as_str().unwrap_or(""),
             s["cold_bytes"],
-            s["codec_ratio"].as_f64().unwrap_or(0.0),
-            s["gross_released_bytes"],
-            s["net_released_bytes"],
-            s["net_released_pct_of_cold"].as_f64().unwrap_or(0.0),
-            s["net_pct_of_ideal"].as_f64().unwrap_or(0.0),
-            s["restore_us_p50"].as_f64().unwrap_or(0.0),
-            s["restore_us_p99"].as_f64().unwrap_or(0.0),
-            s["fallbacks"],
-            s["backpressure_skips"],
-            s["step_ms"].as_f64().unwrap_or(0.0)
+            f(&s["codec_ratio"]),
+            f(&s["ideal_saving_pct"]),
+            100.0 * f(&st["gross_released_bytes"]) / cold,
+            f(&st["net_released_pct_of_cold"]),
+            f(&st["net_pct_of_ideal"]),
+            f(&ev["net_released_pct_of_cold"]),
+            f(&ev["net_pct_of_ideal"]),
+            f(&s["restore_us_p50"]),
+            f(&s["restore_us_p99"]),
+            f(&s["async_headroom_ratio"]),
+            f(&s["step_ms"]),
+            f(&s["step_ms_baseline"]),
         );
         println!(
-            "  {:<12} restores {} (bit-exact {}/{} compared), decode cache hits {} misses {}; while decoding: {} chunks resident, net {} B",
+            "  {:<17} restores {} ({} of {}-token chunks), bit-exact {}/{} compared, decode cache hits {} misses {}, fallbacks {}, skips {}, queue peak {}",
             "",
             s["restores"],
+            s["group_restores"],
+            s["restore_chunk_tokens"],
             s["restores_bit_exact"],
             s["restores_compared"],
             s["decode_cache_hits"],
             s["decode_cache_misses"],
-            s["working_set"]["decode_cache_resident_chunks"],
-            s["working_set"]["net_released_bytes"]
+            s["fallbacks"],
+            s["backpressure_skips"],
+            s["queue_peak"]
         );
         if let Some(e) = s.get("c8_error") {
             println!(
-                "  {:<12} C8 error on stored tokens: max abs {:.4}, RMS {:.4e}, SNR {:.2} dB",
+                "  {:<17} C8 error on stored tokens: max abs {:.4}, RMS {:.4e}, SNR {:.2} dB",
                 "",
-                e["max_abs"].as_f64().unwrap_or(0.0),
-                e["rms"].as_f64().unwrap_or(0.0),
-                e["snr_db"].as_f64().unwrap_or(0.0)
+                f(&e["max_abs"]),
+                f(&e["rms"]),
+                f(&e["snr_db"])
             );
         }
     }
+    println!(
+        "  ideal% = 1 - 1/ratio; gross%/net% = released / cold bytes in the steady state (end of a step); net%idl = net / ideal; evct = after evicting every restored chunk; rest = restore of one {}-token chunk (K+V) in us; headrm = worker time left over",
+        r["store"]["restore_chunk_tokens"]
+    );
     if let Some(p) = &a.json {
         let s = serde_json::to_string_pretty(&r).map_err(CliError::input)?;
         std::fs::write(p, s).map_err(|e| CliError::io(p, e))?;
@@ -467,11 +564,13 @@ mod tests {
             steps: 680,
             dtype: "f16".into(),
             threads: 2,
+            codec: vec!["gear-v1".into(), "c8-gear-v2".into()],
             decode_cache: 4,
             json: None,
         };
         let r = measure(&a).unwrap();
         let s = &r["store"];
+        assert_eq!(s["codec"], "gear-v1");
         for k in [
             "cold_bytes",
             "gross_released_bytes",
@@ -493,7 +592,30 @@ mod tests {
         assert!(s["restores_compared"].as_u64().unwrap() > 0);
         assert_eq!(s["restores_bit_exact"], s["restores_compared"]);
         assert!(s["net_released_bytes"].as_i64().unwrap() > 0);
-        assert!(r["store_c8"]["c8_error"]["snr_db"].as_f64().unwrap() > 20.0);
+        // Released after attention: the steady state holds no restored chunk.
+        assert_eq!(s["steady_state"]["decode_cache_resident_chunks"], 0);
+        assert_eq!(
+            s["steady_state"]["net_released_bytes"],
+            s["net_released_bytes"]
+        );
+        assert!(s["group_restores"].as_u64().unwrap() > 0);
+        let c8 = &r["variants"]["c8+gear-v2"];
+        assert!(c8["c8_error"]["snr_db"].as_f64().unwrap() > 20.0);
+        assert!(c8["codec_ratio"].as_f64().unwrap() > 1.5);
+        // MNN's decode cache keeps what it restored.
+        let dc = &r["variants"]["gear-v1 dc4"];
+        assert!(
+            dc["steady_state"]["decode_cache_resident_chunks"]
+                .as_u64()
+                .unwrap()
+                > 0
+        );
+        assert!(dc["decode_cache_hits"].as_u64().unwrap() > 0);
+        let unknown = BenchStoreArgs {
+            codec: vec!["zstd".into()],
+            ..a.clone()
+        };
+        assert!(measure(&unknown).is_err());
         let bad = BenchStoreArgs {
             dtype: "f32".into(),
             ..a
