@@ -6,7 +6,7 @@
 //! (about 0.1 s): the thread's CPU time is only updated at scheduler ticks, so shorter
 //! intervals would be quantised.
 
-use kvc_codec::gear_v2::{Decoder, EncodeParams, Encoder, TensorKind};
+use kvc_codec::gear_v2::{Coder, Decoder, EncodeParams, Encoder, TensorKind};
 use kvc_codec::Dtype;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -72,7 +72,12 @@ fn main() {
         } else {
             TensorKind::V
         };
-        let mut enc = Encoder::new();
+        // KVC_CODER=grouped times the first gear-v2 coder (for comparisons).
+        let coder = match std::env::var("KVC_CODER").as_deref() {
+            Ok("grouped") => Coder::Grouped,
+            _ => Coder::SharedShape,
+        };
+        let mut enc = Encoder::with_coder(coder);
         let mut dec = Decoder::new();
         let blobs: Vec<Vec<u8>> = layers
             .iter()

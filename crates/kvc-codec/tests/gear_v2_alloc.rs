@@ -2,7 +2,7 @@
 //! call has sized their buffers, encoding and decoding more tensors of the same shape makes
 //! no heap allocation (counted by a global allocator, per thread).
 
-use kvc_codec::gear_v2::{Decoder, EncodeParams, Encoder, TensorKind};
+use kvc_codec::gear_v2::{Coder, Decoder, EncodeParams, Encoder, TensorKind};
 use kvc_codec::Dtype;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
@@ -58,12 +58,16 @@ fn tensor(dtype: Dtype, tokens: usize, channels: usize, seed: u64) -> Vec<u8> {
 
 #[test]
 fn steady_state_encode_and_decode_allocate_nothing() {
-    for dtype in [Dtype::F16, Dtype::Bf16, Dtype::F32, Dtype::I8] {
+    let dtypes = [Dtype::F16, Dtype::Bf16, Dtype::F32, Dtype::I8];
+    for (coder, dtype) in [Coder::Grouped, Coder::SharedShape]
+        .into_iter()
+        .flat_map(|c| dtypes.map(|d| (c, d)))
+    {
         let (tokens, channels) = (300, 22);
         let mut params = EncodeParams::new(dtype, channels as u32);
         params.chunk_tokens = 64;
         params.kind = TensorKind::V;
-        let mut enc = Encoder::new();
+        let mut enc = Encoder::with_coder(coder);
         let mut dec = Decoder::new();
         let mut blob = Vec::new();
         let mut out = vec![0u8; tokens * channels * dtype.width()];
@@ -85,7 +89,11 @@ fn steady_state_encode_and_decode_allocate_nothing() {
                 let len = open.chunk_len(i);
                 open.decode_chunk_into(i, &mut out[..len]).unwrap();
             }
-            assert_eq!(allocs(), before, "{dtype:?}: allocation in steady state");
+            assert_eq!(
+                allocs(),
+                before,
+                "{coder:?} {dtype:?}: allocation in steady state"
+            );
             dec.decode_into(&blob, &mut out).unwrap();
             assert_eq!(n, data.len());
             assert_eq!(out, data);

@@ -1,7 +1,7 @@
 //! gear-v2 validation: every bit flip and every truncation of small blobs, bad header
 //! fields, and the committed golden blobs.
 
-use kvc_codec::gear_v2::{Decoder, EncodeParams, Encoder, TensorKind};
+use kvc_codec::gear_v2::{Coder, Decoder, EncodeParams, Encoder, TensorKind};
 use kvc_codec::{Dtype, Error, ErrorKind};
 use std::path::PathBuf;
 
@@ -38,6 +38,10 @@ fn half_bits(x: f32) -> u16 {
 const DTYPES: [Dtype; 4] = [Dtype::F16, Dtype::Bf16, Dtype::F32, Dtype::I8];
 
 fn small_blob(dtype: Dtype) -> (Vec<u8>, Vec<u8>) {
+    small_blob_with(Coder::Grouped, dtype)
+}
+
+fn small_blob_with(coder: Coder, dtype: Dtype) -> (Vec<u8>, Vec<u8>) {
     // Few distinct values with shared low bits so that the chunks are Huffman-coded.
     let pool = sample(dtype, 1, 3, 11);
     let size = dtype.width();
@@ -49,7 +53,7 @@ fn small_blob(dtype: Dtype) -> (Vec<u8>, Vec<u8>) {
     let mut p = EncodeParams::new(dtype, 5);
     p.chunk_tokens = 5;
     p.kind = TensorKind::V;
-    let blob = Encoder::new().encode(&p, &data).unwrap();
+    let blob = Encoder::with_coder(coder).encode(&p, &data).unwrap();
     // The first chunk must be coded (mode byte 1) for the flips to reach the Huffman lanes.
     let model_len = u32::from_le_bytes(blob[24..28].try_into().unwrap()) as usize;
     let first_chunk = 32 + model_len + 4 * 2;
@@ -60,8 +64,12 @@ fn small_blob(dtype: Dtype) -> (Vec<u8>, Vec<u8>) {
 #[test]
 fn every_bit_flip_and_truncation() {
     let mut dec = Decoder::new();
-    for dtype in DTYPES {
-        let (blob, data) = small_blob(dtype);
+    for (coder, dtype) in [Coder::Grouped, Coder::SharedShape]
+        .into_iter()
+        .flat_map(|c| DTYPES.map(|d| (c, d)))
+    {
+        let (blob, data) = small_blob_with(coder, dtype);
+        assert_eq!(blob[7] & 2 != 0, coder == Coder::SharedShape);
         assert_eq!(dec.decode(&blob).unwrap(), data);
         for n in 0..blob.len() {
             let e = dec.decode(&blob[..n]).unwrap_err();
@@ -208,6 +216,35 @@ fn golden_v2_blobs_decode() {
         assert_eq!(open.header().dtype, dtype);
         assert_eq!(open.header().channels, 12);
         assert_eq!(open.header().tokens, 40);
+        assert_eq!(dec.decode(&blob).unwrap(), raw, "{name}");
+    }
+}
+
+/// Golden blobs of the shared-shape coder (flag bit 1), written like the ones above.
+#[test]
+fn golden_v2_shared_blobs_decode() {
+    let dir = golden_dir();
+    let write = std::env::var_os("KVC_WRITE_GOLDEN").is_some();
+    let mut dec = Decoder::new();
+    for dtype in DTYPES {
+        let name = format!("gear-v2-shared.{}", dtype.name());
+        let blob_path = dir.join(format!("{name}.kvg2"));
+        let raw_path = dir.join(format!("{name}.raw"));
+        if write {
+            let data = sample(dtype, 40, 12, 5);
+            let mut p = EncodeParams::new(dtype, 12);
+            p.chunk_tokens = 16;
+            p.kind = TensorKind::K;
+            std::fs::create_dir_all(&dir).unwrap();
+            let blob = Encoder::with_coder(Coder::SharedShape)
+                .encode(&p, &data)
+                .unwrap();
+            std::fs::write(&blob_path, blob).unwrap();
+            std::fs::write(&raw_path, &data).unwrap();
+        }
+        let blob = std::fs::read(&blob_path).unwrap();
+        let raw = std::fs::read(&raw_path).unwrap();
+        assert_eq!(blob[7] & 2, 2, "{name}: not a shared-shape blob");
         assert_eq!(dec.decode(&blob).unwrap(), raw, "{name}");
     }
 }

@@ -1,6 +1,6 @@
 //! gear-v2 round trips: random, adversarial and real KV data, serial and parallel.
 
-use kvc_codec::gear_v2::{max_encoded_len, Decoder, EncodeParams, Encoder, TensorKind};
+use kvc_codec::gear_v2::{max_encoded_len, Coder, Decoder, EncodeParams, Encoder, TensorKind};
 use kvc_codec::Dtype;
 use std::path::PathBuf;
 
@@ -16,8 +16,14 @@ impl Rng {
     }
 }
 
+/// Round trip with both coders; returns the shared-shape blob's size.
 fn roundtrip(params: &EncodeParams, data: &[u8]) -> usize {
-    let mut enc = Encoder::new();
+    roundtrip_with(Coder::Grouped, params, data);
+    roundtrip_with(Coder::SharedShape, params, data)
+}
+
+fn roundtrip_with(coder: Coder, params: &EncodeParams, data: &[u8]) -> usize {
+    let mut enc = Encoder::with_coder(coder);
     let blob = enc.encode(params, data).unwrap();
     assert!(blob.len() <= max_encoded_len(params, data.len()).unwrap());
     let mut par = Vec::new();

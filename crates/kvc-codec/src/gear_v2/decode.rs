@@ -5,6 +5,7 @@ use super::encode::{CHUNK_CODED, CHUNK_STORED, CODED_CHUNK_HEADER, LANES};
 use super::format::{BlobHeader, ChunkIndex, FieldSplit, HEADER_LEN};
 use super::huffman::{self, DECODE_ENTRIES, INVALID_ENTRY};
 use super::lane_decode::{decode_coded, LaneModel, Lanes};
+use super::shared_decode::{decode_shared, SharedTables};
 use super::values::{dispatch, rest_bytes};
 use crate::error::{Error, Result};
 
@@ -14,6 +15,7 @@ use crate::error::{Error, Result};
 pub struct Decoder {
     tables: Vec<u16>,
     used: Vec<u16>,
+    shared: SharedTables,
     index: ChunkIndex,
 }
 
@@ -22,6 +24,7 @@ pub struct Decoder {
 pub struct OpenBlob<'d, 'b> {
     header: BlobHeader,
     tables: &'d [u16],
+    shared: &'d SharedTables,
     offsets: &'d [usize],
     blob: &'b [u8],
 }
@@ -44,6 +47,17 @@ impl Decoder {
             });
         }
         let model = &blob[HEADER_LEN..model_end as usize];
+        if header.shared {
+            self.shared.read(&header, model)?;
+            self.index.read(&header, blob)?;
+            return Ok(OpenBlob {
+                header,
+                tables: &self.tables,
+                shared: &self.shared,
+                offsets: &self.index.offsets,
+                blob,
+            });
+        }
         let tables = header.table_count();
         // Every table takes at least one byte, which bounds the table memory by the input.
         if tables > model.len() {
@@ -79,6 +93,7 @@ impl Decoder {
         Ok(OpenBlob {
             header,
             tables: &self.tables,
+            shared: &self.shared,
             offsets: &self.index.offsets,
             blob,
         })
@@ -180,6 +195,15 @@ impl<'d, 'b> OpenBlob<'d, 'b> {
                     return Err(bad("packed low bits have the wrong length"));
                 }
                 let lanes = Lanes { data, starts, lens };
+                if self.header.shared {
+                    let ctx = self.header.sign_context;
+                    dispatch!(
+                        self.header.dtype,
+                        decode_shared(self.shared, ctx, &lanes, rest, out)
+                    )
+                    .map_err(bad)?;
+                    return Ok(n);
+                }
                 let model = LaneModel {
                     tables: self.tables,
                     channels: ch,

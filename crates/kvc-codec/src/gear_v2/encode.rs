@@ -1,8 +1,10 @@
 //! The gear-v2 encoder.
 
 use super::format::{BlobHeader, TensorKind, HEADER_LEN, MAX_CHANNELS};
+use super::huffman;
 use super::lanes;
 use super::model::EncoderModel;
+use super::shared::SHARED_MAX_LEN;
 use super::values::dispatch;
 use crate::dtype::Dtype;
 use crate::error::{Error, Result};
@@ -69,7 +71,22 @@ pub fn max_encoded_len(params: &EncodeParams, input_len: usize) -> Result<usize>
     let tables = params.channels as usize * 2;
     // A table is at most 2 run bytes per 128 symbols plus a nibble per symbol.
     let table_max = params.dtype.width().max(2) * 256 / 2 + 8 + 512 / 2;
-    Ok(HEADER_LEN + tables * table_max + chunks * (4 + 1) + input_len)
+    // The shared-shape model adds a cluster count and three bytes per channel.
+    let shared = 1 + 3 * params.channels as usize;
+    Ok(HEADER_LEN + shared + tables * table_max + chunks * (4 + 1) + input_len)
+}
+
+/// Which model (and coder) the encoder writes; the decoder reads both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum Coder {
+    /// One table per group of channels (and previous sign), codes up to 9 bits, one symbol
+    /// per lookup: the first gear-v2 coder, and still the default (it decodes faster).
+    #[default]
+    Grouped,
+    /// Relative symbols, a few tables shared by clusters of channels, codes up to 11 bits
+    /// decoded up to two symbols per lookup (flag bit 1): smaller blobs on real KV data.
+    SharedShape,
 }
 
 /// A reusable gear-v2 encoder: its buffers are kept between calls, so encoding tensors of
@@ -77,13 +94,22 @@ pub fn max_encoded_len(params: &EncodeParams, input_len: usize) -> Result<usize>
 #[derive(Debug, Default)]
 pub struct Encoder {
     model: EncoderModel,
+    coder: Coder,
     pub(crate) chunk_bufs: Vec<Vec<u8>>,
 }
 
 impl Encoder {
-    /// A new encoder.
+    /// A new encoder (writing [`Coder::Grouped`]).
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A new encoder that writes `coder`'s model.
+    pub fn with_coder(coder: Coder) -> Self {
+        Encoder {
+            coder,
+            ..Self::default()
+        }
     }
 
     /// Encodes `input` (whole tokens, token-major) into a fresh vector.
@@ -125,8 +151,13 @@ impl Encoder {
     ) -> Result<u32> {
         let tokens = params.tokens_for(input.len())?;
         let channels = params.channels as usize;
-        self.model
-            .fit(params.dtype, channels, params.chunk_tokens as usize, input);
+        self.model.fit(
+            params.dtype,
+            channels,
+            params.chunk_tokens as usize,
+            input,
+            self.coder == Coder::SharedShape,
+        );
         let model_len = u32::try_from(self.model.section.len()).map_err(|_| Error::V2TooLarge {
             what: "model section",
         })?;
@@ -138,6 +169,7 @@ impl Encoder {
             chunk_tokens: params.chunk_tokens,
             group_size: self.model.group_size,
             sign_context: self.model.sign_context,
+            shared: self.model.shared,
             model_len,
         };
         out.clear();
@@ -181,14 +213,17 @@ fn encode_coded<const BPV: usize, const REST: u32, const SYM: u32>(
     out.push(CHUNK_CODED);
     let lens_at = out.len();
     out.resize(lens_at + 4 * LANES, 0);
-    lanes::encode_lanes::<BPV, REST, SYM>(
-        &model.codes,
-        model.group_size as usize,
-        model.sign_context,
-        channels,
-        raw,
-        out,
-        lens_at,
-    );
+    let codes = lanes::LaneCodes {
+        codes: &model.codes,
+        chan_table: &model.chan_table,
+        chan_loc: &model.chan_loc,
+        sign_context: model.sign_context,
+        max_len: if model.shared {
+            SHARED_MAX_LEN
+        } else {
+            huffman::MAX_LEN
+        },
+    };
+    lanes::encode_lanes::<BPV, REST, SYM>(&codes, channels, raw, out, lens_at);
     lanes::pack_low_bits::<BPV, REST>(raw, out);
 }

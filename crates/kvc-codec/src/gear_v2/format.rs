@@ -23,6 +23,9 @@ pub const HEADER_LEN: usize = 32;
 /// Flag bit: each symbol is coded with a table chosen by the sign of the previous token's
 /// value in the same channel (two tables per channel group instead of one).
 pub const FLAG_SIGN_CONTEXT: u8 = 1;
+/// Flag bit: the shared-shape model (relative symbols, tables per cluster of channels,
+/// codes up to 11 bits; `group_size` must be 1).
+pub const FLAG_SHARED: u8 = 2;
 /// The largest channel count the format accepts.
 pub const MAX_CHANNELS: u32 = 1 << 16;
 
@@ -131,6 +134,8 @@ pub struct BlobHeader {
     pub group_size: u32,
     /// Whether the previous token's sign selects the table.
     pub sign_context: bool,
+    /// Whether the model is the shared-shape one (flag bit 1).
+    pub shared: bool,
     /// Bytes of the model section.
     pub model_len: u32,
 }
@@ -175,11 +180,13 @@ impl BlobHeader {
         out.push(VERSION);
         out.push(dtype_code(self.dtype));
         out.push(self.kind.code());
-        out.push(if self.sign_context {
-            FLAG_SIGN_CONTEXT
-        } else {
-            0
-        });
+        out.push(
+            if self.sign_context {
+                FLAG_SIGN_CONTEXT
+            } else {
+                0
+            } | if self.shared { FLAG_SHARED } else { 0 },
+        );
         for v in [
             self.tokens,
             self.channels,
@@ -220,7 +227,7 @@ impl BlobHeader {
         let dtype = dtype_from_code(blob[5]).ok_or(bad("dtype", 5, blob[5] as u64))?;
         let kind = TensorKind::from_code(blob[6]).ok_or(bad("kind", 6, blob[6] as u64))?;
         let flags = blob[7];
-        if flags & !FLAG_SIGN_CONTEXT != 0 {
+        if flags & !(FLAG_SIGN_CONTEXT | FLAG_SHARED) != 0 {
             return Err(bad("flags", 7, flags as u64));
         }
         let u = |o: usize| u32::from_le_bytes([blob[o], blob[o + 1], blob[o + 2], blob[o + 3]]);
@@ -232,7 +239,8 @@ impl BlobHeader {
         if chunk_tokens == 0 {
             return Err(bad("chunk_tokens", 16, 0));
         }
-        if group_size == 0 || group_size > channels {
+        let shared = flags & FLAG_SHARED != 0;
+        if group_size == 0 || group_size > channels || (shared && group_size != 1) {
             return Err(bad("group_size", 20, group_size as u64));
         }
         if reserved != 0 {
@@ -252,6 +260,7 @@ impl BlobHeader {
             chunk_tokens,
             group_size,
             sign_context: flags & FLAG_SIGN_CONTEXT != 0,
+            shared,
             model_len,
         })
     }

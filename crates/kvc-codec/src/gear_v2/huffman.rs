@@ -7,6 +7,8 @@ use crate::error::{Error, Result};
 pub const MAX_LEN: u32 = 9;
 /// Entries in one decode table.
 pub const DECODE_ENTRIES: usize = 1 << MAX_LEN;
+/// The longest code length any coder mode uses (the shared-shape mode's limit).
+pub const MAX_LEN_ANY: u32 = 11;
 
 /// Reusable buffers for [`build_lengths`].
 #[derive(Default, Debug)]
@@ -20,8 +22,17 @@ impl LengthBuilder {
     /// Writes Huffman code lengths (0 = unused symbol) for `counts` into `lens`, limited to
     /// [`MAX_LEN`] bits. A single used symbol gets length 1.
     pub fn build_lengths(&mut self, counts: &[u32], lens: &mut [u8]) {
+        self.build_lengths_limited(counts, lens, MAX_LEN)
+    }
+
+    /// [`LengthBuilder::build_lengths`] with the limit `max_len` (1..=[`MAX_LEN_ANY`]).
+    pub fn build_lengths_limited(&mut self, counts: &[u32], lens: &mut [u8], max_len: u32) {
         lens.fill(0);
         self.leaves.clear();
+        // Room for every symbol of the alphabet: buffers never grow in steady state.
+        self.leaves.reserve(counts.len());
+        self.weight.reserve(2 * counts.len());
+        self.parent.reserve(2 * counts.len());
         for (s, &c) in counts.iter().enumerate() {
             if c > 0 {
                 self.leaves.push((c, s as u16));
@@ -75,9 +86,9 @@ impl LengthBuilder {
         // one level down; then spend any slack shortening codes, shortest lengths first.
         // Lengths are finally dealt out by frequency (most frequent symbol, shortest code),
         // which for an unclamped Huffman tree gives back its own depths.
-        let limit = 1u64 << MAX_LEN;
-        let max = MAX_LEN as usize;
-        let mut count = [0u64; MAX_LEN as usize + 1];
+        let limit = 1u64 << max_len;
+        let max = max_len as usize;
+        let mut count = [0u64; MAX_LEN_ANY as usize + 1];
         for &d in &depth[..n] {
             count[(d as usize).min(max)] += 1;
         }
@@ -157,11 +168,23 @@ pub fn read_table(
     used: &mut Vec<u16>,
     table: usize,
 ) -> Result<()> {
+    read_table_limited(src, pos, alphabet, used, table, MAX_LEN)
+}
+
+/// [`read_table`] for codes limited to `max_len` (1..=[`MAX_LEN_ANY`]) bits.
+pub fn read_table_limited(
+    src: &[u8],
+    pos: &mut usize,
+    alphabet: usize,
+    used: &mut Vec<u16>,
+    table: usize,
+    max_len: u32,
+) -> Result<()> {
     let bad = |reason| Error::V2BadTable { table, reason };
     used.clear();
     let mut i = 0;
     let mut kraft: u64 = 0;
-    let limit = 1u64 << MAX_LEN;
+    let limit = 1u64 << max_len;
     while i < alphabet {
         let b = *src.get(*pos).ok_or(bad("truncated"))?;
         *pos += 1;
@@ -176,7 +199,7 @@ pub fn read_table(
             let mut bad_len = false;
             for k in 0..run {
                 let l = (packed[k / 2] >> (4 * (k % 2))) & 15;
-                bad_len |= l == 0 || l as u32 > MAX_LEN;
+                bad_len |= l == 0 || l as u32 > max_len;
                 used.push(((i + k) as u16) << SYM_SHIFT | l as u16);
                 kraft += limit >> (l & 15).min(63);
             }
@@ -197,14 +220,14 @@ pub fn read_table(
 
 /// Canonical codes for `lens`, bit-reversed for LSB-first streams: `codes[s] = rev | len << 12`.
 pub fn build_codes(lens: &[u8], codes: &mut [u16]) {
-    let mut count = [0u32; MAX_LEN as usize + 1];
+    let mut count = [0u32; 16];
     for &l in lens {
-        count[l as usize] += 1;
+        count[l as usize & 15] += 1;
     }
     count[0] = 0;
-    let mut next = [0u32; MAX_LEN as usize + 2];
+    let mut next = [0u32; 16];
     let mut code = 0u32;
-    for l in 1..=MAX_LEN as usize {
+    for l in 1..=MAX_LEN_ANY as usize {
         code = (code + count[l - 1]) << 1;
         next[l] = code;
     }
@@ -229,16 +252,23 @@ pub fn build_codes(lens: &[u8], codes: &mut [u16]) {
 /// the one for lengths `<= l` plus one entry per code of length `l + 1`. That costs one
 /// copy of the table and one store per symbol, with no pass over the whole alphabet.
 pub fn build_decode_table(used: &[u16], table: &mut [u16]) {
-    let table = &mut table[..DECODE_ENTRIES];
-    let mut count = [0u32; MAX_LEN as usize + 1];
+    build_decode_table_bits(used, table, MAX_LEN)
+}
+
+/// [`build_decode_table`] for a table of `1 << bits` entries (`bits` <= [`MAX_LEN_ANY`]; the
+/// lengths in `used` are at most `bits`, as `read_table_limited` checked).
+pub fn build_decode_table_bits(used: &[u16], table: &mut [u16], bits: u32) {
+    let max = bits.min(MAX_LEN_ANY) as usize;
+    let table = &mut table[..1 << max];
+    let mut count = [0u32; MAX_LEN_ANY as usize + 1];
     for &u in used {
-        count[(u & 15) as usize] += 1;
+        count[(u as usize & 15).min(max)] += 1;
     }
-    let mut next = [0u32; MAX_LEN as usize + 1];
+    let mut next = [0u32; MAX_LEN_ANY as usize + 1];
     // start[l]: where codes of length l begin in `by_len`.
-    let mut start = [0usize; MAX_LEN as usize + 2];
+    let mut start = [0usize; MAX_LEN_ANY as usize + 2];
     let mut code = 0u32;
-    for l in 1..=MAX_LEN as usize {
+    for l in 1..=max {
         code = (code + count[l - 1]) << 1;
         next[l] = code;
         start[l + 1] = start[l] + count[l] as usize;
@@ -246,7 +276,7 @@ pub fn build_decode_table(used: &[u16], table: &mut [u16]) {
     let mut by_len = [0u32; 512];
     let mut fill = start;
     for &u in used {
-        let l = (u & 15) as usize;
+        let l = (u as usize & 15).min(max);
         let c = next[l];
         next[l] += 1;
         let rev = c.reverse_bits() >> (32 - l as u32);
@@ -258,7 +288,7 @@ pub fn build_decode_table(used: &[u16], table: &mut [u16]) {
     }
     table[0] = INVALID_ENTRY;
     let mut size = 1usize;
-    for l in 1..=MAX_LEN as usize {
+    for l in 1..=max {
         table.copy_within(0..size, size);
         size *= 2;
         for &e in &by_len[start[l].min(512)..start[l + 1].min(512)] {

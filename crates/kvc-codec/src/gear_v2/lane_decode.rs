@@ -121,6 +121,12 @@ pub(crate) fn decode_coded<const BPV: usize, const REST: u32, const SYM: u32>(
     Ok(())
 }
 
+/// Whether a test asked this thread's decodes to take the portable lane decoders.
+#[cfg(test)]
+pub(crate) fn force_portable() -> bool {
+    tests::FORCE_PORTABLE.get()
+}
+
 /// The fastest lane decoder this CPU runs.
 fn decode_lanes_best<const BPV: usize, const REST: u32, const SYM: u32>(
     model: &LaneModel<'_>,
@@ -302,7 +308,7 @@ fn decode_lanes<const BPV: usize, const REST: u32, const SYM: u32, const CTX: bo
 
 #[cfg(test)]
 mod tests {
-    use super::super::{Decoder, EncodeParams, Encoder, TensorKind};
+    use super::super::{Coder, Decoder, EncodeParams, Encoder, TensorKind};
     use crate::Dtype;
     use std::cell::Cell;
 
@@ -335,14 +341,17 @@ mod tests {
                 let mut params = EncodeParams::new(dtype, channels as u32);
                 params.chunk_tokens = chunk;
                 params.kind = TensorKind::K;
-                let blob = Encoder::new().encode(&params, &data).unwrap();
-                let mut dec = Decoder::new();
-                let best = dec.decode(&blob).unwrap();
-                FORCE_PORTABLE.set(true);
-                let portable = dec.decode(&blob);
-                FORCE_PORTABLE.set(false);
-                assert_eq!(best, data, "{dtype:?} {tokens}x{channels}");
-                assert_eq!(portable.unwrap(), data, "{dtype:?} {tokens}x{channels}");
+                for coder in [Coder::Grouped, Coder::SharedShape] {
+                    let blob = Encoder::with_coder(coder).encode(&params, &data).unwrap();
+                    let mut dec = Decoder::new();
+                    let best = dec.decode(&blob).unwrap();
+                    FORCE_PORTABLE.set(true);
+                    let portable = dec.decode(&blob);
+                    FORCE_PORTABLE.set(false);
+                    let what = format!("{coder:?} {dtype:?} {tokens}x{channels}");
+                    assert_eq!(best, data, "{what}");
+                    assert_eq!(portable.unwrap(), data, "{what}");
+                }
             }
         }
     }

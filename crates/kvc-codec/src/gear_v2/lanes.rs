@@ -11,7 +11,8 @@
 #![allow(clippy::needless_range_loop)]
 
 use super::encode::LANES;
-use super::huffman::MAX_LEN;
+use super::huffman::{MAX_LEN, MAX_LEN_ANY};
+use super::shared::to_rel;
 use super::values::load;
 
 /// Codes that fit a 64-bit buffer holding up to 7 leftover bits (or read after a refill that
@@ -23,12 +24,25 @@ pub(crate) const CODE_ENTRIES: usize = 512;
 
 type CodeTable = [u16; CODE_ENTRIES];
 
+/// What the lane encoder needs from the model.
+pub(crate) struct LaneCodes<'a> {
+    /// `CODE_ENTRIES` codes (`rev | len << 12`) per table.
+    pub codes: &'a [u16],
+    /// Table (for context 0; context 1 is the next one) of every channel.
+    pub chan_table: &'a [u32],
+    /// Usual top field of every channel: symbols are coded relative to it (`shared::to_rel`;
+    /// 0 leaves them unchanged).
+    pub chan_loc: &'a [u16],
+    /// Whether the previous token's (relative) sign selects the table.
+    pub sign_context: bool,
+    /// The longest code length (9 or 11).
+    pub max_len: u32,
+}
+
 /// Appends the coded lanes of a chunk to `out` (after the mode byte and the lane lengths,
-/// which are filled in): `codes` holds `CODE_ENTRIES` codes (`rev | len << 12`) per table.
+/// which are filled in).
 pub(crate) fn encode_lanes<const BPV: usize, const REST: u32, const SYM: u32>(
-    codes: &[u16],
-    group: usize,
-    sign_context: bool,
+    model: &LaneCodes<'_>,
     channels: usize,
     raw: &[u8],
     out: &mut Vec<u8>,
@@ -37,20 +51,10 @@ pub(crate) fn encode_lanes<const BPV: usize, const REST: u32, const SYM: u32>(
     #[cfg(target_arch = "x86_64")]
     if std::is_x86_feature_detected!("bmi2") {
         // SAFETY: the CPU supports BMI2, checked just above; the function is otherwise safe.
-        unsafe {
-            encode_lanes_bmi2::<BPV, REST, SYM>(
-                codes,
-                group,
-                sign_context,
-                channels,
-                raw,
-                out,
-                lens_at,
-            )
-        };
+        unsafe { encode_lanes_bmi2::<BPV, REST, SYM>(model, channels, raw, out, lens_at) };
         return;
     }
-    encode_lanes_any::<BPV, REST, SYM>(codes, group, sign_context, channels, raw, out, lens_at)
+    encode_lanes_any::<BPV, REST, SYM>(model, channels, raw, out, lens_at)
 }
 
 /// [`encode_lanes`] compiled with BMI2 (shifts by a register without `cl`).
@@ -60,37 +64,45 @@ pub(crate) fn encode_lanes<const BPV: usize, const REST: u32, const SYM: u32>(
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "bmi2")]
 unsafe fn encode_lanes_bmi2<const BPV: usize, const REST: u32, const SYM: u32>(
-    codes: &[u16],
-    group: usize,
-    sign_context: bool,
+    model: &LaneCodes<'_>,
     channels: usize,
     raw: &[u8],
     out: &mut Vec<u8>,
     lens_at: usize,
 ) {
-    encode_lanes_any::<BPV, REST, SYM>(codes, group, sign_context, channels, raw, out, lens_at)
+    encode_lanes_any::<BPV, REST, SYM>(model, channels, raw, out, lens_at)
 }
 
 #[inline(always)]
 fn encode_lanes_any<const BPV: usize, const REST: u32, const SYM: u32>(
-    codes: &[u16],
-    group: usize,
-    sign_context: bool,
+    model: &LaneCodes<'_>,
     channels: usize,
     raw: &[u8],
     out: &mut Vec<u8>,
     lens_at: usize,
 ) {
-    if sign_context {
-        encode_lanes_ctx::<BPV, REST, SYM, true>(codes, group, channels, raw, out, lens_at)
-    } else {
-        encode_lanes_ctx::<BPV, REST, SYM, false>(codes, group, channels, raw, out, lens_at)
+    match (model.sign_context, model.max_len > MAX_LEN) {
+        (true, false) => encode_lanes_ctx::<BPV, REST, SYM, true, SYMS_PER_WORD>(
+            model, channels, raw, out, lens_at,
+        ),
+        (false, false) => encode_lanes_ctx::<BPV, REST, SYM, false, SYMS_PER_WORD>(
+            model, channels, raw, out, lens_at,
+        ),
+        (true, true) => encode_lanes_ctx::<BPV, REST, SYM, true, SYMS_PER_WORD_LONG>(
+            model, channels, raw, out, lens_at,
+        ),
+        (false, true) => encode_lanes_ctx::<BPV, REST, SYM, false, SYMS_PER_WORD_LONG>(
+            model, channels, raw, out, lens_at,
+        ),
     }
 }
 
-fn code_table(codes: &[u16], group: usize, nctx: usize, channel: usize, ctx: usize) -> &CodeTable {
-    let t = (channel / group) * nctx + ctx.min(nctx - 1);
-    codes[t * CODE_ENTRIES..(t + 1) * CODE_ENTRIES]
+/// Codes of up to `MAX_LEN_ANY` (11) bits per 64-bit buffer: `(64 - 7) / 11`.
+pub(crate) const SYMS_PER_WORD_LONG: usize = (64 - 7) / MAX_LEN_ANY as usize;
+
+fn code_table<'a>(model: &LaneCodes<'a>, channel: usize, ctx: usize) -> &'a CodeTable {
+    let t = model.chan_table[channel] as usize + ctx;
+    model.codes[t * CODE_ENTRIES..(t + 1) * CODE_ENTRIES]
         .try_into()
         .expect("the model has a table for every channel")
 }
@@ -117,24 +129,29 @@ impl LaneWriter {
 }
 
 #[inline(always)]
-fn encode_lanes_ctx<const BPV: usize, const REST: u32, const SYM: u32, const CTX: bool>(
-    codes: &[u16],
-    group: usize,
+fn encode_lanes_ctx<
+    const BPV: usize,
+    const REST: u32,
+    const SYM: u32,
+    const CTX: bool,
+    const SPW: usize,
+>(
+    model: &LaneCodes<'_>,
     channels: usize,
     raw: &[u8],
     out: &mut Vec<u8>,
     lens_at: usize,
 ) {
-    let nctx = if CTX { 2 } else { 1 };
     let row = channels * BPV;
     let tokens = raw.len() / row;
+    let max_len = model.max_len as usize;
     // Each lane gets a region big enough for its worst case plus the 8-byte flush slack.
     let mut starts = [0usize; LANES];
     let mut at = out.len();
     for (k, s) in starts.iter_mut().enumerate() {
         *s = at;
         let lane_channels = (channels + LANES - 1 - k) / LANES;
-        at += (lane_channels * tokens * MAX_LEN as usize).div_ceil(8) + 8;
+        at += (lane_channels * tokens * max_len).div_ceil(8) + 8;
     }
     out.resize(at, 0);
     let mut w = LaneWriter {
@@ -142,24 +159,27 @@ fn encode_lanes_ctx<const BPV: usize, const REST: u32, const SYM: u32, const CTX
         acc: [0; LANES],
         n: [0; LANES],
     };
-    let sym_mask = (CODE_ENTRIES - 1) as u32;
+    let sym_mask = (1u32 << SYM) - 1;
+    let rel = |s: u32, c: usize| to_rel(s, model.chan_loc[c] as u32, SYM);
     let mut base = 0;
     while base + LANES <= channels {
-        let mut t0 = [code_table(codes, group, nctx, base, 0); LANES];
+        let mut t0 = [code_table(model, base, 0); LANES];
         let mut t1 = t0;
+        let mut loc = [0u32; LANES];
         for k in 0..LANES {
-            t0[k] = code_table(codes, group, nctx, base + k, 0);
-            t1[k] = code_table(codes, group, nctx, base + k, 1);
+            t0[k] = code_table(model, base + k, 0);
+            t1[k] = code_table(model, base + k, CTX as usize);
+            loc[k] = model.chan_loc[base + k] as u32;
         }
         let mut cur = t0;
         let mut t = 0;
         while t < tokens {
-            let n = SYMS_PER_WORD.min(tokens - t);
+            let n = SPW.min(tokens - t);
             for s in 0..n {
                 let at = (t + s) * row + base * BPV;
                 let cell = &raw[at..at + LANES * BPV];
                 for k in 0..LANES {
-                    let sym = (load::<BPV>(cell, k) >> REST) & sym_mask;
+                    let sym = to_rel((load::<BPV>(cell, k) >> REST) & sym_mask, loc[k], SYM);
                     w.add(k, cur[k][sym as usize]);
                     if CTX {
                         cur[k] = if (sym >> (SYM - 1)) & 1 != 0 {
@@ -179,16 +199,16 @@ fn encode_lanes_ctx<const BPV: usize, const REST: u32, const SYM: u32, const CTX
     }
     for c in base..channels {
         let k = c - base;
-        let (t0, t1) = (
-            code_table(codes, group, nctx, c, 0),
-            code_table(codes, group, nctx, c, 1),
-        );
+        let (t0, t1) = (code_table(model, c, 0), code_table(model, c, CTX as usize));
         let mut cur = t0;
         let mut t = 0;
         while t < tokens {
-            let n = SYMS_PER_WORD.min(tokens - t);
+            let n = SPW.min(tokens - t);
             for s in 0..n {
-                let sym = (load::<BPV>(raw, (t + s) * channels + c) >> REST) & sym_mask;
+                let sym = rel(
+                    (load::<BPV>(raw, (t + s) * channels + c) >> REST) & sym_mask,
+                    c,
+                );
                 w.add(k, cur[sym as usize]);
                 if CTX {
                     cur = if (sym >> (SYM - 1)) & 1 != 0 { t1 } else { t0 };

@@ -61,6 +61,232 @@ pub(crate) unsafe fn spread_low_bytes_avx2(rest: &[u8], out: &mut [u8]) {
     spread_low_bytes_portable(&rest[done..n], &mut out[2 * done..2 * n]);
 }
 
+/// Writes f16 values token-major from the channel-major top bytes `syms` (channel `c`'s
+/// `tokens` bytes at `c * stride`) and the token-major low bytes `rest`.
+pub(crate) fn interleave_f16(
+    syms: &[u8],
+    stride: usize,
+    rest: &[u8],
+    channels: usize,
+    tokens: usize,
+    out: &mut [u8],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("sse2") && !force_portable() {
+        // SAFETY: the CPU supports SSE2, checked just above.
+        unsafe { interleave_f16_sse2(syms, stride, rest, channels, tokens, out) };
+        return;
+    }
+    interleave_f16_portable(syms, stride, rest, channels, tokens, out, 0, 0);
+}
+
+#[cfg(test)]
+fn force_portable() -> bool {
+    super::lane_decode::force_portable()
+}
+#[cfg(not(test))]
+fn force_portable() -> bool {
+    false
+}
+
+/// Portable [`interleave_f16`] for the channels from `c_from` and, below `c_from`, the
+/// tokens from `t_from` (what the SIMD version's whole blocks left).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn interleave_f16_portable(
+    syms: &[u8],
+    stride: usize,
+    rest: &[u8],
+    channels: usize,
+    tokens: usize,
+    out: &mut [u8],
+    c_from: usize,
+    t_from: usize,
+) {
+    // Tokens per block: the block's columns of `syms` stay in L1 while its rows are written.
+    const BLOCK: usize = 16;
+    let mut t0 = 0;
+    while t0 < tokens {
+        let t1 = (t0 + BLOCK).min(tokens);
+        for c in 0..channels {
+            let from = if c < c_from { t_from.max(t0) } else { t0 };
+            for t in from..t1 {
+                let at = t * channels + c;
+                out[2 * at] = rest[at];
+                out[2 * at + 1] = syms[c * stride + t];
+            }
+        }
+        t0 = t1;
+    }
+}
+
+/// SSE2 [`interleave_f16`]: blocks of 16 channels x 16 tokens are transposed in registers
+/// (four rounds of byte unpacking) and interleaved with the low bytes.
+///
+/// # Safety
+/// The CPU must support SSE2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "sse2")]
+pub(crate) unsafe fn interleave_f16_sse2(
+    syms: &[u8],
+    stride: usize,
+    rest: &[u8],
+    channels: usize,
+    tokens: usize,
+    out: &mut [u8],
+) {
+    use std::arch::x86_64::*;
+    let cb = channels / 16 * 16;
+    let tb = tokens / 16 * 16;
+    let n = channels * tokens;
+    assert!(syms.len() >= channels.saturating_sub(1) * stride + tokens);
+    assert!(rest.len() >= n && out.len() >= 2 * n);
+    let mut c0 = 0;
+    while c0 < cb {
+        let mut t0 = 0;
+        while t0 < tb {
+            // SAFETY: rows c0..c0 + 16 of `syms` hold bytes t0..t0 + 16 (t0 + 16 <= tokens,
+            // c0 + 16 <= channels, checked against syms' length above); the low bytes and
+            // output of tokens t0..t0 + 16, channels c0..c0 + 16 lie inside `rest` and `out`
+            // (n values, checked above). All loads and stores are unaligned.
+            unsafe {
+                let mut r = [_mm_setzero_si128(); 16];
+                for (i, reg) in r.iter_mut().enumerate() {
+                    *reg = _mm_loadu_si128(
+                        syms.as_ptr().add((c0 + i) * stride + t0) as *const __m128i
+                    );
+                }
+                // Each round rotates the (register, byte) index bits left by one; after
+                // four, register = token and byte = channel.
+                for _ in 0..4 {
+                    let mut x = [_mm_setzero_si128(); 16];
+                    for i in 0..8 {
+                        x[2 * i] = _mm_unpacklo_epi8(r[i], r[i + 8]);
+                        x[2 * i + 1] = _mm_unpackhi_epi8(r[i], r[i + 8]);
+                    }
+                    r = x;
+                }
+                for (j, &top) in r.iter().enumerate() {
+                    let at = (t0 + j) * channels + c0;
+                    let low = _mm_loadu_si128(rest.as_ptr().add(at) as *const __m128i);
+                    let o = out.as_mut_ptr().add(2 * at);
+                    _mm_storeu_si128(o as *mut __m128i, _mm_unpacklo_epi8(low, top));
+                    _mm_storeu_si128(o.add(16) as *mut __m128i, _mm_unpackhi_epi8(low, top));
+                }
+            }
+            t0 += 16;
+        }
+        c0 += 16;
+    }
+    // What the whole blocks left: channels from cb, and tokens from tb of the others.
+    interleave_f16_portable(syms, stride, rest, channels, tokens, out, cb, tb);
+}
+
+/// Writes `sym << shift` for every 16-bit value token-major from the channel-major 16-bit
+/// top fields `syms` (channel `c`'s `tokens` values at element `c * stride`).
+pub(crate) fn transpose_u16(
+    syms: &[u8],
+    stride: usize,
+    shift: u32,
+    channels: usize,
+    tokens: usize,
+    out: &mut [u8],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("sse2") && !force_portable() {
+        // SAFETY: the CPU supports SSE2, checked just above.
+        unsafe { transpose_u16_sse2(syms, stride, shift, channels, tokens, out) };
+        return;
+    }
+    transpose_u16_portable(syms, stride, shift, channels, tokens, out, 0, 0);
+}
+
+/// Portable [`transpose_u16`] for the channels from `c_from` and, below it, the tokens from
+/// `t_from`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn transpose_u16_portable(
+    syms: &[u8],
+    stride: usize,
+    shift: u32,
+    channels: usize,
+    tokens: usize,
+    out: &mut [u8],
+    c_from: usize,
+    t_from: usize,
+) {
+    const BLOCK: usize = 16;
+    let mut t0 = 0;
+    while t0 < tokens {
+        let t1 = (t0 + BLOCK).min(tokens);
+        for c in 0..channels {
+            let from = if c < c_from { t_from.max(t0) } else { t0 };
+            for t in from..t1 {
+                let i = 2 * (c * stride + t);
+                let v = u16::from_le_bytes([syms[i], syms[i + 1]]) << shift;
+                let at = 2 * (t * channels + c);
+                out[at..at + 2].copy_from_slice(&v.to_le_bytes());
+            }
+        }
+        t0 = t1;
+    }
+}
+
+/// SSE2 [`transpose_u16`]: blocks of 8 channels x 8 tokens, three rounds of unpacking.
+///
+/// # Safety
+/// The CPU must support SSE2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "sse2")]
+pub(crate) unsafe fn transpose_u16_sse2(
+    syms: &[u8],
+    stride: usize,
+    shift: u32,
+    channels: usize,
+    tokens: usize,
+    out: &mut [u8],
+) {
+    use std::arch::x86_64::*;
+    let cb = channels / 8 * 8;
+    let tb = tokens / 8 * 8;
+    assert!(syms.len() >= 2 * (channels.saturating_sub(1) * stride + tokens));
+    assert!(out.len() >= 2 * channels * tokens);
+    let count = _mm_cvtsi32_si128(shift as i32);
+    let mut c0 = 0;
+    while c0 < cb {
+        let mut t0 = 0;
+        while t0 < tb {
+            // SAFETY: rows c0..c0 + 8 hold values t0..t0 + 8 (bounds checked above against
+            // the slices' lengths); the output values of tokens t0..t0 + 8, channels
+            // c0..c0 + 8 lie inside `out`. All loads and stores are unaligned.
+            unsafe {
+                let mut r = [_mm_setzero_si128(); 8];
+                for (i, reg) in r.iter_mut().enumerate() {
+                    *reg = _mm_loadu_si128(
+                        syms.as_ptr().add(2 * ((c0 + i) * stride + t0)) as *const __m128i
+                    );
+                }
+                for _ in 0..3 {
+                    let mut x = [_mm_setzero_si128(); 8];
+                    for i in 0..4 {
+                        x[2 * i] = _mm_unpacklo_epi16(r[i], r[i + 4]);
+                        x[2 * i + 1] = _mm_unpackhi_epi16(r[i], r[i + 4]);
+                    }
+                    r = x;
+                }
+                for (j, &v) in r.iter().enumerate() {
+                    let at = 2 * ((t0 + j) * channels + c0);
+                    _mm_storeu_si128(
+                        out.as_mut_ptr().add(at) as *mut __m128i,
+                        _mm_sll_epi16(v, count),
+                    );
+                }
+            }
+            t0 += 8;
+        }
+        c0 += 8;
+    }
+    transpose_u16_portable(syms, stride, shift, channels, tokens, out, cb, tb);
+}
+
 /// The encoder's side of [`spread_low_bytes`]: `low[i] = raw[2 * i]` (f16 low bytes).
 pub(crate) fn split_low_bytes(raw: &[u8], low: &mut [u8]) {
     #[cfg(target_arch = "x86_64")]
@@ -237,6 +463,40 @@ mod tests {
             assert_eq!(a, b, "{values} values");
             for i in 0..values {
                 assert_eq!((a[2 * i], a[2 * i + 1]), (rest[i], 0));
+            }
+        }
+    }
+
+    #[test]
+    fn transposes_match_portable() {
+        for (channels, tokens) in [(1usize, 1usize), (16, 16), (17, 33), (40, 8), (192, 50)] {
+            let stride = tokens + 2;
+            let syms = noise(2 * channels * stride, 3);
+            let rest = noise(channels * tokens, 4);
+            let mut a = vec![0u8; 2 * channels * tokens];
+            let mut b = a.clone();
+            interleave_f16_portable(&syms, stride, &rest, channels, tokens, &mut a, 0, 0);
+            interleave_f16(&syms, stride, &rest, channels, tokens, &mut b);
+            assert_eq!(a, b, "{channels}x{tokens}");
+            for t in 0..tokens {
+                for c in 0..channels {
+                    let at = t * channels + c;
+                    assert_eq!(a[2 * at], rest[at]);
+                    assert_eq!(a[2 * at + 1], syms[c * stride + t]);
+                }
+            }
+            let mut a = vec![0u8; 2 * channels * tokens];
+            let mut b = a.clone();
+            transpose_u16_portable(&syms, stride, 7, channels, tokens, &mut a, 0, 0);
+            transpose_u16(&syms, stride, 7, channels, tokens, &mut b);
+            assert_eq!(a, b, "{channels}x{tokens}");
+            for t in 0..tokens {
+                for c in 0..channels {
+                    let i = 2 * (c * stride + t);
+                    let v = u16::from_le_bytes([syms[i], syms[i + 1]]) << 7;
+                    let at = 2 * (t * channels + c);
+                    assert_eq!(u16::from_le_bytes([a[at], a[at + 1]]), v);
+                }
             }
         }
     }

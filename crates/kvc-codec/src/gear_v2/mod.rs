@@ -18,10 +18,12 @@ mod lanes;
 mod low_bits;
 mod model;
 mod parallel;
+mod shared;
+mod shared_decode;
 mod values;
 
 pub use decode::{Decoder, OpenBlob};
-pub use encode::{max_encoded_len, EncodeParams, Encoder, DEFAULT_CHUNK_TOKENS};
+pub use encode::{max_encoded_len, Coder, EncodeParams, Encoder, DEFAULT_CHUNK_TOKENS};
 pub use format::{BlobHeader, FieldSplit, TensorKind, HEADER_LEN, MAGIC, VERSION};
 
 /// Whether `blob` starts with the gear-v2 magic.

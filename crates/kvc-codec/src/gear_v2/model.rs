@@ -4,6 +4,7 @@
 use super::format::FieldSplit;
 use super::huffman::{self, LengthBuilder};
 use super::lanes::CODE_ENTRIES;
+use super::shared::SharedFit;
 use super::values::{dispatch, load};
 use crate::dtype::Dtype;
 use std::sync::OnceLock;
@@ -29,6 +30,30 @@ pub struct EncoderModel {
     pub group_size: u32,
     /// Whether the sign context is on.
     pub sign_context: bool,
+    /// Whether the model is the shared-shape one (relative symbols, clustered tables).
+    pub shared: bool,
+    /// Encode table (for context 0) of every channel.
+    pub chan_table: Vec<u32>,
+    /// Usual top field of every channel (0 in the grouped model: symbols are not moved).
+    pub chan_loc: Vec<u16>,
+    fit_shared: SharedFit,
+}
+
+/// The top fields of channel `c` at the first token of every chunk.
+fn first_tops<const BPV: usize, const REST: u32, const SYM: u32>(
+    input: &[u8],
+    channels: usize,
+    chunk_tokens: usize,
+    c: usize,
+    out: &mut Vec<u32>,
+) {
+    let tokens = input.len() / (BPV * channels);
+    let mask = (1u32 << SYM) - 1;
+    out.extend(
+        (0..tokens)
+            .step_by(chunk_tokens)
+            .map(|t| (load::<BPV>(input, t * channels + c) >> REST) & mask),
+    );
 }
 
 fn xlog2x_table() -> &'static [f32] {
@@ -90,8 +115,16 @@ fn gather<const BPV: usize, const REST: u32, const SYM: u32>(
 }
 
 impl EncoderModel {
-    /// Measures `input` and chooses the model; fills `section` and `codes`.
-    pub fn fit(&mut self, dtype: Dtype, channels: usize, chunk_tokens: usize, input: &[u8]) {
+    /// Measures `input` and fits the model (the shared-shape one when `shared`); fills
+    /// `section`, `codes` and the per-channel tables.
+    pub fn fit(
+        &mut self,
+        dtype: Dtype,
+        channels: usize,
+        chunk_tokens: usize,
+        input: &[u8],
+        shared: bool,
+    ) {
         let split = FieldSplit::of(dtype);
         let alphabet = split.alphabet();
         self.counts.clear();
@@ -105,6 +138,27 @@ impl EncoderModel {
             let lo = h.iter().position(|&c| c > 0).unwrap_or(0);
             let hi = h.iter().rposition(|&c| c > 0).map_or(0, |p| p + 1);
             self.ranges.push((lo as u32, hi.max(lo) as u32));
+        }
+        self.shared = shared;
+        self.chan_table.clear();
+        self.chan_loc.clear();
+        if shared {
+            self.fit_shared.fit(
+                &self.counts,
+                &self.ranges,
+                channels,
+                split.sym_bits,
+                &mut |c, out| dispatch!(dtype, first_tops(input, channels, chunk_tokens, c, out)),
+                &mut self.codes,
+                &mut self.section,
+            );
+            self.group_size = 1;
+            self.sign_context = self.fit_shared.sign_context;
+            let nctx = 1 + self.sign_context as u32;
+            self.chan_table
+                .extend(self.fit_shared.cluster.iter().map(|&g| g as u32 * nctx));
+            self.chan_loc.extend_from_slice(&self.fit_shared.locs);
+            return;
         }
         let t = xlog2x_table();
         // The sign context is decided on per-channel tables, then the group size grows
@@ -127,6 +181,10 @@ impl EncoderModel {
         self.group_size = best.1;
         self.sign_context = best.2;
         self.build(channels, alphabet);
+        let nctx = 1 + self.sign_context as u32;
+        self.chan_table
+            .extend((0..channels as u32).map(|c| c / self.group_size * nctx));
+        self.chan_loc.resize(channels, 0);
     }
 
     /// Merges the counts of table `(group, ctx)` into `self.merged`; returns the used range.

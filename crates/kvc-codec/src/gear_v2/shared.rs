@@ -1,0 +1,313 @@
+//! The shared-shape model (flag bit 1): every channel's top field is moved to a channel-free
+//! "relative" symbol, and a few tables shared by clusters of channels code the relative
+//! symbols.
+//!
+//! A channel's top fields differ from its neighbours' mostly by location (which exponent is
+//! typical, which sign), much less by shape. With `loc` the channel's most frequent top field
+//! and `H` half the alphabet (the sign bit), the relative symbol of `s` is
+//! `((s ^ loc) & H) | ((s - loc) & (H - 1))`: the sign relative to the usual sign, and the
+//! magnitude field's distance from the usual one (mod `H`). Channels are clustered (at most
+//! [`MAX_CLUSTERS`]) by the shape of their relative histograms, and each cluster has one
+//! table (two with the sign context: the top bit of the previous token's relative symbol,
+//! i.e. whether it had the channel's usual sign). A model costs three bytes per channel plus
+//! a few tables, instead of one or two tables per channel; few tables make two-symbol
+//! decode tables (`shared_decode`) cheap to build.
+
+use super::huffman::{self, LengthBuilder, MAX_LEN_ANY};
+use super::lanes::CODE_ENTRIES;
+
+/// Longest code length of the shared-shape mode (decode tables have `1 << 11` entries).
+pub const SHARED_MAX_LEN: u32 = MAX_LEN_ANY;
+/// The most clusters (tables per context) a shared-shape model may have.
+pub const MAX_CLUSTERS: usize = 16;
+/// Clusters the encoder uses (fewer when there are fewer channels).
+const CLUSTERS: usize = 8;
+/// Refinement passes of the cluster assignment after the initial split.
+const REFINE_PASSES: usize = 2;
+
+/// The relative symbol of top field `s` in a channel whose usual top field is `loc`.
+#[inline(always)]
+pub fn to_rel(s: u32, loc: u32, sym_bits: u32) -> u32 {
+    let half = 1u32 << (sym_bits - 1);
+    ((s ^ loc) & half) | (s.wrapping_sub(loc) & (half - 1))
+}
+
+/// The inverse of [`to_rel`].
+#[inline(always)]
+pub fn from_rel(r: u32, loc: u32, sym_bits: u32) -> u32 {
+    let half = 1u32 << (sym_bits - 1);
+    ((r ^ loc) & half) | (r.wrapping_add(loc) & (half - 1))
+}
+
+/// A fitted shared-shape model: per-channel cluster and location, and the tables.
+#[derive(Debug, Default)]
+pub struct SharedFit {
+    /// Cluster of each channel.
+    pub cluster: Vec<u8>,
+    /// Usual top field of each channel.
+    pub locs: Vec<u16>,
+    /// Clusters.
+    pub clusters: usize,
+    /// Whether the relative sign context is on.
+    pub sign_context: bool,
+    /// Nonzero relative counts of every channel: `(rel << 1 | ctx, count)`.
+    entries: Vec<(u32, u32)>,
+    /// Where each channel's entries start in `entries` (one more than channels).
+    starts: Vec<usize>,
+    dense: Vec<u32>,
+    hist: Vec<u64>,
+    cost: Vec<f32>,
+    order: Vec<(f32, u32)>,
+    lens: Vec<u8>,
+    merged: Vec<u32>,
+    both: Vec<u64>,
+    firsts: Vec<u32>,
+    builder: LengthBuilder,
+}
+
+/// Base-2 logarithm of a count (`f32`, enough for costs).
+#[inline]
+fn log2(c: u64) -> f32 {
+    (c as f32).log2()
+}
+
+fn entropy_bits(h: &[u64]) -> f64 {
+    let n: u64 = h.iter().sum();
+    if n == 0 {
+        return 0.0;
+    }
+    let mut s = 0.0f64;
+    for &c in h {
+        if c > 0 {
+            s += c as f64 * (c as f64).log2();
+        }
+    }
+    n as f64 * (n as f64).log2() - s
+}
+
+impl SharedFit {
+    /// Fits the model from per-(channel, previous raw sign) counts `counts[(c * 2 + ctx) *
+    /// alphabet + s]` (the first token of a chunk counted under sign 0) with used ranges
+    /// `ranges`, and the first token of every chunk (`chunk_starts(c)` yields their top
+    /// fields for channel `c`) to move them to context 0 of the relative model. Writes the
+    /// model section to `section` and the encode codes, `CODE_ENTRIES` per table, to `codes`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn fit(
+        &mut self,
+        counts: &[u32],
+        ranges: &[(u32, u32)],
+        channels: usize,
+        sym_bits: u32,
+        chunk_starts: &mut dyn FnMut(usize, &mut Vec<u32>),
+        codes: &mut Vec<u16>,
+        section: &mut Vec<u8>,
+    ) {
+        let alphabet = 1usize << sym_bits;
+        let half = alphabet / 2;
+        self.cluster.clear();
+        self.locs.clear();
+        self.entries.clear();
+        // Capacity for the most entries this shape can have, so that tensors of a steady
+        // shape never grow it (no allocation in steady state).
+        let values: u64 = counts.iter().take(2 * alphabet).map(|&n| n as u64).sum();
+        let most = (channels * 2 * alphabet).min(values as usize * channels);
+        self.entries.reserve(most);
+        self.starts.clear();
+        self.dense.clear();
+        self.dense.resize(2 * alphabet, 0);
+        let mut firsts = std::mem::take(&mut self.firsts);
+        for c in 0..channels {
+            let (a0, b0) = ranges[c * 2];
+            let (a1, b1) = ranges[c * 2 + 1];
+            let lo = a0.min(a1) as usize;
+            let hi = (b0.max(b1) as usize).max(lo);
+            let h0 = &counts[c * 2 * alphabet..(c * 2 + 1) * alphabet];
+            let h1 = &counts[(c * 2 + 1) * alphabet..(c * 2 + 2) * alphabet];
+            let mut loc = lo;
+            let mut best = 0u32;
+            for s in lo..hi {
+                let n = h0[s] + h1[s];
+                if n > best {
+                    best = n;
+                    loc = s;
+                }
+            }
+            let loc = loc as u32;
+            let lsign = ((loc as usize) & half != 0) as usize;
+            for s in lo..hi {
+                let r = to_rel(s as u32, loc, sym_bits) as usize;
+                self.dense[lsign * alphabet + r] += h0[s];
+                self.dense[(1 - lsign) * alphabet + r] += h1[s];
+            }
+            if lsign == 1 {
+                // A chunk's first token has context 0 in the relative model; the counts
+                // had it under raw sign 0, i.e. relative context 1 here.
+                firsts.clear();
+                chunk_starts(c, &mut firsts);
+                for &s in &firsts {
+                    let r = to_rel(s, loc, sym_bits) as usize;
+                    self.dense[alphabet + r] -= 1;
+                    self.dense[r] += 1;
+                }
+            }
+            self.starts.push(self.entries.len());
+            for s in lo..hi {
+                let r = to_rel(s as u32, loc, sym_bits) as usize;
+                for x in 0..2 {
+                    let n = std::mem::take(&mut self.dense[x * alphabet + r]);
+                    if n > 0 {
+                        self.entries.push(((r as u32) << 1 | x as u32, n));
+                    }
+                }
+            }
+            self.locs.push(loc as u16);
+        }
+        self.firsts = firsts;
+        self.starts.push(self.entries.len());
+        let k = CLUSTERS.min(channels).max(1);
+        self.clusters = k;
+        // Initial split: channels ordered by their entropy per symbol, cut into k runs.
+        self.order.clear();
+        for c in 0..channels {
+            let e = &self.entries[self.starts[c]..self.starts[c + 1]];
+            let n: u64 = e.iter().map(|&(_, n)| n as u64).sum();
+            let mut s = 0.0f32;
+            for &(_, m) in e {
+                s += m as f32 * log2(m as u64);
+            }
+            let h = if n > 0 { log2(n) - s / n as f32 } else { 0.0 };
+            self.order.push((h, c as u32));
+        }
+        self.order.sort_unstable_by(|a, b| a.0.total_cmp(&b.0));
+        self.cluster.resize(channels, 0);
+        for (i, &(_, c)) in self.order.iter().enumerate() {
+            self.cluster[c as usize] = (i * k / channels) as u8;
+        }
+        // Refinement: each channel moves to the cluster whose (smoothed) tables code it
+        // in the fewest bits.
+        let tab = 2 * alphabet;
+        for _ in 0..REFINE_PASSES {
+            self.cluster_hists(k, alphabet);
+            self.cost.clear();
+            self.cost.resize(k * tab, 0.0);
+            for g in 0..k {
+                for x in 0..2 {
+                    let h = &self.hist[g * tab + x * alphabet..g * tab + (x + 1) * alphabet];
+                    let n: u64 = h.iter().sum();
+                    let ln = log2(n + 1);
+                    // Unseen symbols cost about a code of the table's longest lengths.
+                    let miss = ln + 2.0;
+                    for (r, &m) in h.iter().enumerate() {
+                        // Cost entries are indexed like `entries`: rel << 1 | ctx.
+                        self.cost[g * tab + (r << 1 | x)] = if m > 0 { ln - log2(m) } else { miss };
+                    }
+                }
+            }
+            for c in 0..channels {
+                let e = &self.entries[self.starts[c]..self.starts[c + 1]];
+                let mut best = (f32::INFINITY, 0u8);
+                for g in 0..k {
+                    let cost = &self.cost[g * tab..(g + 1) * tab];
+                    let mut bits = 0.0f32;
+                    for &(i, n) in e {
+                        bits += n as f32 * cost[i as usize];
+                    }
+                    if bits < best.0 {
+                        best = (bits, g as u8);
+                    }
+                }
+                self.cluster[c] = best.1;
+            }
+        }
+        self.cluster_hists(k, alphabet);
+        // The sign context pays when splitting the tables saves more than the extra tables
+        // cost (about a nibble per used symbol).
+        let (mut with, mut without) = (0.0, 0.0);
+        self.merged.clear();
+        self.merged.resize(alphabet, 0);
+        for g in 0..k {
+            let h = &self.hist[g * tab..(g + 1) * tab];
+            with += entropy_bits(&h[..alphabet]) + entropy_bits(&h[alphabet..]);
+            self.both.clear();
+            self.both
+                .extend((0..alphabet).map(|r| h[r] + h[alphabet + r]));
+            without += entropy_bits(&self.both);
+            let used0 = h[..alphabet].iter().filter(|&&n| n > 0).count();
+            let used1 = h[alphabet..].iter().filter(|&&n| n > 0).count();
+            let usedm = self.both.iter().filter(|&&n| n > 0).count();
+            with += 4.0 * (used0 + used1) as f64;
+            without += 4.0 * usedm as f64;
+        }
+        self.sign_context = with < without;
+        let nctx = if self.sign_context { 2 } else { 1 };
+        // The model section: clusters, per channel (cluster, loc), then the tables.
+        section.clear();
+        // The largest section of this shape (a table is at most one run byte per symbol
+        // and a nibble per symbol), so that a steady shape never grows it.
+        section.reserve(1 + 3 * channels + 2 * k * (alphabet + alphabet / 2 + 2));
+        section.push(k as u8);
+        for c in 0..channels {
+            section.push(self.cluster[c]);
+            section.extend_from_slice(&self.locs[c].to_le_bytes());
+        }
+        codes.clear();
+        codes.reserve(k * 2 * CODE_ENTRIES);
+        codes.resize(k * nctx * CODE_ENTRIES, 0);
+        self.lens.resize(alphabet, 0);
+        for g in 0..k {
+            for x in 0..nctx {
+                for r in 0..alphabet {
+                    let n = if nctx == 2 {
+                        self.hist[g * tab + x * alphabet + r]
+                    } else {
+                        self.hist[g * tab + r] + self.hist[g * tab + alphabet + r]
+                    };
+                    self.merged[r] = n.min(u32::MAX as u64) as u32;
+                }
+                self.builder
+                    .build_lengths_limited(&self.merged, &mut self.lens, SHARED_MAX_LEN);
+                huffman::write_table(&self.lens, section);
+                let at = (g * nctx + x) * CODE_ENTRIES;
+                huffman::build_codes(&self.lens, &mut codes[at..at + alphabet]);
+            }
+        }
+    }
+
+    /// Sums the relative counts of each cluster into `hist[g * 2 * alphabet + ctx *
+    /// alphabet + rel]`.
+    fn cluster_hists(&mut self, k: usize, alphabet: usize) {
+        let tab = 2 * alphabet;
+        self.hist.clear();
+        self.hist.resize(k * tab, 0);
+        for (c, &g) in self.cluster.iter().enumerate() {
+            let h = &mut self.hist[g as usize * tab..(g as usize + 1) * tab];
+            for &(i, n) in &self.entries[self.starts[c]..self.starts[c + 1]] {
+                let (r, x) = ((i >> 1) as usize, (i & 1) as usize);
+                h[x * alphabet + r] += n as u64;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn relative_symbols_invert() {
+        for bits in [8u32, 9] {
+            let a = 1u32 << bits;
+            for loc in 0..a {
+                let mut seen = vec![false; a as usize];
+                for s in 0..a {
+                    let r = to_rel(s, loc, bits);
+                    assert!(r < a);
+                    assert!(!seen[r as usize]);
+                    seen[r as usize] = true;
+                    assert_eq!(from_rel(r, loc, bits), s);
+                }
+                assert_eq!(to_rel(loc, loc, bits), 0);
+            }
+        }
+    }
+}
