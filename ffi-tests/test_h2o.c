@@ -73,7 +73,8 @@ static void test_h2o_calls(void) {
     CHECK_STATUS(kvc_h2o_ingest_probabilities(h, 0, probs, HEADS * KV), KVC_INVALID_STATE);
     kvc_h2o_decision d;
     memset(&d, 0x5a, sizeof d);
-    kvc_h2o_decision d0 = d;
+    kvc_h2o_decision d0;
+    memcpy(&d0, &d, sizeof d); /* bytes, padding included */
     CHECK_STATUS(kvc_h2o_end_call(h, 0, &d), KVC_INVALID_STATE);
     CHECK(memcmp(&d, &d0, sizeof d) == 0);
     uint32_t res = 77;
