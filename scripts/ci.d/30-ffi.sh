@@ -10,9 +10,6 @@ rm -rf "$out/install" "$out/consumer" "$out/pkgconfig"
 gen=()
 command -v ninja >/dev/null 2>&1 && gen=(-G Ninja)
 
-# 0. The test-hooks code is only compiled with its feature: lint it like the rest.
-cargo clippy --locked -q -p kvc-capi --all-targets --features test-hooks -- -D warnings
-
 # 1. The shipped library (no test hooks), built by the top-level CMakeLists into the
 #    workspace's target/ (shared with cargo), installed to a prefix.
 cmake -S . -B "$out/package" "${gen[@]}" -DKVC_CARGO_TARGET_DIR="$root/target" >/dev/null
@@ -24,14 +21,15 @@ test -f "$out/install/lib/libkvc.a" && test -f "$out/install/include/kvc.h" \
     && test -f "$out/install/include/kvc.hpp" && test -f "$out/install/lib/cmake/kvc/kvcConfig.cmake" \
     && test -f "$out/install/lib/pkgconfig/kvc.pc"
 
-# 2. ffi-tests with the default compiler, then with clang + ASan + UBSan. Both share one
-#    cargo target directory for the test-hooks build of the library.
-hooks_target="$root/target/ffi-test-hooks"
-cmake -S ffi-tests -B "$out/tests" "${gen[@]}" -DKVC_CARGO_TARGET_DIR="$hooks_target" >/dev/null
+# 2. ffi-tests with the default compiler, then with clang + ASan + UBSan. Both use the
+#    test-hooks build of the library in the dev profile (debug assertions and overflow
+#    checks on) in the workspace's target/, reusing what `cargo test` built in 10-rust.sh.
+hooks=(-DKVC_CARGO_TARGET_DIR="$root/target" -DKVC_CARGO_PROFILE=dev)
+cmake -S ffi-tests -B "$out/tests" "${gen[@]}" "${hooks[@]}" >/dev/null
 cmake --build "$out/tests"
 ctest --test-dir "$out/tests" --output-on-failure
 CC=clang CXX=clang++ cmake -S ffi-tests -B "$out/tests-asan" "${gen[@]}" \
-    -DKVC_CARGO_TARGET_DIR="$hooks_target" -DKVC_SANITIZE=ON >/dev/null
+    "${hooks[@]}" -DKVC_SANITIZE=ON >/dev/null
 cmake --build "$out/tests-asan"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     ctest --test-dir "$out/tests-asan" --output-on-failure

@@ -1,8 +1,8 @@
 //! Generates `include/kvc.h` from this crate's source with cbindgen.
 //!
 //! `cargo run -p kvc-capi --example gen-header -- OUT` writes the header to OUT
-//! (`-` for stdout). scripts/ci.d/20-header.sh runs it into a temporary file and fails
-//! when the checked-in header differs.
+//! (`-` for stdout). The test `tests/header_current.rs` runs the same [`generate`] and fails
+//! when the checked-in header differs, so `cargo test` (and CI) catch a stale header.
 //!
 //! A generator run on demand rather than a build.rs: a build script would compile
 //! cbindgen (and syn) into every build of the library, including every engine's CMake
@@ -21,19 +21,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let crate_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let config = match cbindgen::Config::from_file(crate_dir.join("cbindgen.toml")) {
-        Ok(config) => config,
-        Err(err) => {
-            eprintln!("gen-header: cbindgen.toml: {err}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let bindings = match cbindgen::Builder::new()
-        .with_crate(&crate_dir)
-        .with_config(config)
-        .generate()
-    {
+    let bindings = match generate() {
         Ok(bindings) => bindings,
         Err(err) => {
             eprintln!("gen-header: {err}");
@@ -46,4 +34,16 @@ fn main() -> ExitCode {
         bindings.write_to_file(&out);
     }
     ExitCode::SUCCESS
+}
+
+/// The header's bindings, from this crate's source and its `cbindgen.toml`.
+pub fn generate() -> Result<cbindgen::Bindings, String> {
+    let crate_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let config = cbindgen::Config::from_file(crate_dir.join("cbindgen.toml"))
+        .map_err(|err| format!("cbindgen.toml: {err}"))?;
+    cbindgen::Builder::new()
+        .with_crate(&crate_dir)
+        .with_config(config)
+        .generate()
+        .map_err(|err| err.to_string())
 }
