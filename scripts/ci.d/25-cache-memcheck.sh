@@ -10,7 +10,9 @@
 # step's 2-minute budget. Run it by hand when the unsafe code changes.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-bin=$(cargo test -p kvc-cache --lib --locked --no-run --message-format=json 2>/dev/null |
+# `--workspace`, exactly as 10-rust.sh built it: with `-p kvc-cache` cargo would unify
+# features differently and rebuild dependencies.
+bin=$(cargo test --workspace --locked --no-run --message-format=json 2>/dev/null |
     python3 -c '
 import json, sys
 for line in sys.stdin:
