@@ -132,6 +132,62 @@ static void test_library_handles() {
     for (const auto& p : *pairs) kept += p.length;
     CHECK(kept == d.kept_tokens);
     CHECK(kvc::plan_pairs(h2o->get(), 0, 1).status() == KVC_INVALID_ARGUMENT);
+
+    // The plan compacts a llama.cpp layer (f16 rows) through kvc::Cache.
+    kvc_cache_config cc;
+    CHECK(kvc::detail::check(kvc_cache_config_default(&cc)).ok());
+    cc.n_kv_heads = 2;
+    cc.head_dim_k = 4;
+    cc.capacity = 2048;
+    auto cache = kvc::make_handle<kvc::Cache>(kvc_cache_new, &cc);
+    CHECK(cache.ok());
+    auto info = kvc::cache_info(cache->get());
+    CHECK(info && info->k_bytes == 2048 * 8 * 2 && info->layer_bytes == 2 * info->k_bytes);
+    std::vector<std::uint16_t> k(2048 * 8), v(2048 * 8);
+    for (std::size_t i = 0; i < k.size(); i++) {
+        k[i] = static_cast<std::uint16_t>(i / 8);  // each row holds its token index
+        v[i] = static_cast<std::uint16_t>(i / 8 + 1);
+    }
+    auto new_len = kvc::compact_layer(cache->get(), k.data(), v.data(), *pairs, 2048);
+    CHECK(new_len && *new_len == d.kept_tokens);
+    std::size_t row = 0;
+    for (const auto& p : *pairs)
+        for (std::uint32_t j = 0; j < p.length; j++, row++)
+            CHECK(std::uint32_t{k[row * 8 + 5]} == p.offset + j && std::uint32_t{v[row * 8]} == p.offset + j + 1);
+    CHECK(kvc::compact_layer(cache->get(), k.data(), v.data(), *pairs, 4096).status() ==
+          KVC_INVALID_ARGUMENT);
+    cc.capacity = 0;
+    CHECK(kvc::make_handle<kvc::Cache>(kvc_cache_new, &cc).status() == KVC_INVALID_ARGUMENT);
+
+    // The quantizer through kvc::Quant: calibrate on f32 rows, read the parameters,
+    // quantize, round-trip in place.
+    kvc_quant_config qc;
+    CHECK(kvc::detail::check(kvc_quant_config_default(&qc)).ok());
+    qc.n_layers = 1;
+    qc.k_channels = 3;
+    qc.v_channels = 3;
+    qc.symmetric = 1;
+    auto quant = kvc::make_handle<kvc::Quant>(kvc_quant_new, &qc);
+    CHECK(quant.ok());
+    const float rows[6] = {1.0f, -2.0f, 0.5f, -1.0f, 1.5f, 0.25f};
+    CHECK(kvc::quant_params(quant->get(), 0, KVC_TENSOR_K).status() == KVC_INVALID_STATE);
+    CHECK(kvc::detail::check(kvc_quant_observe_rows(quant->get(), 0, KVC_TENSOR_K, KVC_DTYPE_F32,
+                                                    rows, 2))
+              .ok());
+    CHECK(kvc::detail::check(kvc_quant_finish(quant->get())).ok());
+    auto params = kvc::quant_params(quant->get(), 0, KVC_TENSOR_K);
+    CHECK(params && params->scale.size() == 3 && params->scale[1] == 2.0f / 127.0f &&
+          params->offset == std::vector<float>(3, 0.0f));
+    auto q8 = kvc::quantize_rows(quant->get(), 0, KVC_TENSOR_K, KVC_DTYPE_F32, rows, 2);
+    CHECK(q8 && q8->size() == 6 && (*q8)[0] == 127 && (*q8)[1] == -127 && (*q8)[4] == 95);
+    float data[6];
+    std::memcpy(data, rows, sizeof data);
+    CHECK(kvc::roundtrip_rows(quant->get(), 0, KVC_TENSOR_K, KVC_DTYPE_F32, data, 2).ok());
+    CHECK(std::fabs(data[0] - 1.0f) < 1e-6f && std::fabs(data[4] - 1.5f) < 0.01f);
+    CHECK(kvc::roundtrip_rows(quant->get(), 1, KVC_TENSOR_K, KVC_DTYPE_F32, data, 2).status() ==
+          KVC_INVALID_ARGUMENT);
+    auto loaded = kvc::make_handle<kvc::Quant>(kvc_quant_new_from_msmodelslim, "/nonexistent/c8");
+    CHECK(loaded.status() == KVC_IO);
     auto mlp = kvc::make_handle<kvc::Mlp>(kvc_mlp_new, "/nonexistent.bin");
     CHECK(mlp.status() == KVC_IO);
 }

@@ -41,6 +41,22 @@ int main(void) {
     CHECK(api->last_error_message(msg, sizeof msg, &needed) == KVC_OK);
     CHECK(strstr(msg, "kvc_convert:") == msg);
 
+    /* The quantizer through the table (ABI 0.3): set parameters, round-trip a row. */
+    kvc_quant_config qc;
+    CHECK(api->quant_config_default(&qc) == KVC_OK);
+    qc.n_layers = 1;
+    qc.k_channels = 2;
+    qc.v_channels = 2;
+    kvc_quant* q = NULL;
+    CHECK(api->quant_new(&qc, &q) == KVC_OK && q != NULL);
+    float row[2] = {0.3f, -1.0f};
+    CHECK(api->quant_roundtrip_rows(q, 0, KVC_TENSOR_K, KVC_DTYPE_F32, row, 1) == KVC_INVALID_STATE);
+    const float scale[2] = {0.25f, 0.5f}, offset[2] = {0.0f, 1.0f};
+    CHECK(api->quant_set_params(q, 0, KVC_TENSOR_K, scale, offset, 2) == KVC_OK);
+    CHECK(api->quant_roundtrip_rows(q, 0, KVC_TENSOR_K, KVC_DTYPE_F32, row, 1) == KVC_OK);
+    CHECK(row[0] == 0.25f && row[1] == -1.0f); /* 1 * 0.25; (round(-1 / 0.5 + 1) - 1) * 0.5 */
+    api->quant_free(q);
+
     /* Versions: an older minor is served, a newer minor or another major is not. */
     CHECK(get_api((uint32_t)KVC_ABI_VERSION_MAJOR << 16) == api);
     CHECK(get_api(KVC_ABI_VERSION + 1) == NULL);

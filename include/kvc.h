@@ -25,6 +25,28 @@
 #endif
 
 /**
+ * `kvc_cache_config.layout`: llama.cpp. Per layer K is `[n_embd_k_gqa, kv_size]` (one
+ * row of `n_kv_heads * head_dim_k` elements per cell) and V the same, or transposed
+ * (`[kv_size, n_embd_v_gqa]`, one column per cell) when `v_trans` is 1 (llama.cpp does
+ * so with flash attention off). With `n_stream > 1`, stream `s` starts
+ * `s * n_embd * kv_size` elements into each tensor: pass that address.
+ */
+#define KVC_CACHE_LAYOUT_LLAMA 0
+
+/**
+ * `kvc_cache_config.layout`: InfiniLM StaticKVCache, K and V each `[n_kv_heads,
+ * capacity, head_dim]`, contiguous.
+ */
+#define KVC_CACHE_LAYOUT_INFINILM 1
+
+/**
+ * `kvc_cache_config.layout`: MNN CPUKVCacheManager, float path: K packed per head as
+ * `[ceil(cap/hP), ceil(D/lP), hP, lP]`, V as `[ceil(cap/B), ceil(D/hP), ceil(B/lP), hP,
+ * lP]` with `B` the flash-attention block (`mFlashAttentionUpperKv`, or the capacity).
+ */
+#define KVC_CACHE_LAYOUT_MNN 2
+
+/**
  * Bit of the raw predictor (the bytes as they are) in a predictor mask.
  */
 #define KVC_PREDICTOR_RAW 1
@@ -96,6 +118,16 @@
 #define KVC_H2O_PLAN_DROPPED 2
 
 /**
+ * The most layers a quantizer describes.
+ */
+#define KVC_QUANT_MAX_LAYERS (1 << 16)
+
+/**
+ * The most channels (`n_kv_heads * head_dim`) of a K or V row.
+ */
+#define KVC_QUANT_MAX_CHANNELS (1 << 20)
+
+/**
  * ABI major version: bumped on any incompatible change to the C ABI; it is the number
  * in the shared library's soname (`libkvc.so.0`).
  */
@@ -106,7 +138,7 @@
  * fields are added (only ever appended). A program built against minor `m` runs on any
  * library with the same major and a minor `>= m`.
  */
-#define KVC_ABI_VERSION_MINOR 2
+#define KVC_ABI_VERSION_MINOR 3
 
 /**
  * The ABI version this header describes, `(major << 16) | minor`. Pass it to
@@ -178,6 +210,12 @@ typedef enum kvc_status {
 } kvc_status;
 
 /**
+ * A cache layer layout: opaque; create with `kvc_cache_new`, free with
+ * `kvc_cache_free`.
+ */
+typedef struct kvc_cache kvc_cache;
+
+/**
  * A gear-v1 codec: opaque; create with `kvc_codec_new`, free with `kvc_codec_free`.
  */
 typedef struct kvc_codec kvc_codec;
@@ -193,6 +231,12 @@ typedef struct kvc_h2o kvc_h2o;
  * free with `kvc_mlp_free`.
  */
 typedef struct kvc_mlp kvc_mlp;
+
+/**
+ * Per-layer, per-tensor C8 parameters and calibration statistics: opaque; create with
+ * `kvc_quant_new` or `kvc_quant_new_from_msmodelslim`, free with `kvc_quant_free`.
+ */
+typedef struct kvc_quant kvc_quant;
 
 #if defined(KVC_TEST_HOOKS)
 /**
@@ -443,6 +487,125 @@ typedef struct kvc_mlp_info {
 } kvc_mlp_info;
 
 /**
+ * Shape and calibration mode of a quantizer. Fill it with `kvc_quant_config_default`,
+ * then set the shape (defaults in brackets).
+ */
+typedef struct kvc_quant_config {
+    /**
+     * Layers of the model, `1..=KVC_QUANT_MAX_LAYERS` [0: must be set].
+     */
+    size_t n_layers;
+    /**
+     * Channels of a K row, `n_kv_heads * head_dim_k` (llama.cpp `n_embd_k_gqa`),
+     * `1..=KVC_QUANT_MAX_CHANNELS` [0: must be set].
+     */
+    size_t k_channels;
+    /**
+     * Channels of a V row, `n_kv_heads * head_dim_v`; may differ from K's [0: must be
+     * set].
+     */
+    size_t v_channels;
+    /**
+     * How `kvc_quant_finish` turns statistics into parameters: 0 asymmetric
+     * (msmodelslim `int8_per_channel_asym`, offsets used), 1 symmetric
+     * (`int8_per_channel_sym`, offsets 0) [0, as `kvc quant calibrate`].
+     */
+    uint32_t symmetric;
+} kvc_quant_config;
+
+/**
+ * The layout of one layer of an engine's cache. Fill it with `kvc_cache_config_default`,
+ * then set the shape (defaults in brackets).
+ */
+typedef struct kvc_cache_config {
+    /**
+     * `KVC_CACHE_LAYOUT_LLAMA`, `_INFINILM` or `_MNN` [llama].
+     */
+    uint32_t layout;
+    /**
+     * Element type: `KVC_DTYPE_F16`, `_BF16`, `_F32` or `_I8` [F16].
+     */
+    kvc_dtype dtype;
+    /**
+     * KV heads of the layer (>= 1) [0: must be set].
+     */
+    size_t n_kv_heads;
+    /**
+     * Elements per head of a K token (>= 1) [0: must be set].
+     */
+    size_t head_dim_k;
+    /**
+     * Elements per head of a V token; 0 means `head_dim_k`. Only llama.cpp caches may
+     * have a different one [0].
+     */
+    size_t head_dim_v;
+    /**
+     * Token slots: llama.cpp `kv_size`, InfiniLM `S_max`, MNN `mMaxLength` (>= 1) [0:
+     * must be set].
+     */
+    size_t capacity;
+    /**
+     * llama.cpp only: 1 when V is stored transposed (flash attention off), else 0 [0].
+     */
+    uint32_t v_trans;
+    /**
+     * MNN only: the backend's `hP` pack (`MNNGetMatMulPackMode`) [0: must be set for
+     * MNN].
+     */
+    uint32_t mnn_hp;
+    /**
+     * MNN only: the backend's `lP` pack [0: must be set for MNN].
+     */
+    uint32_t mnn_lp;
+    /**
+     * MNN only: `mFlashAttentionUpperKv`, or 0 when flash attention is off [0].
+     */
+    size_t mnn_flash_block;
+} kvc_cache_config;
+
+/**
+ * Sizes of one layer of a cache view.
+ */
+typedef struct kvc_cache_info {
+    /**
+     * The element type.
+     */
+    kvc_dtype dtype;
+    /**
+     * Token slots.
+     */
+    size_t capacity;
+    /**
+     * KV heads.
+     */
+    size_t n_kv_heads;
+    /**
+     * Elements of one token's K (`n_kv_heads * head_dim_k`).
+     */
+    size_t k_channels;
+    /**
+     * Elements of one token's V.
+     */
+    size_t v_channels;
+    /**
+     * Bytes the K buffer of one layer must hold (padding included).
+     */
+    size_t k_bytes;
+    /**
+     * Bytes the V buffer of one layer must hold.
+     */
+    size_t v_bytes;
+    /**
+     * `k_bytes + v_bytes`: the bytes of one layer.
+     */
+    size_t layer_bytes;
+    /**
+     * Bytes of one token of one layer, K and V, padding excluded.
+     */
+    size_t token_bytes;
+} kvc_cache_info;
+
+/**
  * The C API as function pointers; each field behaves exactly as the function of the
  * same name with the `kvc_` prefix (see there for ownership and threads).
  *
@@ -646,6 +809,143 @@ typedef struct kvc_api {
      * See `kvc_mlp_free` (ABI 0.2).
      */
     void (*mlp_free)(struct kvc_mlp *mlp);
+    /**
+     * See `kvc_quant_config_default` (ABI 0.3).
+     */
+    enum kvc_status (*quant_config_default)(struct kvc_quant_config *out);
+    /**
+     * See `kvc_quant_new` (ABI 0.3).
+     */
+    enum kvc_status (*quant_new)(const struct kvc_quant_config *config, struct kvc_quant **out);
+    /**
+     * See `kvc_quant_new_from_msmodelslim` (ABI 0.3).
+     */
+    enum kvc_status (*quant_new_from_msmodelslim)(const char *dir, struct kvc_quant **out);
+    /**
+     * See `kvc_quant_save_msmodelslim` (ABI 0.3).
+     */
+    enum kvc_status (*quant_save_msmodelslim)(const struct kvc_quant *quant,
+                                              const char *dir,
+                                              kvc_dtype scale_dtype);
+    /**
+     * See `kvc_quant_get_config` (ABI 0.3).
+     */
+    enum kvc_status (*quant_get_config)(const struct kvc_quant *quant, struct kvc_quant_config *out);
+    /**
+     * See `kvc_quant_observe_rows` (ABI 0.3).
+     */
+    enum kvc_status (*quant_observe_rows)(struct kvc_quant *quant,
+                                          size_t layer,
+                                          kvc_tensor tensor,
+                                          kvc_dtype dtype,
+                                          const void *src,
+                                          size_t n_rows);
+    /**
+     * See `kvc_quant_finish` (ABI 0.3).
+     */
+    enum kvc_status (*quant_finish)(struct kvc_quant *quant);
+    /**
+     * See `kvc_quant_set_params` (ABI 0.3).
+     */
+    enum kvc_status (*quant_set_params)(struct kvc_quant *quant,
+                                        size_t layer,
+                                        kvc_tensor tensor,
+                                        const float *scale,
+                                        const float *offset,
+                                        size_t n_channels);
+    /**
+     * See `kvc_quant_get_params` (ABI 0.3).
+     */
+    enum kvc_status (*quant_get_params)(const struct kvc_quant *quant,
+                                        size_t layer,
+                                        kvc_tensor tensor,
+                                        float *scale,
+                                        float *offset,
+                                        size_t capacity,
+                                        size_t *n_channels);
+    /**
+     * See `kvc_quant_quantize_rows` (ABI 0.3).
+     */
+    enum kvc_status (*quant_quantize_rows)(const struct kvc_quant *quant,
+                                           size_t layer,
+                                           kvc_tensor tensor,
+                                           kvc_dtype dtype,
+                                           const void *src,
+                                           size_t n_rows,
+                                           int8_t *dst,
+                                           size_t dst_capacity,
+                                           size_t *dst_len);
+    /**
+     * See `kvc_quant_dequantize_rows` (ABI 0.3).
+     */
+    enum kvc_status (*quant_dequantize_rows)(const struct kvc_quant *quant,
+                                             size_t layer,
+                                             kvc_tensor tensor,
+                                             const int8_t *src,
+                                             size_t n_rows,
+                                             kvc_dtype dtype,
+                                             void *dst,
+                                             size_t dst_capacity,
+                                             size_t *dst_len);
+    /**
+     * See `kvc_quant_roundtrip_rows` (ABI 0.3).
+     */
+    enum kvc_status (*quant_roundtrip_rows)(const struct kvc_quant *quant,
+                                            size_t layer,
+                                            kvc_tensor tensor,
+                                            kvc_dtype dtype,
+                                            void *data,
+                                            size_t n_rows);
+    /**
+     * See `kvc_quant_free` (ABI 0.3).
+     */
+    void (*quant_free)(struct kvc_quant *quant);
+    /**
+     * See `kvc_cache_config_default` (ABI 0.3).
+     */
+    enum kvc_status (*cache_config_default)(struct kvc_cache_config *out);
+    /**
+     * See `kvc_cache_new` (ABI 0.3).
+     */
+    enum kvc_status (*cache_new)(const struct kvc_cache_config *config, struct kvc_cache **out);
+    /**
+     * See `kvc_cache_get_info` (ABI 0.3).
+     */
+    enum kvc_status (*cache_get_info)(const struct kvc_cache *cache, struct kvc_cache_info *out);
+    /**
+     * See `kvc_cache_compact_layer` (ABI 0.3).
+     */
+    enum kvc_status (*cache_compact_layer)(const struct kvc_cache *cache,
+                                           void *k,
+                                           void *v,
+                                           const struct kvc_reserve_pair *pairs,
+                                           size_t n_pairs,
+                                           size_t len,
+                                           size_t *new_len);
+    /**
+     * See `kvc_cache_compact_heads` (ABI 0.3).
+     */
+    enum kvc_status (*cache_compact_heads)(const struct kvc_cache *cache,
+                                           void *k,
+                                           void *v,
+                                           const struct kvc_reserve_pair *pairs,
+                                           size_t n_pairs,
+                                           const size_t *head_pair_counts,
+                                           size_t n_heads,
+                                           size_t len,
+                                           size_t *new_len);
+    /**
+     * See `kvc_cache_zero_tokens` (ABI 0.3).
+     */
+    enum kvc_status (*cache_zero_tokens)(const struct kvc_cache *cache,
+                                         void *k,
+                                         void *v,
+                                         size_t start,
+                                         size_t end);
+    /**
+     * See `kvc_cache_free` (ABI 0.3).
+     */
+    void (*cache_free)(struct kvc_cache *cache);
 } kvc_api;
 
 /**
@@ -699,6 +999,127 @@ extern "C" {
  * `KVC_ABI_VERSION`, then call everything through the table.
  */
 const struct kvc_api *kvc_get_api(uint32_t abi_version);
+
+/**
+ * Writes the default cache settings into `*out` (llama.cpp layout, f16, shape 0 to be
+ * set).
+ *
+ * Ownership: `out` is caller-owned. Threads: safe from any thread.
+ *
+ * # Safety
+ * `out` must be NULL or point to a writable `kvc_cache_config`.
+ */
+KVC_NODISCARD enum kvc_status kvc_cache_config_default(struct kvc_cache_config *out);
+
+/**
+ * Creates a view of the cache layout `config` and stores it in `*out` (only on
+ * `KVC_OK`). A zero or unknown field, a field the layout does not use set non-zero, or
+ * a size overflowing `size_t` / `PTRDIFF_MAX` bytes is `KVC_INVALID_ARGUMENT`.
+ *
+ * Ownership: `config` is only read; the caller owns the handle and frees it with
+ * `kvc_cache_free`. Threads: safe from any thread.
+ *
+ * # Safety
+ * `config` readable; `out` writable.
+ */
+KVC_NODISCARD
+enum kvc_status kvc_cache_new(const struct kvc_cache_config *config,
+                              struct kvc_cache **out);
+
+/**
+ * The sizes of one layer in `*out`: allocate (or check) each layer's K and V buffers
+ * with `k_bytes` and `v_bytes`.
+ *
+ * Threads: reads the handle only; safe concurrently with any call on it.
+ *
+ * # Safety
+ * `cache` live; `out` writable.
+ */
+KVC_NODISCARD
+enum kvc_status kvc_cache_get_info(const struct kvc_cache *cache,
+                                   struct kvc_cache_info *out);
+
+/**
+ * Compacts one layer in place: of the first `len` tokens of `k` and `v` (each one
+ * layer's buffer, `k_bytes` / `v_bytes` of `kvc_cache_get_info`), keeps the ranges
+ * `pairs[0 .. n_pairs]` in order and moves them to the front; `*new_len` receives the
+ * tokens kept. Tokens at and beyond `*new_len` are left as they were or hold moved-from
+ * data (zero them with `kvc_cache_zero_tokens` if needed).
+ *
+ * `pairs` is what `kvc_h2o_plan_pairs` emits (for a plan made with `kv_len == len`):
+ * sorted, disjoint, non-empty, inside `len`; anything else is `KVC_INVALID_ARGUMENT`,
+ * as is `len` beyond the capacity. With llama.cpp's shared cells, apply the same pairs
+ * to every layer (and to the engine's cell metadata). Everything is checked before any
+ * byte moves: on failure nothing changes.
+ *
+ * Ownership: `k`, `v` and `pairs` are the caller's, used during the call only; `k` and
+ * `v` must not overlap. Threads: reads the handle only; calls on one handle may run
+ * concurrently on different layers.
+ *
+ * # Safety
+ * `cache` live; `k` / `v` writable for `k_bytes` / `v_bytes`, aligned for the dtype;
+ * `pairs` readable for `n_pairs` pairs; `new_len` writable.
+ */
+KVC_NODISCARD
+enum kvc_status kvc_cache_compact_layer(const struct kvc_cache *cache,
+                                        void *k,
+                                        void *v,
+                                        const struct kvc_reserve_pair *pairs,
+                                        size_t n_pairs,
+                                        size_t len,
+                                        size_t *new_len);
+
+/**
+ * Compacts one layer head by head, each KV head by its own pairs (a `kvc_h2o` plan with
+ * per-KV-head scores: group `h` of `kvc_h2o_plan_pairs` is head `h`). `pairs` holds
+ * every head's pairs back to back, head 0 first; `head_pair_counts[h]` (`n_heads`
+ * entries, `n_heads` equal to the view's KV heads) says how many are head `h`'s, and
+ * they add up to `n_pairs`. Every head must keep the same number of tokens, which
+ * `*new_len` receives. Otherwise as `kvc_cache_compact_layer`: all checked first,
+ * nothing changes on failure.
+ *
+ * Ownership and threads as `kvc_cache_compact_layer`.
+ *
+ * # Safety
+ * As `kvc_cache_compact_layer`; `head_pair_counts` readable for `n_heads` entries.
+ */
+KVC_NODISCARD
+enum kvc_status kvc_cache_compact_heads(const struct kvc_cache *cache,
+                                        void *k,
+                                        void *v,
+                                        const struct kvc_reserve_pair *pairs,
+                                        size_t n_pairs,
+                                        const size_t *head_pair_counts,
+                                        size_t n_heads,
+                                        size_t len,
+                                        size_t *new_len);
+
+/**
+ * Zeroes tokens `[start, end)` of one layer's `k` and `v` (all bytes of those tokens,
+ * in every layout). `start > end` or `end` beyond the capacity is
+ * `KVC_INVALID_ARGUMENT` (nothing changes).
+ *
+ * Ownership and threads as `kvc_cache_compact_layer`.
+ *
+ * # Safety
+ * `cache` live; `k` / `v` writable for `k_bytes` / `v_bytes`, aligned for the dtype.
+ */
+KVC_NODISCARD
+enum kvc_status kvc_cache_zero_tokens(const struct kvc_cache *cache,
+                                      void *k,
+                                      void *v,
+                                      size_t start,
+                                      size_t end);
+
+/**
+ * Frees a cache view; NULL is a no-op. The engine's memory is not touched.
+ *
+ * Ownership: the handle is invalid afterwards. Threads: no other call may be using it.
+ *
+ * # Safety
+ * `cache` must be NULL or a live handle from `kvc_cache_new`, freed once.
+ */
+void kvc_cache_free(struct kvc_cache *cache);
 
 /**
  * Writes the default codec settings (gear-v1 defaults: F16, every predictor for K and V,
@@ -1169,6 +1590,262 @@ enum kvc_status kvc_mlp_compress_inplace(const struct kvc_mlp *mlp,
  * `mlp` must be NULL or a live handle from `kvc_mlp_new*`, freed once.
  */
 void kvc_mlp_free(struct kvc_mlp *mlp);
+
+/**
+ * Writes the default quantizer settings into `*out`: shape 0 (to be set), asymmetric.
+ *
+ * Ownership: `out` is caller-owned. Threads: safe from any thread.
+ *
+ * # Safety
+ * `out` must be NULL or point to a writable `kvc_quant_config`.
+ */
+KVC_NODISCARD enum kvc_status kvc_quant_config_default(struct kvc_quant_config *out);
+
+/**
+ * Creates a quantizer for `config` with no parameters yet and stores it in `*out` (only
+ * on `KVC_OK`). A shape of 0 or above the limits, or `symmetric` other than 0 / 1, is
+ * `KVC_INVALID_ARGUMENT`.
+ *
+ * Ownership: `config` is only read; the caller owns the handle and frees it with
+ * `kvc_quant_free`. Threads: safe from any thread.
+ *
+ * # Safety
+ * `config` readable; `out` writable.
+ */
+KVC_NODISCARD
+enum kvc_status kvc_quant_new(const struct kvc_quant_config *config,
+                              struct kvc_quant **out);
+
+/**
+ * Loads the C8 parameters of the msmodelslim checkpoint directory `dir`
+ * (`quant_model_description.json` declaring `"kv_cache_type": "C8"` and
+ * `quant_model_weight*.safetensors` with `<layer>.k_proj.kv_cache_scale` /
+ * `_offset` and `v_proj` tensors) into a new quantizer in `*out` (only on `KVC_OK`).
+ *
+ * The shape comes from the file: `n_layers` is the highest layer named plus one (layers
+ * it does not name have no parameters), channels from the tensors, `symmetric` 1 when
+ * every offset is 0. Read it back with `kvc_quant_get_config` and check it against the
+ * model. A missing directory or file is `KVC_IO`; a malformed, truncated or
+ * inconsistent file `KVC_CORRUPT_DATA`; a description that is not C8 `KVC_UNSUPPORTED`.
+ *
+ * Ownership: `dir` is only read; the caller owns the handle. Threads: safe from any
+ * thread.
+ *
+ * # Safety
+ * `dir` must be a NUL-terminated string; `out` writable.
+ */
+KVC_NODISCARD
+enum kvc_status kvc_quant_new_from_msmodelslim(const char *dir,
+                                               struct kvc_quant **out);
+
+/**
+ * Writes the parameters as an msmodelslim checkpoint into directory `dir` (created if
+ * needed): `quant_model_description.json` and `quant_model_weight.safetensors` with
+ * Llama/Qwen tensor names (`model.layers.<i>.self_attn.k_proj.kv_cache_scale`, ...),
+ * scales and offsets stored as `scale_dtype` (`KVC_DTYPE_F32` keeps them exactly; F16
+ * and BF16 round). Layers without parameters are left out.
+ *
+ * A layer with K but not V parameters (or the reverse), or none at all, is
+ * `KVC_INVALID_STATE`; a `scale_dtype` that is not a float type `KVC_INVALID_ARGUMENT`;
+ * a failed write `KVC_IO`.
+ *
+ * Threads: reads the handle only; safe concurrently with any `const` call on it.
+ *
+ * # Safety
+ * `quant` live; `dir` a NUL-terminated string.
+ */
+KVC_NODISCARD
+enum kvc_status kvc_quant_save_msmodelslim(const struct kvc_quant *quant,
+                                           const char *dir,
+                                           kvc_dtype scale_dtype);
+
+/**
+ * The quantizer's shape and mode in `*out` (for a loaded checkpoint: what the file
+ * holds).
+ *
+ * Threads: reads the handle only; safe concurrently with any `const` call on it.
+ *
+ * # Safety
+ * `quant` live; `out` writable.
+ */
+KVC_NODISCARD
+enum kvc_status kvc_quant_get_config(const struct kvc_quant *quant,
+                                     struct kvc_quant_config *out);
+
+/**
+ * Calibration: adds `n_rows` rows at `src` (each `k_channels` or `v_channels`
+ * contiguous elements of `dtype`, `KVC_DTYPE_F16`, `_BF16` or `_F32`; token-major, as
+ * llama.cpp's `Kcur` / `Vcur` rows) to the running per-channel min / max of `layer`'s
+ * `tensor` (`KVC_TENSOR_K` / `_V`). Call it for as many batches as wanted, then
+ * `kvc_quant_finish`.
+ *
+ * All or nothing: a NaN or infinity anywhere (`KVC_CORRUPT_DATA`, with its index), a
+ * bad layer, tensor or dtype (`KVC_INVALID_ARGUMENT`), `KVC_DTYPE_I8`
+ * (`KVC_UNSUPPORTED`), or a size that overflows (`KVC_INVALID_ARGUMENT`) leave the
+ * statistics unchanged. `n_rows == 0` does nothing (`src` may then be NULL).
+ *
+ * Ownership: `src` is only read during the call. Threads: exclusive use of `quant`.
+ *
+ * # Safety
+ * `quant` live; `src` readable for `n_rows` rows, aligned for `dtype`.
+ */
+KVC_NODISCARD
+enum kvc_status kvc_quant_observe_rows(struct kvc_quant *quant,
+                                       size_t layer,
+                                       kvc_tensor tensor,
+                                       kvc_dtype dtype,
+                                       const void *src,
+                                       size_t n_rows);
+
+/**
+ * Turns the statistics into parameters: every layer and tensor that has observed rows
+ * gets msmodelslim's INT8 parameters (`config.symmetric` picks sym / asym); the others
+ * keep what they had (none, or what was set or loaded). The statistics are kept, so
+ * more rows can be observed and `_finish` called again.
+ *
+ * No rows observed at all is `KVC_INVALID_STATE`; nothing changes on failure.
+ *
+ * Threads: exclusive use of `quant`.
+ *
+ * # Safety
+ * `quant` live.
+ */
+KVC_NODISCARD enum kvc_status kvc_quant_finish(struct kvc_quant *quant);
+
+/**
+ * Sets the parameters of `layer`'s `tensor`: `n_channels` scales and offsets (each
+ * array `k_channels` or `v_channels` floats). A wrong count, a scale that is not finite
+ * and > 0, or an offset that is not finite is `KVC_INVALID_ARGUMENT` (nothing changes).
+ *
+ * Ownership: the arrays are copied. Threads: exclusive use of `quant`.
+ *
+ * # Safety
+ * `quant` live; `scale` and `offset` readable for `n_channels` floats.
+ */
+KVC_NODISCARD
+enum kvc_status kvc_quant_set_params(struct kvc_quant *quant,
+                                     size_t layer,
+                                     kvc_tensor tensor,
+                                     const float *scale,
+                                     const float *offset,
+                                     size_t n_channels);
+
+/**
+ * Copies the parameters of `layer`'s `tensor` into `scale` and `offset` (each
+ * `capacity` floats) and stores the channel count in `*n_channels`.
+ *
+ * Size query: `scale == NULL && offset == NULL && capacity == 0` stores the channel
+ * count (known from the shape, even before calibration). Too small a capacity is
+ * `KVC_BUFFER_TOO_SMALL` with the count in `*n_channels`; no parameters yet is
+ * `KVC_INVALID_STATE`.
+ *
+ * Threads: reads the handle only; safe concurrently with any `const` call on it.
+ *
+ * # Safety
+ * `quant` live; `scale` and `offset` writable for `capacity` floats and not
+ * overlapping; `n_channels` writable.
+ */
+KVC_NODISCARD
+enum kvc_status kvc_quant_get_params(const struct kvc_quant *quant,
+                                     size_t layer,
+                                     kvc_tensor tensor,
+                                     float *scale,
+                                     float *offset,
+                                     size_t capacity,
+                                     size_t *n_channels);
+
+/**
+ * Quantizes `n_rows` rows at `src` (`dtype` `KVC_DTYPE_F16`, `_BF16` or `_F32`, each
+ * row `k_channels` or `v_channels` elements) with `layer`'s `tensor` parameters into
+ * `dst` as int8, row after row. Allocates nothing.
+ *
+ * Buffers: `dst_capacity` counts int8 elements; `dst == NULL && dst_capacity == 0` is a
+ * size query (`*dst_len` receives `n_rows * channels`, even before calibration); too
+ * small a capacity is `KVC_BUFFER_TOO_SMALL` with the size in `*dst_len`. `dst` must
+ * not overlap `src`. No parameters yet is `KVC_INVALID_STATE`; a bad layer, tensor or
+ * dtype, a misaligned pointer, or `n_rows * channels` overflowing is
+ * `KVC_INVALID_ARGUMENT`; `KVC_DTYPE_I8` `KVC_UNSUPPORTED`.
+ *
+ * Ownership: `src` and `dst` are only used during the call. Threads: reads the handle
+ * only; calls on one handle may run concurrently.
+ *
+ * # Safety
+ * `quant` live; `src` readable for `n_rows` rows of `dtype`; `dst` writable for
+ * `dst_capacity` bytes; `dst_len` writable.
+ */
+KVC_NODISCARD
+enum kvc_status kvc_quant_quantize_rows(const struct kvc_quant *quant,
+                                        size_t layer,
+                                        kvc_tensor tensor,
+                                        kvc_dtype dtype,
+                                        const void *src,
+                                        size_t n_rows,
+                                        int8_t *dst,
+                                        size_t dst_capacity,
+                                        size_t *dst_len);
+
+/**
+ * Dequantizes `n_rows` int8 rows at `src` (each `k_channels` or `v_channels` bytes) with
+ * `layer`'s `tensor` parameters into `dst` as `dtype` (`KVC_DTYPE_F16`, `_BF16` or
+ * `_F32`, rounded to nearest even). Allocates nothing.
+ *
+ * Buffers: `dst_capacity` counts elements of `dtype`; size query, too-small capacity
+ * and errors as `kvc_quant_quantize_rows`.
+ *
+ * Ownership: `src` and `dst` are only used during the call. Threads: reads the handle
+ * only; calls on one handle may run concurrently.
+ *
+ * # Safety
+ * `quant` live; `src` readable for `n_rows` rows; `dst` writable for `dst_capacity`
+ * elements of `dtype`; `dst_len` writable.
+ */
+KVC_NODISCARD
+enum kvc_status kvc_quant_dequantize_rows(const struct kvc_quant *quant,
+                                          size_t layer,
+                                          kvc_tensor tensor,
+                                          const int8_t *src,
+                                          size_t n_rows,
+                                          kvc_dtype dtype,
+                                          void *dst,
+                                          size_t dst_capacity,
+                                          size_t *dst_len);
+
+/**
+ * Quantizes `n_rows` rows at `data` (`dtype` `KVC_DTYPE_F16`, `_BF16` or `_F32`, each
+ * row `k_channels` or `v_channels` elements) with `layer`'s `tensor` parameters and
+ * writes them back dequantized, in place: the values a C8 cache would give attention,
+ * in the engine's own dtype (to measure C8's quality cost inside an engine, e.g. from
+ * llama.cpp's graph callback on `Kcur` / `Vcur`). Bit-identical to
+ * `kvc_quant_quantize_rows` then `kvc_quant_dequantize_rows`. Allocates nothing.
+ *
+ * No parameters yet is `KVC_INVALID_STATE`; a bad layer, tensor or dtype, a misaligned
+ * `data`, or `n_rows * channels` overflowing is `KVC_INVALID_ARGUMENT`; `KVC_DTYPE_I8`
+ * `KVC_UNSUPPORTED`. Nothing is written on failure. `n_rows == 0` does nothing (`data`
+ * may then be NULL).
+ *
+ * Ownership: `data` is engine-owned, used during the call only. Threads: reads the
+ * handle only; calls on one handle may run concurrently (on different rows).
+ *
+ * # Safety
+ * `quant` live; `data` readable and writable for `n_rows` rows of `dtype`.
+ */
+KVC_NODISCARD
+enum kvc_status kvc_quant_roundtrip_rows(const struct kvc_quant *quant,
+                                         size_t layer,
+                                         kvc_tensor tensor,
+                                         kvc_dtype dtype,
+                                         void *data,
+                                         size_t n_rows);
+
+/**
+ * Frees a quantizer; NULL is a no-op.
+ *
+ * Ownership: the handle is invalid afterwards. Threads: no other call may be using it.
+ *
+ * # Safety
+ * `quant` must be NULL or a live handle from `kvc_quant_new*`, freed once.
+ */
+void kvc_quant_free(struct kvc_quant *quant);
 
 /**
  * Name of the enumerator whose value is `status`, e.g. `"KVC_CORRUPT_DATA"`, or

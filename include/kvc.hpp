@@ -12,7 +12,8 @@
 //
 // Handles: kvc::Handle<T, Free> owns one opaque C handle (move-only, frees on
 // destruction, like std::unique_ptr). Each kvc object gets an alias of it as its C
-// handle lands (kvc::Codec = Handle<kvc_codec, kvc_codec_free>, ...).
+// handle lands (kvc::Codec = Handle<kvc_codec, kvc_codec_free>, kvc::Quant, kvc::Cache,
+// ...).
 //
 // Threads: the wrapper adds no state; the C functions' rules apply.
 #ifndef KVC_HPP
@@ -217,6 +218,12 @@ using Codec = Handle<kvc_codec, kvc_codec_free>;
 using H2o = Handle<kvc_h2o, kvc_h2o_free>;
 /// The MLP compressor (kvc_mlp_*): make_handle<Mlp>(kvc_mlp_new, path).
 using Mlp = Handle<kvc_mlp, kvc_mlp_free>;
+/// The C8 quantizer (kvc_quant_*, ABI 0.3): make_handle<Quant>(kvc_quant_new, &config), or
+/// make_handle<Quant>(kvc_quant_new_from_msmodelslim, dir).
+using Quant = Handle<kvc_quant, kvc_quant_free>;
+/// A view of an engine's cache layout (kvc_cache_*, ABI 0.3):
+/// make_handle<Cache>(kvc_cache_new, &config).
+using Cache = Handle<kvc_cache, kvc_cache_free>;
 
 /// kvc_codec_encode into a new vector sized by the worst-case query, trimmed to the blob.
 inline Result<std::vector<std::uint8_t>> encode(kvc_codec* codec, kvc_tensor tensor,
@@ -255,6 +262,65 @@ inline Result<std::vector<kvc_reserve_pair>> plan_pairs(const kvc_h2o* h2o, std:
     st = kvc_h2o_plan_pairs(h2o, layer, group, out.data(), out.size(), &n);
     if (st != KVC_OK) return detail::error_from(st);
     return out;
+}
+
+/// The C8 parameters of one layer's K or V.
+struct QuantParams {
+    std::vector<float> scale;
+    std::vector<float> offset;
+};
+
+/// kvc_quant_get_params into new vectors sized by the size query.
+inline Result<QuantParams> quant_params(const kvc_quant* quant, std::size_t layer,
+                                        kvc_tensor tensor) {
+    std::size_t n = 0;
+    kvc_status st = kvc_quant_get_params(quant, layer, tensor, nullptr, nullptr, 0, &n);
+    if (st != KVC_OK) return detail::error_from(st);
+    QuantParams p{std::vector<float>(n), std::vector<float>(n)};
+    st = kvc_quant_get_params(quant, layer, tensor, p.scale.data(), p.offset.data(), n, &n);
+    if (st != KVC_OK) return detail::error_from(st);
+    return p;
+}
+
+/// kvc_quant_quantize_rows into a new vector of n_rows * channels int8 values.
+inline Result<std::vector<std::int8_t>> quantize_rows(const kvc_quant* quant, std::size_t layer,
+                                                      kvc_tensor tensor, kvc_dtype dtype,
+                                                      const void* src, std::size_t n_rows) {
+    std::size_t n = 0;
+    kvc_status st =
+        kvc_quant_quantize_rows(quant, layer, tensor, dtype, src, n_rows, nullptr, 0, &n);
+    if (st != KVC_OK) return detail::error_from(st);
+    std::vector<std::int8_t> out(n);
+    st = kvc_quant_quantize_rows(quant, layer, tensor, dtype, src, n_rows, out.data(), out.size(),
+                                 &n);
+    if (st != KVC_OK) return detail::error_from(st);
+    return out;
+}
+
+/// kvc_quant_roundtrip_rows: C8 round trip of `n_rows` rows in place (no allocation).
+inline Result<void> roundtrip_rows(const kvc_quant* quant, std::size_t layer, kvc_tensor tensor,
+                                   kvc_dtype dtype, void* data, std::size_t n_rows) {
+    return detail::check(kvc_quant_roundtrip_rows(quant, layer, tensor, dtype, data, n_rows));
+}
+
+/// kvc_cache_get_info.
+inline Result<kvc_cache_info> cache_info(const kvc_cache* cache) {
+    kvc_cache_info info{};
+    const kvc_status st = kvc_cache_get_info(cache, &info);
+    if (st != KVC_OK) return detail::error_from(st);
+    return info;
+}
+
+/// kvc_cache_compact_layer with the pairs in a vector (e.g. from kvc::plan_pairs, for a
+/// plan made at kv_len `len`); returns the new length.
+inline Result<std::size_t> compact_layer(const kvc_cache* cache, void* k, void* v,
+                                         const std::vector<kvc_reserve_pair>& pairs,
+                                         std::size_t len) {
+    std::size_t new_len = 0;
+    const kvc_status st =
+        kvc_cache_compact_layer(cache, k, v, pairs.data(), pairs.size(), len, &new_len);
+    if (st != KVC_OK) return detail::error_from(st);
+    return new_len;
 }
 
 /// Size in bytes of one element of `dtype` (0 when unknown).

@@ -7,7 +7,8 @@ use kvc_cache::quant::msmodelslim::{
     check_description, parse_weights, read_checkpoint, weights_bytes, write_checkpoint, ScaleDType,
 };
 use kvc_cache::quant::{
-    calibrate, dequantize, quant_error, quantize, C8Params, ChannelQuant, LayerQuant,
+    calibrate, dequantize, dequantize_rows, quant_error, quantize, quantize_rows, roundtrip_rows,
+    C8Params, ChannelQuant, ChannelStats, LayerQuant,
 };
 use kvc_cache::{Addressing, DType, Error, ErrorKind, TensorLayout};
 
@@ -427,5 +428,153 @@ fn c8_on_real_kv_keeps_snr() {
                 );
             }
         }
+    }
+}
+
+fn rows_bytes(dt: DType, vals: &[f32]) -> Vec<u8> {
+    vals.iter().flat_map(|&x| from_f32(dt, x)).collect()
+}
+
+#[test]
+fn row_batches_quantize_like_a_llama_layer() {
+    // 3 KV heads x 64 (SmolLM2), 9 rows: the rows of tokens 4..13 of a llama.cpp K tensor.
+    let (channels, cap, rows) = (192usize, 16usize, 9usize);
+    for dt in [DType::F16, DType::BF16, DType::F32] {
+        let l = TensorLayout::new(Addressing::CellRows, dt, 3, 64, cap).unwrap();
+        let li = l.with_dtype(DType::I8).unwrap();
+        let cache = rows_bytes(dt, &rand_f32(cap * channels, 11));
+        let q = calibrate(&cache, &l, 0..cap, false).unwrap();
+        let es = dt.size();
+        let batch = &cache[4 * channels * es..(4 + rows) * channels * es];
+
+        let mut want = vec![0u8; li.byte_len()];
+        quantize(&cache, &l, &mut want, &li, 4..4 + rows, &q).unwrap();
+        let mut got = vec![0x55u8; rows * channels + 3];
+        quantize_rows(batch, dt, rows, &q, &mut got).unwrap();
+        assert_eq!(
+            &got[..rows * channels],
+            &want[4 * channels..(4 + rows) * channels]
+        );
+        assert_eq!(
+            &got[rows * channels..],
+            &[0x55; 3],
+            "only the rows are written"
+        );
+
+        let mut back = vec![0u8; rows * channels * es];
+        dequantize_rows(&got[..rows * channels], rows, &q, &mut back, dt).unwrap();
+        let mut inplace = batch.to_vec();
+        roundtrip_rows(&mut inplace, dt, rows, &q).unwrap();
+        assert_eq!(inplace, back);
+        let mut full = vec![0u8; l.byte_len()];
+        dequantize(&want, &li, &mut full, &l, 4..4 + rows, &q).unwrap();
+        assert_eq!(back, &full[4 * channels * es..(4 + rows) * channels * es]);
+
+        // Zero rows: nothing to do, nothing written.
+        quantize_rows(&[], dt, 0, &q, &mut []).unwrap();
+        roundtrip_rows(&mut [], dt, 0, &q).unwrap();
+    }
+}
+
+#[test]
+fn row_batch_errors_are_typed_and_write_nothing() {
+    let q = ChannelQuant::new(vec![0.1; 8], vec![0.0; 8]).unwrap();
+    let src = vec![0x3cu8; 2 * 8 * 2]; // 2 f16 rows of 8
+    let mut dst = vec![7u8; 16];
+    let kind = |e: Error| e.kind();
+    // Source one byte short / long, one row more than it holds.
+    for bad in [&src[1..], &[src.as_slice(), &[0]].concat()[..]] {
+        let e = quantize_rows(bad, DType::F16, 2, &q, &mut dst).unwrap_err();
+        assert!(matches!(e, Error::LayoutMismatch { .. }), "{e}");
+        assert_eq!(kind(e), ErrorKind::InvalidArgument);
+    }
+    assert!(quantize_rows(&src, DType::F16, 3, &q, &mut dst).is_err());
+    // Destination too small.
+    let e = quantize_rows(&src, DType::F16, 2, &q, &mut dst[..15]).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::BufferTooSmall {
+                needed: 16,
+                found: 15,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert_eq!(kind(e), ErrorKind::BufferTooSmall);
+    // int8 is not a float source; overflowing row counts.
+    let e = quantize_rows(&src, DType::I8, 2, &q, &mut dst).unwrap_err();
+    assert_eq!(kind(e), ErrorKind::Unsupported);
+    let e = quantize_rows(&src, DType::F16, usize::MAX / 4, &q, &mut dst).unwrap_err();
+    assert!(matches!(e, Error::SizeOverflow { .. }), "{e}");
+    let e = quantize_rows(&src, DType::F16, usize::MAX, &q, &mut dst).unwrap_err();
+    assert!(matches!(e, Error::SizeOverflow { .. }), "{e}");
+    assert_eq!(dst, vec![7u8; 16], "nothing written on error");
+
+    let i8s = vec![1u8; 16];
+    let mut out = vec![9u8; 32];
+    assert!(matches!(
+        dequantize_rows(&i8s[1..], 2, &q, &mut out, DType::F16),
+        Err(Error::LayoutMismatch { .. })
+    ));
+    assert!(matches!(
+        dequantize_rows(&i8s, 2, &q, &mut out[..31], DType::F16),
+        Err(Error::BufferTooSmall { .. })
+    ));
+    assert!(matches!(
+        dequantize_rows(&i8s, 2, &q, &mut out, DType::I8),
+        Err(Error::UnsupportedDType { .. })
+    ));
+    assert_eq!(out, vec![9u8; 32]);
+
+    let mut data = src.clone();
+    assert!(roundtrip_rows(&mut data[..31], DType::F16, 2, &q).is_err());
+    assert!(roundtrip_rows(&mut data, DType::F32, 2, &q).is_err()); // 32 bytes = 1 f32 row
+    assert!(roundtrip_rows(&mut data, DType::I8, 4, &q).is_err());
+    assert_eq!(data, src);
+}
+
+#[test]
+fn row_calibration_equals_layout_calibration() {
+    let (channels, cap) = (24usize, 20usize);
+    for dt in [DType::F16, DType::BF16, DType::F32] {
+        let l = TensorLayout::new(Addressing::CellRows, dt, 2, 12, cap).unwrap();
+        let cache = rows_bytes(dt, &rand_f32(cap * channels, 5));
+        let es = dt.size();
+        let mut by_layout = ChannelStats::new(channels);
+        by_layout.observe(&cache, &l, 0..cap).unwrap();
+        // The same tokens in batches of 7, 1, 0 and 12 rows.
+        let mut by_rows = ChannelStats::new(channels);
+        let mut t = 0;
+        for n in [7usize, 1, 0, 12] {
+            by_rows
+                .observe_rows(&cache[t * channels * es..(t + n) * channels * es], dt, n)
+                .unwrap();
+            t += n;
+        }
+        assert_eq!(by_rows.min(), by_layout.min());
+        assert_eq!(by_rows.max(), by_layout.max());
+        assert_eq!(by_rows.tokens_observed(), cap as u64);
+        for sym in [false, true] {
+            assert_eq!(by_rows.finish(sym).unwrap(), by_layout.finish(sym).unwrap());
+        }
+
+        // A NaN in the last row, a wrong length, int8: all or nothing.
+        let before = by_rows.clone();
+        let mut bad = cache[..2 * channels * es].to_vec();
+        let nan = from_f32(dt, f32::NAN);
+        let at = (2 * channels - 1) * es;
+        bad[at..at + es].copy_from_slice(&nan);
+        let e = by_rows.observe_rows(&bad, dt, 2).unwrap_err();
+        assert!(
+            matches!(e, Error::NonFinite { index, .. } if index == 2 * channels - 1),
+            "{e}"
+        );
+        assert!(by_rows.observe_rows(&cache[..es], dt, 1).is_err());
+        assert!(by_rows
+            .observe_rows(&cache[..channels], DType::I8, 1)
+            .is_err());
+        assert_eq!(by_rows, before);
     }
 }

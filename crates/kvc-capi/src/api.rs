@@ -25,6 +25,19 @@ use crate::mlp::{
     kvc_mlp_compress_inplace, kvc_mlp_free, kvc_mlp_get_info, kvc_mlp_new, kvc_mlp_new_from_memory,
 };
 use crate::mlp::{KvcMlp, KvcMlpInfo};
+// ABI 0.3: the quantizer and the cache view.
+use crate::cache::{
+    kvc_cache_compact_heads, kvc_cache_compact_layer, kvc_cache_config_default, kvc_cache_free,
+    kvc_cache_get_info, kvc_cache_new, kvc_cache_zero_tokens,
+};
+use crate::cache::{KvcCache, KvcCacheConfig, KvcCacheInfo};
+use crate::quant::{
+    kvc_quant_config_default, kvc_quant_dequantize_rows, kvc_quant_finish, kvc_quant_free,
+    kvc_quant_get_config, kvc_quant_get_params, kvc_quant_new, kvc_quant_new_from_msmodelslim,
+    kvc_quant_observe_rows, kvc_quant_quantize_rows, kvc_quant_roundtrip_rows,
+    kvc_quant_save_msmodelslim, kvc_quant_set_params,
+};
+use crate::quant::{KvcQuant, KvcQuantConfig};
 use crate::status::{kvc_status_name, KvcStatus};
 use crate::version::{kvc_abi_version, kvc_version, KVC_ABI_VERSION, KVC_ABI_VERSION_MAJOR};
 
@@ -203,6 +216,129 @@ pub struct KvcApi {
     ) -> KvcStatus,
     /// See `kvc_mlp_free` (ABI 0.2).
     pub mlp_free: unsafe extern "C" fn(mlp: *mut KvcMlp),
+    // ---- ABI 0.3: the quantizer (kvc_quant) and the cache view (kvc_cache). ----
+    /// See `kvc_quant_config_default` (ABI 0.3).
+    pub quant_config_default: unsafe extern "C" fn(out: *mut KvcQuantConfig) -> KvcStatus,
+    /// See `kvc_quant_new` (ABI 0.3).
+    pub quant_new:
+        unsafe extern "C" fn(config: *const KvcQuantConfig, out: *mut *mut KvcQuant) -> KvcStatus,
+    /// See `kvc_quant_new_from_msmodelslim` (ABI 0.3).
+    pub quant_new_from_msmodelslim:
+        unsafe extern "C" fn(dir: *const c_char, out: *mut *mut KvcQuant) -> KvcStatus,
+    /// See `kvc_quant_save_msmodelslim` (ABI 0.3).
+    pub quant_save_msmodelslim: unsafe extern "C" fn(
+        quant: *const KvcQuant,
+        dir: *const c_char,
+        scale_dtype: KvcDtype,
+    ) -> KvcStatus,
+    /// See `kvc_quant_get_config` (ABI 0.3).
+    pub quant_get_config:
+        unsafe extern "C" fn(quant: *const KvcQuant, out: *mut KvcQuantConfig) -> KvcStatus,
+    /// See `kvc_quant_observe_rows` (ABI 0.3).
+    pub quant_observe_rows: unsafe extern "C" fn(
+        quant: *mut KvcQuant,
+        layer: usize,
+        tensor: KvcTensor,
+        dtype: KvcDtype,
+        src: *const c_void,
+        n_rows: usize,
+    ) -> KvcStatus,
+    /// See `kvc_quant_finish` (ABI 0.3).
+    pub quant_finish: unsafe extern "C" fn(quant: *mut KvcQuant) -> KvcStatus,
+    /// See `kvc_quant_set_params` (ABI 0.3).
+    pub quant_set_params: unsafe extern "C" fn(
+        quant: *mut KvcQuant,
+        layer: usize,
+        tensor: KvcTensor,
+        scale: *const f32,
+        offset: *const f32,
+        n_channels: usize,
+    ) -> KvcStatus,
+    /// See `kvc_quant_get_params` (ABI 0.3).
+    pub quant_get_params: unsafe extern "C" fn(
+        quant: *const KvcQuant,
+        layer: usize,
+        tensor: KvcTensor,
+        scale: *mut f32,
+        offset: *mut f32,
+        capacity: usize,
+        n_channels: *mut usize,
+    ) -> KvcStatus,
+    /// See `kvc_quant_quantize_rows` (ABI 0.3).
+    pub quant_quantize_rows: unsafe extern "C" fn(
+        quant: *const KvcQuant,
+        layer: usize,
+        tensor: KvcTensor,
+        dtype: KvcDtype,
+        src: *const c_void,
+        n_rows: usize,
+        dst: *mut i8,
+        dst_capacity: usize,
+        dst_len: *mut usize,
+    ) -> KvcStatus,
+    /// See `kvc_quant_dequantize_rows` (ABI 0.3).
+    pub quant_dequantize_rows: unsafe extern "C" fn(
+        quant: *const KvcQuant,
+        layer: usize,
+        tensor: KvcTensor,
+        src: *const i8,
+        n_rows: usize,
+        dtype: KvcDtype,
+        dst: *mut c_void,
+        dst_capacity: usize,
+        dst_len: *mut usize,
+    ) -> KvcStatus,
+    /// See `kvc_quant_roundtrip_rows` (ABI 0.3).
+    pub quant_roundtrip_rows: unsafe extern "C" fn(
+        quant: *const KvcQuant,
+        layer: usize,
+        tensor: KvcTensor,
+        dtype: KvcDtype,
+        data: *mut c_void,
+        n_rows: usize,
+    ) -> KvcStatus,
+    /// See `kvc_quant_free` (ABI 0.3).
+    pub quant_free: unsafe extern "C" fn(quant: *mut KvcQuant),
+    /// See `kvc_cache_config_default` (ABI 0.3).
+    pub cache_config_default: unsafe extern "C" fn(out: *mut KvcCacheConfig) -> KvcStatus,
+    /// See `kvc_cache_new` (ABI 0.3).
+    pub cache_new:
+        unsafe extern "C" fn(config: *const KvcCacheConfig, out: *mut *mut KvcCache) -> KvcStatus,
+    /// See `kvc_cache_get_info` (ABI 0.3).
+    pub cache_get_info:
+        unsafe extern "C" fn(cache: *const KvcCache, out: *mut KvcCacheInfo) -> KvcStatus,
+    /// See `kvc_cache_compact_layer` (ABI 0.3).
+    pub cache_compact_layer: unsafe extern "C" fn(
+        cache: *const KvcCache,
+        k: *mut c_void,
+        v: *mut c_void,
+        pairs: *const KvcReservePair,
+        n_pairs: usize,
+        len: usize,
+        new_len: *mut usize,
+    ) -> KvcStatus,
+    /// See `kvc_cache_compact_heads` (ABI 0.3).
+    pub cache_compact_heads: unsafe extern "C" fn(
+        cache: *const KvcCache,
+        k: *mut c_void,
+        v: *mut c_void,
+        pairs: *const KvcReservePair,
+        n_pairs: usize,
+        head_pair_counts: *const usize,
+        n_heads: usize,
+        len: usize,
+        new_len: *mut usize,
+    ) -> KvcStatus,
+    /// See `kvc_cache_zero_tokens` (ABI 0.3).
+    pub cache_zero_tokens: unsafe extern "C" fn(
+        cache: *const KvcCache,
+        k: *mut c_void,
+        v: *mut c_void,
+        start: usize,
+        end: usize,
+    ) -> KvcStatus,
+    /// See `kvc_cache_free` (ABI 0.3).
+    pub cache_free: unsafe extern "C" fn(cache: *mut KvcCache),
 }
 
 static API: KvcApi = KvcApi {
@@ -238,6 +374,27 @@ static API: KvcApi = KvcApi {
     mlp_get_info: kvc_mlp_get_info,
     mlp_compress_inplace: kvc_mlp_compress_inplace,
     mlp_free: kvc_mlp_free,
+    // ABI 0.3: the quantizer and the cache view.
+    quant_config_default: kvc_quant_config_default,
+    quant_new: kvc_quant_new,
+    quant_new_from_msmodelslim: kvc_quant_new_from_msmodelslim,
+    quant_save_msmodelslim: kvc_quant_save_msmodelslim,
+    quant_get_config: kvc_quant_get_config,
+    quant_observe_rows: kvc_quant_observe_rows,
+    quant_finish: kvc_quant_finish,
+    quant_set_params: kvc_quant_set_params,
+    quant_get_params: kvc_quant_get_params,
+    quant_quantize_rows: kvc_quant_quantize_rows,
+    quant_dequantize_rows: kvc_quant_dequantize_rows,
+    quant_roundtrip_rows: kvc_quant_roundtrip_rows,
+    quant_free: kvc_quant_free,
+    cache_config_default: kvc_cache_config_default,
+    cache_new: kvc_cache_new,
+    cache_get_info: kvc_cache_get_info,
+    cache_compact_layer: kvc_cache_compact_layer,
+    cache_compact_heads: kvc_cache_compact_heads,
+    cache_zero_tokens: kvc_cache_zero_tokens,
+    cache_free: kvc_cache_free,
 };
 
 /// Whether a program built against ABI version `requested` can use this library.

@@ -26,13 +26,16 @@
 
 pub mod api;
 pub mod boundary;
+pub mod cache;
 pub mod codec;
 pub mod convert;
+mod elements;
 pub mod error;
 pub mod h2o;
 pub mod handle;
 pub mod last_error;
 pub mod mlp;
+pub mod quant;
 pub mod status;
 #[cfg(feature = "test-hooks")]
 pub mod test_hooks;

@@ -9,15 +9,19 @@
 use std::ops::Range;
 
 use super::kernel::observe;
+use super::rows::{check_observe_rows, min_max_rows};
 use super::ChannelQuant;
+use crate::dtype::DType;
 use crate::error::Result;
 use crate::layout::TensorLayout;
 
-/// Running per-channel min / max (calibration may see a cache in several pieces).
+/// Running per-channel min / max (calibration may see a cache in several pieces, or an
+/// engine's rows batch by batch).
 #[derive(Debug, Clone, PartialEq)]
 pub struct ChannelStats {
     min: Vec<f32>,
     max: Vec<f32>,
+    tokens: u64,
 }
 
 impl ChannelStats {
@@ -26,7 +30,18 @@ impl ChannelStats {
         ChannelStats {
             min: vec![f32::INFINITY; channels],
             max: vec![f32::NEG_INFINITY; channels],
+            tokens: 0,
         }
+    }
+
+    /// Channels.
+    pub fn channels(&self) -> usize {
+        self.min.len()
+    }
+
+    /// Tokens (rows) observed so far by successful calls.
+    pub fn tokens_observed(&self) -> u64 {
+        self.tokens
     }
 
     /// Observes tokens `tokens` of `src`. Fails on NaN / infinity.
@@ -43,7 +58,22 @@ impl ChannelStats {
                 found: layout.channels(),
             });
         }
-        observe(layout, src, tokens, &mut self.min, &mut self.max)
+        let n = tokens.len() as u64;
+        observe(layout, src, tokens, &mut self.min, &mut self.max)?;
+        self.tokens += n;
+        Ok(())
+    }
+
+    /// Observes `rows` rows of `src`: each row `channels()` contiguous elements of
+    /// `dtype` (f16 / bf16 / f32), exactly `rows * channels()` elements (the engine's
+    /// rows as it writes them). All or nothing: a NaN or infinity anywhere
+    /// ([`Error::NonFinite`](crate::Error::NonFinite), with its element index), a wrong
+    /// length or an int8 dtype leave the statistics unchanged. Allocates nothing.
+    pub fn observe_rows(&mut self, src: &[u8], dtype: DType, rows: usize) -> Result<()> {
+        check_observe_rows(src, dtype, rows, self.min.len())?;
+        min_max_rows(src, dtype, rows, &mut self.min, &mut self.max);
+        self.tokens += rows as u64;
+        Ok(())
     }
 
     /// Per-channel minimum seen (`+inf` if nothing).

@@ -7,11 +7,13 @@
 mod calibrate;
 mod kernel;
 pub mod msmodelslim;
+pub mod rows;
 
 use std::collections::BTreeMap;
 
 pub use calibrate::{calibrate, ChannelStats};
 pub use kernel::{dequantize, quant_error, quantize, ErrorStats};
+pub use rows::{dequantize_rows, quantize_rows, roundtrip_rows};
 
 use crate::error::{Error, Result};
 

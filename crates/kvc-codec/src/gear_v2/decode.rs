@@ -4,7 +4,7 @@
 use super::encode::{CHUNK_CODED, CHUNK_STORED, CODED_CHUNK_HEADER, LANES};
 use super::format::{BlobHeader, ChunkIndex, FieldSplit, HEADER_LEN};
 use super::huffman::{self, DECODE_ENTRIES, INVALID_ENTRY};
-use super::lanes::{decode_coded, LaneModel, Lanes};
+use super::lane_decode::{decode_coded, LaneModel, Lanes};
 use super::values::{dispatch, rest_bytes};
 use crate::error::{Error, Result};
 

@@ -142,10 +142,14 @@ pub fn write_table(lens: &[u8], out: &mut Vec<u8>) {
 /// Entry of a decode table for a code word no symbol owns (an incomplete code): length 0
 /// and bit 15 set, which the decoder ORs into a flag word and reports after the chunk.
 pub const INVALID_ENTRY: u16 = 0x8000;
+/// Where the symbol sits in a decode-table entry (`sym << SYM_SHIFT | len`): bits 4 and 5
+/// stay zero, so a 64-bit shift by the whole entry (which the CPU masks to 6 bits) shifts by
+/// the length, with no masking instruction.
+pub const SYM_SHIFT: u32 = 6;
 
 /// Reads one table written by [`write_table`] from `src[*pos..]` for an alphabet of
 /// `alphabet` symbols, checking the runs cover the alphabet exactly and the code is a valid
-/// prefix code. The used symbols are appended to `used` as `sym << 4 | len`, in symbol order.
+/// prefix code. The used symbols are appended to `used` as `sym << SYM_SHIFT | len`, in symbol order.
 pub fn read_table(
     src: &[u8],
     pos: &mut usize,
@@ -173,7 +177,7 @@ pub fn read_table(
             for k in 0..run {
                 let l = (packed[k / 2] >> (4 * (k % 2))) & 15;
                 bad_len |= l == 0 || l as u32 > MAX_LEN;
-                used.push(((i + k) as u16) << 4 | l as u16);
+                used.push(((i + k) as u16) << SYM_SHIFT | l as u16);
                 kraft += limit >> (l & 15).min(63);
             }
             if bad_len {
@@ -217,7 +221,7 @@ pub fn build_codes(lens: &[u8], codes: &mut [u16]) {
 }
 
 /// Fills a decode table (`DECODE_ENTRIES` entries indexed by the next `MAX_LEN` stream bits,
-/// LSB-first; each `sym << 4 | len`, [`INVALID_ENTRY`] for unowned code words) from the used
+/// LSB-first; each `sym << SYM_SHIFT | len`, [`INVALID_ENTRY`] for unowned code words) from the used
 /// symbols `read_table` gave (symbol order, valid lengths, Kraft sum checked).
 ///
 /// LSB-first, a code of length `l` owns every index whose low `l` bits are its reversed
@@ -298,7 +302,7 @@ mod tests {
         assert_eq!(pos, buf.len());
         let mut back = vec![0u8; 64];
         for &u in &used {
-            back[(u >> 4) as usize] = (u & 15) as u8;
+            back[(u >> SYM_SHIFT) as usize] = (u & 15) as u8;
         }
         assert_eq!(back, lens);
         // Every decode-table entry agrees with a straightforward canonical decode.
@@ -312,7 +316,7 @@ mod tests {
                 l > 0 && (i as u32) & ((1 << l) - 1) == (codes[s] & 0xfff) as u32
             });
             match owner {
-                Some(s) => assert_eq!(e, (s as u16) << 4 | lens[s] as u16),
+                Some(s) => assert_eq!(e, (s as u16) << SYM_SHIFT | lens[s] as u16),
                 None => assert_eq!(e, INVALID_ENTRY),
             }
         }

@@ -1,19 +1,17 @@
-//! The hot loops: coding and decoding the four interleaved Huffman lanes of a chunk, and
-//! packing and merging the raw low bits.
+//! The encoder's hot loops: coding the four interleaved Huffman lanes of a chunk and packing
+//! the raw low bits (decoding is in `lane_decode` and `low_bits`).
 //!
 //! Channel `c` is coded in lane `c % 4`; a chunk's channels are walked four at a time (one
 //! per lane), each for all its tokens, so every lane uses one table (two with the sign
-//! context) for a whole run of tokens. Both directions keep a 64-bit bit buffer per lane:
-//! the encoder adds up to [`SYMS_PER_WORD`] codes and then stores 8 bytes and advances by the
-//! whole bytes written (no branch); the decoder loads 8 unaligned bytes per lane (the only
-//! bounds check of the refill, with a zero-padded slow path at the end of the chunk) and
-//! decodes [`SYMS_PER_WORD`] symbols from it with one table lookup each.
+//! context) for a whole run of tokens. Each lane keeps a 64-bit bit buffer: the encoder adds
+//! up to [`SYMS_PER_WORD`] codes and then stores 8 bytes and advances by the whole bytes
+//! written (no branch).
 
 // The lane loops index several per-lane arrays with one `k`; iterators would obscure that.
 #![allow(clippy::needless_range_loop)]
 
 use super::encode::LANES;
-use super::huffman::{DECODE_ENTRIES, INVALID_ENTRY, MAX_LEN};
+use super::huffman::MAX_LEN;
 use super::values::load;
 
 /// Codes that fit a 64-bit buffer holding up to 7 leftover bits (or read after a refill that
@@ -23,230 +21,58 @@ pub(crate) const SYMS_PER_WORD: usize = (64 - 7) / MAX_LEN as usize;
 /// indexes inside it).
 pub(crate) const CODE_ENTRIES: usize = 512;
 
-/// A channel's decode tables as one array: with the sign context, the table for context 1
-/// follows the one for context 0, so `ctx << MAX_LEN | bits` indexes both without a branch
-/// or a bounds check (the decoder keeps one padding table after the last).
-type DecodeTables = [u16; 2 * DECODE_ENTRIES];
 type CodeTable = [u16; CODE_ENTRIES];
-
-/// What the lane decoder needs from the blob's model.
-pub(crate) struct LaneModel<'a> {
-    /// All decode tables, `DECODE_ENTRIES` each, table `group * contexts + ctx`.
-    pub tables: &'a [u16],
-    /// Channels per token.
-    pub channels: usize,
-    /// Channels per table group.
-    pub group: usize,
-    /// Whether the previous token's sign selects the table.
-    pub sign_context: bool,
-}
-
-/// A coded chunk's bytes and where its four lanes lie in them.
-pub(crate) struct Lanes<'a> {
-    /// The whole chunk (lanes may read past their end into it; the lengths are checked after).
-    pub data: &'a [u8],
-    /// Byte offset of each lane in `data`.
-    pub starts: [usize; LANES],
-    /// Byte length of each lane.
-    pub lens: [usize; LANES],
-}
-
-impl LaneModel<'_> {
-    fn table(&self, channel: usize) -> Option<&DecodeTables> {
-        let nctx = if self.sign_context { 2 } else { 1 };
-        let t = (channel / self.group) * nctx;
-        self.tables
-            .get(t * DECODE_ENTRIES..(t + 2) * DECODE_ENTRIES)?
-            .try_into()
-            .ok()
-    }
-}
-
-/// Reads 64 bits at bit offset `bit` of `data` (LSB-first) shifted so that bit `bit` is bit
-/// 0: at least 57 valid bits. Bytes past the end read as zero.
-#[inline(always)]
-fn read_bits(data: &[u8], bit: usize) -> u64 {
-    let b = bit >> 3;
-    let mut a = [0u8; 8];
-    match data.get(b..b + 8) {
-        Some(s) => a.copy_from_slice(s),
-        None => {
-            let tail = data.get(b..).unwrap_or(&[]);
-            a[..tail.len()].copy_from_slice(tail);
-        }
-    }
-    u64::from_le_bytes(a) >> (bit & 7)
-}
-
-/// Writes the top field `sym` of element `k` of `cell`. When the low bits fill whole bytes
-/// (f16, i8) only the top byte is stored (the low bytes were merged before); otherwise the
-/// whole element is written with zero low bits, merged after.
-#[inline(always)]
-fn put<const BPV: usize, const REST: u32>(cell: &mut [u8], k: usize, sym: u32) {
-    if REST % 8 == 0 {
-        cell[k * BPV + REST as usize / 8] = sym as u8;
-    } else {
-        let v = (sym << REST).to_le_bytes();
-        cell[k * BPV..k * BPV + BPV].copy_from_slice(&v[..BPV]);
-    }
-}
-
-/// Decodes the lanes of a coded chunk and merges the low bits `rest` into `out` (whole
-/// tokens). Errors are the reason of a `V2BadChunk`.
-pub(crate) fn decode_coded<const BPV: usize, const REST: u32, const SYM: u32>(
-    model: &LaneModel<'_>,
-    lanes: &Lanes<'_>,
-    rest: &[u8],
-    out: &mut [u8],
-) -> Result<(), &'static str> {
-    if REST % 8 == 0 {
-        merge_low_bytes::<BPV, REST>(rest, out);
-    }
-    let bits = if model.sign_context {
-        decode_lanes::<BPV, REST, SYM, true>(model, lanes, out)?
-    } else {
-        decode_lanes::<BPV, REST, SYM, false>(model, lanes, out)?
-    };
-    for k in 0..LANES {
-        let used = bits[k] - lanes.starts[k] * 8;
-        if used.div_ceil(8) != lanes.lens[k] {
-            return Err(if used > lanes.lens[k] * 8 {
-                "Huffman lane truncated"
-            } else {
-                "Huffman lane has trailing bytes"
-            });
-        }
-    }
-    if REST % 8 != 0 {
-        merge_low_bits::<BPV, REST>(rest, out);
-    }
-    Ok(())
-}
-
-fn decode_lanes<const BPV: usize, const REST: u32, const SYM: u32, const CTX: bool>(
-    model: &LaneModel<'_>,
-    lanes: &Lanes<'_>,
-    out: &mut [u8],
-) -> Result<[usize; LANES], &'static str> {
-    const MISSING: &str = "table missing for a channel";
-    let ch = model.channels;
-    let row = ch * BPV;
-    let tokens = out.len() / row;
-    let data = lanes.data;
-    let mut bit = lanes.starts.map(|s| s * 8);
-    let mut flags = 0u16;
-    let mut base = 0;
-    while base + LANES <= ch {
-        let mut tb = [model.table(base).ok_or(MISSING)?; LANES];
-        for k in 0..LANES {
-            tb[k] = model.table(base + k).ok_or(MISSING)?;
-        }
-        let mut ctx = [0usize; LANES];
-        let mut t = 0;
-        while t < tokens {
-            let n = SYMS_PER_WORD.min(tokens - t);
-            let mut w = [0u64; LANES];
-            for k in 0..LANES {
-                w[k] = read_bits(data, bit[k]);
-            }
-            let mut used = [0u32; LANES];
-            for s in 0..n {
-                let at = (t + s) * row + base * BPV;
-                let Some(cell) = out.get_mut(at..at + LANES * BPV) else {
-                    return Err("output shape");
-                };
-                for k in 0..LANES {
-                    let e = tb[k][ctx[k] | (w[k] as usize & (DECODE_ENTRIES - 1))];
-                    let len = (e & 15) as u32;
-                    w[k] >>= len;
-                    used[k] += len;
-                    flags |= e;
-                    let sym = (e >> 4) as u32;
-                    put::<BPV, REST>(cell, k, sym);
-                    if CTX {
-                        ctx[k] = (((sym >> (SYM - 1)) & 1) as usize) << MAX_LEN;
-                    }
-                }
-            }
-            for k in 0..LANES {
-                bit[k] += used[k] as usize;
-            }
-            t += n;
-        }
-        base += LANES;
-    }
-    // The last `channels % 4` channels, one per lane.
-    for c in base..ch {
-        let k = c - base;
-        let tb = model.table(c).ok_or(MISSING)?;
-        let mut ctx = 0usize;
-        let mut t = 0;
-        while t < tokens {
-            let n = SYMS_PER_WORD.min(tokens - t);
-            let mut w = read_bits(data, bit[k]);
-            for s in 0..n {
-                let at = (t + s) * row + c * BPV;
-                let Some(cell) = out.get_mut(at..at + BPV) else {
-                    return Err("output shape");
-                };
-                let e = tb[ctx | (w as usize & (DECODE_ENTRIES - 1))];
-                let len = (e & 15) as u32;
-                w >>= len;
-                bit[k] += len as usize;
-                flags |= e;
-                let sym = (e >> 4) as u32;
-                put::<BPV, REST>(cell, 0, sym);
-                if CTX {
-                    ctx = (((sym >> (SYM - 1)) & 1) as usize) << MAX_LEN;
-                }
-            }
-            t += n;
-        }
-    }
-    if flags & INVALID_ENTRY != 0 {
-        return Err("invalid Huffman code");
-    }
-    Ok(bit)
-}
-
-/// Low bits that are whole bytes (f16: the low byte) go first; the top byte follows.
-fn merge_low_bytes<const BPV: usize, const REST: u32>(rest: &[u8], out: &mut [u8]) {
-    if REST == 8 && BPV == 2 {
-        for (o, &l) in out.chunks_exact_mut(2).zip(rest) {
-            o[0] = l;
-            o[1] = 0;
-        }
-    }
-}
-
-/// ORs the packed low bits (`REST` bits per element, LSB-first) into the elements of `out`.
-fn merge_low_bits<const BPV: usize, const REST: u32>(rest: &[u8], out: &mut [u8]) {
-    let mask = (1u64 << REST) - 1;
-    let mut done = 0;
-    if BPV == 2 && REST == 7 {
-        // bf16: eight elements per 7 bytes.
-        for (o, r) in out.chunks_exact_mut(16).zip(rest.chunks_exact(7)) {
-            let mut a = [0u8; 8];
-            a[..7].copy_from_slice(r);
-            let w = u64::from_le_bytes(a);
-            for i in 0..8 {
-                let v =
-                    u16::from_le_bytes([o[2 * i], o[2 * i + 1]]) | ((w >> (7 * i)) & 0x7f) as u16;
-                o[2 * i..2 * i + 2].copy_from_slice(&v.to_le_bytes());
-            }
-        }
-        done = (out.len() / 16).min(rest.len() / 7) * 8;
-    }
-    let values = out.len() / BPV;
-    for j in done..values {
-        let v = load::<BPV>(out, j) as u64 | (read_bits(rest, j * REST as usize) & mask);
-        out[j * BPV..j * BPV + BPV].copy_from_slice(&(v as u32).to_le_bytes()[..BPV]);
-    }
-}
 
 /// Appends the coded lanes of a chunk to `out` (after the mode byte and the lane lengths,
 /// which are filled in): `codes` holds `CODE_ENTRIES` codes (`rev | len << 12`) per table.
 pub(crate) fn encode_lanes<const BPV: usize, const REST: u32, const SYM: u32>(
+    codes: &[u16],
+    group: usize,
+    sign_context: bool,
+    channels: usize,
+    raw: &[u8],
+    out: &mut Vec<u8>,
+    lens_at: usize,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("bmi2") {
+        // SAFETY: the CPU supports BMI2, checked just above; the function is otherwise safe.
+        unsafe {
+            encode_lanes_bmi2::<BPV, REST, SYM>(
+                codes,
+                group,
+                sign_context,
+                channels,
+                raw,
+                out,
+                lens_at,
+            )
+        };
+        return;
+    }
+    encode_lanes_any::<BPV, REST, SYM>(codes, group, sign_context, channels, raw, out, lens_at)
+}
+
+/// [`encode_lanes`] compiled with BMI2 (shifts by a register without `cl`).
+///
+/// # Safety
+/// The CPU must support BMI2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "bmi2")]
+unsafe fn encode_lanes_bmi2<const BPV: usize, const REST: u32, const SYM: u32>(
+    codes: &[u16],
+    group: usize,
+    sign_context: bool,
+    channels: usize,
+    raw: &[u8],
+    out: &mut Vec<u8>,
+    lens_at: usize,
+) {
+    encode_lanes_any::<BPV, REST, SYM>(codes, group, sign_context, channels, raw, out, lens_at)
+}
+
+#[inline(always)]
+fn encode_lanes_any<const BPV: usize, const REST: u32, const SYM: u32>(
     codes: &[u16],
     group: usize,
     sign_context: bool,
@@ -290,6 +116,7 @@ impl LaneWriter {
     }
 }
 
+#[inline(always)]
 fn encode_lanes_ctx<const BPV: usize, const REST: u32, const SYM: u32, const CTX: bool>(
     codes: &[u16],
     group: usize,
@@ -396,9 +223,7 @@ pub(crate) fn pack_low_bits<const BPV: usize, const REST: u32>(raw: &[u8], out: 
     let total = (values * REST as usize).div_ceil(8);
     if REST == 8 && BPV == 2 {
         out.resize(at + values, 0);
-        for (d, s) in out[at..].iter_mut().zip(raw.chunks_exact(2)) {
-            *d = s[0];
-        }
+        super::low_bits::split_low_bytes(raw, &mut out[at..]);
         return;
     }
     // Generic: a 64-bit buffer, 8 bytes stored per flush (slack trimmed at the end).

@@ -1,0 +1,290 @@
+//! Merging the raw low bits of a coded chunk into the decoded values.
+//!
+//! f16 keeps whole low bytes: they are spread into the even bytes of the output before the
+//! lanes store the top bytes. bf16 and f32 keep packed low bits (7 and 23 per value): they
+//! are ORed into the values after the lanes wrote the top fields. The bf16 and f16 paths
+//! have an AVX2 version chosen at run time (`is_x86_feature_detected!`); the portable
+//! version is the reference, and the tests compare the two.
+
+use super::values::load;
+
+/// Writes the low byte of every f16 value: `out[2 * i] = rest[i]`, `out[2 * i + 1] = 0`
+/// (the top byte is stored after). Other splits with whole low bytes have none (i8).
+pub(crate) fn spread_low_bytes<const BPV: usize, const REST: u32>(rest: &[u8], out: &mut [u8]) {
+    if !(REST == 8 && BPV == 2) {
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU supports AVX2, checked just above.
+        unsafe { spread_low_bytes_avx2(rest, out) };
+        return;
+    }
+    spread_low_bytes_portable(rest, out);
+}
+
+/// Portable [`spread_low_bytes`] for f16.
+pub(crate) fn spread_low_bytes_portable(rest: &[u8], out: &mut [u8]) {
+    for (o, &l) in out.chunks_exact_mut(2).zip(rest) {
+        o[0] = l;
+        o[1] = 0;
+    }
+}
+
+/// AVX2 [`spread_low_bytes`] for f16: 32 low bytes become 64 output bytes per step.
+///
+/// # Safety
+/// The CPU must support AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+pub(crate) unsafe fn spread_low_bytes_avx2(rest: &[u8], out: &mut [u8]) {
+    use std::arch::x86_64::*;
+    let n = rest.len().min(out.len() / 2);
+    let blocks = n / 32;
+    let zero = _mm256_setzero_si256();
+    for i in 0..blocks {
+        // SAFETY: i * 32 + 32 <= n <= rest.len() and i * 64 + 64 <= 2 * n <= out.len(), so
+        // every load and store stays inside its slice; loads/stores are unaligned.
+        unsafe {
+            let l = _mm256_loadu_si256(rest.as_ptr().add(i * 32) as *const __m256i);
+            // Lanes: [0..16 | 16..32]; unpack interleaves within each 128-bit half.
+            let lo = _mm256_unpacklo_epi8(l, zero); // values 0..8, 16..24
+            let hi = _mm256_unpackhi_epi8(l, zero); // values 8..16, 24..32
+            let a = _mm256_permute2x128_si256(lo, hi, 0x20); // values 0..16
+            let b = _mm256_permute2x128_si256(lo, hi, 0x31); // values 16..32
+            let o = out.as_mut_ptr().add(i * 64);
+            _mm256_storeu_si256(o as *mut __m256i, a);
+            _mm256_storeu_si256(o.add(32) as *mut __m256i, b);
+        }
+    }
+    let done = blocks * 32;
+    spread_low_bytes_portable(&rest[done..n], &mut out[2 * done..2 * n]);
+}
+
+/// The encoder's side of [`spread_low_bytes`]: `low[i] = raw[2 * i]` (f16 low bytes).
+pub(crate) fn split_low_bytes(raw: &[u8], low: &mut [u8]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU supports AVX2, checked just above.
+        unsafe { split_low_bytes_avx2(raw, low) };
+        return;
+    }
+    split_low_bytes_portable(raw, low);
+}
+
+/// Portable [`split_low_bytes`].
+pub(crate) fn split_low_bytes_portable(raw: &[u8], low: &mut [u8]) {
+    for (d, s) in low.iter_mut().zip(raw.chunks_exact(2)) {
+        *d = s[0];
+    }
+}
+
+/// AVX2 [`split_low_bytes`]: 64 input bytes become 32 low bytes per step.
+///
+/// # Safety
+/// The CPU must support AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+pub(crate) unsafe fn split_low_bytes_avx2(raw: &[u8], low: &mut [u8]) {
+    use std::arch::x86_64::*;
+    let n = low.len().min(raw.len() / 2);
+    let blocks = n / 32;
+    let even = _mm256_set1_epi16(0xff);
+    for i in 0..blocks {
+        // SAFETY: i * 64 + 64 <= 2 * n <= raw.len() and i * 32 + 32 <= n <= low.len(), so
+        // every load and store stays inside its slice; all unaligned.
+        unsafe {
+            let p = raw.as_ptr().add(i * 64);
+            let a = _mm256_and_si256(_mm256_loadu_si256(p as *const __m256i), even);
+            let b = _mm256_and_si256(_mm256_loadu_si256(p.add(32) as *const __m256i), even);
+            // packus works per 128-bit half: [a0 b0 a1 b1] in 64-bit units; reorder.
+            let packed = _mm256_permute4x64_epi64(_mm256_packus_epi16(a, b), 0b11_01_10_00);
+            _mm256_storeu_si256(low.as_mut_ptr().add(i * 32) as *mut __m256i, packed);
+        }
+    }
+    let done = blocks * 32;
+    split_low_bytes_portable(&raw[2 * done..2 * n], &mut low[done..n]);
+}
+
+/// ORs the packed low bits (`REST` bits per element, LSB-first) into the elements of `out`.
+pub(crate) fn merge_low_bits<const BPV: usize, const REST: u32>(rest: &[u8], out: &mut [u8]) {
+    let mut done = 0;
+    if BPV == 2 && REST == 7 {
+        #[cfg(target_arch = "x86_64")]
+        if std::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU supports AVX2, checked just above.
+            done = unsafe { merge_bf16_avx2(rest, out) };
+        }
+        done += merge_bf16_portable(&rest[done / 8 * 7..], &mut out[done * 2..]);
+    }
+    merge_low_bits_generic::<BPV, REST>(rest, out, done);
+}
+
+/// ORs packed 7-bit fields into bf16 values, eight values per 7 bytes, as long as whole
+/// groups of eight are available; returns the values done.
+pub(crate) fn merge_bf16_portable(rest: &[u8], out: &mut [u8]) -> usize {
+    let mut done = 0;
+    for (o, r) in out.chunks_exact_mut(16).zip(rest.chunks_exact(7)) {
+        let mut a = [0u8; 8];
+        a[..7].copy_from_slice(r);
+        let w = u64::from_le_bytes(a);
+        for i in 0..8 {
+            let v = u16::from_le_bytes([o[2 * i], o[2 * i + 1]]) | ((w >> (7 * i)) & 0x7f) as u16;
+            o[2 * i..2 * i + 2].copy_from_slice(&v.to_le_bytes());
+        }
+        done += 8;
+    }
+    done
+}
+
+/// AVX2 version of [`merge_bf16_portable`]: sixteen values (14 packed bytes) per step, as
+/// long as 16 bytes can be loaded; returns the values done (a multiple of 16).
+///
+/// # Safety
+/// The CPU must support AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+pub(crate) unsafe fn merge_bf16_avx2(rest: &[u8], out: &mut [u8]) -> usize {
+    use std::arch::x86_64::*;
+    // Value i (0..16) has its bits at [7i, 7i + 7) of the 14 bytes. Its 16-bit lane takes
+    // the bytes p, p + 1 with p = ceil(7i / 8) - 1 (byte -1 reads as zero), so that the
+    // field starts at bit s = 7i - 8p in 1..=8 of the lane; a high multiply by 2^(16 - s)
+    // shifts it down by s.
+    let mut shuf = [0i8; 32];
+    let mut mul = [0i16; 16];
+    for i in 0..16 {
+        // Both 128-bit halves use the pattern of values 0..8 (the upper half's source is
+        // shifted by 7 bytes, below).
+        let j = (i % 8) as i32;
+        let p = (7 * j + 7) / 8 - 1;
+        let s = 7 * j - 8 * p;
+        shuf[2 * i] = if p < 0 { -1 } else { p as i8 };
+        shuf[2 * i + 1] = (p + 1) as i8;
+        mul[i] = (1i32 << (16 - s)) as u16 as i16;
+    }
+    // SAFETY: the loads read 16 bytes at 14 * step while that stays within `rest`, and the
+    // loads/stores of `out` cover 32 bytes at 32 * step while that stays within `out` (the
+    // loop condition); all are unaligned loads/stores; AVX2 is enabled by the caller.
+    unsafe {
+        let shuf = _mm256_loadu_si256(shuf.as_ptr() as *const __m256i);
+        let mul = _mm256_loadu_si256(mul.as_ptr() as *const __m256i);
+        let low7 = _mm256_set1_epi16(0x7f);
+        let mut step = 0;
+        while 14 * step + 16 <= rest.len() && 32 * step + 32 <= out.len() {
+            let r = _mm_loadu_si128(rest.as_ptr().add(14 * step) as *const __m128i);
+            // Values 0..8 come from bytes 0..7, values 8..16 from bytes 7..14: the upper
+            // half sees the source shifted by 7 bytes, so one shuffle pattern serves both.
+            let r2 = _mm_srli_si128(r, 7);
+            let src = _mm256_set_m128i(r2, r);
+            let x = _mm256_shuffle_epi8(src, shuf);
+            let v = _mm256_and_si256(_mm256_mulhi_epu16(x, mul), low7);
+            let o = out.as_mut_ptr().add(32 * step) as *mut __m256i;
+            _mm256_storeu_si256(o, _mm256_or_si256(_mm256_loadu_si256(o), v));
+            step += 1;
+        }
+        step * 16
+    }
+}
+
+/// ORs the low bits of elements `done..` in, one at a time.
+fn merge_low_bits_generic<const BPV: usize, const REST: u32>(
+    rest: &[u8],
+    out: &mut [u8],
+    done: usize,
+) {
+    let mask = (1u64 << REST) - 1;
+    let values = out.len() / BPV;
+    for j in done..values {
+        let v = load::<BPV>(out, j) as u64 | (read_bits(rest, j * REST as usize) & mask);
+        out[j * BPV..j * BPV + BPV].copy_from_slice(&(v as u32).to_le_bytes()[..BPV]);
+    }
+}
+
+/// Reads 64 bits at bit offset `bit` of `data` (LSB-first), bytes past the end as zero.
+fn read_bits(data: &[u8], bit: usize) -> u64 {
+    let b = bit >> 3;
+    let mut a = [0u8; 8];
+    let tail = data.get(b..).unwrap_or(&[]);
+    let n = tail.len().min(8);
+    a[..n].copy_from_slice(&tail[..n]);
+    u64::from_le_bytes(a) >> (bit & 7)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn noise(n: usize, seed: u64) -> Vec<u8> {
+        let mut x = seed | 1;
+        (0..n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                (x >> 24) as u8
+            })
+            .collect()
+    }
+
+    #[test]
+    fn f16_spread_simd_matches_portable() {
+        for values in [0usize, 1, 31, 32, 33, 64, 100, 1000] {
+            let rest = noise(values, values as u64 + 1);
+            let mut a = noise(2 * values, 7);
+            let mut b = a.clone();
+            spread_low_bytes_portable(&rest, &mut a);
+            spread_low_bytes::<2, 8>(&rest, &mut b);
+            assert_eq!(a, b, "{values} values");
+            for i in 0..values {
+                assert_eq!((a[2 * i], a[2 * i + 1]), (rest[i], 0));
+            }
+        }
+    }
+
+    #[test]
+    fn f16_split_simd_matches_portable() {
+        for values in [0usize, 1, 31, 32, 33, 64, 100, 1000] {
+            let raw = noise(2 * values, values as u64 + 5);
+            let mut a = vec![0u8; values];
+            let mut b = vec![1u8; values];
+            split_low_bytes_portable(&raw, &mut a);
+            split_low_bytes(&raw, &mut b);
+            assert_eq!(a, b, "{values} values");
+            let mut back = vec![0u8; 2 * values];
+            spread_low_bytes::<2, 8>(&a, &mut back);
+            for i in 0..values {
+                assert_eq!(back[2 * i], raw[2 * i]);
+            }
+        }
+    }
+
+    #[test]
+    fn bf16_merge_simd_matches_portable_and_generic() {
+        for values in [0usize, 1, 7, 8, 15, 16, 17, 31, 32, 48, 100, 1001] {
+            let rest = noise((values * 7).div_ceil(8), values as u64 + 3);
+            // Top fields only (low 7 bits clear), as the lanes leave them.
+            let tops: Vec<u8> = noise(2 * values, 11)
+                .chunks(2)
+                .flat_map(|p| (u16::from_le_bytes([p[0], p[1]]) & !0x7f).to_le_bytes())
+                .collect();
+            let mut generic = tops.clone();
+            merge_low_bits_generic::<2, 7>(&rest, &mut generic, 0);
+            let mut best = tops.clone();
+            merge_low_bits::<2, 7>(&rest, &mut best);
+            assert_eq!(best, generic, "{values} values");
+            let mut portable = tops.clone();
+            let done = merge_bf16_portable(&rest, &mut portable);
+            merge_low_bits_generic::<2, 7>(&rest, &mut portable, done);
+            assert_eq!(portable, generic, "{values} values");
+            #[cfg(target_arch = "x86_64")]
+            if std::is_x86_feature_detected!("avx2") {
+                let mut simd = tops.clone();
+                // SAFETY: AVX2 checked just above.
+                let done = unsafe { merge_bf16_avx2(&rest, &mut simd) };
+                assert_eq!(done % 16, 0);
+                merge_low_bits_generic::<2, 7>(&rest, &mut simd, done);
+                assert_eq!(simd, generic, "{values} values");
+            }
+        }
+    }
+}
