@@ -3,7 +3,7 @@
 #   integrations/llama/evaluate.sh [OUT_DIR]          (default docs/results)
 # Both texts, the first 2048 tokens decoded one at a time, PPL over positions 513..2047, KL
 # against the full f16 cache, tokens/s and KV memory held, for: full, streaming (the local
-# sink+window baseline), kvc-streaming / h2o / h2o-fa at whole-model KV ratios 3.5 and 8,
+# sink+window baseline), kvc-streaming / h2o / h2o-fa / c8-h2o at whole-model KV ratios 3.5 and 8, c8,
 # llama.cpp q8_0 / q4_0, and the state round trip through kvc's codec. The two texts run as
 # two processes side by side (one decode thread each). Writes OUT_DIR/llama-eval-text{A,B}.json
 # and .txt, then OUT_DIR/llama-eval.md (the table) and OUT_DIR/llama-ppl-vs-kv.png (matplotlib,
@@ -16,7 +16,7 @@ mkdir -p "$out"
 eval "$(integrations/llama/fetch-and-build.sh | grep -E '^[A-Z_]+=')"
 n="${KVC_EVAL_TOKENS:-2048}"
 ratios="${KVC_EVAL_RATIOS:-3.5,8}"
-modes="${KVC_EVAL_MODES:-full,streaming,kvc-streaming,h2o,h2o-fa,q8_0,q4_0,state}"
+modes="${KVC_EVAL_MODES:-full,streaming,kvc-streaming,h2o,h2o-fa,c8,c8-h2o,q8_0,q4_0,state}"
 ppl_from=513
 [ "$n" -gt 1024 ] || ppl_from=$((n / 4))
 

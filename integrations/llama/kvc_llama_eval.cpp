@@ -58,10 +58,11 @@ struct UsageError : std::runtime_error {
 struct Options {
     std::string model;
     std::vector<std::string> texts;
-    std::vector<std::string> modes = {"full",  "streaming", "kvc-streaming", "h2o",   "h2o-fa", "q8_0",
-                                      "q4_0",  "probe",     "state",         "dump"};
+    std::vector<std::string> modes = {"full", "streaming", "kvc-streaming", "h2o",   "h2o-fa", "c8",
+                                      "c8-h2o", "q8_0",    "q4_0",          "probe", "state",  "dump"};
     std::vector<double> kv_ratios = {3.5};  // whole-model KV ratios the kvc eviction modes aim at
     int block = 16;                          // kvc_h2o block_tokens in the llama.cpp modes
+    int c8_calib = 0;                        // tokens calibrating the C8 scales; 0: ppl_from - 1
     int n_tokens = 2048;
     int ppl_from = 513;   // first target position scored
     int prompt = 0;       // tokens decoded as one batch before the token-by-token part
@@ -83,8 +84,8 @@ struct Options {
 
 const char * kUsage =
     "usage: kvc_llama_eval --model GGUF --text FILE [--text FILE ...] [options]\n"
-    "  --modes LIST        comma list of full,streaming,kvc-streaming,h2o,h2o-fa,q8_0,q4_0,\n"
-    "                      probe,state,dump\n"
+    "  --modes LIST        comma list of full,streaming,kvc-streaming,h2o,h2o-fa,c8,c8-h2o,\n"
+    "                      q8_0,q4_0,probe,state,dump\n"
     "                      (default: all; full always runs first as the reference)\n"
     "  --n-tokens N        tokens of each text to decode [2048]\n"
     "  --ppl-from P        first target position scored [513]\n"
@@ -92,7 +93,9 @@ const char * kUsage =
     "  --threads N         decode threads [1]\n"
     "  --ratio R --sink S --recent W --trigger T --interval I   budget [3.5 32 256 512 16]\n"
     "  --kv-ratios LIST    KV ratios (whole model, vs the full f16 cache of n-tokens) the kvc\n"
-    "                      modes kvc-streaming, h2o, h2o-fa run at [3.5]\n"
+    "                      modes kvc-streaming, h2o, h2o-fa, c8-h2o run at [3.5]\n"
+    "  --c8-calib N        tokens whose K/V rows calibrate kvc's C8 scales [ppl-from - 1:\n"
+    "                      the unscored warm-up]\n"
     "  --block B           kvc_h2o block_tokens for the kvc modes [16]\n"
     "  --budget adaptive|fixed   adaptive: keep ceil(seen/R) (MNN); fixed: ceil(n_tokens/R) [adaptive]\n"
     "  --positions shift|keep    after eviction shift positions down or keep them [shift]\n"
@@ -157,6 +160,7 @@ Options parse_options(int argc, char ** argv) {
         else if (a == "--interval") o.interval = parse_int(a, val(), 1, 1 << 20);
         else if (a == "--budget") o.budget = val();
         else if (a == "--block") o.block = parse_int(a, val(), 1, 1 << 16);
+        else if (a == "--c8-calib") o.c8_calib = parse_int(a, val(), 1, 1 << 20);
         else if (a == "--kv-ratios") {
             o.kv_ratios.clear();
             for (const auto & r : split_commas(val())) o.kv_ratios.push_back(parse_double(a, r, 1.0, 1e6));
@@ -178,8 +182,8 @@ Options parse_options(int argc, char ** argv) {
     if (o.positions != "shift" && o.positions != "keep") throw UsageError("--positions: shift or keep");
     if (o.ppl_from >= o.n_tokens) throw UsageError("--ppl-from must be below --n-tokens");
     if (o.prompt >= o.n_tokens) throw UsageError("--prompt must be below --n-tokens");
-    static const char * known[] = {"full", "streaming", "kvc-streaming", "h2o",  "h2o-fa",
-                                   "q8_0", "q4_0",      "probe",         "state", "dump"};
+    static const char * known[] = {"full", "streaming", "kvc-streaming", "h2o",   "h2o-fa", "c8",
+                                   "c8-h2o", "q8_0",    "q4_0",          "probe", "state",  "dump"};
     for (const auto & m : o.modes) {
         if (std::find_if(std::begin(known), std::end(known), [&](const char * k) { return m == k; }) ==
             std::end(known)) {
@@ -792,9 +796,9 @@ int kvc_simulate_end(const Options & o, int recent, float ratio) {
 // every `interval` steps the cache converges to where one plan removes `interval` tokens. The
 // harness wants a memory budget instead: the smallest target_lossy_ratio (bisection over
 // kvc_simulate_end) whose run ends with at most `cap` cells.
-KvcBudget kvc_budget(double eviction_ratio, const Options & o) {
+KvcBudget kvc_budget_cells(int cap, const Options & o) {
     KvcBudget b;
-    b.cap = (int) std::ceil((double) o.n_tokens / eviction_ratio);
+    b.cap = cap;
     b.recent = std::min(o.recent, b.cap / 2);
     if (b.cap <= o.sink + b.recent) fail("budget of " + std::to_string(b.cap) + " cells leaves nothing beyond sink + recent");
     // Not monotone: past some ratio the protected tokens reach the target and kvc makes no
@@ -812,6 +816,92 @@ KvcBudget kvc_budget(double eviction_ratio, const Options & o) {
     fail("no kvc_h2o target_lossy_ratio ends this run within " + std::to_string(b.cap) + " cells (best " +
          std::to_string(best) + "); lower --recent or --sink");
 }
+
+KvcBudget kvc_budget(double eviction_ratio, const Options & o) {
+    return kvc_budget_cells((int) std::ceil((double) o.n_tokens / eviction_ratio), o);
+}
+
+// ------------------------------------------------------------------------------------------
+// C8 through kvc_quant: calibrate per-channel int8 parameters on the first tokens, then
+// quantize and dequantize every K/V row in the RowHook before SET_ROWS writes it
+
+struct QuantPtr {
+    kvc_quant * q = nullptr;
+    QuantPtr(const ModelInfo & mi) {
+        kvc_quant_config c;
+        kvc_ok(kvc_quant_config_default(&c), "kvc_quant_config_default");
+        c.n_layers = (size_t) mi.n_layer;
+        c.k_channels = c.v_channels = (size_t) mi.n_embd_kv();
+        kvc_ok(kvc_quant_new(&c, &q), "kvc_quant_new");
+    }
+    ~QuantPtr() { kvc_quant_free(q); }
+    QuantPtr(const QuantPtr &) = delete;
+    QuantPtr & operator=(const QuantPtr &) = delete;
+};
+
+// The rows as the f16 cache would hold them: f32 [head_dim, n_head_kv, n_tokens], contiguous.
+void rows_to_f16(const ggml_tensor * t, int n_embd, std::vector<ggml_fp16_t> & out) {
+    if (t->type != GGML_TYPE_F32 || !ggml_is_contiguous(t) || t->ne[0] * t->ne[1] != n_embd) {
+        fail("C8: unexpected K/V rows " + shape_str(t));
+    }
+    out.resize((size_t) ggml_nelements(t));
+    ggml_fp32_to_fp16_row((const float *) t->data, out.data(), ggml_nelements(t));
+}
+
+class C8ObserveHook : public RowHook {
+public:
+    C8ObserveHook(kvc_quant * q, int n_embd) : q_(q), n_embd_(n_embd) {}
+    void on_rows(int il, bool is_v, ggml_tensor * t) override {
+        rows_to_f16(t, n_embd_, buf_);
+        kvc_ok(kvc_quant_observe_rows(q_, (size_t) il, is_v ? KVC_TENSOR_V : KVC_TENSOR_K, KVC_DTYPE_F16, buf_.data(),
+                                      (size_t) t->ne[2]),
+               "kvc_quant_observe_rows");
+        rows_ += t->ne[2];
+    }
+    long rows() const { return rows_; }
+
+private:
+    kvc_quant * q_;
+    int n_embd_;
+    std::vector<ggml_fp16_t> buf_;
+    long rows_ = 0;
+};
+
+// Rounds every row to f16 (what the cache holds), quantize-dequantizes it with kvc, writes
+// it back as f32 (exact: f16 values are f32 values, so the cache stores kvc's dequantized
+// f16), and measures the error against the f16 row.
+class C8RoundTripHook : public RowHook {
+public:
+    C8RoundTripHook(const kvc_quant * q, int n_embd) : q_(q), n_embd_(n_embd) {}
+    void on_rows(int il, bool is_v, ggml_tensor * t) override {
+        rows_to_f16(t, n_embd_, orig_);
+        rt_ = orig_;
+        kvc_ok(kvc_quant_roundtrip_rows(q_, (size_t) il, is_v ? KVC_TENSOR_V : KVC_TENSOR_K, KVC_DTYPE_F16, rt_.data(),
+                                        (size_t) t->ne[2]),
+               "kvc_quant_roundtrip_rows");
+        Err & e = err_[is_v ? 1 : 0];
+        const auto & f16 = f16_table();
+        for (size_t i = 0; i < rt_.size(); ++i) {
+            const double a = f16[orig_[i]], b = f16[rt_[i]];
+            e.sq += (a - b) * (a - b);
+            e.ref += a * a;
+            e.max = std::max(e.max, std::fabs(a - b));
+            e.n++;
+        }
+        ggml_fp16_to_fp32_row(rt_.data(), (float *) t->data, ggml_nelements(t));
+    }
+    struct Err {
+        double sq = 0, ref = 0, max = 0;
+        long n = 0;
+    };
+    const Err & err(bool v) const { return err_[v ? 1 : 0]; }
+
+private:
+    const kvc_quant * q_;
+    int n_embd_;
+    std::vector<ggml_fp16_t> orig_, rt_;
+    Err err_[2];
+};
 
 // kvc's H2O (or StreamingLLM) policy through the C API, layer-uniform (llama.cpp's cells are
 // shared by all layers). Every layer's attention mass per cell (kq_soft_max-<il>, or the
@@ -1057,6 +1147,9 @@ struct DecodeSpec {
     EvictionPolicy * policy = nullptr;  // null: nothing is evicted
     bool shift_positions = true;
     bool is_reference = false;
+    // memory accounting other than the cache type's (C8: int8 bytes per cell + the scales)
+    double cell_bytes = 0;   // 0: the cache type's row sizes
+    double fixed_bytes = 0;  // held whatever the cell count
 };
 
 RunResult run_decode(llama_model * model, const ModelInfo & mi, const Options & o,
@@ -1064,12 +1157,13 @@ RunResult run_decode(llama_model * model, const ModelInfo & mi, const Options & 
     const int n = o.n_tokens;
     CtxPtr ctx = make_context(model, o, spec.cfg);
     llama_memory_t mem = llama_get_memory(ctx.get());
-    const size_t cell_bytes = mi.cell_bytes(spec.cfg.type_k, spec.cfg.type_v);
+    const double cell_bytes =
+        spec.cell_bytes > 0 ? spec.cell_bytes : (double) mi.cell_bytes(spec.cfg.type_k, spec.cfg.type_v);
     const size_t full_cell_bytes = mi.cell_bytes(GGML_TYPE_F16, GGML_TYPE_F16);
 
     RunResult r;
     r.mode = spec.mode;
-    r.alloc_bytes = (double) llama_n_ctx(ctx.get()) * (double) cell_bytes;
+    r.alloc_bytes = (double) llama_n_ctx(ctx.get()) * (double) mi.cell_bytes(spec.cfg.type_k, spec.cfg.type_v);
 
     std::vector<HeldToken> held;
     EvalTap * tap = spec.cfg.tap;
@@ -1104,7 +1198,7 @@ RunResult run_decode(llama_model * model, const ModelInfo & mi, const Options & 
         }
         scored++;
         // memory at the moment this prediction was made: target_pos tokens seen
-        ratio_sum += (double) target_pos * (double) full_cell_bytes / ((double) held.size() * (double) cell_bytes);
+        ratio_sum += (double) target_pos * (double) full_cell_bytes / ((double) held.size() * cell_bytes + spec.fixed_bytes);
         ratio_steps++;
     };
 
@@ -1166,7 +1260,7 @@ RunResult run_decode(llama_model * model, const ModelInfo & mi, const Options & 
     r.kl = spec.is_reference ? 0.0 : kl / (double) std::max<long>(1, scored);
     r.cells_end = (long) held.size();
     r.cells_peak = (long) peak;
-    r.held_bytes_end = (double) held.size() * (double) cell_bytes;
+    r.held_bytes_end = (double) held.size() * cell_bytes + spec.fixed_bytes;
     r.held_ratio_end = (double) n * (double) full_cell_bytes / r.held_bytes_end;
     r.held_ratio_mean = ratio_steps ? ratio_sum / (double) ratio_steps : NAN;
     r.cells_verified = state_cell_count(get_seq_state(ctx.get()));
@@ -1922,6 +2016,97 @@ int run(int argc, char ** argv) {
                               pol.name().c_str(), bud.cap, o.sink, bud.recent, o.block, o.positions.c_str(),
                               fa ? ", flash attention on (scores recomputed)" : "");
                 r.detail = buf;
+                rep.rows.push_back(r);
+            }
+        }
+        if (has_mode(o, "c8") || has_mode(o, "c8-h2o")) {
+            // calibration: the first --c8-calib tokens in one batch, rows observed as f16
+            const int nc = std::min(o.c8_calib > 0 ? o.c8_calib : o.ppl_from - 1, o.n_tokens);
+            QuantPtr quant(mi);
+            {
+                C8ObserveHook obs(quant.q, mi.n_embd_kv());
+                EvalTap tap;
+                tap.n_layer = mi.n_layer;
+                tap.n_head = mi.n_head;
+                tap.n_head_kv = mi.n_head_kv;
+                tap.head_dim = mi.head_dim;
+                tap.want_rows = true;
+                tap.hook = &obs;
+                CtxConfig cc;
+                cc.n_ctx = nc;
+                cc.n_batch = nc;
+                cc.tap = &tap;
+                Options oc = o;
+                oc.prompt = nc;
+                CtxPtr cctx = make_context(model, oc, cc);
+                std::vector<bool> none(nc, false);
+                none[nc - 1] = true;
+                decode_batch(cctx.get(), toks, 0, nc, 0, none);
+                if (!tap.error.empty()) fail("C8 calibration: " + tap.error);
+                if (obs.rows() != (long) nc * 2 * mi.n_layer) fail("C8 calibration: the hook saw the wrong number of rows");
+                kvc_ok(kvc_quant_finish(quant.q), "kvc_quant_finish");
+            }
+            // memory as a C8 cache would hold it: int8 K and V rows per cell, f32 scale and
+            // offset per channel, per layer, for K and V (llama.cpp itself keeps f16 here)
+            const double c8_cell = (double) mi.n_layer * 2.0 * mi.n_embd_kv();
+            const double c8_params = (double) mi.n_layer * 2.0 * mi.n_embd_kv() * 2.0 * 4.0;
+            const double full_bytes = (double) o.n_tokens * (double) mi.cell_bytes(GGML_TYPE_F16, GGML_TYPE_F16);
+            std::vector<double> rs;
+            if (has_mode(o, "c8")) rs.push_back(0.0);
+            if (has_mode(o, "c8-h2o")) rs.insert(rs.end(), o.kv_ratios.begin(), o.kv_ratios.end());
+            for (double R : rs) {
+                C8RoundTripHook hook(quant.q, mi.n_embd_kv());
+                EvalTap tap;
+                tap.n_layer = mi.n_layer;
+                tap.n_head = mi.n_head;
+                tap.n_head_kv = mi.n_head_kv;
+                tap.head_dim = mi.head_dim;
+                tap.want_rows = true;
+                tap.want_set_rows = true;
+                tap.hook = &hook;
+                DecodeSpec s;
+                s.cfg.n_ctx = o.n_tokens;
+                s.cfg.tap = &tap;
+                s.cell_bytes = c8_cell;
+                s.fixed_bytes = c8_params;
+                s.shift_positions = o.positions == "shift";
+                std::unique_ptr<KvcH2oPolicy> pol;
+                KvcBudget bud;
+                if (R > 0.0) {
+                    // total ratio R: cells x int8 bytes + params <= full f16 bytes / R
+                    const int cap = (int) std::floor((full_bytes / R - c8_params) / c8_cell);
+                    bud = kvc_budget_cells(cap, o);
+                    pol.reset(new KvcH2oPolicy(mi, o, false, bud));
+                    tap.want_kq = true;
+                    tap.scorer = pol.get();
+                    s.policy = pol.get();
+                    s.mode = "c8-h2o@" + json_num(R);
+                } else {
+                    s.mode = "c8";
+                }
+                RunResult r = run_decode(model, mi, o, toks, ref, s);
+                if (!tap.stats.set_rows_reads_hooked_tensor) fail(s.mode + ": a SET_ROWS node reads rows the hook did not see");
+                for (int v = 0; v < 2; ++v) {
+                    const auto & e = hook.err(v == 1);
+                    const std::string k = v ? "c8_v_" : "c8_k_";
+                    if (e.n == 0) fail(s.mode + ": the C8 hook saw no rows");
+                    r.extra.push_back({k + "rel_rms_err", json_num(std::sqrt(e.sq / std::max(1e-30, e.ref)))});
+                    r.extra.push_back({k + "max_abs_err", json_num(e.max)});
+                    r.extra.push_back({k + "values", std::to_string(e.n)});
+                }
+                r.extra.push_back({"c8_calib_tokens", std::to_string(nc)});
+                r.extra.push_back({"kv_accounting", "\"C8: int8 K/V per cell + f32 scale and offset per channel (llama.cpp holds f16: kvc dequantizes)\""});
+                char buf[200];
+                const auto & ek = hook.err(false);
+                const auto & ev = hook.err(true);
+                std::snprintf(buf, sizeof buf, "kvc C8 (calibrated on %d tokens), rel RMS err K %.4f V %.4f; memory = int8 + scales",
+                              nc, std::sqrt(ek.sq / std::max(1e-30, ek.ref)), std::sqrt(ev.sq / std::max(1e-30, ev.ref)));
+                r.detail = buf;
+                if (pol) {
+                    pol->report(r.extra);
+                    r.detail += ", + kvc_h2o heavy hitters cap " + std::to_string(bud.cap) + " cells (recent " +
+                                std::to_string(bud.recent) + ")";
+                }
                 rep.rows.push_back(r);
             }
         }

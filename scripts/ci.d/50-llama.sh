@@ -32,8 +32,8 @@ dump = sys.argv[2]
 assert len(res["texts"]) == 2, "two texts"
 for t in res["texts"]:
     rows = {r["mode"]: r for r in t["results"]}
-    for m in ("full", "streaming", "kvc-streaming@3.5", "h2o@3.5", "h2o-fa@3.5", "q8_0", "q4_0", "probe",
-              "state", "dump"):
+    for m in ("full", "streaming", "kvc-streaming@3.5", "h2o@3.5", "h2o-fa@3.5", "c8", "c8-h2o@3.5", "q8_0",
+              "q4_0", "probe", "state", "dump"):
         assert m in rows, f"{t['text']}: no {m} row"
     full = rows["full"]
     assert 1.0 < full["ppl"] < 1000.0, full
@@ -54,6 +54,18 @@ for t in res["texts"]:
     assert fa["fattn_checked_calls"] > 0 and fa["fattn_recompute_max_out_err"] < 1e-2, fa
     # flash on recomputes the same attention: the two h2o runs stay close
     assert abs(fa["ppl"] / rows["h2o@3.5"]["ppl"] - 1.0) < 0.05, (fa, rows["h2o@3.5"])
+    # C8 through kvc_quant: every K/V row round-tripped (all of them: 2 x n_layer x 320 x 192
+    # values), error finite and bounded, the result differs from full but stays usable, memory
+    # counted as int8 + scales
+    for m in ("c8", "c8-h2o@3.5"):
+        c = rows[m]
+        for kv in ("k", "v"):
+            assert c[f"c8_{kv}_values"] == 30 * 320 * 192, c
+            assert 0.0 < c[f"c8_{kv}_rel_rms_err"] < 0.5 and math.isfinite(c[f"c8_{kv}_max_abs_err"]), c
+        assert c["kl"] > 0.0 and c["ppl"] < 2.0 * full["ppl"], c
+    assert 1.9 < rows["c8"]["kv_ratio_end"] < 2.0, rows["c8"]
+    ch = rows["c8-h2o@3.5"]
+    assert ch["kv_ratio_end"] > 3.0 and ch["kvc_plans_applied"] == ch["evictions"] > 0 and ch["kvc_plans_dropped"] == 0, ch
     for q in ("q8_0", "q4_0"):
         assert rows[q]["kv_ratio_end"] > 1.8 and rows[q]["kl"] > 0.0, rows[q]
     assert rows["q8_0"]["kl"] < rows["q4_0"]["kl"], "q8_0 should be closer to f16 than q4_0"
