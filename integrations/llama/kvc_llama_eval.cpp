@@ -20,6 +20,7 @@
 // Output: a table on stdout and, with --json FILE, the same numbers as JSON.
 // Bad input (missing files, bad options, a text too short) exits with status 2 and one line.
 
+#include "kvc.h"
 #include "llama.h"
 
 #include <algorithm>
@@ -57,7 +58,11 @@ struct UsageError : std::runtime_error {
 struct Options {
     std::string model;
     std::vector<std::string> texts;
-    std::vector<std::string> modes = {"full", "streaming", "q8_0", "q4_0", "probe", "state", "dump"};
+    std::vector<std::string> modes = {"full", "streaming", "kvc-streaming", "h2o",   "h2o-fa", "c8",
+                                      "c8-h2o", "q8_0",    "q4_0",          "probe", "state",  "dump"};
+    std::vector<double> kv_ratios = {3.5};  // whole-model KV ratios the kvc eviction modes aim at
+    int block = 16;                          // kvc_h2o block_tokens in the llama.cpp modes
+    int c8_calib = 0;                        // tokens calibrating the C8 scales; 0: ppl_from - 1
     int n_tokens = 2048;
     int ppl_from = 513;   // first target position scored
     int prompt = 0;       // tokens decoded as one batch before the token-by-token part
@@ -79,13 +84,19 @@ struct Options {
 
 const char * kUsage =
     "usage: kvc_llama_eval --model GGUF --text FILE [--text FILE ...] [options]\n"
-    "  --modes LIST        comma list of full,streaming,q8_0,q4_0,probe,state,dump\n"
+    "  --modes LIST        comma list of full,streaming,kvc-streaming,h2o,h2o-fa,c8,c8-h2o,\n"
+    "                      q8_0,q4_0,probe,state,dump\n"
     "                      (default: all; full always runs first as the reference)\n"
     "  --n-tokens N        tokens of each text to decode [2048]\n"
     "  --ppl-from P        first target position scored [513]\n"
     "  --prompt N          tokens decoded as one batch first [0]\n"
     "  --threads N         decode threads [1]\n"
     "  --ratio R --sink S --recent W --trigger T --interval I   budget [3.5 32 256 512 16]\n"
+    "  --kv-ratios LIST    KV ratios (whole model, vs the full f16 cache of n-tokens) the kvc\n"
+    "                      modes kvc-streaming, h2o, h2o-fa, c8-h2o run at [3.5]\n"
+    "  --c8-calib N        tokens whose K/V rows calibrate kvc's C8 scales [ppl-from - 1:\n"
+    "                      the unscored warm-up]\n"
+    "  --block B           kvc_h2o block_tokens for the kvc modes [16]\n"
     "  --budget adaptive|fixed   adaptive: keep ceil(seen/R) (MNN); fixed: ceil(n_tokens/R) [adaptive]\n"
     "  --positions shift|keep    after eviction shift positions down or keep them [shift]\n"
     "  --bos               prepend BOS (default: no BOS, as the realkv data)\n"
@@ -148,6 +159,13 @@ Options parse_options(int argc, char ** argv) {
         else if (a == "--trigger") o.trigger = parse_int(a, val(), 0, 1 << 20);
         else if (a == "--interval") o.interval = parse_int(a, val(), 1, 1 << 20);
         else if (a == "--budget") o.budget = val();
+        else if (a == "--block") o.block = parse_int(a, val(), 1, 1 << 16);
+        else if (a == "--c8-calib") o.c8_calib = parse_int(a, val(), 1, 1 << 20);
+        else if (a == "--kv-ratios") {
+            o.kv_ratios.clear();
+            for (const auto & r : split_commas(val())) o.kv_ratios.push_back(parse_double(a, r, 1.0, 1e6));
+            if (o.kv_ratios.empty()) throw UsageError("--kv-ratios: at least one ratio");
+        }
         else if (a == "--positions") o.positions = val();
         else if (a == "--bos") o.bos = true;
         else if (a == "--json") o.json = val();
@@ -164,7 +182,8 @@ Options parse_options(int argc, char ** argv) {
     if (o.positions != "shift" && o.positions != "keep") throw UsageError("--positions: shift or keep");
     if (o.ppl_from >= o.n_tokens) throw UsageError("--ppl-from must be below --n-tokens");
     if (o.prompt >= o.n_tokens) throw UsageError("--prompt must be below --n-tokens");
-    static const char * known[] = {"full", "streaming", "q8_0", "q4_0", "probe", "state", "dump"};
+    static const char * known[] = {"full", "streaming", "kvc-streaming", "h2o",   "h2o-fa", "c8",
+                                   "c8-h2o", "q8_0",    "q4_0",          "probe", "state",  "dump"};
     for (const auto & m : o.modes) {
         if (std::find_if(std::begin(known), std::end(known), [&](const char * k) { return m == k; }) ==
             std::end(known)) {
@@ -277,10 +296,15 @@ struct ModelInfo {
 // ------------------------------------------------------------------------------------------
 // eviction policy: the seam where kvc's policy (through the C API) replaces the local one
 
+using RunResultExtra = std::vector<std::pair<std::string, std::string>>;
+
 struct HeldToken {
-    llama_pos pos;    // position the cache holds it at (changes when positions are shifted)
-    int token_index;  // index of the token in the text
+    llama_pos pos;      // position the cache holds it at (changes when positions are shifted)
+    int token_index;    // index of the token in the text
+    int64_t cell = -1;  // llama.cpp cell holding it (from the layer-0 K SET_ROWS index), -1: unknown
 };
+
+struct EvalTap;
 
 struct EvictRange {
     size_t begin;  // indices into the held list, [begin, end)
@@ -296,6 +320,8 @@ public:
     virtual std::vector<EvictRange> plan(const std::vector<HeldToken> & held, int n_seen) = 0;
     // The most cells the policy will ever hold (to size the llama.cpp context).
     virtual int max_cells() const = 0;
+    // Policies that score tokens from attention see the held list and the eval tap.
+    virtual void bind(const std::vector<HeldToken> *, EvalTap *) {}
 };
 
 // StreamingLLM-style: keep `sink` first tokens and the most recent ones so that at most
@@ -378,6 +404,15 @@ public:
     void on_rows(int, bool, ggml_tensor *) override {}
 };
 
+// Receives, per layer and llama_decode ubatch, the attention mass on every cell:
+// cell_mass[c] = softmax probability on cell c summed over the ubatch's query tokens and
+// all query heads. kvc's H2O policy is fed from here.
+class AttentionScorer {
+public:
+    virtual ~AttentionScorer() = default;
+    virtual void on_layer_scores(int il, const std::vector<float> & cell_mass, int n_queries) = 0;
+};
+
 struct TapStats {
     long kq_calls = 0;
     long rows_calls = 0;
@@ -397,6 +432,18 @@ struct EvalTap {
     int n_head_kv = 0;
     int head_dim = 0;
     RowHook * hook = nullptr;
+    AttentionScorer * scorer = nullptr;
+    // flash attention on: recompute each layer's attention from the FLASH_ATTN_EXT inputs
+    bool want_fattn = false;
+    // cells written by the current llama_decode (all ubatches), from layer 0's K SET_ROWS
+    std::vector<int64_t> decode_cells;
+    // an error inside the callback (never thrown through ggml); checked after each decode
+    std::string error;
+    std::vector<float> mass;               // scratch: per-cell attention mass of one call
+    std::vector<float> kf, logits;         // scratch for the flash-attention recompute
+    long fattn_calls = 0;
+    long fattn_checked = 0;
+    double fattn_max_out_err = 0.0;        // |recomputed attention output - llama.cpp's| (checked calls)
     // data pointers of the tensors the hook saw last, per layer (checked against SET_ROWS)
     std::vector<const void *> hooked_k, hooked_v;
 
@@ -451,6 +498,109 @@ bool is_row_target(const EvalTap * tap, const ggml_tensor * t, int * il, bool * 
     return *il < tap->n_layer;
 }
 
+// 65536-entry f16 -> f32 table (the recompute converts every cached K and V element)
+const std::vector<float> & f16_table() {
+    static const std::vector<float> table = [] {
+        std::vector<float> x(65536);
+        for (uint32_t i = 0; i < 65536; ++i) x[i] = ggml_fp16_to_fp32((ggml_fp16_t) i);
+        return x;
+    }();
+    return table;
+}
+
+const ggml_tensor * view_root(const ggml_tensor * t) {
+    while (t->view_src) t = t->view_src;
+    return t;
+}
+
+// Flash attention on: llama.cpp never forms the softmax, so the attention of this ubatch's
+// queries is recomputed from the FLASH_ATTN_EXT node's own inputs, read when the node has
+// run: Q (post-RoPE, f32 [head_dim, n_tokens, n_head]), the cache's K (f16 [head_dim, n_kv,
+// n_head_kv], K-shifted positions included) and the mask (f16 [n_kv, n_tokens_pad]), with the
+// node's scale. softmax(scale * q.k + mask) in double per (query, head) row, summed per cell.
+// Token by token this is the attention the kernel computes (up to its f16 rounding of Q);
+// the first calls are checked against the node's output (sum of p * V).
+void on_flash_attn(ggml_tensor * t, EvalTap * tap) {
+    const ggml_tensor * q = t->src[0];
+    const ggml_tensor * k = t->src[1];
+    const ggml_tensor * v = t->src[2];
+    const ggml_tensor * m = t->src[3];
+    const int il = layer_of(ggml_get_name(view_root(k)), "cache_k_l");
+    if (il < 0 || il >= tap->n_layer) fail("flash attention: K is not a view of cache_k_l<il>: " + shape_str(view_root(k)));
+    float scale, max_bias, softcap;
+    std::memcpy(&scale, &t->op_params[0], 4);
+    std::memcpy(&max_bias, &t->op_params[1], 4);
+    std::memcpy(&softcap, &t->op_params[2], 4);
+    if (max_bias != 0.0f || softcap != 0.0f || t->src[4] != nullptr) fail("flash attention: ALiBi, softcap or sinks are not supported");
+    if (q->type != GGML_TYPE_F32 || k->type != GGML_TYPE_F16 || v->type != GGML_TYPE_F16 || !m ||
+        m->type != GGML_TYPE_F16) {
+        fail("flash attention: expected f32 Q, f16 K/V/mask: " + shape_str(q) + " " + shape_str(k));
+    }
+    const int64_t D = q->ne[0], n_tok = q->ne[1], n_head = q->ne[2], n_kv = k->ne[1], n_kvh = k->ne[2];
+    if (D != tap->head_dim || n_head != tap->n_head || n_kvh != tap->n_head_kv || k->ne[0] != D || v->ne[1] != n_kv ||
+        m->ne[0] < n_kv || m->ne[1] < n_tok || q->ne[3] != 1 || k->ne[3] != 1) {
+        fail("flash attention: unexpected shapes " + shape_str(q) + " " + shape_str(k) + " " + shape_str(m));
+    }
+    const auto & f16 = f16_table();
+    auto h16 = [&](const ggml_tensor * x, int64_t i0, int64_t i1, int64_t i2) {
+        uint16_t b;
+        std::memcpy(&b, (const char *) x->data + i0 * x->nb[0] + i1 * x->nb[1] + i2 * x->nb[2], 2);
+        return f16[b];
+    };
+    // K of this layer as f32, [kv head][cell][d]
+    tap->kf.resize((size_t) n_kvh * n_kv * D);
+    for (int64_t h = 0; h < n_kvh; ++h)
+        for (int64_t c = 0; c < n_kv; ++c)
+            for (int64_t d = 0; d < D; ++d) tap->kf[((size_t) h * n_kv + c) * D + d] = h16(k, d, c, h);
+    const bool check = tap->fattn_checked < 64;
+    tap->mass.assign((size_t) n_kv, 0.0f);
+    tap->logits.resize((size_t) n_kv);
+    std::vector<double> out((size_t) D);
+    const int64_t group = n_head / n_kvh;
+    for (int64_t qi = 0; qi < n_tok; ++qi) {
+        for (int64_t h = 0; h < n_head; ++h) {
+            const int64_t kvh = h / group;
+            double mx = -INFINITY;
+            for (int64_t c = 0; c < n_kv; ++c) {
+                const float mk = h16(m, c, qi, 0);
+                if (mk == -INFINITY) {
+                    tap->logits[c] = -INFINITY;
+                    continue;
+                }
+                const float * kr = &tap->kf[((size_t) kvh * n_kv + c) * D];
+                double dot = 0.0;
+                for (int64_t d = 0; d < D; ++d) dot += (double) f32_at(q, d, qi, h) * kr[d];
+                const double l = scale * dot + mk;
+                tap->logits[c] = (float) l;
+                mx = std::max(mx, l);
+            }
+            if (!std::isfinite(mx)) fail("flash attention: a query row with every key masked");
+            double sum = 0.0;
+            for (int64_t c = 0; c < n_kv; ++c) sum += std::exp((double) tap->logits[c] - mx);
+            if (check) std::fill(out.begin(), out.end(), 0.0);
+            for (int64_t c = 0; c < n_kv; ++c) {
+                const double p = std::exp((double) tap->logits[c] - mx) / sum;
+                tap->mass[c] += (float) p;
+                if (check && p > 0.0) {
+                    for (int64_t d = 0; d < D; ++d) out[d] += p * h16(v, d, c, kvh);
+                }
+            }
+            if (check) {
+                // the node's output is [head_dim, n_head, n_tokens]
+                for (int64_t d = 0; d < D; ++d) {
+                    const double e = std::fabs(out[d] - (double) f32_at(t, d, h, qi));
+                    tap->fattn_max_out_err = std::max(tap->fattn_max_out_err, e);
+                }
+            }
+        }
+    }
+    if (check) tap->fattn_checked++;
+    tap->fattn_calls++;
+    if (tap->scorer) tap->scorer->on_layer_scores(il, tap->mass, (int) n_tok);
+}
+
+bool eval_callback_inner(ggml_tensor * t, EvalTap * tap);
+
 bool eval_callback(ggml_tensor * t, bool ask, void * ud) {
     auto * tap = (EvalTap *) ud;
     const char * name = ggml_get_name(t);
@@ -460,7 +610,25 @@ bool eval_callback(ggml_tensor * t, bool ask, void * ud) {
         bool v_;
         if ((tap->want_rows || tap->capture_f32) && is_row_target(tap, t, &il, &v_)) return true;
         if (tap->want_set_rows && t->op == GGML_OP_SET_ROWS) return true;
+        if (tap->want_fattn && t->op == GGML_OP_FLASH_ATTN_EXT) return true;
         return false;
+    }
+    if (!tap->error.empty()) return true;
+    try {
+        return eval_callback_inner(t, tap);
+    } catch (const std::exception & e) {
+        // never unwind through ggml: keep the message, the caller fails after llama_decode
+        tap->error = e.what();
+        return true;
+    }
+}
+
+bool eval_callback_inner(ggml_tensor * t, EvalTap * tap) {
+    const char * name = ggml_get_name(t);
+    int il;
+    if (t->op == GGML_OP_FLASH_ATTN_EXT) {
+        on_flash_attn(t, tap);
+        return true;
     }
 
     if ((il = layer_of(name, "kq_soft_max-")) >= 0) {
@@ -486,6 +654,15 @@ bool eval_callback(ggml_tensor * t, bool ask, void * ud) {
         const double expect = (double) t->ne[1] * (double) t->ne[2];
         tap->stats.kq_rowsum_max_err = std::max(tap->stats.kq_rowsum_max_err, std::fabs(total - expect) / expect);
         tap->stats.kq_calls++;
+        if (tap->scorer) {
+            tap->mass.assign((size_t) n_kv, 0.0f);
+            for (int64_t h = 0; h < t->ne[2]; ++h) {
+                for (int64_t q = 0; q < t->ne[1]; ++q) {
+                    for (int64_t c = 0; c < n_kv; ++c) tap->mass[c] += f32_at(t, c, q, h);
+                }
+            }
+            tap->scorer->on_layer_scores(il, tap->mass, (int) t->ne[1]);
+        }
         return true;
     }
 
@@ -533,6 +710,7 @@ bool eval_callback(ggml_tensor * t, bool ask, void * ud) {
             for (int64_t i = 0; i < idx->ne[0]; ++i) {
                 tap->last_cells.push_back(*(const int64_t *) ((const char *) idx->data + i * idx->nb[0]));
             }
+            tap->decode_cells.insert(tap->decode_cells.end(), tap->last_cells.begin(), tap->last_cells.end());
         }
         // the rows SET_ROWS reads must be the storage of the tensor the hook saw for this layer
         if ((is_k || is_v) && tap->want_rows) {
@@ -549,6 +727,293 @@ bool eval_callback(ggml_tensor * t, bool ask, void * ud) {
     }
     return true;
 }
+
+// ------------------------------------------------------------------------------------------
+// kvc through include/kvc.h
+
+std::string kvc_message() {
+    char buf[1024];
+    size_t need = 0;
+    if (kvc_last_error_message(buf, sizeof buf, &need) != KVC_OK) return "(message longer than 1 KiB)";
+    return buf;
+}
+
+void kvc_ok(kvc_status st, const char * what) {
+    if (st != KVC_OK) fail(std::string(what) + " failed: " + kvc_status_name((int) st) + ": " + kvc_message());
+}
+
+struct KvcBudget {
+    int cap = 0;     // cells the cache may hold at the end: ceil(n_tokens / eviction ratio)
+    int recent = 0;  // recent window actually protected: min(--recent, cap / 2)
+    float kvc_ratio = 0.0f;  // kvc_h2o target_lossy_ratio that ends at cap (see below)
+    int sim_end = 0;         // cells the calibration run ended with
+};
+
+kvc_h2o_config kvc_config(const Options & o, int recent, float ratio, bool streaming) {
+    kvc_h2o_config c;
+    kvc_ok(kvc_h2o_config_default(&c), "kvc_h2o_config_default");
+    c.block_tokens = (uint32_t) o.block;
+    c.sink_tokens = (uint32_t) o.sink;
+    c.recent_tokens = (uint32_t) recent;
+    c.target_lossy_ratio = ratio;
+    c.trigger_min_tokens = (uint32_t) o.trigger;
+    c.update_interval = (uint32_t) o.interval;
+    c.selection = streaming ? KVC_H2O_SELECT_STREAMING_LLM : KVC_H2O_SELECT_HEAVY_HITTERS;
+    c.scope = KVC_H2O_SCOPE_LAYER_UNIFORM;
+    c.granularity = KVC_H2O_SCORES_PER_LAYER;
+    return c;
+}
+
+// The cells a kvc_h2o policy with `ratio` holds after this run's schedule (the prompt, then
+// one token at a time), found by driving a one-layer kvc_h2o with uniform scores: the kept
+// count does not depend on the scores.
+int kvc_simulate_end(const Options & o, int recent, float ratio) {
+    kvc_h2o_config c = kvc_config(o, recent, ratio, true);
+    kvc_h2o * h = nullptr;
+    kvc_ok(kvc_h2o_new(&c, 1, &h), "kvc_h2o_new (calibration)");
+    std::unique_ptr<kvc_h2o, void (*)(kvc_h2o *)> guard(h, kvc_h2o_free);
+    size_t held = 0;
+    std::vector<float> sums;
+    int i = 0;
+    while (i < o.n_tokens) {
+        const size_t nq = (i == 0 && o.prompt > 0) ? (size_t) o.prompt : 1;
+        const size_t kv_len = held + nq;
+        kvc_h2o_call_shape shape{kv_len, nq, 1, 1};
+        kvc_ok(kvc_h2o_begin_call(h, 0, &shape, nullptr), "kvc_h2o_begin_call (calibration)");
+        sums.assign(kv_len, (float) nq / (float) kv_len);
+        kvc_ok(kvc_h2o_ingest_column_sums(h, 0, sums.data(), sums.size()), "kvc_h2o_ingest_column_sums (calibration)");
+        kvc_h2o_decision d;
+        kvc_ok(kvc_h2o_end_call(h, 0, &d), "kvc_h2o_end_call (calibration)");
+        held = kv_len;
+        i += (int) nq;
+        if (d.triggered && i < o.n_tokens) held = d.kept_tokens;  // applied before the next decode
+    }
+    return (int) held;
+}
+
+// kvc_h2o aims at ceil(kv_len / target_lossy_ratio) tokens of the cache as it is when a plan is
+// made (MNN's kvSeqLen rule, block-rounded up), so under token-by-token decoding with a plan
+// every `interval` steps the cache converges to where one plan removes `interval` tokens. The
+// harness wants a memory budget instead: the smallest target_lossy_ratio (bisection over
+// kvc_simulate_end) whose run ends with at most `cap` cells.
+KvcBudget kvc_budget_cells(int cap, const Options & o) {
+    KvcBudget b;
+    b.cap = cap;
+    b.recent = std::min(o.recent, b.cap / 2);
+    if (b.cap <= o.sink + b.recent) fail("budget of " + std::to_string(b.cap) + " cells leaves nothing beyond sink + recent");
+    // Not monotone: past some ratio the protected tokens reach the target and kvc makes no
+    // plan at all. So scan a geometric grid upwards and take the first ratio that fits.
+    int best = INT32_MAX;
+    for (double r = 1.001; r < 64.0; r *= 1.01) {
+        const int end = kvc_simulate_end(o, b.recent, (float) r);
+        best = std::min(best, end);
+        if (end <= b.cap) {
+            b.kvc_ratio = (float) r;
+            b.sim_end = end;
+            return b;
+        }
+    }
+    fail("no kvc_h2o target_lossy_ratio ends this run within " + std::to_string(b.cap) + " cells (best " +
+         std::to_string(best) + "); lower --recent or --sink");
+}
+
+KvcBudget kvc_budget(double eviction_ratio, const Options & o) {
+    return kvc_budget_cells((int) std::ceil((double) o.n_tokens / eviction_ratio), o);
+}
+
+// ------------------------------------------------------------------------------------------
+// C8 through kvc_quant: calibrate per-channel int8 parameters on the first tokens, then
+// quantize and dequantize every K/V row in the RowHook before SET_ROWS writes it
+
+struct QuantPtr {
+    kvc_quant * q = nullptr;
+    QuantPtr(const ModelInfo & mi) {
+        kvc_quant_config c;
+        kvc_ok(kvc_quant_config_default(&c), "kvc_quant_config_default");
+        c.n_layers = (size_t) mi.n_layer;
+        c.k_channels = c.v_channels = (size_t) mi.n_embd_kv();
+        kvc_ok(kvc_quant_new(&c, &q), "kvc_quant_new");
+    }
+    ~QuantPtr() { kvc_quant_free(q); }
+    QuantPtr(const QuantPtr &) = delete;
+    QuantPtr & operator=(const QuantPtr &) = delete;
+};
+
+// The rows as the f16 cache would hold them: f32 [head_dim, n_head_kv, n_tokens], contiguous.
+void rows_to_f16(const ggml_tensor * t, int n_embd, std::vector<ggml_fp16_t> & out) {
+    if (t->type != GGML_TYPE_F32 || !ggml_is_contiguous(t) || t->ne[0] * t->ne[1] != n_embd) {
+        fail("C8: unexpected K/V rows " + shape_str(t));
+    }
+    out.resize((size_t) ggml_nelements(t));
+    ggml_fp32_to_fp16_row((const float *) t->data, out.data(), ggml_nelements(t));
+}
+
+class C8ObserveHook : public RowHook {
+public:
+    C8ObserveHook(kvc_quant * q, int n_embd) : q_(q), n_embd_(n_embd) {}
+    void on_rows(int il, bool is_v, ggml_tensor * t) override {
+        rows_to_f16(t, n_embd_, buf_);
+        kvc_ok(kvc_quant_observe_rows(q_, (size_t) il, is_v ? KVC_TENSOR_V : KVC_TENSOR_K, KVC_DTYPE_F16, buf_.data(),
+                                      (size_t) t->ne[2]),
+               "kvc_quant_observe_rows");
+        rows_ += t->ne[2];
+    }
+    long rows() const { return rows_; }
+
+private:
+    kvc_quant * q_;
+    int n_embd_;
+    std::vector<ggml_fp16_t> buf_;
+    long rows_ = 0;
+};
+
+// Rounds every row to f16 (what the cache holds), quantize-dequantizes it with kvc, writes
+// it back as f32 (exact: f16 values are f32 values, so the cache stores kvc's dequantized
+// f16), and measures the error against the f16 row.
+class C8RoundTripHook : public RowHook {
+public:
+    C8RoundTripHook(const kvc_quant * q, int n_embd) : q_(q), n_embd_(n_embd) {}
+    void on_rows(int il, bool is_v, ggml_tensor * t) override {
+        rows_to_f16(t, n_embd_, orig_);
+        rt_ = orig_;
+        kvc_ok(kvc_quant_roundtrip_rows(q_, (size_t) il, is_v ? KVC_TENSOR_V : KVC_TENSOR_K, KVC_DTYPE_F16, rt_.data(),
+                                        (size_t) t->ne[2]),
+               "kvc_quant_roundtrip_rows");
+        Err & e = err_[is_v ? 1 : 0];
+        const auto & f16 = f16_table();
+        for (size_t i = 0; i < rt_.size(); ++i) {
+            const double a = f16[orig_[i]], b = f16[rt_[i]];
+            e.sq += (a - b) * (a - b);
+            e.ref += a * a;
+            e.max = std::max(e.max, std::fabs(a - b));
+            e.n++;
+        }
+        ggml_fp16_to_fp32_row(rt_.data(), (float *) t->data, ggml_nelements(t));
+    }
+    struct Err {
+        double sq = 0, ref = 0, max = 0;
+        long n = 0;
+    };
+    const Err & err(bool v) const { return err_[v ? 1 : 0]; }
+
+private:
+    const kvc_quant * q_;
+    int n_embd_;
+    std::vector<ggml_fp16_t> orig_, rt_;
+    Err err_[2];
+};
+
+// kvc's H2O (or StreamingLLM) policy through the C API, layer-uniform (llama.cpp's cells are
+// shared by all layers). Every layer's attention mass per cell (kq_soft_max-<il>, or the
+// flash-attention recompute) is mapped to the token order kvc works in (the held tokens in
+// position order, then the ubatch's new tokens) and ingested as column sums; the last layer's
+// end_call may make a plan, which plan() turns into the ranges of held tokens to evict.
+class KvcH2oPolicy : public EvictionPolicy, public AttentionScorer {
+public:
+    KvcH2oPolicy(const ModelInfo & mi, const Options & o, bool streaming, const KvcBudget & b)
+        : mi_(mi), streaming_(streaming), budget_(b), block_(o.block), interval_(o.interval) {
+        kvc_h2o_config c = kvc_config(o, b.recent, b.kvc_ratio, streaming);
+        kvc_ok(kvc_h2o_new(&c, (size_t) mi.n_layer, &h2o_), "kvc_h2o_new");
+    }
+    ~KvcH2oPolicy() override { kvc_h2o_free(h2o_); }
+    KvcH2oPolicy(const KvcH2oPolicy &) = delete;
+    KvcH2oPolicy & operator=(const KvcH2oPolicy &) = delete;
+
+    std::string name() const override { return streaming_ ? "kvc_h2o StreamingLLM" : "kvc_h2o heavy hitters"; }
+    int max_cells() const override { return budget_.cap + interval_ + 2 * block_; }
+    void bind(const std::vector<HeldToken> * held, EvalTap * tap) override {
+        held_ = held;
+        tap_ = tap;
+    }
+
+    void on_layer_scores(int il, const std::vector<float> & mass, int n_queries) override {
+        const size_t n_new = tap_->decode_cells.size();
+        const size_t kv_len = held_->size() + n_new;
+        sums_.assign(kv_len, 0.0f);
+        double mapped = 0.0, total = 0.0;
+        for (float x : mass) total += x;
+        auto at = [&](int64_t cell) -> float {
+            if (cell < 0 || cell >= (int64_t) mass.size()) fail("a held token's cell is outside the attention columns");
+            return mass[(size_t) cell];
+        };
+        for (size_t i = 0; i < held_->size(); ++i) sums_[i] = at((*held_)[i].cell);
+        for (size_t j = 0; j < n_new; ++j) sums_[held_->size() + j] = at(tap_->decode_cells[j]);
+        for (float x : sums_) mapped += x;
+        // every bit of attention must land on a cell the harness knows: the cell map is right
+        unmapped_max_ = std::max(unmapped_max_, std::fabs(total - mapped) / std::max(1e-30, total));
+        kvc_h2o_call_shape shape{kv_len, (size_t) n_queries, (size_t) mi_.n_head, (size_t) mi_.n_head_kv};
+        uint32_t res = 0;
+        kvc_ok(kvc_h2o_begin_call(h2o_, (size_t) il, &shape, &res), "kvc_h2o_begin_call");
+        if (res == KVC_H2O_PLAN_DROPPED) dropped_++;
+        kvc_ok(kvc_h2o_ingest_column_sums(h2o_, (size_t) il, sums_.data(), sums_.size()), "kvc_h2o_ingest_column_sums");
+        kvc_h2o_decision d;
+        kvc_ok(kvc_h2o_end_call(h2o_, (size_t) il, &d), "kvc_h2o_end_call");
+        if (d.triggered) plan_ready_ = true;
+        calls_++;
+    }
+
+    std::vector<EvictRange> plan(const std::vector<HeldToken> & held, int) override {
+        if (!plan_ready_) return {};
+        plan_ready_ = false;
+        kvc_h2o_plan_info info;
+        kvc_ok(kvc_h2o_get_plan_info(h2o_, 0, &info), "kvc_h2o_get_plan_info");
+        if (!info.pending) return {};
+        if (info.kv_len != held.size()) {
+            fail("kvc plan made for " + std::to_string(info.kv_len) + " tokens, the cache holds " + std::to_string(held.size()));
+        }
+        size_t n = 0;
+        kvc_ok(kvc_h2o_plan_pairs(h2o_, 0, 0, nullptr, 0, &n), "kvc_h2o_plan_pairs (size)");
+        std::vector<kvc_reserve_pair> pairs(n);
+        kvc_ok(kvc_h2o_plan_pairs(h2o_, 0, 0, pairs.data(), pairs.size(), &n), "kvc_h2o_plan_pairs");
+        // evict the complement of the kept pairs
+        std::vector<EvictRange> out;
+        size_t next = 0, kept = 0;
+        for (const auto & p : pairs) {
+            if (p.offset < next || (size_t) p.offset + p.length > held.size()) fail("kvc plan pairs out of order or range");
+            if (p.offset > next) out.push_back({next, p.offset});
+            next = (size_t) p.offset + p.length;
+            kept += p.length;
+        }
+        if (next < held.size()) out.push_back({next, held.size()});
+        if (kept != info.kept_tokens) fail("kvc plan pairs do not add up to its kept tokens");
+        plans_++;
+        evicted_ += held.size() - kept;
+        return out;
+    }
+
+    void report(RunResultExtra & extra) const {
+        kvc_h2o_metrics m;
+        kvc_ok(kvc_h2o_get_metrics(h2o_, &m), "kvc_h2o_get_metrics");
+        extra.push_back({"kvc_plans_made", std::to_string(m.plans_made)});
+        extra.push_back({"kvc_plans_applied", std::to_string(m.plans_applied)});
+        extra.push_back({"kvc_plans_dropped", std::to_string(m.plans_dropped)});
+        extra.push_back({"kvc_calls", std::to_string(calls_)});
+        extra.push_back({"evictions", std::to_string(plans_)});
+        extra.push_back({"tokens_evicted", std::to_string(evicted_)});
+        extra.push_back({"attention_unmapped_max", json_num(unmapped_max_)});
+        extra.push_back({"budget_cells", std::to_string(budget_.cap)});
+        extra.push_back({"recent", std::to_string(budget_.recent)});
+        extra.push_back({"block", std::to_string(block_)});
+        extra.push_back({"kvc_target_lossy_ratio", json_num(budget_.kvc_ratio)});
+        extra.push_back({"calibrated_end_cells", std::to_string(budget_.sim_end)});
+    }
+    long dropped() const { return dropped_; }
+    double unmapped_max() const { return unmapped_max_; }
+
+private:
+    const ModelInfo & mi_;
+    bool streaming_;
+    KvcBudget budget_;
+    int block_, interval_;
+    kvc_h2o * h2o_ = nullptr;
+    const std::vector<HeldToken> * held_ = nullptr;
+    EvalTap * tap_ = nullptr;
+    std::vector<float> sums_;
+    bool plan_ready_ = false;
+    long calls_ = 0, plans_ = 0, dropped_ = 0;
+    size_t evicted_ = 0;
+    double unmapped_max_ = 0.0;
+};
 
 // ------------------------------------------------------------------------------------------
 // contexts and decoding
@@ -645,6 +1110,7 @@ struct RunResult {
     double alloc_bytes = 0;      // the cache llama.cpp allocated (kv_size cells)
     long cells_end = 0;
     long cells_verified = -1;    // cells in llama_state_seq_get_data at the end
+    long cells_peak = 0;         // most cells held at any step
     std::vector<std::pair<std::string, std::string>> extra;  // JSON-ready key -> value
 };
 
@@ -681,6 +1147,9 @@ struct DecodeSpec {
     EvictionPolicy * policy = nullptr;  // null: nothing is evicted
     bool shift_positions = true;
     bool is_reference = false;
+    // memory accounting other than the cache type's (C8: int8 bytes per cell + the scales)
+    double cell_bytes = 0;   // 0: the cache type's row sizes
+    double fixed_bytes = 0;  // held whatever the cell count
 };
 
 RunResult run_decode(llama_model * model, const ModelInfo & mi, const Options & o,
@@ -688,14 +1157,30 @@ RunResult run_decode(llama_model * model, const ModelInfo & mi, const Options & 
     const int n = o.n_tokens;
     CtxPtr ctx = make_context(model, o, spec.cfg);
     llama_memory_t mem = llama_get_memory(ctx.get());
-    const size_t cell_bytes = mi.cell_bytes(spec.cfg.type_k, spec.cfg.type_v);
+    const double cell_bytes =
+        spec.cell_bytes > 0 ? spec.cell_bytes : (double) mi.cell_bytes(spec.cfg.type_k, spec.cfg.type_v);
     const size_t full_cell_bytes = mi.cell_bytes(GGML_TYPE_F16, GGML_TYPE_F16);
 
     RunResult r;
     r.mode = spec.mode;
-    r.alloc_bytes = (double) llama_n_ctx(ctx.get()) * (double) cell_bytes;
+    r.alloc_bytes = (double) llama_n_ctx(ctx.get()) * (double) mi.cell_bytes(spec.cfg.type_k, spec.cfg.type_v);
 
     std::vector<HeldToken> held;
+    EvalTap * tap = spec.cfg.tap;
+    if (spec.policy) spec.policy->bind(&held, tap);
+    // after a llama_decode: the callback's error if any, and the cells of the new tokens
+    auto after_decode = [&](size_t first_new) {
+        if (!tap) return;
+        if (!tap->error.empty()) fail(spec.mode + ": " + tap->error);
+        if (!tap->want_set_rows) return;
+        if (tap->decode_cells.size() != held.size() - first_new) {
+            fail(spec.mode + ": SET_ROWS wrote " + std::to_string(tap->decode_cells.size()) + " cells for " +
+                 std::to_string(held.size() - first_new) + " tokens");
+        }
+        for (size_t j = first_new; j < held.size(); ++j) held[j].cell = tap->decode_cells[j - first_new];
+        tap->decode_cells.clear();
+    };
+    size_t peak = 0;
     std::vector<float> lp, lp_ref;
     double nll = 0.0, kl = 0.0, ratio_sum = 0.0;
     long scored = 0, ratio_steps = 0;
@@ -713,7 +1198,7 @@ RunResult run_decode(llama_model * model, const ModelInfo & mi, const Options & 
         }
         scored++;
         // memory at the moment this prediction was made: target_pos tokens seen
-        ratio_sum += (double) target_pos * (double) full_cell_bytes / ((double) held.size() * (double) cell_bytes);
+        ratio_sum += (double) target_pos * (double) full_cell_bytes / ((double) held.size() * cell_bytes + spec.fixed_bytes);
         ratio_steps++;
     };
 
@@ -723,8 +1208,11 @@ RunResult run_decode(llama_model * model, const ModelInfo & mi, const Options & 
     if (o.prompt > 0) {
         std::vector<bool> want(o.prompt);
         for (int j = 0; j < o.prompt; ++j) want[j] = j + 1 >= o.ppl_from;
+        if (tap) tap->decode_cells.clear();
         decode_batch(ctx.get(), toks, 0, o.prompt, 0, want);
         for (int j = 0; j < o.prompt; ++j) held.push_back({j, j});
+        after_decode(0);
+        peak = held.size();
         for (int j = 0; j < o.prompt; ++j) {
             if (want[j]) score(llama_get_logits_ith(ctx.get(), j), j + 1);
         }
@@ -750,9 +1238,12 @@ RunResult run_decode(llama_model * model, const ModelInfo & mi, const Options & 
             b.n_seq_id[0] = 1;
             b.seq_id[0][0] = 0;
             b.logits[0] = 1;
+            if (tap) tap->decode_cells.clear();
             const int rc = llama_decode(ctx.get(), b);
             if (rc != 0) fail("llama_decode failed with status " + std::to_string(rc) + " at token " + std::to_string(i));
             held.push_back({next_pos, i});
+            after_decode(held.size() - 1);
+            peak = std::max(peak, held.size());
             next_pos++;
             if (i + 1 < n) score(llama_get_logits_ith(ctx.get(), -1), i + 1);
         }
@@ -768,7 +1259,8 @@ RunResult run_decode(llama_model * model, const ModelInfo & mi, const Options & 
     r.ppl = std::exp(nll / (double) std::max<long>(1, scored));
     r.kl = spec.is_reference ? 0.0 : kl / (double) std::max<long>(1, scored);
     r.cells_end = (long) held.size();
-    r.held_bytes_end = (double) held.size() * (double) cell_bytes;
+    r.cells_peak = (long) peak;
+    r.held_bytes_end = (double) held.size() * cell_bytes + spec.fixed_bytes;
     r.held_ratio_end = (double) n * (double) full_cell_bytes / r.held_bytes_end;
     r.held_ratio_mean = ratio_steps ? ratio_sum / (double) ratio_steps : NAN;
     r.cells_verified = state_cell_count(get_seq_state(ctx.get()));
@@ -1085,6 +1577,131 @@ RunResult run_dump(llama_model * model, const ModelInfo & mi, const Options & o,
 }
 
 // ------------------------------------------------------------------------------------------
+// the sequence state compressed with kvc's codec
+
+// A state blob cut into what kvc's codec should see: the K rows and the V data of every layer
+// as f16 streams, everything else (header, per-cell positions and sequence ids, per-layer
+// type and size fields) as bytes.
+struct StateSegment {
+    size_t off, len;
+    bool f16;
+    kvc_tensor tensor;
+};
+
+std::vector<StateSegment> state_segments(const std::vector<uint8_t> & blob, const ModelInfo & mi) {
+    StateReader r{blob};
+    std::vector<StateSegment> segs;
+    size_t mark = 0;
+    auto data = [&](size_t n, kvc_tensor tensor, const char * what) {
+        const size_t at = r.off;
+        r.take(n, what);
+        if (at > mark) segs.push_back({mark, at - mark, false, KVC_TENSOR_K});
+        segs.push_back({at, n, true, tensor});
+        mark = r.off;
+    };
+    if (r.get<uint32_t>("magic") != kStateMagic) fail("state: bad magic");
+    r.get<int32_t>("seq_id");
+    if (r.get<uint32_t>("n_stream") != 1) fail("state: expected one stream");
+    const uint32_t cells = r.get<uint32_t>("cell_count");
+    for (uint32_t c = 0; c < cells; ++c) {
+        r.get<int32_t>("pos");
+        const uint32_t n_seq = r.get<uint32_t>("n_seq_id");
+        for (uint32_t k = 0; k < n_seq; ++k) r.get<int32_t>("seq_id");
+    }
+    const uint32_t v_trans = r.get<uint32_t>("v_trans");
+    const uint32_t n_layer = r.get<uint32_t>("n_layer");
+    r.get<uint32_t>("n_rot_k");
+    r.get<uint32_t>("n_rot_v");
+    if ((int) n_layer != mi.n_layer) fail("state: layer count differs from the model");
+    const size_t ne = (size_t) mi.n_embd_kv();
+    for (uint32_t l = 0; l < n_layer; ++l) {
+        if (r.get<int32_t>("k type") != GGML_TYPE_F16) fail("state: K cache is not f16");
+        if (r.get<uint64_t>("k row size") != ne * 2) fail("state: K row size");
+        data((size_t) cells * ne * 2, KVC_TENSOR_K, "K rows");
+    }
+    for (uint32_t l = 0; l < n_layer; ++l) {
+        if (r.get<int32_t>("v type") != GGML_TYPE_F16) fail("state: V cache is not f16");
+        if (!v_trans) {
+            if (r.get<uint64_t>("v row size") != ne * 2) fail("state: V row size");
+        } else {
+            if (r.get<uint32_t>("v element size") != 2) fail("state: V element size");
+            if (r.get<uint32_t>("n_embd_v_gqa") != ne) fail("state: n_embd_v_gqa");
+        }
+        data((size_t) cells * ne * 2, KVC_TENSOR_V, "V data");
+    }
+    if (r.off != blob.size()) fail("state: trailing bytes after the V data");
+    if (mark < blob.size()) segs.push_back({mark, blob.size() - mark, false, KVC_TENSOR_K});
+    return segs;
+}
+
+struct CodecPtr {
+    kvc_codec * c = nullptr;
+    explicit CodecPtr(kvc_dtype dtype) {
+        kvc_codec_config cfg;
+        kvc_ok(kvc_codec_config_default(&cfg), "kvc_codec_config_default");
+        cfg.dtype = dtype;
+        kvc_ok(kvc_codec_new(&cfg, &c), "kvc_codec_new");
+    }
+    ~CodecPtr() { kvc_codec_free(c); }
+    CodecPtr(const CodecPtr &) = delete;
+    CodecPtr & operator=(const CodecPtr &) = delete;
+};
+
+constexpr uint32_t kPackMagic = 0x5356434bu;  // "KCVS"
+
+void put_u64(std::vector<uint8_t> & out, uint64_t x) {
+    for (int i = 0; i < 8; ++i) out.push_back((uint8_t) (x >> (8 * i)));
+}
+
+// Container: u32 magic, u32 segment count, then per segment u8 kind (0 bytes, 1 K f16, 2 V
+// f16), u64 raw length, u64 blob length, the kvc_codec blob (gear-v1).
+std::vector<uint8_t> pack_state(const std::vector<uint8_t> & blob, const std::vector<StateSegment> & segs) {
+    CodecPtr c16(KVC_DTYPE_F16), c8(KVC_DTYPE_I8);
+    std::vector<uint8_t> out;
+    put_u64(out, (uint64_t) kPackMagic | ((uint64_t) segs.size() << 32));
+    std::vector<uint8_t> buf;
+    for (const auto & sg : segs) {
+        kvc_codec * c = sg.f16 ? c16.c : c8.c;
+        size_t cap = 0;
+        kvc_ok(kvc_codec_max_encoded_size(c, sg.len, &cap), "kvc_codec_max_encoded_size");
+        buf.resize(cap);
+        size_t n = 0;
+        kvc_ok(kvc_codec_encode(c, sg.tensor, blob.data() + sg.off, sg.len, buf.data(), buf.size(), &n), "kvc_codec_encode");
+        out.push_back(sg.f16 ? (sg.tensor == KVC_TENSOR_K ? 1 : 2) : 0);
+        put_u64(out, sg.len);
+        put_u64(out, n);
+        out.insert(out.end(), buf.begin(), buf.begin() + (long) n);
+    }
+    return out;
+}
+
+// Decodes a container; every length is checked against what is left before it is used.
+std::vector<uint8_t> unpack_state(const std::vector<uint8_t> & pack, size_t max_raw) {
+    CodecPtr c16(KVC_DTYPE_F16), c8(KVC_DTYPE_I8);
+    StateReader r{pack};
+    const uint64_t head = r.get<uint64_t>("container header");
+    if ((uint32_t) head != kPackMagic) fail("container: bad magic");
+    const uint64_t n_seg = head >> 32;
+    std::vector<uint8_t> out;
+    for (uint64_t i = 0; i < n_seg; ++i) {
+        const uint8_t kind = r.get<uint8_t>("segment kind");
+        const uint64_t raw = r.get<uint64_t>("segment raw length");
+        const uint64_t len = r.get<uint64_t>("segment blob length");
+        if (kind > 2) fail("container: unknown segment kind");
+        if (raw > max_raw - out.size()) fail("container: segments larger than the state can be");
+        if (len > pack.size() - r.off) fail("container: segment blob truncated");
+        const uint8_t * p = r.take((size_t) len, "segment blob");
+        const size_t at = out.size();
+        out.resize(at + (size_t) raw);
+        size_t got = 0;
+        kvc_ok(kvc_codec_decode(kind ? c16.c : c8.c, p, (size_t) len, out.data() + at, (size_t) raw, &got), "kvc_codec_decode");
+        if (got != raw) fail("container: a segment decoded to the wrong length");
+    }
+    if (r.off != pack.size()) fail("container: trailing bytes");
+    return out;
+}
+
+// ------------------------------------------------------------------------------------------
 // state mode: save the sequence, restore it into a fresh context, compare the next logits
 
 RunResult run_state(llama_model * model, const ModelInfo & mi, const Options & o, const std::vector<llama_token> & toks) {
@@ -1125,10 +1742,67 @@ RunResult run_state(llama_model * model, const ModelInfo & mi, const Options & o
         std::memcpy(&y, &lb[i], 4);
         if (x != y) diff++;
     }
+    // the same state through kvc's codec: pack, unpack, restore into a third context
+    const auto segs = state_segments(blob, mi);
+    const double t2 = now_s();
+    const auto pack = pack_state(blob, segs);
+    const double t_enc = now_s() - t2;
+    const double t3 = now_s();
+    const auto unpacked = unpack_state(pack, blob.size());
+    const double t_dec = now_s() - t3;
+    const bool codec_exact = unpacked == blob;
+    CtxPtr c = make_context(model, o, cfg);
+    const size_t used_c = llama_state_seq_set_data(c.get(), unpacked.data(), unpacked.size(), 0);
+    if (used_c != unpacked.size()) fail("state: the codec round trip was not accepted by llama_state_seq_set_data");
+    decode_batch(c.get(), toks, n - 1, 1, n - 1, one);
+    const float * lc = llama_get_logits_ith(c.get(), -1);
+    long diff_codec = 0;
+    for (int i = 0; i < mi.n_vocab; ++i) {
+        uint32_t x, y;
+        std::memcpy(&x, &la[i], 4);
+        std::memcpy(&y, &lc[i], 4);
+        if (x != y) diff_codec++;
+    }
+    // a damaged container must be refused: truncated, and one byte of a K blob flipped
+    bool trunc_pack_refused = false, flip_refused_or_detected = false;
+    try {
+        std::vector<uint8_t> t(pack.begin(), pack.begin() + (long) (pack.size() / 2));
+        unpack_state(t, blob.size());
+    } catch (const std::runtime_error &) {
+        trunc_pack_refused = true;
+    }
+    try {
+        std::vector<uint8_t> f = pack;
+        f[8 + 17] ^= 0x5a;  // the first byte of the first segment's gear-v1 blob
+        unpack_state(f, blob.size());
+    } catch (const std::runtime_error &) {
+        flip_refused_or_detected = true;
+    }
+    size_t f16_raw = 0, f16_packed = 0;
+    {
+        StateReader pr{pack};
+        pr.get<uint64_t>("h");
+        for (size_t i = 0; i < segs.size(); ++i) {
+            const uint8_t kind = pr.get<uint8_t>("k");
+            const uint64_t raw = pr.get<uint64_t>("r");
+            const uint64_t len = pr.get<uint64_t>("l");
+            pr.take((size_t) len, "b");
+            if (kind) {
+                f16_raw += raw;
+                f16_packed += len;
+            }
+        }
+    }
+
     RunResult r;
     r.mode = "state";
-    const bool ok = diff == 0 && blob2 == blob && trunc_rejected;
-    r.detail = std::string(ok ? "restore identical" : "MISMATCH") + ", " + std::to_string(blob.size()) + " B state";
+    const bool ok = diff == 0 && blob2 == blob && trunc_rejected && codec_exact && diff_codec == 0 && trunc_pack_refused &&
+                    flip_refused_or_detected;
+    char cbuf[160];
+    std::snprintf(cbuf, sizeof cbuf, "; kvc codec %.3f:1 (%zu B), encode %.0f MB/s, decode %.0f MB/s, restored logits %s",
+                  (double) blob.size() / (double) pack.size(), pack.size(), (double) blob.size() / 1e6 / t_enc,
+                  (double) blob.size() / 1e6 / t_dec, diff_codec == 0 ? "identical" : "DIFFER");
+    r.detail = std::string(ok ? "restore identical" : "MISMATCH") + ", " + std::to_string(blob.size()) + " B state" + cbuf;
     r.cells_end = n - 1;
     r.cells_verified = state_cell_count(blob);
     r.held_bytes_end = (double) blob.size();
@@ -1137,6 +1811,16 @@ RunResult run_state(llama_model * model, const ModelInfo & mi, const Options & o
     r.extra.push_back({"logits_differing", std::to_string(diff)});
     r.extra.push_back({"state_round_trip_identical", blob2 == blob ? "true" : "false"});
     r.extra.push_back({"truncated_state_rejected", trunc_rejected ? "true" : "false"});
+    r.extra.push_back({"codec_state_ratio", json_num((double) blob.size() / (double) pack.size())});
+    r.extra.push_back({"codec_packed_bytes", std::to_string(pack.size())});
+    r.extra.push_back({"codec_kv_ratio", json_num((double) f16_raw / (double) std::max<size_t>(1, f16_packed))});
+    r.extra.push_back({"codec_segments", std::to_string(segs.size())});
+    r.extra.push_back({"codec_encode_mb_s", json_num((double) blob.size() / 1e6 / t_enc)});
+    r.extra.push_back({"codec_decode_mb_s", json_num((double) blob.size() / 1e6 / t_dec)});
+    r.extra.push_back({"codec_round_trip_identical", codec_exact ? "true" : "false"});
+    r.extra.push_back({"codec_logits_differing", std::to_string(diff_codec)});
+    r.extra.push_back({"codec_truncated_refused", trunc_pack_refused ? "true" : "false"});
+    r.extra.push_back({"codec_damaged_header_refused", flip_refused_or_detected ? "true" : "false"});
     r.extra.push_back({"save_s", json_num(t_save)});
     r.extra.push_back({"restore_s", json_num(t_restore)});
     if (!ok) fail("state: " + r.detail + " (logits differing " + std::to_string(diff) + ", truncated rejected " +
@@ -1178,7 +1862,7 @@ std::string result_json(const RunResult & r) {
       << ", \"tokens_per_s\": " << json_num(r.tok_s) << ", \"kv_held_bytes_end\": " << json_num(r.held_bytes_end)
       << ", \"kv_ratio_end\": " << json_num(r.held_ratio_end) << ", \"kv_ratio_mean\": " << json_num(r.held_ratio_mean)
       << ", \"kv_alloc_bytes\": " << json_num(r.alloc_bytes) << ", \"cells_end\": " << r.cells_end
-      << ", \"cells_verified\": " << r.cells_verified;
+      << ", \"cells_verified\": " << r.cells_verified << ", \"cells_peak\": " << r.cells_peak;
     for (const auto & kv : r.extra) j << ", \"" << json_escape(kv.first) << "\": " << kv.second;
     j << "}";
     return j.str();
@@ -1290,6 +1974,141 @@ int run(int argc, char ** argv) {
             r.detail = "sink " + std::to_string(o.sink) + " + window, " + o.budget + " 1/" + json_num(o.ratio) +
                        ", positions " + o.positions;
             rep.rows.push_back(r);
+        }
+        for (double R : o.kv_ratios) {
+            for (const char * m : {"kvc-streaming", "h2o", "h2o-fa"}) {
+                if (!has_mode(o, m)) continue;
+                const std::string mode = m;
+                const bool fa = mode == "h2o-fa";
+                const KvcBudget bud = kvc_budget(R, o);
+                KvcH2oPolicy pol(mi, o, mode == "kvc-streaming", bud);
+                EvalTap tap;
+                tap.n_layer = mi.n_layer;
+                tap.n_head = mi.n_head;
+                tap.n_head_kv = mi.n_head_kv;
+                tap.head_dim = mi.head_dim;
+                tap.want_set_rows = true;
+                tap.want_kq = !fa;
+                tap.want_fattn = fa;
+                tap.scorer = &pol;
+                DecodeSpec s;
+                s.mode = mode + "@" + json_num(R);
+                s.cfg.n_ctx = o.n_tokens;
+                s.cfg.flash_attn = fa;
+                s.cfg.tap = &tap;
+                s.policy = &pol;
+                s.shift_positions = o.positions == "shift";
+                RunResult r = run_decode(model, mi, o, toks, ref, s);
+                pol.report(r.extra);
+                if (fa) {
+                    r.extra.push_back({"fattn_recompute_max_out_err", json_num(tap.fattn_max_out_err)});
+                    r.extra.push_back({"fattn_checked_calls", std::to_string(tap.fattn_checked)});
+                    if (!(tap.fattn_max_out_err < 1e-2)) {
+                        fail(s.mode + ": recomputed attention output differs from llama.cpp's by " +
+                             json_num(tap.fattn_max_out_err));
+                    }
+                }
+                if (!(pol.unmapped_max() < 1e-3)) {
+                    fail(s.mode + ": " + json_num(pol.unmapped_max()) + " of the attention fell on cells the harness does not hold");
+                }
+                char buf[200];
+                std::snprintf(buf, sizeof buf, "%s, cap %d cells (sink %d, recent %d, block %d), positions %s%s",
+                              pol.name().c_str(), bud.cap, o.sink, bud.recent, o.block, o.positions.c_str(),
+                              fa ? ", flash attention on (scores recomputed)" : "");
+                r.detail = buf;
+                rep.rows.push_back(r);
+            }
+        }
+        if (has_mode(o, "c8") || has_mode(o, "c8-h2o")) {
+            // calibration: the first --c8-calib tokens in one batch, rows observed as f16
+            const int nc = std::min(o.c8_calib > 0 ? o.c8_calib : o.ppl_from - 1, o.n_tokens);
+            QuantPtr quant(mi);
+            {
+                C8ObserveHook obs(quant.q, mi.n_embd_kv());
+                EvalTap tap;
+                tap.n_layer = mi.n_layer;
+                tap.n_head = mi.n_head;
+                tap.n_head_kv = mi.n_head_kv;
+                tap.head_dim = mi.head_dim;
+                tap.want_rows = true;
+                tap.hook = &obs;
+                CtxConfig cc;
+                cc.n_ctx = nc;
+                cc.n_batch = nc;
+                cc.tap = &tap;
+                Options oc = o;
+                oc.prompt = nc;
+                CtxPtr cctx = make_context(model, oc, cc);
+                std::vector<bool> none(nc, false);
+                none[nc - 1] = true;
+                decode_batch(cctx.get(), toks, 0, nc, 0, none);
+                if (!tap.error.empty()) fail("C8 calibration: " + tap.error);
+                if (obs.rows() != (long) nc * 2 * mi.n_layer) fail("C8 calibration: the hook saw the wrong number of rows");
+                kvc_ok(kvc_quant_finish(quant.q), "kvc_quant_finish");
+            }
+            // memory as a C8 cache would hold it: int8 K and V rows per cell, f32 scale and
+            // offset per channel, per layer, for K and V (llama.cpp itself keeps f16 here)
+            const double c8_cell = (double) mi.n_layer * 2.0 * mi.n_embd_kv();
+            const double c8_params = (double) mi.n_layer * 2.0 * mi.n_embd_kv() * 2.0 * 4.0;
+            const double full_bytes = (double) o.n_tokens * (double) mi.cell_bytes(GGML_TYPE_F16, GGML_TYPE_F16);
+            std::vector<double> rs;
+            if (has_mode(o, "c8")) rs.push_back(0.0);
+            if (has_mode(o, "c8-h2o")) rs.insert(rs.end(), o.kv_ratios.begin(), o.kv_ratios.end());
+            for (double R : rs) {
+                C8RoundTripHook hook(quant.q, mi.n_embd_kv());
+                EvalTap tap;
+                tap.n_layer = mi.n_layer;
+                tap.n_head = mi.n_head;
+                tap.n_head_kv = mi.n_head_kv;
+                tap.head_dim = mi.head_dim;
+                tap.want_rows = true;
+                tap.want_set_rows = true;
+                tap.hook = &hook;
+                DecodeSpec s;
+                s.cfg.n_ctx = o.n_tokens;
+                s.cfg.tap = &tap;
+                s.cell_bytes = c8_cell;
+                s.fixed_bytes = c8_params;
+                s.shift_positions = o.positions == "shift";
+                std::unique_ptr<KvcH2oPolicy> pol;
+                KvcBudget bud;
+                if (R > 0.0) {
+                    // total ratio R: cells x int8 bytes + params <= full f16 bytes / R
+                    const int cap = (int) std::floor((full_bytes / R - c8_params) / c8_cell);
+                    bud = kvc_budget_cells(cap, o);
+                    pol.reset(new KvcH2oPolicy(mi, o, false, bud));
+                    tap.want_kq = true;
+                    tap.scorer = pol.get();
+                    s.policy = pol.get();
+                    s.mode = "c8-h2o@" + json_num(R);
+                } else {
+                    s.mode = "c8";
+                }
+                RunResult r = run_decode(model, mi, o, toks, ref, s);
+                if (!tap.stats.set_rows_reads_hooked_tensor) fail(s.mode + ": a SET_ROWS node reads rows the hook did not see");
+                for (int v = 0; v < 2; ++v) {
+                    const auto & e = hook.err(v == 1);
+                    const std::string k = v ? "c8_v_" : "c8_k_";
+                    if (e.n == 0) fail(s.mode + ": the C8 hook saw no rows");
+                    r.extra.push_back({k + "rel_rms_err", json_num(std::sqrt(e.sq / std::max(1e-30, e.ref)))});
+                    r.extra.push_back({k + "max_abs_err", json_num(e.max)});
+                    r.extra.push_back({k + "values", std::to_string(e.n)});
+                }
+                r.extra.push_back({"c8_calib_tokens", std::to_string(nc)});
+                r.extra.push_back({"kv_accounting", "\"C8: int8 K/V per cell + f32 scale and offset per channel (llama.cpp holds f16: kvc dequantizes)\""});
+                char buf[200];
+                const auto & ek = hook.err(false);
+                const auto & ev = hook.err(true);
+                std::snprintf(buf, sizeof buf, "kvc C8 (calibrated on %d tokens), rel RMS err K %.4f V %.4f; memory = int8 + scales",
+                              nc, std::sqrt(ek.sq / std::max(1e-30, ek.ref)), std::sqrt(ev.sq / std::max(1e-30, ev.ref)));
+                r.detail = buf;
+                if (pol) {
+                    pol->report(r.extra);
+                    r.detail += ", + kvc_h2o heavy hitters cap " + std::to_string(bud.cap) + " cells (recent " +
+                                std::to_string(bud.recent) + ")";
+                }
+                rep.rows.push_back(r);
+            }
         }
         for (const char * q : {"q8_0", "q4_0"}) {
             if (!has_mode(o, q)) continue;

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # llama.cpp as kvc's client, short version: fetch and build (cached under .cache/llama), then
-# every mode of kvc_llama_eval on a few hundred tokens of both texts, and checks of what it
-# reports (dump bit-identical to the real KV data, state restore identical, eviction really
-# shrinking the cache, bad input refused with status 2).
+# every mode of kvc_llama_eval on a few hundred tokens of both texts (kvc's StreamingLLM and H2O
+# policies, flash attention off and on, the state through kvc's codec included), and checks of
+# what it reports (dump layer 0 bit-identical to the real KV data, state restore identical,
+# eviction really shrinking the cache, bad input refused with status 2).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -19,7 +20,7 @@ mkdir -p "$out/dump"
 t1=$SECONDS
 "$EVAL" --model "$MODEL" --text "$TEXT_A" --text "$TEXT_B" \
     --n-tokens 320 --ppl-from 129 --prompt 64 \
-    --sink 16 --recent 64 --trigger 128 --interval 16 --ratio 3.5 \
+    --sink 16 --recent 64 --trigger 128 --interval 16 --ratio 3.5 --kv-ratios 3.5 \
     --dump-tokens 512 --dump-dir "$out/dump" --realkv-dir "$realkv" \
     --json "$out/result.json"
 echo "50-llama: evaluation took $((SECONDS - t1)) s"
@@ -31,7 +32,8 @@ dump = sys.argv[2]
 assert len(res["texts"]) == 2, "two texts"
 for t in res["texts"]:
     rows = {r["mode"]: r for r in t["results"]}
-    for m in ("full", "streaming", "q8_0", "q4_0", "probe", "state", "dump"):
+    for m in ("full", "streaming", "kvc-streaming@3.5", "h2o@3.5", "h2o-fa@3.5", "c8", "c8-h2o@3.5", "q8_0",
+              "q4_0", "probe", "state", "dump"):
         assert m in rows, f"{t['text']}: no {m} row"
     full = rows["full"]
     assert 1.0 < full["ppl"] < 1000.0, full
@@ -39,12 +41,41 @@ for t in res["texts"]:
     st = rows["streaming"]
     assert st["kv_ratio_end"] > 2.0 and st["cells_verified"] == st["cells_end"], st
     assert st["kl"] > 0.0 and math.isfinite(st["ppl"]), st
+    # kvc's policies through the C API: plans made and applied (none dropped), the cache really
+    # shrunk to the calibrated budget, every bit of attention mapped to a held cell
+    for m in ("kvc-streaming@3.5", "h2o@3.5", "h2o-fa@3.5"):
+        k = rows[m]
+        assert k["kvc_plans_made"] > 0 and k["kvc_plans_applied"] == k["evictions"] > 0, k
+        assert k["kvc_plans_dropped"] == 0 and k["tokens_evicted"] > 0, k
+        assert k["cells_end"] == k["cells_verified"] <= k["budget_cells"], k
+        assert k["kv_ratio_end"] > 3.0 and k["attention_unmapped_max"] < 1e-3, k
+        assert k["kl"] > 0.0 and math.isfinite(k["ppl"]), k
+    fa = rows["h2o-fa@3.5"]
+    assert fa["fattn_checked_calls"] > 0 and fa["fattn_recompute_max_out_err"] < 1e-2, fa
+    # flash on recomputes the same attention: the two h2o runs stay close
+    assert abs(fa["ppl"] / rows["h2o@3.5"]["ppl"] - 1.0) < 0.05, (fa, rows["h2o@3.5"])
+    # C8 through kvc_quant: every K/V row round-tripped (all of them: 2 x n_layer x 320 x 192
+    # values), error finite and bounded, the result differs from full but stays usable, memory
+    # counted as int8 + scales
+    for m in ("c8", "c8-h2o@3.5"):
+        c = rows[m]
+        for kv in ("k", "v"):
+            assert c[f"c8_{kv}_values"] == 30 * 320 * 192, c
+            assert 0.0 < c[f"c8_{kv}_rel_rms_err"] < 0.5 and math.isfinite(c[f"c8_{kv}_max_abs_err"]), c
+        assert c["kl"] > 0.0 and c["ppl"] < 2.0 * full["ppl"], c
+    assert 1.9 < rows["c8"]["kv_ratio_end"] < 2.0, rows["c8"]
+    ch = rows["c8-h2o@3.5"]
+    assert ch["kv_ratio_end"] > 3.0 and ch["kvc_plans_applied"] == ch["evictions"] > 0 and ch["kvc_plans_dropped"] == 0, ch
     for q in ("q8_0", "q4_0"):
         assert rows[q]["kv_ratio_end"] > 1.8 and rows[q]["kl"] > 0.0, rows[q]
     assert rows["q8_0"]["kl"] < rows["q4_0"]["kl"], "q8_0 should be closer to f16 than q4_0"
     assert rows["probe"]["ppl_identical_to_full"] is True, rows["probe"]
     s = rows["state"]
     assert s["logits_differing"] == 0 and s["state_round_trip_identical"] and s["truncated_state_rejected"], s
+    # the state through kvc's codec: byte-exact, same logits, damage refused, smaller
+    assert s["codec_round_trip_identical"] and s["codec_logits_differing"] == 0, s
+    assert s["codec_truncated_refused"] and s["codec_damaged_header_refused"], s
+    assert 1.0 < s["codec_state_ratio"] < 4.0 and s["codec_packed_bytes"] < s["state_bytes"], s
     d = rows["dump"]
     assert d["f16_of_callback_f32_mismatches"] == 0, d
 p = res["probe"]
@@ -71,8 +102,9 @@ set +e
 "$EVAL" --model /nonexistent.gguf --text "$TEXT_A" 2>"$out/err.txt"; rc=$?
 "$EVAL" --model "$MODEL" --text "$TEXT_A" --n-tokens 100000 2>"$out/err2.txt"; rc2=$?
 "$EVAL" --model "$MODEL" --text "$TEXT_A" --ratio abc 2>"$out/err3.txt"; rc3=$?
+"$EVAL" --model "$MODEL" --text "$TEXT_A" --kv-ratios 3.5,x 2>"$out/err4.txt"; rc4=$?
 set -e
-for r in "$rc:$out/err.txt" "$rc2:$out/err2.txt" "$rc3:$out/err3.txt"; do
+for r in "$rc:$out/err.txt" "$rc2:$out/err2.txt" "$rc3:$out/err3.txt" "$rc4:$out/err4.txt"; do
     code="${r%%:*}"; file="${r#*:}"
     if [ "$code" -ne 2 ] || [ "$(wc -l <"$file")" -ne 1 ]; then
         echo "50-llama: bad input gave status $code with: $(cat "$file")" >&2
