@@ -39,6 +39,27 @@ pub fn from_rel(r: u32, loc: u32, sym_bits: u32) -> u32 {
     ((r ^ loc) & half) | (r.wrapping_add(loc) & (half - 1))
 }
 
+/// The order in which the lanes code a shared-shape chunk's channels: by cluster, then by
+/// channel (a stable counting sort), so that the four lanes mostly share one cluster's tables.
+/// Lane `k` codes positions `k, k + 4, ...` of this order.
+pub fn cluster_order(cluster: &[u8], order: &mut Vec<u16>) {
+    order.clear();
+    order.reserve(cluster.len());
+    let mut count = [0usize; 256];
+    for &g in cluster {
+        count[g as usize] += 1;
+    }
+    let mut at = [0usize; 256];
+    for g in 1..256 {
+        at[g] = at[g - 1] + count[g - 1];
+    }
+    order.resize(cluster.len(), 0);
+    for (c, &g) in cluster.iter().enumerate() {
+        order[at[g as usize]] = c as u16;
+        at[g as usize] += 1;
+    }
+}
+
 /// A fitted shared-shape model: per-channel cluster and location, and the tables.
 #[derive(Debug, Default)]
 pub struct SharedFit {
@@ -263,6 +284,10 @@ impl SharedFit {
                         self.hist[g * tab + r] + self.hist[g * tab + alphabet + r]
                     };
                     self.merged[r] = n.min(u32::MAX as u64) as u32;
+                }
+                if self.merged.iter().all(|&n| n == 0) {
+                    // The decoder wants a complete code (or one symbol) in every table.
+                    self.merged[0] = 1;
                 }
                 self.builder
                     .build_lengths_limited(&self.merged, &mut self.lens, SHARED_MAX_LEN);
