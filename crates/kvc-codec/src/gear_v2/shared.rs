@@ -209,8 +209,10 @@ impl SharedFit {
         let tab = 2 * alphabet;
         for _ in 0..REFINE_PASSES {
             self.cluster_hists(k, alphabet);
+            // Costs transposed, `cost[(rel << 1 | ctx) * CLUSTERS + g]`, so that one entry's
+            // costs under every cluster are one vector; clusters past `k` never win.
             self.cost.clear();
-            self.cost.resize(k * tab, 0.0);
+            self.cost.resize(tab * CLUSTERS, f32::MAX / 4.0);
             for g in 0..k {
                 for x in 0..2 {
                     let h = &self.hist[g * tab + x * alphabet..g * tab + (x + 1) * alphabet];
@@ -219,22 +221,27 @@ impl SharedFit {
                     // Unseen symbols cost about a code of the table's longest lengths.
                     let miss = ln + 2.0;
                     for (r, &m) in h.iter().enumerate() {
-                        // Cost entries are indexed like `entries`: rel << 1 | ctx.
-                        self.cost[g * tab + (r << 1 | x)] = if m > 0 { ln - log2(m) } else { miss };
+                        self.cost[(r << 1 | x) * CLUSTERS + g] =
+                            if m > 0 { ln - log2(m) } else { miss };
                     }
                 }
             }
             for c in 0..channels {
                 let e = &self.entries[self.starts[c]..self.starts[c + 1]];
-                let mut best = (f32::INFINITY, 0u8);
-                for g in 0..k {
-                    let cost = &self.cost[g * tab..(g + 1) * tab];
-                    let mut bits = 0.0f32;
-                    for &(i, n) in e {
-                        bits += n as f32 * cost[i as usize];
+                let mut bits = [0.0f32; CLUSTERS];
+                for &(i, n) in e {
+                    let i = i as usize * CLUSTERS;
+                    let Some(cost) = self.cost.get(i..i + CLUSTERS) else {
+                        continue;
+                    };
+                    for g in 0..CLUSTERS {
+                        bits[g] += n as f32 * cost[g];
                     }
-                    if bits < best.0 {
-                        best = (bits, g as u8);
+                }
+                let mut best = (f32::INFINITY, 0u8);
+                for (g, &b) in bits.iter().enumerate().take(k) {
+                    if b < best.0 {
+                        best = (b, g as u8);
                     }
                 }
                 self.cluster[c] = best.1;
