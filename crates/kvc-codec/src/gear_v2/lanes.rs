@@ -1,7 +1,8 @@
 //! The encoder's hot loops: coding the four interleaved Huffman lanes of a chunk and packing
 //! the raw low bits (decoding is in `lane_decode` and `low_bits`).
 //!
-//! Channel `c` is coded in lane `c % 4`; a chunk's channels are walked four at a time (one
+//! Channel `c` is coded in lane `c % 4` (shared-shape model: position `i` of the cluster
+//! order in lane `i % 4`); a chunk's channels are walked four at a time (one
 //! per lane), each for all its tokens, so every lane uses one table (two with the sign
 //! context) for a whole run of tokens. Each lane keeps a 64-bit bit buffer: the encoder adds
 //! up to [`SYMS_PER_WORD`] codes and then stores 8 bytes and advances by the whole bytes
