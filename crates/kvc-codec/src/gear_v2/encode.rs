@@ -217,6 +217,7 @@ fn encode_coded<const BPV: usize, const REST: u32, const SYM: u32>(
         codes: &model.codes,
         chan_table: &model.chan_table,
         chan_loc: &model.chan_loc,
+        order: &model.chan_order,
         sign_context: model.sign_context,
         max_len: if model.shared {
             SHARED_MAX_LEN

@@ -1,7 +1,8 @@
 //! The encoder's hot loops: coding the four interleaved Huffman lanes of a chunk and packing
 //! the raw low bits (decoding is in `lane_decode` and `low_bits`).
 //!
-//! Channel `c` is coded in lane `c % 4`; a chunk's channels are walked four at a time (one
+//! Channel `c` is coded in lane `c % 4` (shared-shape model: position `i` of the cluster
+//! order in lane `i % 4`); a chunk's channels are walked four at a time (one
 //! per lane), each for all its tokens, so every lane uses one table (two with the sign
 //! context) for a whole run of tokens. Each lane keeps a 64-bit bit buffer: the encoder adds
 //! up to [`SYMS_PER_WORD`] codes and then stores 8 bytes and advances by the whole bytes
@@ -33,6 +34,8 @@ pub(crate) struct LaneCodes<'a> {
     /// Usual top field of every channel: symbols are coded relative to it (`shared::to_rel`;
     /// 0 leaves them unchanged).
     pub chan_loc: &'a [u16],
+    /// Channels in lane order (position `i` in lane `i % 4`); empty: channel order.
+    pub order: &'a [u16],
     /// Whether the previous token's (relative) sign selects the table.
     pub sign_context: bool,
     /// The longest code length (9 or 11).
@@ -160,26 +163,27 @@ fn encode_lanes_ctx<
         n: [0; LANES],
     };
     let sym_mask = (1u32 << SYM) - 1;
-    let rel = |s: u32, c: usize| to_rel(s, model.chan_loc[c] as u32, SYM);
+    let chan = |i: usize| model.order.get(i).map_or(i, |&c| c as usize);
     let mut base = 0;
     while base + LANES <= channels {
-        let mut t0 = [code_table(model, base, 0); LANES];
+        let mut t0 = [code_table(model, chan(base), 0); LANES];
         let mut t1 = t0;
         let mut loc = [0u32; LANES];
+        let mut ch = [0usize; LANES];
         for k in 0..LANES {
-            t0[k] = code_table(model, base + k, 0);
-            t1[k] = code_table(model, base + k, CTX as usize);
-            loc[k] = model.chan_loc[base + k] as u32;
+            ch[k] = chan(base + k);
+            t0[k] = code_table(model, ch[k], 0);
+            t1[k] = code_table(model, ch[k], CTX as usize);
+            loc[k] = model.chan_loc[ch[k]] as u32;
         }
         let mut cur = t0;
         let mut t = 0;
         while t < tokens {
             let n = SPW.min(tokens - t);
             for s in 0..n {
-                let at = (t + s) * row + base * BPV;
-                let cell = &raw[at..at + LANES * BPV];
+                let cell = &raw[(t + s) * row..(t + s + 1) * row];
                 for k in 0..LANES {
-                    let sym = to_rel((load::<BPV>(cell, k) >> REST) & sym_mask, loc[k], SYM);
+                    let sym = to_rel((load::<BPV>(cell, ch[k]) >> REST) & sym_mask, loc[k], SYM);
                     w.add(k, cur[k][sym as usize]);
                     if CTX {
                         cur[k] = if (sym >> (SYM - 1)) & 1 != 0 {
@@ -197,18 +201,18 @@ fn encode_lanes_ctx<
         }
         base += LANES;
     }
-    for c in base..channels {
-        let k = c - base;
+    for i in base..channels {
+        let k = i - base;
+        let c = chan(i);
         let (t0, t1) = (code_table(model, c, 0), code_table(model, c, CTX as usize));
+        let loc = model.chan_loc[c] as u32;
         let mut cur = t0;
         let mut t = 0;
         while t < tokens {
             let n = SPW.min(tokens - t);
             for s in 0..n {
-                let sym = rel(
-                    (load::<BPV>(raw, (t + s) * channels + c) >> REST) & sym_mask,
-                    c,
-                );
+                let top = (load::<BPV>(raw, (t + s) * channels + c) >> REST) & sym_mask;
+                let sym = to_rel(top, loc, SYM);
                 w.add(k, cur[sym as usize]);
                 if CTX {
                     cur = if (sym >> (SYM - 1)) & 1 != 0 { t1 } else { t0 };

@@ -6,6 +6,10 @@
 //! have an AVX2 version chosen at run time (`is_x86_feature_detected!`); the portable
 //! version is the reference, and the tests compare the two.
 
+// The transposes index several arrays with one channel index; iterators would obscure that.
+#![allow(clippy::needless_range_loop)]
+
+use super::shared::from_rel;
 use super::values::load;
 
 /// Writes the low byte of every f16 value: `out[2 * i] = rest[i]`, `out[2 * i + 1] = 0`
@@ -61,23 +65,24 @@ pub(crate) unsafe fn spread_low_bytes_avx2(rest: &[u8], out: &mut [u8]) {
     spread_low_bytes_portable(&rest[done..n], &mut out[2 * done..2 * n]);
 }
 
-/// Writes f16 values token-major from the channel-major top bytes `syms` (channel `c`'s
-/// `tokens` bytes at `c * stride`) and the token-major low bytes `rest`.
+/// Writes f16 values token-major from the channel-major relative top bytes `syms` (channel
+/// `c`'s `tokens` bytes at `c * stride`, mapped back with `from_rel(_, locs[c], 8)` on the
+/// way) and the token-major low bytes `rest`.
 pub(crate) fn interleave_f16(
     syms: &[u8],
     stride: usize,
+    locs: &[u16],
     rest: &[u8],
-    channels: usize,
     tokens: usize,
     out: &mut [u8],
 ) {
     #[cfg(target_arch = "x86_64")]
     if std::is_x86_feature_detected!("sse2") && !force_portable() {
         // SAFETY: the CPU supports SSE2, checked just above.
-        unsafe { interleave_f16_sse2(syms, stride, rest, channels, tokens, out) };
+        unsafe { interleave_f16_sse2(syms, stride, locs, rest, tokens, out) };
         return;
     }
-    interleave_f16_portable(syms, stride, rest, channels, tokens, out, 0, 0);
+    interleave_f16_portable(syms, stride, locs, rest, tokens, out, 0, 0);
 }
 
 #[cfg(test)]
@@ -95,13 +100,14 @@ fn force_portable() -> bool {
 pub(crate) fn interleave_f16_portable(
     syms: &[u8],
     stride: usize,
+    locs: &[u16],
     rest: &[u8],
-    channels: usize,
     tokens: usize,
     out: &mut [u8],
     c_from: usize,
     t_from: usize,
 ) {
+    let channels = locs.len();
     // Tokens per block: the block's columns of `syms` stay in L1 while its rows are written.
     const BLOCK: usize = 16;
     let mut t0 = 0;
@@ -112,7 +118,7 @@ pub(crate) fn interleave_f16_portable(
             for t in from..t1 {
                 let at = t * channels + c;
                 out[2 * at] = rest[at];
-                out[2 * at + 1] = syms[c * stride + t];
+                out[2 * at + 1] = from_rel(syms[c * stride + t] as u32, locs[c] as u32, 8) as u8;
             }
         }
         t0 = t1;
@@ -129,31 +135,38 @@ pub(crate) fn interleave_f16_portable(
 pub(crate) unsafe fn interleave_f16_sse2(
     syms: &[u8],
     stride: usize,
+    locs: &[u16],
     rest: &[u8],
-    channels: usize,
     tokens: usize,
     out: &mut [u8],
 ) {
     use std::arch::x86_64::*;
+    let channels = locs.len();
     let cb = channels / 16 * 16;
     let tb = tokens / 16 * 16;
     let n = channels * tokens;
     assert!(syms.len() >= channels.saturating_sub(1) * stride + tokens);
     assert!(rest.len() >= n && out.len() >= 2 * n);
-    let mut c0 = 0;
-    while c0 < cb {
-        let mut t0 = 0;
-        while t0 < tb {
+    let mut t0 = 0;
+    while t0 < tb {
+        let mut c0 = 0;
+        while c0 < cb {
             // SAFETY: rows c0..c0 + 16 of `syms` hold bytes t0..t0 + 16 (t0 + 16 <= tokens,
             // c0 + 16 <= channels, checked against syms' length above); the low bytes and
             // output of tokens t0..t0 + 16, channels c0..c0 + 16 lie inside `rest` and `out`
             // (n values, checked above). All loads and stores are unaligned.
             unsafe {
                 let mut r = [_mm_setzero_si128(); 16];
+                let sign = _mm_set1_epi8(-128);
                 for (i, reg) in r.iter_mut().enumerate() {
-                    *reg = _mm_loadu_si128(
+                    let x = _mm_loadu_si128(
                         syms.as_ptr().add((c0 + i) * stride + t0) as *const __m128i
                     );
+                    // from_rel: magnitude bits by a byte add, the sign bit by a xor.
+                    let loc = _mm_set1_epi8(locs[c0 + i] as i8);
+                    let t = _mm_add_epi8(x, loc);
+                    let s = _mm_and_si128(_mm_xor_si128(x, loc), sign);
+                    *reg = _mm_or_si128(_mm_andnot_si128(sign, t), s);
                 }
                 // Each round rotates the (register, byte) index bits left by one; after
                 // four, register = token and byte = channel.
@@ -173,31 +186,32 @@ pub(crate) unsafe fn interleave_f16_sse2(
                     _mm_storeu_si128(o.add(16) as *mut __m128i, _mm_unpackhi_epi8(low, top));
                 }
             }
-            t0 += 16;
+            c0 += 16;
         }
-        c0 += 16;
+        t0 += 16;
     }
     // What the whole blocks left: channels from cb, and tokens from tb of the others.
-    interleave_f16_portable(syms, stride, rest, channels, tokens, out, cb, tb);
+    interleave_f16_portable(syms, stride, locs, rest, tokens, out, cb, tb);
 }
 
-/// Writes `sym << shift` for every 16-bit value token-major from the channel-major 16-bit
-/// top fields `syms` (channel `c`'s `tokens` values at element `c * stride`).
+/// Writes `from_rel(sym, locs[c], 9) << shift` for every 16-bit value token-major from the
+/// channel-major 9-bit relative top fields `syms` (channel `c`'s `tokens` values at element
+/// `c * stride`).
 pub(crate) fn transpose_u16(
     syms: &[u8],
     stride: usize,
+    locs: &[u16],
     shift: u32,
-    channels: usize,
     tokens: usize,
     out: &mut [u8],
 ) {
     #[cfg(target_arch = "x86_64")]
     if std::is_x86_feature_detected!("sse2") && !force_portable() {
         // SAFETY: the CPU supports SSE2, checked just above.
-        unsafe { transpose_u16_sse2(syms, stride, shift, channels, tokens, out) };
+        unsafe { transpose_u16_sse2(syms, stride, locs, shift, tokens, out) };
         return;
     }
-    transpose_u16_portable(syms, stride, shift, channels, tokens, out, 0, 0);
+    transpose_u16_portable(syms, stride, locs, shift, tokens, out, 0, 0);
 }
 
 /// Portable [`transpose_u16`] for the channels from `c_from` and, below it, the tokens from
@@ -206,13 +220,14 @@ pub(crate) fn transpose_u16(
 pub(crate) fn transpose_u16_portable(
     syms: &[u8],
     stride: usize,
+    locs: &[u16],
     shift: u32,
-    channels: usize,
     tokens: usize,
     out: &mut [u8],
     c_from: usize,
     t_from: usize,
 ) {
+    let channels = locs.len();
     const BLOCK: usize = 16;
     let mut t0 = 0;
     while t0 < tokens {
@@ -221,7 +236,8 @@ pub(crate) fn transpose_u16_portable(
             let from = if c < c_from { t_from.max(t0) } else { t0 };
             for t in from..t1 {
                 let i = 2 * (c * stride + t);
-                let v = u16::from_le_bytes([syms[i], syms[i + 1]]) << shift;
+                let r = u16::from_le_bytes([syms[i], syms[i + 1]]) as u32;
+                let v = (from_rel(r, locs[c] as u32, 9) as u16) << shift;
                 let at = 2 * (t * channels + c);
                 out[at..at + 2].copy_from_slice(&v.to_le_bytes());
             }
@@ -239,30 +255,38 @@ pub(crate) fn transpose_u16_portable(
 pub(crate) unsafe fn transpose_u16_sse2(
     syms: &[u8],
     stride: usize,
+    locs: &[u16],
     shift: u32,
-    channels: usize,
     tokens: usize,
     out: &mut [u8],
 ) {
     use std::arch::x86_64::*;
+    let channels = locs.len();
     let cb = channels / 8 * 8;
     let tb = tokens / 8 * 8;
     assert!(syms.len() >= 2 * (channels.saturating_sub(1) * stride + tokens));
     assert!(out.len() >= 2 * channels * tokens);
     let count = _mm_cvtsi32_si128(shift as i32);
-    let mut c0 = 0;
-    while c0 < cb {
-        let mut t0 = 0;
-        while t0 < tb {
+    let mut t0 = 0;
+    while t0 < tb {
+        let mut c0 = 0;
+        while c0 < cb {
             // SAFETY: rows c0..c0 + 8 hold values t0..t0 + 8 (bounds checked above against
             // the slices' lengths); the output values of tokens t0..t0 + 8, channels
             // c0..c0 + 8 lie inside `out`. All loads and stores are unaligned.
             unsafe {
                 let mut r = [_mm_setzero_si128(); 8];
+                let sign = _mm_set1_epi16(0x100);
+                let low = _mm_set1_epi16(0xff);
                 for (i, reg) in r.iter_mut().enumerate() {
-                    *reg = _mm_loadu_si128(
+                    let x = _mm_loadu_si128(
                         syms.as_ptr().add(2 * ((c0 + i) * stride + t0)) as *const __m128i
                     );
+                    // from_rel for 9-bit fields: the low 8 bits by an add, bit 8 by a xor.
+                    let loc = _mm_set1_epi16(locs[c0 + i] as i16);
+                    let t = _mm_and_si128(_mm_add_epi16(x, loc), low);
+                    let s = _mm_and_si128(_mm_xor_si128(x, loc), sign);
+                    *reg = _mm_or_si128(t, s);
                 }
                 for _ in 0..3 {
                     let mut x = [_mm_setzero_si128(); 8];
@@ -280,11 +304,11 @@ pub(crate) unsafe fn transpose_u16_sse2(
                     );
                 }
             }
-            t0 += 8;
+            c0 += 8;
         }
-        c0 += 8;
+        t0 += 8;
     }
-    transpose_u16_portable(syms, stride, shift, channels, tokens, out, cb, tb);
+    transpose_u16_portable(syms, stride, locs, shift, tokens, out, cb, tb);
 }
 
 /// The encoder's side of [`spread_low_bytes`]: `low[i] = raw[2 * i]` (f16 low bytes).
@@ -473,27 +497,40 @@ mod tests {
             let stride = tokens + 2;
             let syms = noise(2 * channels * stride, 3);
             let rest = noise(channels * tokens, 4);
+            let locs: Vec<u16> = noise(2 * channels, 9)
+                .chunks(2)
+                .map(|p| u16::from_le_bytes([p[0], p[1]]))
+                .collect();
+            let loc8: Vec<u16> = locs.iter().map(|&l| l & 0xff).collect();
             let mut a = vec![0u8; 2 * channels * tokens];
             let mut b = a.clone();
-            interleave_f16_portable(&syms, stride, &rest, channels, tokens, &mut a, 0, 0);
-            interleave_f16(&syms, stride, &rest, channels, tokens, &mut b);
+            interleave_f16_portable(&syms, stride, &loc8, &rest, tokens, &mut a, 0, 0);
+            interleave_f16(&syms, stride, &loc8, &rest, tokens, &mut b);
             assert_eq!(a, b, "{channels}x{tokens}");
             for t in 0..tokens {
                 for c in 0..channels {
                     let at = t * channels + c;
                     assert_eq!(a[2 * at], rest[at]);
-                    assert_eq!(a[2 * at + 1], syms[c * stride + t]);
+                    let s = from_rel(syms[c * stride + t] as u32, loc8[c] as u32, 8);
+                    assert_eq!(a[2 * at + 1] as u32, s);
                 }
             }
+            // 9-bit relative fields, as the decoder leaves them.
+            let syms: Vec<u8> = syms
+                .chunks(2)
+                .flat_map(|p| (u16::from_le_bytes([p[0], p[1]]) & 0x1ff).to_le_bytes())
+                .collect();
+            let loc9: Vec<u16> = locs.iter().map(|&l| l & 0x1ff).collect();
             let mut a = vec![0u8; 2 * channels * tokens];
             let mut b = a.clone();
-            transpose_u16_portable(&syms, stride, 7, channels, tokens, &mut a, 0, 0);
-            transpose_u16(&syms, stride, 7, channels, tokens, &mut b);
+            transpose_u16_portable(&syms, stride, &loc9, 7, tokens, &mut a, 0, 0);
+            transpose_u16(&syms, stride, &loc9, 7, tokens, &mut b);
             assert_eq!(a, b, "{channels}x{tokens}");
             for t in 0..tokens {
                 for c in 0..channels {
                     let i = 2 * (c * stride + t);
-                    let v = u16::from_le_bytes([syms[i], syms[i + 1]]) << 7;
+                    let r = u16::from_le_bytes([syms[i], syms[i + 1]]) as u32;
+                    let v = (from_rel(r, loc9[c] as u32, 9) as u16) << 7;
                     let at = 2 * (t * channels + c);
                     assert_eq!(u16::from_le_bytes([a[at], a[at + 1]]), v);
                 }

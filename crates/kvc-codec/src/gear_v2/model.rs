@@ -36,6 +36,8 @@ pub struct EncoderModel {
     pub chan_table: Vec<u32>,
     /// Usual top field of every channel (0 in the grouped model: symbols are not moved).
     pub chan_loc: Vec<u16>,
+    /// Channels in lane order (empty: channel order).
+    pub chan_order: Vec<u16>,
     fit_shared: SharedFit,
 }
 
@@ -142,6 +144,7 @@ impl EncoderModel {
         self.shared = shared;
         self.chan_table.clear();
         self.chan_loc.clear();
+        self.chan_order.clear();
         if shared {
             self.fit_shared.fit(
                 &self.counts,
@@ -158,6 +161,7 @@ impl EncoderModel {
             self.chan_table
                 .extend(self.fit_shared.cluster.iter().map(|&g| g as u32 * nctx));
             self.chan_loc.extend_from_slice(&self.fit_shared.locs);
+            super::shared::cluster_order(&self.fit_shared.cluster, &mut self.chan_order);
             return;
         }
         let t = xlog2x_table();

@@ -39,6 +39,27 @@ pub fn from_rel(r: u32, loc: u32, sym_bits: u32) -> u32 {
     ((r ^ loc) & half) | (r.wrapping_add(loc) & (half - 1))
 }
 
+/// The order in which the lanes code a shared-shape chunk's channels: by cluster, then by
+/// channel (a stable counting sort), so that the four lanes mostly share one cluster's tables.
+/// Lane `k` codes positions `k, k + 4, ...` of this order.
+pub fn cluster_order(cluster: &[u8], order: &mut Vec<u16>) {
+    order.clear();
+    order.reserve(cluster.len());
+    let mut count = [0usize; 256];
+    for &g in cluster {
+        count[g as usize] += 1;
+    }
+    let mut at = [0usize; 256];
+    for g in 1..256 {
+        at[g] = at[g - 1] + count[g - 1];
+    }
+    order.resize(cluster.len(), 0);
+    for (c, &g) in cluster.iter().enumerate() {
+        order[at[g as usize]] = c as u16;
+        at[g as usize] += 1;
+    }
+}
+
 /// A fitted shared-shape model: per-channel cluster and location, and the tables.
 #[derive(Debug, Default)]
 pub struct SharedFit {
@@ -188,8 +209,10 @@ impl SharedFit {
         let tab = 2 * alphabet;
         for _ in 0..REFINE_PASSES {
             self.cluster_hists(k, alphabet);
+            // Costs transposed, `cost[(rel << 1 | ctx) * CLUSTERS + g]`, so that one entry's
+            // costs under every cluster are one vector; clusters past `k` never win.
             self.cost.clear();
-            self.cost.resize(k * tab, 0.0);
+            self.cost.resize(tab * CLUSTERS, f32::MAX / 4.0);
             for g in 0..k {
                 for x in 0..2 {
                     let h = &self.hist[g * tab + x * alphabet..g * tab + (x + 1) * alphabet];
@@ -198,22 +221,27 @@ impl SharedFit {
                     // Unseen symbols cost about a code of the table's longest lengths.
                     let miss = ln + 2.0;
                     for (r, &m) in h.iter().enumerate() {
-                        // Cost entries are indexed like `entries`: rel << 1 | ctx.
-                        self.cost[g * tab + (r << 1 | x)] = if m > 0 { ln - log2(m) } else { miss };
+                        self.cost[(r << 1 | x) * CLUSTERS + g] =
+                            if m > 0 { ln - log2(m) } else { miss };
                     }
                 }
             }
             for c in 0..channels {
                 let e = &self.entries[self.starts[c]..self.starts[c + 1]];
-                let mut best = (f32::INFINITY, 0u8);
-                for g in 0..k {
-                    let cost = &self.cost[g * tab..(g + 1) * tab];
-                    let mut bits = 0.0f32;
-                    for &(i, n) in e {
-                        bits += n as f32 * cost[i as usize];
+                let mut bits = [0.0f32; CLUSTERS];
+                for &(i, n) in e {
+                    let i = i as usize * CLUSTERS;
+                    let Some(cost) = self.cost.get(i..i + CLUSTERS) else {
+                        continue;
+                    };
+                    for g in 0..CLUSTERS {
+                        bits[g] += n as f32 * cost[g];
                     }
-                    if bits < best.0 {
-                        best = (bits, g as u8);
+                }
+                let mut best = (f32::INFINITY, 0u8);
+                for (g, &b) in bits.iter().enumerate().take(k) {
+                    if b < best.0 {
+                        best = (b, g as u8);
                     }
                 }
                 self.cluster[c] = best.1;
@@ -263,6 +291,10 @@ impl SharedFit {
                         self.hist[g * tab + r] + self.hist[g * tab + alphabet + r]
                     };
                     self.merged[r] = n.min(u32::MAX as u64) as u32;
+                }
+                if self.merged.iter().all(|&n| n == 0) {
+                    // The decoder wants a complete code (or one symbol) in every table.
+                    self.merged[0] = 1;
                 }
                 self.builder
                     .build_lengths_limited(&self.merged, &mut self.lens, SHARED_MAX_LEN);

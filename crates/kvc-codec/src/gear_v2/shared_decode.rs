@@ -7,19 +7,22 @@
 //! decodes one or two symbols. Layout of an entry:
 //!
 //! ```text
-//! bits 0-3   total code length (bits 4-5 are zero: a 64-bit shift by the entry shifts by it)
-//! bits 6-9   length of the first code
-//! bit  10    two symbols
-//! bit  11    context after the entry (the last symbol's relative sign), as a table offset
-//! bit  12    invalid code word
-//! bits 32 - 2 * SYM ..  first symbol, then the second (SYM = 8 or 9 bits each)
+//! bits 0-3    total code length (bits 4-5 are zero: a 64-bit shift by the entry shifts by it)
+//! bit  11     context after the entry (the last symbol's relative sign), as a table offset
+//! bits 12..   first symbol, then the second (SYM = 8 or 9 bits each)
+//! bits 30-31  symbols in the entry (1 or 2)
 //! ```
 //!
-//! The lanes decode four channels at a time (channel `base + k` in lane `k`) into a
-//! channel-major scratch buffer of relative symbols (one byte each for 8-bit fields, two
-//! for 9-bit ones), storing both symbols of an entry at once and advancing by one or two.
-//! A second pass maps every channel's relative symbols back (`shared::from_rel`, a
-//! per-channel constant) and writes them token-major into the output with the low bits.
+//! The model's codes are complete (or a single symbol, which then owns every code word), so
+//! every entry decodes something and the lane loop needs no invalid-code flag. The lanes
+//! decode four channels at a time (positions `base + k` of the cluster order in lane `k`, so
+//! that the lanes mostly share one cluster's tables, which stay in L1) into a channel-major
+//! scratch buffer of relative symbols (one byte each for 8-bit fields, two for 9-bit ones),
+//! storing both symbols of an entry at once and advancing by the entry's count. The bounds
+//! of a run of refill groups are checked once before it (a lane consumes at most 55 bits
+//! and 10 symbols per group). A second pass maps every channel's relative symbols back
+//! (`shared::from_rel`, a per-channel constant, folded into the SIMD transposes) and writes
+//! them token-major into the output with the low bits.
 
 // The lane loops index several per-lane arrays with one `k`; iterators would obscure that.
 #![allow(clippy::needless_range_loop)]
@@ -29,7 +32,7 @@ use super::format::BlobHeader;
 use super::huffman::{self, INVALID_ENTRY, SYM_SHIFT};
 use super::lane_decode::Lanes;
 use super::low_bits;
-use super::shared::{from_rel, MAX_CLUSTERS, SHARED_MAX_LEN};
+use super::shared::{cluster_order, from_rel, MAX_CLUSTERS, SHARED_MAX_LEN};
 use crate::error::{Error, Result};
 use std::cell::RefCell;
 
@@ -39,12 +42,15 @@ const BITS: u32 = SHARED_MAX_LEN;
 const ENTRIES: usize = 1 << BITS;
 /// Entries per cluster (two contexts).
 const CLUSTER_ENTRIES: usize = 2 * ENTRIES;
-const LEN1_SHIFT: u32 = 6;
-const TWO: u32 = 1 << 10;
 const CTX_BIT: u32 = 1 << 11;
-const INVALID: u32 = 1 << 12;
-/// Symbols a lane decodes per refill: 5 lookups of at most 2 symbols.
+const SYM_AT: u32 = 12;
+const COUNT_AT: u32 = 30;
+/// Lookups per lane and refill: 5 lookups of at most 11 bits and 2 symbols.
 const LOOKUPS: usize = 5;
+/// Most bits a lane consumes per refill group.
+const GROUP_BITS: usize = LOOKUPS * BITS as usize;
+/// Most symbols a lane decodes per refill group.
+const GROUP_SYMS: usize = 2 * LOOKUPS;
 /// Bit position of a fast-path window's sentinel: 57 valid bits below it.
 const SENTINEL: u64 = 1 << 57;
 
@@ -53,18 +59,27 @@ const SENTINEL: u64 = 1 << 57;
 pub(crate) struct SharedTables {
     /// Two-symbol tables, `CLUSTER_ENTRIES` per cluster.
     pairs: Vec<u32>,
+    /// One-symbol tables (`sym << SYM_SHIFT | len`), `CLUSTER_ENTRIES` per cluster.
     single: Vec<u16>,
     used: Vec<u16>,
+    /// Second halves of pair entries for each context: `len | ctx | sym << (SYM_AT + SYM)
+    /// | 1 << COUNT_AT`.
+    second: Vec<u32>,
     /// Cluster of every channel.
     cluster: Vec<u8>,
     /// Usual top field of every channel.
     locs: Vec<u16>,
+    /// Channels in lane order (by cluster).
+    order: Vec<u16>,
 }
 
 thread_local! {
     /// Relative symbols of one chunk, channel-major (kept per thread between chunks).
     static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
+
+/// A used symbol's canonical code: `(reversed code, length, symbol)`.
+type Code = (u32, u32, u32);
 
 impl SharedTables {
     /// Reads and validates the model section `model` of a blob with `header`, and builds
@@ -104,29 +119,105 @@ impl SharedTables {
             self.cluster.push(b[0]);
             self.locs.push(loc);
         }
+        cluster_order(&self.cluster, &mut self.order);
         let nctx = header.contexts();
         let mut pos = 1 + 3 * channels;
         self.used.clear();
         self.used.reserve(alphabet);
         self.single.clear();
         self.single.resize(k * CLUSTER_ENTRIES, INVALID_ENTRY);
+        self.pairs.clear();
+        self.pairs.resize(k * CLUSTER_ENTRIES, 0);
+        self.second.clear();
+        self.second.resize(2 * ENTRIES, 0);
+        let ctx_on = header.sign_context as u32;
+        let top = sym_bits - 1;
+        // Codes of the cluster's tables, in canonical order, per context.
+        let mut codes: [[Code; 512]; 2] = [[(0, 0, 0); 512]; 2];
+        let mut ncodes = [0usize; 2];
+        let mut min_len = [0u32; 2];
         for g in 0..k {
             for x in 0..nctx {
+                let table = g * nctx + x;
                 huffman::read_table_limited(
                     model,
                     &mut pos,
                     alphabet,
                     &mut self.used,
-                    g * nctx + x,
+                    table,
                     SHARED_MAX_LEN,
                 )?;
-                if !self.used.is_empty() {
-                    let at = g * CLUSTER_ENTRIES + x * ENTRIES;
-                    huffman::build_decode_table_bits(
-                        &self.used,
-                        &mut self.single[at..at + ENTRIES],
-                        BITS,
-                    );
+                let kraft: u64 = self
+                    .used
+                    .iter()
+                    .map(|&u| (ENTRIES as u64) >> (u & 15))
+                    .sum();
+                let single_symbol = self.used.len() == 1 && self.used[0] & 15 == 1;
+                if kraft != ENTRIES as u64 && !single_symbol {
+                    return Err(Error::V2BadTable {
+                        table,
+                        reason: "code is not complete",
+                    });
+                }
+                let at = g * CLUSTER_ENTRIES + x * ENTRIES;
+                let single = &mut self.single[at..at + ENTRIES];
+                if single_symbol {
+                    // The one symbol owns every code word (the encoder writes 0 bits).
+                    single.fill(self.used[0]);
+                    codes[x][0] = (0, 1, (self.used[0] >> SYM_SHIFT) as u32);
+                    codes[x][1] = (1, 1, (self.used[0] >> SYM_SHIFT) as u32);
+                    ncodes[x] = 2;
+                    min_len[x] = 1;
+                } else {
+                    huffman::build_decode_table_bits(&self.used, single, BITS);
+                    ncodes[x] = canonical_codes(&self.used, &mut codes[x]);
+                    min_len[x] = codes[x][..ncodes[x]]
+                        .iter()
+                        .map(|c| c.1)
+                        .min()
+                        .unwrap_or(BITS);
+                }
+                // Second halves: what the remaining bits of an index decode in context x.
+                let second = &mut self.second[x * ENTRIES..(x + 1) * ENTRIES];
+                for (s, &e) in second.iter_mut().zip(single.iter()) {
+                    let e = e as u32;
+                    let sym = e >> SYM_SHIFT;
+                    *s = (e & 15)
+                        | ((sym >> top) & ctx_on) << 11
+                        | sym << (SYM_AT + sym_bits)
+                        | 1 << COUNT_AT;
+                }
+            }
+            if !header.sign_context {
+                // Without the context, context 0's codes also follow every symbol.
+                codes[1] = codes[0];
+                ncodes[1] = ncodes[0];
+                min_len[1] = min_len[0];
+                self.second.copy_within(0..ENTRIES, ENTRIES);
+            }
+            for x in 0..nctx {
+                let pairs = &mut self.pairs
+                    [g * CLUSTER_ENTRIES + x * ENTRIES..g * CLUSTER_ENTRIES + (x + 1) * ENTRIES];
+                for &(code, l1, s1) in &codes[x][..ncodes[x]] {
+                    let x1 = ((s1 >> top) & ctx_on) as usize;
+                    let one = l1 | (x1 as u32) << 11 | s1 << SYM_AT | 1 << COUNT_AT;
+                    let step = 1usize << l1;
+                    let room = BITS - l1;
+                    let code = code as usize;
+                    if room < min_len[x1] {
+                        // No second code fits after this one: one symbol per entry.
+                        for i in (code..ENTRIES).step_by(step) {
+                            pairs[i] = one;
+                        }
+                        continue;
+                    }
+                    // Entry `code + j << l1` holds the first symbol and whatever the
+                    // remaining `room` bits `j` decode in context x1.
+                    let base = l1 | s1 << SYM_AT | 1 << COUNT_AT;
+                    let second = &self.second[x1 * ENTRIES..x1 * ENTRIES + (1 << room)];
+                    for (j, &s) in second.iter().enumerate() {
+                        pairs[code + (j << l1)] = if s & 15 <= room { base + s } else { one };
+                    }
                 }
             }
         }
@@ -137,38 +228,32 @@ impl SharedTables {
                 found: header.model_len as u64,
             });
         }
-        self.pairs.clear();
-        self.pairs.resize(k * CLUSTER_ENTRIES, INVALID);
-        let sh1 = 32 - 2 * sym_bits;
-        let sh2 = 32 - sym_bits;
-        let top = sym_bits - 1;
-        let ctx_on = header.sign_context as u32;
-        for g in 0..k {
-            let single = &self.single[g * CLUSTER_ENTRIES..(g + 1) * CLUSTER_ENTRIES];
-            let pairs = &mut self.pairs[g * CLUSTER_ENTRIES..(g + 1) * CLUSTER_ENTRIES];
-            for x in 0..nctx {
-                for i in 0..ENTRIES {
-                    let e1 = single[x * ENTRIES + i] as u32;
-                    if e1 & INVALID_ENTRY as u32 != 0 {
-                        continue;
-                    }
-                    let l1 = e1 & 15;
-                    let s1 = e1 >> SYM_SHIFT;
-                    let x1 = (s1 >> top) & ctx_on;
-                    let e2 = single[x1 as usize * ENTRIES + (i >> l1)] as u32;
-                    let l2 = e2 & 15;
-                    pairs[x * ENTRIES + i] = if e2 & INVALID_ENTRY as u32 == 0 && l1 + l2 <= BITS {
-                        let s2 = e2 >> SYM_SHIFT;
-                        let x2 = (s2 >> top) & ctx_on;
-                        (l1 + l2) | l1 << LEN1_SHIFT | TWO | x2 << 11 | s1 << sh1 | s2 << sh2
-                    } else {
-                        l1 | l1 << LEN1_SHIFT | x1 << 11 | s1 << sh1
-                    };
-                }
-            }
-        }
         Ok(())
     }
+}
+
+/// Canonical codes of the used symbols `used` (`sym << SYM_SHIFT | len`, symbol order,
+/// Kraft sum checked) into `codes`; returns how many.
+fn canonical_codes(used: &[u16], codes: &mut [Code; 512]) -> usize {
+    let mut count = [0u32; 16];
+    for &u in used {
+        count[(u & 15) as usize] += 1;
+    }
+    let mut next = [0u32; 16];
+    let mut code = 0u32;
+    for l in 1..16 {
+        code = (code + count[l - 1]) << 1;
+        next[l] = code;
+    }
+    let mut n = 0;
+    for (&u, slot) in used.iter().zip(codes.iter_mut()) {
+        let l = (u & 15) as u32;
+        let c = next[l as usize];
+        next[l as usize] += 1;
+        *slot = (c.reverse_bits() >> (32 - l), l, (u >> SYM_SHIFT) as u32);
+        n += 1;
+    }
+    n
 }
 
 /// Reads 64 bits at bit offset `bit` of `data` (LSB-first); bytes past the end read as zero.
@@ -273,30 +358,16 @@ fn decode_lanes_ctx<const SYM: u32>(
     }
 }
 
-/// Stores the symbols of entry `e` at element `p` of `run` (both; the second is
-/// overwritten later when the entry held one).
+/// The symbols of a pair entry `e` as they are stored: two bytes (8-bit fields) or two
+/// little-endian u16 (9-bit fields) in one integer.
 #[inline(always)]
-fn put_pair<const SYM: u32>(run: &mut [u8], p: usize, e: u32) {
+fn pair_bits<const SYM: u32>(e: u32) -> u32 {
+    let x = e >> SYM_AT;
     if SYM == 8 {
-        run[p..p + 2].copy_from_slice(&((e >> 16) as u16).to_le_bytes());
+        x & 0xffff
     } else {
-        let sh1 = 32 - 2 * SYM;
-        let mask = (1u32 << SYM) - 1;
-        let v = ((e >> sh1) & mask) | (e >> (32 - SYM)) << 16;
-        run[2 * p..2 * p + 4].copy_from_slice(&v.to_le_bytes());
+        (x & 0x1ff) | (x << 7) & 0x01ff_0000
     }
-}
-
-/// Stores the first symbol of entry `e` at element `p` of `run`; returns it.
-#[inline(always)]
-fn put_first<const SYM: u32>(run: &mut [u8], p: usize, e: u32) -> u32 {
-    let s = (e >> (32 - 2 * SYM)) & ((1u32 << SYM) - 1);
-    if SYM == 8 {
-        run[p] = s as u8;
-    } else {
-        run[2 * p..2 * p + 2].copy_from_slice(&(s as u16).to_le_bytes());
-    }
-    s
 }
 
 /// Decodes every lane into `scratch` (channel `c`'s relative symbols at elements
@@ -311,10 +382,11 @@ fn decode_lanes<const SYM: u32, const CTX: bool>(
     const MISSING: &str = "table missing for a channel";
     let es = if SYM > 8 { 2 } else { 1 };
     let stride = (tokens + 2) * es;
-    let ch = tables.cluster.len();
+    let ch = tables.order.len();
     let data = lanes.data;
-    let fast_end = data.len().checked_sub(8);
-    let table = |c: usize| -> Option<&[u32; CLUSTER_ENTRIES]> {
+    // A lane refills from 8 loaded bytes while its bit position is at most this.
+    let fast_end = (data.len() * 8).checked_sub(57);
+    let pairs = |c: usize| -> Option<&[u32; CLUSTER_ENTRIES]> {
         let g = *tables.cluster.get(c)? as usize;
         tables
             .pairs
@@ -322,73 +394,193 @@ fn decode_lanes<const SYM: u32, const CTX: bool>(
             .try_into()
             .ok()
     };
+    let single = |c: usize| -> Option<&[u16; CLUSTER_ENTRIES]> {
+        let g = *tables.cluster.get(c)? as usize;
+        tables
+            .single
+            .get(g * CLUSTER_ENTRIES..(g + 1) * CLUSTER_ENTRIES)?
+            .try_into()
+            .ok()
+    };
+    if scratch.len() < ch * stride {
+        return Err("output shape");
+    }
     let mut bit = lanes.starts.map(|s| s * 8);
-    let mut flags = 0u32;
-    let mask = ENTRIES - 1;
     let mut base = 0;
     while base < ch {
         let n = (ch - base).min(LANES);
-        let mut tb = [table(base).ok_or(MISSING)?; LANES];
-        for k in 1..n {
-            tb[k] = table(base + k).ok_or(MISSING)?;
+        let mut chan = [0usize; LANES];
+        for k in 0..n {
+            chan[k] = tables.order[base + k] as usize;
         }
-        let Some(runs) = scratch.get_mut(base * stride..(base + n) * stride) else {
-            return Err("output shape");
-        };
         let mut p = [0usize; LANES];
         let mut ctx = [0usize; LANES];
         if let (Some(fast_end), LANES) = (fast_end, n) {
-            let (r0, r) = runs.split_at_mut(stride);
-            let (r1, r) = r.split_at_mut(stride);
-            let (r2, r3) = r.split_at_mut(stride);
-            let rs: [&mut [u8]; LANES] = [r0, r1, r2, r3];
-            while p.iter().all(|&q| q + 2 * LOOKUPS <= tokens)
-                && bit.iter().all(|&b| b >> 3 <= fast_end)
-            {
-                let mut w = [0u64; LANES];
-                for k in 0..LANES {
-                    let b = bit[k] >> 3;
-                    let bytes: [u8; 8] = data[b..b + 8].try_into().unwrap_or([0; 8]);
-                    let v = u64::from_le_bytes(bytes) >> (bit[k] & 7);
-                    w[k] = (v & (SENTINEL - 1)) | SENTINEL;
-                }
-                for _ in 0..LOOKUPS {
-                    for k in 0..LANES {
-                        let e = tb[k][ctx[k] | (w[k] as usize & mask)];
-                        w[k] = w[k].wrapping_shr(e);
-                        flags |= e;
-                        put_pair::<SYM>(rs[k], p[k], e);
-                        p[k] += 1 + ((e >> 10) & 1) as usize;
+            let tb = chan.map(pairs);
+            let tb = [
+                tb[0].ok_or(MISSING)?,
+                tb[1].ok_or(MISSING)?,
+                tb[2].ok_or(MISSING)?,
+                tb[3].ok_or(MISSING)?,
+            ];
+            let same = chan
+                .iter()
+                .all(|&c| tables.cluster[c] == tables.cluster[chan[0]]);
+            let run = Run {
+                data,
+                fast_end,
+                tokens,
+                origin: scratch.as_mut_ptr(),
+                rows: chan.map(|c| c * stride),
+            };
+            if same {
+                run_groups::<SYM, CTX, true>(&run, &tb, &mut bit, &mut p, &mut ctx);
+            } else {
+                run_groups::<SYM, CTX, false>(&run, &tb, &mut bit, &mut p, &mut ctx);
+            }
+        }
+        // Tails (and channels past the last group of four): two-symbol lookups while two
+        // symbols are left, the last symbol with a one-symbol lookup.
+        for k in 0..n {
+            let c = chan[k];
+            let run = &mut scratch[c * stride..(c + 1) * stride];
+            if p[k] + 1 < tokens {
+                let tb = pairs(c).ok_or(MISSING)?;
+                while p[k] + 1 < tokens {
+                    let mut w = match fast_end {
+                        Some(end) if bit[k] <= end => {
+                            let b = bit[k] >> 3;
+                            let bytes: [u8; 8] = data[b..b + 8].try_into().unwrap_or([0; 8]);
+                            u64::from_le_bytes(bytes) >> (bit[k] & 7)
+                        }
+                        _ => read_bits(data, bit[k]),
+                    };
+                    // 57 valid bits: five lookups of at most 11 bits.
+                    let mut m = 0;
+                    while m < LOOKUPS && p[k] + 1 < tokens {
+                        let e = tb[ctx[k] | (w as usize & (ENTRIES - 1))];
+                        let v = pair_bits::<SYM>(e);
+                        if SYM == 8 {
+                            run[p[k]..p[k] + 2].copy_from_slice(&(v as u16).to_le_bytes());
+                        } else {
+                            run[2 * p[k]..2 * p[k] + 4].copy_from_slice(&v.to_le_bytes());
+                        }
+                        let len = e & 15;
+                        w >>= len;
+                        bit[k] += len as usize;
+                        p[k] += (e >> COUNT_AT) as usize;
                         if CTX {
                             ctx[k] = (e & CTX_BIT) as usize;
                         }
+                        m += 1;
                     }
                 }
-                for k in 0..LANES {
-                    bit[k] += w[k].leading_zeros() as usize - 6;
-                }
             }
-        }
-        // Tails (and channels past the last group of four): one symbol per lookup.
-        for k in 0..n {
-            let run = &mut runs[k * stride..(k + 1) * stride];
-            while p[k] < tokens {
-                let e = tb[k][ctx[k] | (read_bits(data, bit[k]) as usize & mask)];
-                flags |= e;
-                let s = put_first::<SYM>(run, p[k], e);
-                p[k] += 1;
-                bit[k] += ((e >> LEN1_SHIFT) & 15) as usize;
-                if CTX {
-                    ctx[k] = (((s >> (SYM - 1)) & 1) as usize) << 11;
+            if p[k] < tokens {
+                let tb = single(c).ok_or(MISSING)?;
+                let e = tb[ctx[k] | (read_bits(data, bit[k]) as usize & (ENTRIES - 1))] as u32;
+                let s = e >> SYM_SHIFT;
+                if SYM == 8 {
+                    run[p[k]] = s as u8;
+                } else {
+                    run[2 * p[k]..2 * p[k] + 2].copy_from_slice(&(s as u16).to_le_bytes());
                 }
+                p[k] += 1;
+                bit[k] += (e & 15) as usize;
             }
         }
         base += n;
     }
-    if flags & INVALID != 0 {
-        return Err("invalid Huffman code");
-    }
     Ok(bit)
+}
+
+/// What the four-lane fast loop writes to and reads from.
+struct Run<'a> {
+    data: &'a [u8],
+    /// The largest bit position from which 8 bytes can be loaded.
+    fast_end: usize,
+    tokens: usize,
+    /// Start of the scratch buffer; `rows[k]` is the byte offset of lane `k`'s row, which
+    /// holds `tokens + 2` elements inside the buffer.
+    origin: *mut u8,
+    rows: [usize; LANES],
+}
+
+/// The four-lane fast loop: whole refill groups while every lane has `GROUP_SYMS` symbols
+/// left and 8 readable bytes, the bounds checked once per run of groups. `SAME`: the four
+/// lanes use one cluster's tables (one table pointer).
+#[inline(always)]
+fn run_groups<const SYM: u32, const CTX: bool, const SAME: bool>(
+    run: &Run<'_>,
+    tb: &[&[u32; CLUSTER_ENTRIES]; LANES],
+    bit: &mut [usize; LANES],
+    p: &mut [usize; LANES],
+    ctx: &mut [usize; LANES],
+) {
+    let es = if SYM > 8 { 2 } else { 1 };
+    let data = run.data;
+    loop {
+        // Refill groups every lane can run without a bounds check: each consumes at most
+        // GROUP_BITS bits and GROUP_SYMS symbols.
+        let mut groups = usize::MAX;
+        for k in 0..LANES {
+            let by_bits = match run.fast_end.checked_sub(bit[k]) {
+                Some(room) => room / GROUP_BITS + 1,
+                None => 0,
+            };
+            groups = groups.min(by_bits).min((run.tokens - p[k]) / GROUP_SYMS);
+        }
+        if groups == 0 {
+            return;
+        }
+        // Cursors into the four rows (element p[k] of row k).
+        let mut at = [std::ptr::null_mut::<u8>(); LANES];
+        for k in 0..LANES {
+            at[k] = run.origin.wrapping_add(run.rows[k] + p[k] * es);
+        }
+        for _ in 0..groups {
+            let mut w = [0u64; LANES];
+            for k in 0..LANES {
+                // SAFETY: bit[k] <= fast_end = data.len() * 8 - 57 (checked for every group of
+                // this run: bit[k] grows by at most GROUP_BITS per group), so the 8 bytes at
+                // bit[k] / 8 lie inside `data`.
+                let v = unsafe {
+                    std::ptr::read_unaligned(data.as_ptr().add(bit[k] >> 3) as *const u64)
+                };
+                let v = u64::from_le(v) >> (bit[k] & 7);
+                w[k] = (v & (SENTINEL - 1)) | SENTINEL;
+            }
+            for _ in 0..LOOKUPS {
+                for k in 0..LANES {
+                    let t = if SAME { tb[0] } else { tb[k] };
+                    let e = t[(ctx[k] | (w[k] as usize & (ENTRIES - 1))) & (CLUSTER_ENTRIES - 1)];
+                    w[k] = w[k].wrapping_shr(e);
+                    let v = pair_bits::<SYM>(e);
+                    // SAFETY: at[k] is element p[k] of lane k's row, whose `tokens + 2`
+                    // elements lie inside the scratch buffer (`Run::rows`); every group of
+                    // this run starts with p[k] + GROUP_SYMS <= tokens and advances p[k] by at
+                    // most 2 per lookup, so the two elements written are inside the row.
+                    unsafe {
+                        if SYM == 8 {
+                            std::ptr::write_unaligned(at[k] as *mut u16, (v as u16).to_le());
+                        } else {
+                            std::ptr::write_unaligned(at[k] as *mut u32, v.to_le());
+                        }
+                    }
+                    at[k] = at[k].wrapping_add((e >> COUNT_AT) as usize * es);
+                    if CTX {
+                        ctx[k] = (e & CTX_BIT) as usize;
+                    }
+                }
+            }
+            for k in 0..LANES {
+                bit[k] += w[k].leading_zeros() as usize - 6;
+            }
+        }
+        for k in 0..LANES {
+            p[k] = (at[k] as usize - run.origin as usize - run.rows[k]) / es;
+        }
+    }
 }
 
 /// Maps the relative symbols back and writes every value token-major into `out`, with the
@@ -402,30 +594,17 @@ fn emit<const BPV: usize, const REST: u32, const SYM: u32>(
 ) {
     let channels = tables.cluster.len();
     let tokens = out.len() / (channels * BPV);
-    let es = if SYM > 8 { 2 } else { 1 };
-    // Relative symbols back to top fields: a per-channel constant, so a simple loop.
-    for (c, run) in scratch.chunks_exact_mut(stride * es).enumerate() {
-        let loc = tables.locs[c] as u32;
-        if SYM == 8 {
-            for v in &mut run[..tokens] {
-                *v = from_rel(*v as u32, loc, 8) as u8;
-            }
-        } else {
-            for v in run[..2 * tokens].chunks_exact_mut(2) {
-                let r = u16::from_le_bytes([v[0], v[1]]) as u32;
-                v.copy_from_slice(&(from_rel(r, loc, SYM) as u16).to_le_bytes());
-            }
-        }
-    }
+    let locs = &tables.locs;
     if BPV == 2 && REST == 8 {
-        low_bits::interleave_f16(scratch, stride, rest, channels, tokens, out);
+        low_bits::interleave_f16(scratch, stride, locs, rest, tokens, out);
         return;
     }
     if BPV == 2 && SYM > 8 {
-        low_bits::transpose_u16(scratch, stride, REST, channels, tokens, out);
+        low_bits::transpose_u16(scratch, stride, locs, REST, tokens, out);
         low_bits::merge_low_bits::<BPV, REST>(rest, out);
         return;
     }
+    let es = if SYM > 8 { 2 } else { 1 };
     // Tokens per block: the block's scratch columns stay in L1 while its rows are written.
     const BLOCK: usize = 16;
     let mut t0 = 0;
@@ -433,13 +612,14 @@ fn emit<const BPV: usize, const REST: u32, const SYM: u32>(
         let t1 = (t0 + BLOCK).min(tokens);
         for c in 0..channels {
             let run = &scratch[c * stride * es..];
+            let loc = locs[c] as u32;
             for t in t0..t1 {
-                let s = if SYM == 8 {
+                let r = if SYM == 8 {
                     run[t] as u32
                 } else {
                     u16::from_le_bytes([run[2 * t], run[2 * t + 1]]) as u32
                 };
-                let v = (s << REST).to_le_bytes();
+                let v = (from_rel(r, loc, SYM) << REST).to_le_bytes();
                 let at = (t * channels + c) * BPV;
                 out[at..at + BPV].copy_from_slice(&v[..BPV]);
             }
@@ -448,5 +628,112 @@ fn emit<const BPV: usize, const REST: u32, const SYM: u32>(
     }
     if REST % 8 != 0 {
         low_bits::merge_low_bits::<BPV, REST>(rest, out);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Dtype;
+
+    fn header(channels: u32) -> BlobHeader {
+        BlobHeader {
+            dtype: Dtype::F16,
+            kind: super::super::TensorKind::K,
+            tokens: 4,
+            channels,
+            chunk_tokens: 4,
+            group_size: 1,
+            sign_context: false,
+            shared: true,
+            model_len: 0,
+        }
+    }
+
+    fn model(lens: &[u8]) -> Vec<u8> {
+        let mut m = vec![1, 0, 0, 0];
+        let mut all = vec![0u8; 256];
+        all[..lens.len()].copy_from_slice(lens);
+        huffman::write_table(&all, &mut m);
+        m
+    }
+
+    #[test]
+    fn incomplete_codes_are_refused_single_symbols_accepted() {
+        let mut t = SharedTables::default();
+        // Complete: 1, 2, 2.
+        let m = model(&[1, 2, 2]);
+        t.read(&header(1), &m).unwrap();
+        // Incomplete: 2, 2, 2 (a quarter of the code words unowned).
+        let m = model(&[2, 2, 2]);
+        assert!(matches!(
+            t.read(&header(1), &m),
+            Err(Error::V2BadTable {
+                reason: "code is not complete",
+                ..
+            })
+        ));
+        // No symbol at all.
+        let m = model(&[]);
+        assert!(t.read(&header(1), &m).is_err());
+        // One symbol of length 1 owns every code word.
+        let m = model(&[0, 0, 1]);
+        t.read(&header(1), &m).unwrap();
+        assert!(t.single[..ENTRIES]
+            .iter()
+            .all(|&e| e == (2 << SYM_SHIFT | 1)));
+        assert!(t.pairs[..ENTRIES].iter().all(|&e| e >> COUNT_AT == 2));
+    }
+
+    #[test]
+    fn pair_entries_match_two_single_lookups() {
+        let mut t = SharedTables::default();
+        let mut h = header(1);
+        h.sign_context = true;
+        // Context 0: lengths 1, 3, 3, 3, 4, 4 over symbols 0x00, 0x01, 0x80, 0x81, 0x02, 0x82;
+        // context 1: a flatter code.
+        let mut a = vec![0u8; 256];
+        for (s, l) in [
+            (0x00, 1),
+            (0x01, 3),
+            (0x80, 3),
+            (0x81, 3),
+            (0x02, 4),
+            (0x82, 4),
+        ] {
+            a[s] = l;
+        }
+        let mut b = vec![0u8; 256];
+        for (s, l) in [(0x00, 2), (0x80, 2), (0x01, 2), (0x81, 3), (0x7f, 3)] {
+            b[s] = l;
+        }
+        let mut m = vec![1, 0, 0, 0];
+        huffman::write_table(&a, &mut m);
+        huffman::write_table(&b, &mut m);
+        t.read(&h, &m).unwrap();
+        for x in 0..2usize {
+            for i in 0..ENTRIES {
+                let e = t.pairs[x * ENTRIES + i];
+                let e1 = t.single[x * ENTRIES + i] as u32;
+                let (l1, s1) = (e1 & 15, e1 >> SYM_SHIFT);
+                assert_eq!((e >> SYM_AT) & 0xff, s1);
+                let x1 = (s1 >> 7) as usize;
+                if e >> COUNT_AT == 2 {
+                    let e2 = t.single[x1 * ENTRIES + (i >> l1)] as u32;
+                    let (l2, s2) = (e2 & 15, e2 >> SYM_SHIFT);
+                    assert!(l1 + l2 <= BITS);
+                    assert_eq!(e & 15, l1 + l2);
+                    assert_eq!((e >> (SYM_AT + 8)) & 0xff, s2);
+                    assert_eq!((e & CTX_BIT) >> 11, s2 >> 7);
+                } else {
+                    assert_eq!(e >> COUNT_AT, 1);
+                    assert_eq!(e & 15, l1);
+                    assert_eq!((e & CTX_BIT) >> 11, x1 as u32);
+                    // No second code fits in the remaining bits.
+                    let e2 = t.single[x1 * ENTRIES + (i >> l1)] as u32;
+                    assert!(l1 + (e2 & 15) > BITS);
+                }
+            }
+        }
     }
 }
