@@ -19,7 +19,6 @@ pub(crate) struct Pool<J: Send + 'static, R: Send + 'static> {
     jobs: Option<Sender<(u64, J)>>,
     done: Receiver<Done<R>>,
     workers: Vec<JoinHandle<()>>,
-    depth: Arc<AtomicUsize>,
     peak: AtomicUsize,
 }
 
@@ -42,16 +41,13 @@ impl<J: Send + 'static, R: Send + 'static> Pool<J, R> {
     ) -> Result<Self> {
         let (jtx, jrx) = bounded::<(u64, J)>(capacity);
         let (dtx, drx) = unbounded::<Done<R>>();
-        let depth = Arc::new(AtomicUsize::new(0));
         let mut workers = Vec::with_capacity(threads);
         for i in 0..threads {
-            let (jrx, dtx, handler, depth) =
-                (jrx.clone(), dtx.clone(), handler.clone(), depth.clone());
+            let (jrx, dtx, handler) = (jrx.clone(), dtx.clone(), handler.clone());
             let h = std::thread::Builder::new()
                 .name(format!("kvc-store-{i}"))
                 .spawn(move || {
                     while let Ok((id, job)) = jrx.recv() {
-                        depth.fetch_sub(1, Ordering::AcqRel);
                         let out = catch_unwind(AssertUnwindSafe(|| handler(job)))
                             .map_err(|p| panic_message(p.as_ref()));
                         if dtx.send((id, out)).is_err() {
@@ -68,7 +64,6 @@ impl<J: Send + 'static, R: Send + 'static> Pool<J, R> {
             jobs: Some(jtx),
             done: drx,
             workers,
-            depth,
             peak: AtomicUsize::new(0),
         })
     }
@@ -80,22 +75,20 @@ impl<J: Send + 'static, R: Send + 'static> Pool<J, R> {
                 reason: "the pool is shut down".to_string(),
             });
         };
-        let d = self.depth.fetch_add(1, Ordering::AcqRel) + 1;
         match tx.try_send((id, job)) {
             Ok(()) => {
-                self.peak.fetch_max(d, Ordering::AcqRel);
+                // Jobs waiting in the channel right after this one joined it (never more
+                // than the capacity; a job a worker has taken no longer counts). A separate
+                // counter decremented by the worker raced with the channel: the worker
+                // frees a slot before it can decrement, so the count could exceed the
+                // capacity.
+                self.peak.fetch_max(tx.len(), Ordering::AcqRel);
                 Ok(Ok(()))
             }
-            Err(TrySendError::Full((_, job))) => {
-                self.depth.fetch_sub(1, Ordering::AcqRel);
-                Ok(Err(job))
-            }
-            Err(TrySendError::Disconnected(_)) => {
-                self.depth.fetch_sub(1, Ordering::AcqRel);
-                Err(Error::Pool {
-                    reason: "every worker has stopped".to_string(),
-                })
-            }
+            Err(TrySendError::Full((_, job))) => Ok(Err(job)),
+            Err(TrySendError::Disconnected(_)) => Err(Error::Pool {
+                reason: "every worker has stopped".to_string(),
+            }),
         }
     }
 
