@@ -482,6 +482,75 @@ static void test_msmodelslim(void) {
     kvc_quant_free(q);
 }
 
+/* ABI 0.5: RoPE-aware K calibration (kvc_quant_set_rope). K of each layer gets the
+ * symmetric scale max_radius / 127 for both channels of a rotated pair, V keeps the
+ * per-channel asymmetric rule; a K row rotated by any angle never clips. */
+static void test_rope(void) {
+    const size_t hd = 64, half = 32;
+    for (kvc_rope_style style = KVC_ROPE_NORM; style <= KVC_ROPE_NEOX; style++) {
+        kvc_quant_config c = {LAYERS, KC, VC, 0};
+        kvc_quant* q = NULL;
+        CHECK_STATUS(kvc_quant_new(&c, &q), KVC_OK);
+        /* Errors change nothing. */
+        CHECK_STATUS(kvc_quant_set_rope(NULL, hd, style), KVC_NULL_ARGUMENT);
+        CHECK_STATUS(kvc_quant_set_rope(q, 0, style), KVC_INVALID_ARGUMENT);
+        CHECK_STATUS(kvc_quant_set_rope(q, 63, style), KVC_INVALID_ARGUMENT);
+        CHECK(strstr(last_error(msg, sizeof msg), "even") != NULL);
+        CHECK_STATUS(kvc_quant_set_rope(q, 128, style), KVC_INVALID_ARGUMENT);
+        CHECK(strstr(last_error(msg, sizeof msg), "divide") != NULL);
+        CHECK_STATUS(kvc_quant_set_rope(q, hd, 2), KVC_INVALID_ARGUMENT);
+        CHECK_STATUS(kvc_quant_set_rope(q, hd, style), KVC_OK);
+        CHECK_STATUS(kvc_quant_observe_rows(q, 0, KVC_TENSOR_K, KVC_DTYPE_F16, kh, 10), KVC_OK);
+        CHECK_STATUS(kvc_quant_observe_rows(q, 0, KVC_TENSOR_K, KVC_DTYPE_F32, kx + 10 * KC, ROWS - 10),
+                     KVC_OK);
+        CHECK_STATUS(kvc_quant_observe_rows(q, 0, KVC_TENSOR_V, KVC_DTYPE_F16, vh, ROWS), KVC_OK);
+        /* Too late once K rows were observed. */
+        CHECK_STATUS(kvc_quant_set_rope(q, hd, style), KVC_INVALID_STATE);
+        CHECK(strstr(last_error(msg, sizeof msg), "before the first") != NULL);
+        CHECK_STATUS(kvc_quant_finish(q), KVC_OK);
+
+        float s[KC], o[KC];
+        size_t n = 0;
+        CHECK_STATUS(kvc_quant_get_params(q, 0, KVC_TENSOR_K, s, o, KC, &n), KVC_OK);
+        CHECK(n == KC);
+        for (size_t h = 0; h < KC / hd; h++) {
+            for (size_t i = 0; i < half; i++) {
+                size_t a = h * hd + (style == KVC_ROPE_NORM ? 2 * i : i);
+                size_t b = style == KVC_ROPE_NORM ? a + 1 : a + half;
+                float r2 = 0.0f;
+                for (size_t r = 0; r < ROWS; r++) {
+                    float x = kx[r * KC + a], y = kx[r * KC + b];
+                    r2 = fmaxf(r2, x * x + y * y);
+                }
+                float want = sqrtf(r2) / 127.0f;
+                CHECK(s[a] == s[b] && o[a] == 0.0f && o[b] == 0.0f);
+                CHECK(fabsf(s[a] - want) <= want * 1e-5f);
+                /* Every observed row rotated by any angle: within half a step. */
+                for (size_t r = 0; r < ROWS; r++) {
+                    for (int k = 0; k < 16; k++) {
+                        float th = 0.4f * (float)k, sn = sinf(th), cs = cosf(th);
+                        float x = kx[r * KC + a], y = kx[r * KC + b];
+                        float u = x * cs - y * sn, v = x * sn + y * cs;
+                        CHECK(fabsf((float)q_ref(u, s[a], 0.0f) * s[a] - u) <= s[a] * 0.5001f);
+                        CHECK(fabsf((float)q_ref(v, s[b], 0.0f) * s[b] - v) <= s[b] * 0.5001f);
+                    }
+                }
+            }
+        }
+        /* V: the per-channel asymmetric rule, unchanged. */
+        float vs[VC], vo[VC];
+        CHECK_STATUS(kvc_quant_get_params(q, 0, KVC_TENSOR_V, vs, vo, VC, &n), KVC_OK);
+        for (size_t ch = 0; ch < VC; ch++) {
+            float rs, ro;
+            asym_ref(vx, ROWS, VC, ch, &rs, &ro);
+            CHECK(vs[ch] == rs && vo[ch] == ro);
+        }
+        /* Layer 1 was not observed: still uncalibrated. */
+        CHECK_STATUS(kvc_quant_get_params(q, 1, KVC_TENSOR_K, s, o, KC, &n), KVC_INVALID_STATE);
+        kvc_quant_free(q);
+    }
+}
+
 int main(void) {
     make_rows();
     test_config();
@@ -489,6 +558,7 @@ int main(void) {
     test_rows();
     test_set_params();
     test_msmodelslim();
+    test_rope();
     puts("test_quant: ok");
     return 0;
 }

@@ -138,7 +138,7 @@
  * fields are added (only ever appended). A program built against minor `m` runs on any
  * library with the same major and a minor `>= m`.
  */
-#define KVC_ABI_VERSION_MINOR 4
+#define KVC_ABI_VERSION_MINOR 5
 
 /**
  * The ABI version this header describes, `(major << 16) | minor`. Pass it to
@@ -873,6 +873,12 @@ typedef struct kvc_store_metrics {
 } kvc_store_metrics;
 
 /**
+ * How a rotary position embedding pairs the channels of a K head (llama.cpp's
+ * `llama_model_rope_type`). Added in ABI 0.5.
+ */
+typedef uint32_t kvc_rope_style;
+
+/**
  * The C API as function pointers; each field behaves exactly as the function of the
  * same name with the `kvc_` prefix (see there for ownership and threads).
  *
@@ -1281,6 +1287,10 @@ typedef struct kvc_api {
      * See `kvc_store_free` (ABI 0.4).
      */
     void (*store_free)(struct kvc_store *store);
+    /**
+     * See `kvc_quant_set_rope` (ABI 0.5).
+     */
+    enum kvc_status (*quant_set_rope)(struct kvc_quant *quant, size_t head_dim, kvc_rope_style style);
 } kvc_api;
 
 /**
@@ -1313,6 +1323,16 @@ typedef struct kvc_api {
  * cache view and the quantizer; `kvc_convert` rejects it. Added in ABI 0.2.
  */
 #define KVC_DTYPE_I8 3
+
+/**
+ * `LLAMA_ROPE_TYPE_NORM`: dims `(2i, 2i + 1)` of each head rotate together.
+ */
+#define KVC_ROPE_NORM 0
+
+/**
+ * `LLAMA_ROPE_TYPE_NEOX`: dims `(i, i + head_dim / 2)` of each head rotate together.
+ */
+#define KVC_ROPE_NEOX 1
 
 #ifdef __cplusplus
 extern "C" {
@@ -2046,6 +2066,31 @@ enum kvc_status kvc_quant_observe_rows(struct kvc_quant *quant,
  * `quant` live.
  */
 KVC_NODISCARD enum kvc_status kvc_quant_finish(struct kvc_quant *quant);
+
+/**
+ * Declares K as rotary (RoPE) with heads of `head_dim` channels paired as `style`
+ * (`KVC_ROPE_NORM` or `KVC_ROPE_NEOX`, as llama.cpp's `llama_model_rope_type`): from
+ * then on `kvc_quant_observe_rows` also tracks, for K of every layer, the maximum radius
+ * `sqrt(x^2 + y^2)` of each rotated channel pair, and `kvc_quant_finish` gives both
+ * channels of a pair the symmetric scale `max_radius / 127` (offset 0). RoPE only
+ * rotates a pair, so K at positions after the calibrated ones never clips, where each
+ * channel's own min / max would. V keeps the per-channel rule of `config.symmetric`.
+ * Added in ABI 0.5.
+ *
+ * Call it before the first K rows are observed: afterwards it is `KVC_INVALID_STATE`.
+ * A `head_dim` that is zero, odd or does not divide `k_channels`, or another `style`,
+ * is `KVC_INVALID_ARGUMENT`. On error nothing changes. Calling it again before K rows
+ * replaces the declaration.
+ *
+ * Threads: exclusive use of `quant`.
+ *
+ * # Safety
+ * `quant` live.
+ */
+KVC_NODISCARD
+enum kvc_status kvc_quant_set_rope(struct kvc_quant *quant,
+                                   size_t head_dim,
+                                   kvc_rope_style style);
 
 /**
  * Sets the parameters of `layer`'s `tensor`: `n_channels` scales and offsets (each

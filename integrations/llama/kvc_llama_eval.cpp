@@ -63,6 +63,7 @@ struct Options {
     std::vector<double> kv_ratios = {3.5};  // whole-model KV ratios the kvc eviction modes aim at
     int block = 16;                          // kvc_h2o block_tokens in the llama.cpp modes
     int c8_calib = 0;                        // tokens calibrating the C8 scales; 0: ppl_from - 1
+    std::string c8_rule = "rope";            // C8 K scales: per channel, or per RoPE pair radius
     int n_tokens = 2048;
     int ppl_from = 513;   // first target position scored
     int prompt = 0;       // tokens decoded as one batch before the token-by-token part
@@ -96,6 +97,9 @@ const char * kUsage =
     "                      modes kvc-streaming, h2o, h2o-fa, c8-h2o run at [3.5]\n"
     "  --c8-calib N        tokens whose K/V rows calibrate kvc's C8 scales [ppl-from - 1:\n"
     "                      the unscored warm-up]\n"
+    "  --c8-rule channel|rope  C8 K scales: channel = per-channel min/max (asymmetric);\n"
+    "                      rope = per rotated channel pair, max radius / 127, for the model's\n"
+    "                      rope type (NORM or NEOX), never clipping later positions [rope]\n"
     "  --block B           kvc_h2o block_tokens for the kvc modes [16]\n"
     "  --budget adaptive|fixed   adaptive: keep ceil(seen/R) (MNN); fixed: ceil(n_tokens/R) [adaptive]\n"
     "  --positions shift|keep    after eviction shift positions down or keep them [shift]\n"
@@ -161,6 +165,7 @@ Options parse_options(int argc, char ** argv) {
         else if (a == "--budget") o.budget = val();
         else if (a == "--block") o.block = parse_int(a, val(), 1, 1 << 16);
         else if (a == "--c8-calib") o.c8_calib = parse_int(a, val(), 1, 1 << 20);
+        else if (a == "--c8-rule") o.c8_rule = val();
         else if (a == "--kv-ratios") {
             o.kv_ratios.clear();
             for (const auto & r : split_commas(val())) o.kv_ratios.push_back(parse_double(a, r, 1.0, 1e6));
@@ -179,6 +184,7 @@ Options parse_options(int argc, char ** argv) {
     if (o.model.empty()) throw UsageError("--model is required");
     if (o.texts.empty()) throw UsageError("at least one --text is required");
     if (o.budget != "fixed" && o.budget != "adaptive") throw UsageError("--budget: fixed or adaptive");
+    if (o.c8_rule != "channel" && o.c8_rule != "rope") throw UsageError("--c8-rule: channel or rope");
     if (o.positions != "shift" && o.positions != "keep") throw UsageError("--positions: shift or keep");
     if (o.ppl_from >= o.n_tokens) throw UsageError("--ppl-from must be below --n-tokens");
     if (o.prompt >= o.n_tokens) throw UsageError("--prompt must be below --n-tokens");
@@ -2023,6 +2029,16 @@ int run(int argc, char ** argv) {
             // calibration: the first --c8-calib tokens in one batch, rows observed as f16
             const int nc = std::min(o.c8_calib > 0 ? o.c8_calib : o.ppl_from - 1, o.n_tokens);
             QuantPtr quant(mi);
+            if (o.c8_rule == "rope") {
+                // K rows are post-RoPE: pair the channels as the model's rope rotates them
+                const int rt = llama_model_rope_type(model);
+                kvc_rope_style style;
+                if (rt == LLAMA_ROPE_TYPE_NORM) style = KVC_ROPE_NORM;
+                else if (rt == LLAMA_ROPE_TYPE_NEOX) style = KVC_ROPE_NEOX;
+                else fail("--c8-rule rope: the model's rope type " + std::to_string(rt) +
+                          " is neither NORM nor NEOX; use --c8-rule channel");
+                kvc_ok(kvc_quant_set_rope(quant.q, (size_t) mi.head_dim, style), "kvc_quant_set_rope");
+            }
             {
                 C8ObserveHook obs(quant.q, mi.n_embd_kv());
                 EvalTap tap;
@@ -2095,12 +2111,13 @@ int run(int argc, char ** argv) {
                     r.extra.push_back({k + "values", std::to_string(e.n)});
                 }
                 r.extra.push_back({"c8_calib_tokens", std::to_string(nc)});
+                r.extra.push_back({"c8_rule", "\"" + o.c8_rule + "\""});
                 r.extra.push_back({"kv_accounting", "\"C8: int8 K/V per cell + f32 scale and offset per channel (llama.cpp holds f16: kvc dequantizes)\""});
                 char buf[200];
                 const auto & ek = hook.err(false);
                 const auto & ev = hook.err(true);
-                std::snprintf(buf, sizeof buf, "kvc C8 (calibrated on %d tokens), rel RMS err K %.4f V %.4f; memory = int8 + scales",
-                              nc, std::sqrt(ek.sq / std::max(1e-30, ek.ref)), std::sqrt(ev.sq / std::max(1e-30, ev.ref)));
+                std::snprintf(buf, sizeof buf, "kvc C8 (%s rule, calibrated on %d tokens), rel RMS err K %.4f V %.4f; memory = int8 + scales",
+                              o.c8_rule.c_str(), nc, std::sqrt(ek.sq / std::max(1e-30, ek.ref)), std::sqrt(ev.sq / std::max(1e-30, ev.ref)));
                 r.detail = buf;
                 if (pol) {
                     pol->report(r.extra);

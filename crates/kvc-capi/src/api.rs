@@ -35,7 +35,7 @@ use crate::quant::{
     kvc_quant_config_default, kvc_quant_dequantize_rows, kvc_quant_finish, kvc_quant_free,
     kvc_quant_get_config, kvc_quant_get_params, kvc_quant_new, kvc_quant_new_from_msmodelslim,
     kvc_quant_observe_rows, kvc_quant_quantize_rows, kvc_quant_roundtrip_rows,
-    kvc_quant_save_msmodelslim, kvc_quant_set_params,
+    kvc_quant_save_msmodelslim, kvc_quant_set_params, kvc_quant_set_rope, KvcRopeStyle,
 };
 use crate::quant::{KvcQuant, KvcQuantConfig};
 use crate::status::{kvc_status_name, KvcStatus};
@@ -404,6 +404,13 @@ pub struct KvcApi {
         unsafe extern "C" fn(store: *const KvcStore, out: *mut KvcStoreMetrics) -> KvcStatus,
     /// See `kvc_store_free` (ABI 0.4).
     pub store_free: unsafe extern "C" fn(store: *mut KvcStore),
+    // --- RoPE-aware C8 calibration (ABI 0.5) ---
+    /// See `kvc_quant_set_rope` (ABI 0.5).
+    pub quant_set_rope: unsafe extern "C" fn(
+        quant: *mut KvcQuant,
+        head_dim: usize,
+        style: KvcRopeStyle,
+    ) -> KvcStatus,
 }
 
 static API: KvcApi = KvcApi {
@@ -472,6 +479,8 @@ static API: KvcApi = KvcApi {
     store_evict_decoded: kvc_store_evict_decoded,
     store_get_metrics: kvc_store_get_metrics,
     store_free: kvc_store_free,
+    // --- RoPE-aware C8 calibration (ABI 0.5) ---
+    quant_set_rope: kvc_quant_set_rope,
 };
 
 /// Whether a program built against ABI version `requested` can use this library.

@@ -14,7 +14,7 @@ use std::path::Path;
 use kvc_cache::quant::msmodelslim::{read_checkpoint, write_checkpoint, ScaleDType};
 use kvc_cache::quant::{
     dequantize_rows, quantize_rows, roundtrip_rows, C8Params, ChannelQuant, ChannelStats,
-    LayerQuant,
+    LayerQuant, RopeStats, RopeStyle,
 };
 use kvc_cache::DType;
 
@@ -32,6 +32,14 @@ use crate::status::KvcStatus;
 pub const KVC_QUANT_MAX_LAYERS: usize = 1 << 16;
 /// The most channels (`n_kv_heads * head_dim`) of a K or V row.
 pub const KVC_QUANT_MAX_CHANNELS: usize = 1 << 20;
+
+/// How a rotary position embedding pairs the channels of a K head (llama.cpp's
+/// `llama_model_rope_type`). Added in ABI 0.5.
+pub type KvcRopeStyle = u32;
+/// `LLAMA_ROPE_TYPE_NORM`: dims `(2i, 2i + 1)` of each head rotate together.
+pub const KVC_ROPE_NORM: KvcRopeStyle = 0;
+/// `LLAMA_ROPE_TYPE_NEOX`: dims `(i, i + head_dim / 2)` of each head rotate together.
+pub const KVC_ROPE_NEOX: KvcRopeStyle = 1;
 
 /// Shape and calibration mode of a quantizer. Fill it with `kvc_quant_config_default`,
 /// then set the shape (defaults in brackets).
@@ -60,6 +68,10 @@ pub struct KvcQuant {
     stats: Vec<[Option<ChannelStats>; 2]>,
     /// Parameters by layer and tensor; `None` until calibrated, set or loaded.
     params: Vec<[Option<ChannelQuant>; 2]>,
+    /// Rotary K (`kvc_quant_set_rope`): head_dim and pairing.
+    rope: Option<(usize, RopeStyle)>,
+    /// Per-pair radius statistics of K by layer, made at the first K rows when `rope` is set.
+    rope_stats: Vec<Option<RopeStats>>,
 }
 
 const TENSOR_NAMES: [&str; 2] = ["K", "V"];
@@ -107,6 +119,8 @@ impl KvcQuant {
             config: *config,
             stats: (0..config.n_layers).map(|_| [None, None]).collect(),
             params: (0..config.n_layers).map(|_| [None, None]).collect(),
+            rope: None,
+            rope_stats: (0..config.n_layers).map(|_| None).collect(),
         })
     }
 
@@ -419,6 +433,15 @@ pub unsafe extern "C" fn kvc_quant_observe_rows(
         if n_rows == 0 {
             return Ok(());
         }
+        if let (0, Some((head_dim, style))) = (t, q.rope) {
+            // First: it checks everything the per-channel statistics check, so both
+            // succeed or neither changes.
+            let rs = match &mut q.rope_stats[l] {
+                Some(rs) => rs,
+                slot => slot.insert(RopeStats::new(channels, head_dim, style)?),
+            };
+            rs.observe_rows(src, dt, n_rows)?;
+        }
         let stats = q.stats[l][t].get_or_insert_with(|| ChannelStats::new(channels));
         stats.observe_rows(src, dt, n_rows)?;
         Ok(())
@@ -447,7 +470,11 @@ pub unsafe extern "C" fn kvc_quant_finish(quant: *mut KvcQuant) -> KvcStatus {
         for (l, slots) in q.stats.iter().enumerate() {
             for (t, s) in slots.iter().enumerate() {
                 if let Some(s) = s.as_ref().filter(|s| s.tokens_observed() > 0) {
-                    made.push((l, t, s.finish(symmetric)?));
+                    let p = match (t, &q.rope_stats[l]) {
+                        (0, Some(rs)) if q.rope.is_some() => rs.finish()?,
+                        _ => s.finish(symmetric)?,
+                    };
+                    made.push((l, t, p));
                 }
             }
         }
@@ -459,6 +486,58 @@ pub unsafe extern "C" fn kvc_quant_finish(quant: *mut KvcQuant) -> KvcStatus {
         for (l, t, p) in made {
             q.params[l][t] = Some(p);
         }
+        Ok(())
+    })
+}
+
+/// Declares K as rotary (RoPE) with heads of `head_dim` channels paired as `style`
+/// (`KVC_ROPE_NORM` or `KVC_ROPE_NEOX`, as llama.cpp's `llama_model_rope_type`): from
+/// then on `kvc_quant_observe_rows` also tracks, for K of every layer, the maximum radius
+/// `sqrt(x^2 + y^2)` of each rotated channel pair, and `kvc_quant_finish` gives both
+/// channels of a pair the symmetric scale `max_radius / 127` (offset 0). RoPE only
+/// rotates a pair, so K at positions after the calibrated ones never clips, where each
+/// channel's own min / max would. V keeps the per-channel rule of `config.symmetric`.
+/// Added in ABI 0.5.
+///
+/// Call it before the first K rows are observed: afterwards it is `KVC_INVALID_STATE`.
+/// A `head_dim` that is zero, odd or does not divide `k_channels`, or another `style`,
+/// is `KVC_INVALID_ARGUMENT`. On error nothing changes. Calling it again before K rows
+/// replaces the declaration.
+///
+/// Threads: exclusive use of `quant`.
+///
+/// # Safety
+/// `quant` live.
+#[no_mangle]
+#[must_use = "a kvc_status reports failure"]
+pub unsafe extern "C" fn kvc_quant_set_rope(
+    quant: *mut KvcQuant,
+    head_dim: usize,
+    style: KvcRopeStyle,
+) -> KvcStatus {
+    status_boundary("kvc_quant_set_rope", || {
+        // SAFETY: caller contract.
+        let q = unsafe { handle_mut(quant, "quant") }?;
+        let style = match style {
+            KVC_ROPE_NORM => RopeStyle::Norm,
+            KVC_ROPE_NEOX => RopeStyle::Neox,
+            s => {
+                return Err(Error::invalid(
+                    "style",
+                    format!("{s} is neither KVC_ROPE_NORM (0) nor KVC_ROPE_NEOX (1)"),
+                ))
+            }
+        };
+        // Checks the geometry against the K rows.
+        RopeStats::new(q.config.k_channels, head_dim, style)?;
+        if let Some(l) = q.stats.iter().position(|s| s[0].is_some()) {
+            return Err(invalid_state(format!(
+                "layer {l} K rows were already observed; declare RoPE with \
+                 kvc_quant_set_rope before the first kvc_quant_observe_rows"
+            )));
+        }
+        q.rope = Some((head_dim, style));
+        q.rope_stats.iter_mut().for_each(|r| *r = None);
         Ok(())
     })
 }

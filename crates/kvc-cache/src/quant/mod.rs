@@ -11,7 +11,7 @@ pub mod rows;
 
 use std::collections::BTreeMap;
 
-pub use calibrate::{calibrate, ChannelStats};
+pub use calibrate::{calibrate, ChannelStats, RopeStats, RopeStyle};
 pub use kernel::{dequantize, quant_error, quantize, ErrorStats};
 pub use rows::{dequantize_rows, quantize_rows, roundtrip_rows};
 
