@@ -713,17 +713,7 @@ pub unsafe extern "C" fn kvc_quant_quantize_rows(
             return Ok(());
         }
         let p = q.params(l, t)?;
-        if dst.is_null() {
-            return Err(Error::NullArgument { argument: "dst" });
-        }
-        if dst_capacity < elems {
-            *dst_len = elems;
-            return Err(Error::BufferTooSmall {
-                argument: "dst",
-                needed: elems,
-                capacity: dst_capacity,
-            });
-        }
+        check_output(dst.is_null(), dst_capacity, elems, dst_len)?;
         check_disjoint(
             src.cast(),
             src_bytes.len(),
@@ -737,6 +727,29 @@ pub unsafe extern "C" fn kvc_quant_quantize_rows(
         *dst_len = elems;
         Ok(())
     })
+}
+
+/// The checks on a row batch's output buffer once the size query is answered: a NULL
+/// `dst` is `KVC_NULL_ARGUMENT`; a capacity below `needed` elements is
+/// `KVC_BUFFER_TOO_SMALL` with `needed` written to `*dst_len`.
+fn check_output(
+    dst_is_null: bool,
+    dst_capacity: usize,
+    needed: usize,
+    dst_len: &mut usize,
+) -> Result<(), Error> {
+    if dst_is_null {
+        return Err(Error::NullArgument { argument: "dst" });
+    }
+    if dst_capacity < needed {
+        *dst_len = needed;
+        return Err(Error::BufferTooSmall {
+            argument: "dst",
+            needed,
+            capacity: dst_capacity,
+        });
+    }
+    Ok(())
 }
 
 /// Dequantizes `n_rows` int8 rows at `src` (each `k_channels` or `v_channels` bytes) with
@@ -784,17 +797,7 @@ pub unsafe extern "C" fn kvc_quant_dequantize_rows(
             return Ok(());
         }
         let p = q.params(l, t)?;
-        if dst.is_null() {
-            return Err(Error::NullArgument { argument: "dst" });
-        }
-        if dst_capacity < elems {
-            *dst_len = elems;
-            return Err(Error::BufferTooSmall {
-                argument: "dst",
-                needed: elems,
-                capacity: dst_capacity,
-            });
-        }
+        check_output(dst.is_null(), dst_capacity, elems, dst_len)?;
         let dst_bytes = mul(elems, dt.size(), "n_rows")?;
         check_disjoint(src.cast(), elems, dst.cast_const().cast(), dst_bytes, "dst")?;
         // SAFETY: caller contract; NULL, alignment, size and overlap are checked.
