@@ -16,7 +16,9 @@
 //!   a llama.cpp cache through the cell table.
 //! - [`paged`]: kvc-owned storage whose released token ranges return their pages to the
 //!   operating system.
-//! - [`quant`]: int8 C8 quantization, calibration and msmodelslim checkpoints.
+//! - [`quant`]: int8 C8 quantization (layout-based and no-allocation row batches),
+//!   calibration (per channel, or per RoPE channel pair for rotary K) and msmodelslim
+//!   checkpoints.
 
 pub mod cells;
 pub mod compact;

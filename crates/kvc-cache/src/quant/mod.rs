@@ -2,7 +2,10 @@
 //! (`channel = kv_head * head_dim + dim`) a scale and an offset,
 //! `q = clamp(round(x / scale + offset), -128, 127)`, `x = (q - offset) * scale`.
 //!
-//! Arithmetic is `f32`; `round` is round-half-to-even (as `torch.round`).
+//! Arithmetic is `f32`; `round` is round-half-to-even (as `torch.round`). Parameters come
+//! from msmodelslim files or from calibration: per-channel min / max ([`ChannelStats`]) or,
+//! for post-RoPE K, each rotary pair's maximum radius ([`RopeStats`]), which no later
+//! rotation can exceed.
 
 mod calibrate;
 mod kernel;
