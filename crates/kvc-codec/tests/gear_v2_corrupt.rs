@@ -38,37 +38,49 @@ fn half_bits(x: f32) -> u16 {
 const DTYPES: [Dtype; 4] = [Dtype::F16, Dtype::Bf16, Dtype::F32, Dtype::I8];
 
 fn small_blob(dtype: Dtype) -> (Vec<u8>, Vec<u8>) {
-    small_blob_with(Coder::Grouped, dtype)
+    small_blob_with(Coder::Grouped, dtype, false)
 }
 
-fn small_blob_with(coder: Coder, dtype: Dtype) -> (Vec<u8>, Vec<u8>) {
+/// A blob of 8 tokens of 5 channels in two chunks whose first chunk is coded: mode 1 with
+/// every row distinct, or mode 2 (repeated tokens) with `repeats`.
+fn small_blob_with(coder: Coder, dtype: Dtype, repeats: bool) -> (Vec<u8>, Vec<u8>) {
     // Few distinct values with shared low bits so that the chunks are Huffman-coded.
     let pool = sample(dtype, 1, 3, 11);
     let size = dtype.width();
+    let rows: [usize; 8] = if repeats {
+        [5, 7, 5, 11, 7, 7, 5, 13]
+    } else {
+        [5, 7, 9, 11, 15, 17, 19, 13]
+    };
     let mut data = Vec::new();
-    for i in 0..40usize {
-        let k = (i * 7 + i / 5) % 3;
-        data.extend_from_slice(&pool[k * size..(k + 1) * size]);
+    for row in rows {
+        // Channel c of a row holds pool value (row / 3^c) % 3: distinct rows differ.
+        for c in 0..5u32 {
+            let k = row / 3usize.pow(c) % 3;
+            data.extend_from_slice(&pool[k * size..(k + 1) * size]);
+        }
     }
     let mut p = EncodeParams::new(dtype, 5);
-    p.chunk_tokens = 5;
+    p.chunk_tokens = 6;
     p.kind = TensorKind::V;
     let blob = Encoder::with_coder(coder).encode(&p, &data).unwrap();
-    // The first chunk must be coded (mode byte 1) for the flips to reach the Huffman lanes.
+    // The first chunk must be coded for the flips to reach the Huffman lanes.
     let model_len = u32::from_le_bytes(blob[24..28].try_into().unwrap()) as usize;
     let first_chunk = 32 + model_len + 4 * 2;
-    assert_eq!(blob[first_chunk], 1, "{dtype}: first chunk stored");
+    let mode = if repeats { 2 } else { 1 };
+    assert_eq!(blob[first_chunk], mode, "{dtype}: first chunk's mode");
     (blob, data)
 }
 
 #[test]
 fn every_bit_flip_and_truncation() {
     let mut dec = Decoder::new();
-    for (coder, dtype) in [Coder::Grouped, Coder::SharedShape]
+    for (coder, dtype, repeats) in [Coder::Grouped, Coder::SharedShape]
         .into_iter()
         .flat_map(|c| DTYPES.map(|d| (c, d)))
+        .flat_map(|(c, d)| [(c, d, false), (c, d, true)])
     {
-        let (blob, data) = small_blob_with(coder, dtype);
+        let (blob, data) = small_blob_with(coder, dtype, repeats);
         assert_eq!(blob[7] & 2 != 0, coder == Coder::SharedShape);
         assert_eq!(dec.decode(&blob).unwrap(), data);
         for n in 0..blob.len() {
@@ -107,10 +119,24 @@ fn bad_header_fields_are_named() {
         e(header_with(&blob, 0, b"KVG1")),
         Error::V2BadMagic { .. }
     ));
-    assert!(matches!(
-        e(header_with(&blob, 4, &[2])),
-        Error::V2UnsupportedVersion { found: 2 }
-    ));
+    for v in [0, 3, 255] {
+        assert!(matches!(
+            e(header_with(&blob, 4, &[v])),
+            Error::V2UnsupportedVersion { found } if found == v
+        ));
+    }
+    // Chunk mode 2 (repeated tokens) came with version 2: a version-1 blob cannot have it.
+    let (repeats, data) = small_blob_with(Coder::Grouped, Dtype::F16, true);
+    assert_eq!(dec.decode(&repeats).unwrap(), data);
+    assert_eq!(
+        e(header_with(&repeats, 4, &[1])).kind(),
+        ErrorKind::CorruptData
+    );
+    // The mode-1 blob reads the same as version 1.
+    assert_eq!(
+        dec.decode(&header_with(&blob, 4, &[1])).unwrap(),
+        dec.decode(&blob).unwrap()
+    );
     assert!(matches!(
         e(header_with(&blob, 5, &[9])),
         Error::V2BadField { field: "dtype", .. }
@@ -190,12 +216,18 @@ fn golden_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden")
 }
 
-/// The golden blobs were written by this version (set KVC_WRITE_GOLDEN=1 to write them
-/// once); every later version must still decode them to the committed raw bytes.
+/// Whether to (re)write the golden blobs of format version `version`: only when
+/// `KVC_WRITE_GOLDEN` names that version, so that older versions' files stay as written.
+fn write_golden(version: u8) -> bool {
+    std::env::var("KVC_WRITE_GOLDEN").is_ok_and(|v| v == version.to_string())
+}
+
+/// Golden blobs of format version 1 (written once with KVC_WRITE_GOLDEN=1 by the first
+/// gear-v2 build); every later version must still decode them to the committed raw bytes.
 #[test]
 fn golden_v2_blobs_decode() {
     let dir = golden_dir();
-    let write = std::env::var_os("KVC_WRITE_GOLDEN").is_some();
+    let write = write_golden(1);
     let mut dec = Decoder::new();
     for dtype in DTYPES {
         let name = format!("gear-v2.{}", dtype.name());
@@ -216,15 +248,17 @@ fn golden_v2_blobs_decode() {
         assert_eq!(open.header().dtype, dtype);
         assert_eq!(open.header().channels, 12);
         assert_eq!(open.header().tokens, 40);
+        assert_eq!(blob[4], 1, "{name}: format version");
         assert_eq!(dec.decode(&blob).unwrap(), raw, "{name}");
     }
 }
 
-/// Golden blobs of the shared-shape coder (flag bit 1), written like the ones above.
+/// Golden blobs of the shared-shape coder (flag bit 1), format version 1, written like the
+/// ones above.
 #[test]
 fn golden_v2_shared_blobs_decode() {
     let dir = golden_dir();
-    let write = std::env::var_os("KVC_WRITE_GOLDEN").is_some();
+    let write = write_golden(1);
     let mut dec = Decoder::new();
     for dtype in DTYPES {
         let name = format!("gear-v2-shared.{}", dtype.name());
@@ -245,6 +279,59 @@ fn golden_v2_shared_blobs_decode() {
         let blob = std::fs::read(&blob_path).unwrap();
         let raw = std::fs::read(&raw_path).unwrap();
         assert_eq!(blob[7] & 2, 2, "{name}: not a shared-shape blob");
+        assert_eq!(blob[4], 1, "{name}: format version");
         assert_eq!(dec.decode(&blob).unwrap(), raw, "{name}");
     }
+}
+
+/// Golden blobs of format version 2 (KVC_WRITE_GOLDEN=2): both coders, with chunks of
+/// repeated tokens (mode 2) and chunks without (mode 1).
+#[test]
+fn golden_v2_version2_blobs_decode() {
+    let dir = golden_dir();
+    let write = write_golden(2);
+    let mut dec = Decoder::new();
+    for (coder, tag) in [(Coder::Grouped, "grouped"), (Coder::SharedShape, "shared")] {
+        for dtype in DTYPES {
+            let name = format!("gear-v2.version2.{tag}.{}", dtype.name());
+            let blob_path = dir.join(format!("{name}.kvg2"));
+            let raw_path = dir.join(format!("{name}.raw"));
+            if write {
+                // 40 tokens in 16-token chunks; tokens 16..40 repeat rows of their chunk.
+                let mut data = sample(dtype, 24, 12, 7);
+                let row = 12 * dtype.width();
+                for t in 24..40 {
+                    let src = 16 + (t * 5) % 8;
+                    data.extend_from_within(src * row..(src + 1) * row);
+                }
+                let mut p = EncodeParams::new(dtype, 12);
+                p.chunk_tokens = 16;
+                p.kind = TensorKind::V;
+                let blob = Encoder::with_coder(coder).encode(&p, &data).unwrap();
+                std::fs::write(&blob_path, blob).unwrap();
+                std::fs::write(&raw_path, &data).unwrap();
+            }
+            let blob = std::fs::read(&blob_path).unwrap();
+            let raw = std::fs::read(&raw_path).unwrap();
+            assert_eq!(blob[4], 2, "{name}: format version");
+            let open = dec.open(&blob).unwrap();
+            let modes: Vec<u8> = (0..open.chunk_count())
+                .map(|i| blob[open_chunk_offset(&blob, i)])
+                .collect();
+            assert!(
+                modes.contains(&2),
+                "{name}: no chunk of repeated tokens ({modes:?})"
+            );
+            assert_eq!(dec.decode(&blob).unwrap(), raw, "{name}");
+        }
+    }
+}
+
+/// Byte offset of chunk `i` in a blob, from its header and chunk index.
+fn open_chunk_offset(blob: &[u8], i: usize) -> usize {
+    let u = |o: usize| u32::from_le_bytes(blob[o..o + 4].try_into().unwrap()) as usize;
+    let (tokens, chunk_tokens, model_len) = (u(8), u(16), u(24));
+    let chunks = tokens.div_ceil(chunk_tokens);
+    let index = 32 + model_len;
+    index + 4 * chunks + (0..i).map(|k| u(index + 4 * k)).sum::<usize>()
 }

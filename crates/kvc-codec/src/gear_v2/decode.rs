@@ -1,13 +1,17 @@
 //! The gear-v2 decoder: validates the header, model and chunk index once, then decodes any
 //! chunk alone.
 
-use super::encode::{CHUNK_CODED, CHUNK_STORED, CODED_CHUNK_HEADER, LANES};
+use super::encode::{CHUNK_CODED, CHUNK_STORED, LANES};
 use super::format::{BlobHeader, ChunkIndex, FieldSplit, HEADER_LEN};
 use super::huffman::{self, DECODE_ENTRIES, INVALID_ENTRY};
 use super::lane_decode::{decode_coded, LaneModel, Lanes};
+use super::repeats::{RepeatRefs, CHUNK_REPEATS};
 use super::shared_decode::{decode_shared, SharedTables};
 use super::values::{dispatch, rest_bytes};
 use crate::error::{Error, Result};
+
+/// Bytes of a coded chunk body's header: one u32 length per lane.
+const BODY_HEADER: usize = 4 * LANES;
 
 /// A reusable gear-v2 decoder. [`Decoder::open`] validates a blob and builds its decode
 /// tables into buffers kept between calls.
@@ -171,47 +175,23 @@ impl<'d, 'b> OpenBlob<'d, 'b> {
                 out.copy_from_slice(&data[1..]);
             }
             CHUNK_CODED => {
-                let ch = self.header.channels as usize;
-                let values = self.header.chunk_tokens_of(i) * ch;
-                if data.len() < CODED_CHUNK_HEADER {
-                    return Err(bad("coded chunk shorter than its header"));
+                let used = self.decode_body(&data[1..], out).map_err(bad)?;
+                if 1 + used != data.len() {
+                    return Err(bad("coded chunk has trailing bytes"));
                 }
-                let mut starts = [0usize; LANES];
-                let mut lens = [0usize; LANES];
-                let mut at = CODED_CHUNK_HEADER;
-                for k in 0..LANES {
-                    let o = 1 + 4 * k;
-                    let len = u32::from_le_bytes([data[o], data[o + 1], data[o + 2], data[o + 3]])
-                        as usize;
-                    if len > data.len() - at {
-                        return Err(bad("lane runs past the chunk"));
-                    }
-                    starts[k] = at;
-                    lens[k] = len;
-                    at += len;
-                }
-                let rest = &data[at..];
-                if rest.len() != rest_bytes(self.header.dtype, values) {
-                    return Err(bad("packed low bits have the wrong length"));
-                }
-                let lanes = Lanes { data, starts, lens };
-                if self.header.shared {
-                    let ctx = self.header.sign_context;
-                    dispatch!(
-                        self.header.dtype,
-                        decode_shared(self.shared, ctx, &lanes, rest, out)
-                    )
+            }
+            CHUNK_REPEATS if self.header.version >= 2 => {
+                let tokens = self.header.chunk_tokens_of(i);
+                let refs = RepeatRefs::parse(&data[1..], tokens).map_err(bad)?;
+                let row = n / tokens;
+                let body = &data[1 + refs.len..];
+                let used = self
+                    .decode_body(body, &mut out[..refs.unique * row])
                     .map_err(bad)?;
-                    return Ok(n);
+                if used != body.len() {
+                    return Err(bad("coded chunk has trailing bytes"));
                 }
-                let model = LaneModel {
-                    tables: self.tables,
-                    channels: ch,
-                    group: self.header.group_size as usize,
-                    sign_context: self.header.sign_context,
-                };
-                dispatch!(self.header.dtype, decode_coded(&model, &lanes, rest, out))
-                    .map_err(bad)?;
+                refs.expand(out, row);
             }
             m => {
                 return Err(Error::V2BadField {
@@ -222,5 +202,54 @@ impl<'d, 'b> OpenBlob<'d, 'b> {
             }
         }
         Ok(n)
+    }
+
+    /// Decodes one body (lane lengths, lanes, packed low bits) at the start of `body` into
+    /// `out`, whose length gives the number of tokens; returns the bytes used.
+    fn decode_body(&self, body: &[u8], out: &mut [u8]) -> std::result::Result<usize, &'static str> {
+        let values = out.len() / self.header.dtype.width();
+        if body.len() < BODY_HEADER {
+            return Err("coded chunk shorter than its header");
+        }
+        let mut starts = [0usize; LANES];
+        let mut lens = [0usize; LANES];
+        let mut at = BODY_HEADER;
+        for k in 0..LANES {
+            let o = 4 * k;
+            let len = u32::from_le_bytes([body[o], body[o + 1], body[o + 2], body[o + 3]]) as usize;
+            if len > body.len() - at {
+                return Err("lane runs past the chunk");
+            }
+            starts[k] = at;
+            lens[k] = len;
+            at += len;
+        }
+        let end = at + rest_bytes(self.header.dtype, values);
+        if end > body.len() {
+            return Err("packed low bits run past the chunk");
+        }
+        let body = &body[..end];
+        let rest = &body[at..];
+        let lanes = Lanes {
+            data: body,
+            starts,
+            lens,
+        };
+        if self.header.shared {
+            let ctx = self.header.sign_context;
+            dispatch!(
+                self.header.dtype,
+                decode_shared(self.shared, ctx, &lanes, rest, out)
+            )?;
+            return Ok(end);
+        }
+        let model = LaneModel {
+            tables: self.tables,
+            channels: self.header.channels as usize,
+            group: self.header.group_size as usize,
+            sign_context: self.header.sign_context,
+        };
+        dispatch!(self.header.dtype, decode_coded(&model, &lanes, rest, out))?;
+        Ok(end)
     }
 }

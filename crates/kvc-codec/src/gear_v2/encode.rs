@@ -1,9 +1,10 @@
 //! The gear-v2 encoder.
 
-use super::format::{BlobHeader, TensorKind, HEADER_LEN, MAX_CHANNELS};
+use super::format::{BlobHeader, TensorKind, HEADER_LEN, MAX_CHANNELS, VERSION};
 use super::huffman;
 use super::lanes;
 use super::model::EncoderModel;
+use super::repeats::{RepeatPlan, CHUNK_REPEATS};
 use super::shared::SHARED_MAX_LEN;
 use super::values::dispatch;
 use crate::dtype::Dtype;
@@ -18,8 +19,6 @@ pub(crate) const CHUNK_STORED: u8 = 0;
 pub(crate) const CHUNK_CODED: u8 = 1;
 /// Interleaved Huffman lanes per chunk (channel `c` is in lane `c % LANES`).
 pub(crate) const LANES: usize = 4;
-/// Bytes of a coded chunk's header: mode byte and one u32 length per lane.
-pub(crate) const CODED_CHUNK_HEADER: usize = 1 + 4 * LANES;
 
 /// What to encode: the tensor's element type and shape, and the chunking.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,6 +94,7 @@ pub enum Coder {
 pub struct Encoder {
     model: EncoderModel,
     coder: Coder,
+    plan: RepeatPlan,
     pub(crate) chunk_bufs: Vec<Vec<u8>>,
 }
 
@@ -133,9 +133,7 @@ impl Encoder {
         out.resize(index_at + 4 * chunks, 0);
         for i in 0..chunks {
             let start = out.len();
-            let t0 = i * ct;
-            let t1 = (t0 + ct).min(tokens as usize);
-            encode_chunk(&self.model, params, input, t0, t1, out);
+            self.encode_chunk(params, input, i, out);
             let len = (out.len() - start) as u32;
             out[index_at + 4 * i..index_at + 4 * i + 4].copy_from_slice(&len.to_le_bytes());
         }
@@ -151,17 +149,21 @@ impl Encoder {
     ) -> Result<u32> {
         let tokens = params.tokens_for(input.len())?;
         let channels = params.channels as usize;
+        let row_bytes = channels * params.dtype.width();
+        self.plan
+            .plan(input, row_bytes, params.chunk_tokens as usize);
         self.model.fit(
             params.dtype,
             channels,
-            params.chunk_tokens as usize,
-            input,
+            &self.plan.chunk_tokens,
+            self.plan.coded(input),
             self.coder == Coder::SharedShape,
         );
         let model_len = u32::try_from(self.model.section.len()).map_err(|_| Error::V2TooLarge {
             what: "model section",
         })?;
         let header = BlobHeader {
+            version: VERSION,
             dtype: params.dtype,
             kind: params.kind,
             tokens,
@@ -178,39 +180,47 @@ impl Encoder {
         Ok(tokens)
     }
 
-    pub(crate) fn model(&self) -> &EncoderModel {
-        &self.model
+    /// Appends chunk `i` of `input` to `out` as planned by [`Encoder::prepare`]: coded (with
+    /// its repeated tokens as references when it has any), or stored when coding would not
+    /// be smaller.
+    pub(crate) fn encode_chunk(
+        &self,
+        params: &EncodeParams,
+        input: &[u8],
+        i: usize,
+        out: &mut Vec<u8>,
+    ) {
+        let start = out.len();
+        let c = params.channels as usize;
+        let row_bytes = c * params.dtype.width();
+        let ct = params.chunk_tokens as usize;
+        let t0 = i * ct;
+        let t1 = (t0 + ct).min(input.len() / row_bytes);
+        let raw = &input[t0 * row_bytes..t1 * row_bytes];
+        let (rows, refs) = self.plan.chunk(input, i);
+        match refs {
+            Some(refs) => {
+                out.push(CHUNK_REPEATS);
+                out.extend_from_slice(refs);
+            }
+            None => out.push(CHUNK_CODED),
+        }
+        dispatch!(params.dtype, encode_body(&self.model, c, rows, out));
+        if out.len() - start > raw.len() {
+            out.truncate(start);
+            out.push(CHUNK_STORED);
+            out.extend_from_slice(raw);
+        }
     }
 }
 
-/// Appends chunk `[t0, t1)` to `out`: coded, or stored when coding would not be smaller.
-pub(crate) fn encode_chunk(
-    model: &EncoderModel,
-    params: &EncodeParams,
-    input: &[u8],
-    t0: usize,
-    t1: usize,
-    out: &mut Vec<u8>,
-) {
-    let start = out.len();
-    let bpv = params.dtype.width();
-    let c = params.channels as usize;
-    let raw = &input[t0 * c * bpv..t1 * c * bpv];
-    dispatch!(params.dtype, encode_coded(model, c, raw, out));
-    if out.len() - start > raw.len() {
-        out.truncate(start);
-        out.push(CHUNK_STORED);
-        out.extend_from_slice(raw);
-    }
-}
-
-fn encode_coded<const BPV: usize, const REST: u32, const SYM: u32>(
+/// Appends a coded chunk's body (lane lengths, lanes, packed low bits) for the rows `raw`.
+fn encode_body<const BPV: usize, const REST: u32, const SYM: u32>(
     model: &EncoderModel,
     channels: usize,
     raw: &[u8],
     out: &mut Vec<u8>,
 ) {
-    out.push(CHUNK_CODED);
     let lens_at = out.len();
     out.resize(lens_at + 4 * LANES, 0);
     let codes = lanes::LaneCodes {

@@ -3,7 +3,7 @@
 //! Byte layout (all integers little-endian), see `docs/formats/gear-v2.md`:
 //!
 //! ```text
-//! 0   magic "KVG2"      4  version (1)   5 dtype   6 kind   7 flags
+//! 0   magic "KVG2"      4  version (2)   5 dtype   6 kind   7 flags
 //! 8   tokens u32        12 channels u32  16 chunk_tokens u32
 //! 20  group_size u32    24 model_len u32 28 reserved u32 (0)
 //! 32  model section (model_len bytes: the Huffman tables)
@@ -16,8 +16,11 @@ use crate::error::{Error, Result};
 
 /// The four bytes every gear-v2 blob starts with.
 pub const MAGIC: [u8; 4] = *b"KVG2";
-/// The format version this build writes and reads.
-pub const VERSION: u8 = 1;
+/// The format version this build writes. Version 2 added chunk mode 2 (repeated tokens);
+/// this build reads versions 1 and 2.
+pub const VERSION: u8 = 2;
+/// The oldest format version this build reads.
+pub const MIN_VERSION: u8 = 1;
 /// Size of the fixed blob header in bytes.
 pub const HEADER_LEN: usize = 32;
 /// Flag bit: each symbol is coded with a table chosen by the sign of the previous token's
@@ -120,6 +123,8 @@ impl FieldSplit {
 /// The parsed fixed header of a gear-v2 blob.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BlobHeader {
+    /// Format version the blob was written in ([`MIN_VERSION`]..=[`VERSION`]).
+    pub version: u8,
     /// Element type.
     pub dtype: Dtype,
     /// Tensor kind recorded by the encoder.
@@ -177,7 +182,7 @@ impl BlobHeader {
 
     pub(crate) fn write(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(&MAGIC);
-        out.push(VERSION);
+        out.push(self.version);
         out.push(dtype_code(self.dtype));
         out.push(self.kind.code());
         out.push(
@@ -216,7 +221,7 @@ impl BlobHeader {
                 available: blob.len(),
             });
         }
-        if blob[4] != VERSION {
+        if !(MIN_VERSION..=VERSION).contains(&blob[4]) {
             return Err(Error::V2UnsupportedVersion { found: blob[4] });
         }
         let bad = |field, offset, found: u64| Error::V2BadField {
@@ -253,6 +258,7 @@ impl BlobHeader {
             .ok_or(bad("tokens", 8, tokens as u64))?;
         let _ = total;
         Ok(BlobHeader {
+            version: blob[4],
             dtype,
             kind,
             tokens,
@@ -264,6 +270,20 @@ impl BlobHeader {
             model_len,
         })
     }
+}
+
+/// The fewest bytes a chunk of `tokens` tokens can take, which bounds the decoded size by
+/// the blob's size. In a stored or coded chunk every value costs at least one bit after the
+/// mode byte. A chunk with repeated tokens (version 2) has its bitmap, at least two bytes
+/// per repeated token, and at least one coded token.
+fn min_chunk_len(header: &BlobHeader, tokens: u64) -> u64 {
+    let channels = header.channels as u64;
+    let coded = 1 + (tokens * channels).div_ceil(8);
+    if header.version < 2 || tokens < 2 {
+        return coded;
+    }
+    let repeated = 1 + tokens.div_ceil(8) + 2 * (tokens - 1) + channels.div_ceil(8);
+    coded.min(repeated)
 }
 
 /// Where each chunk lies in a blob, validated against the blob's length.
@@ -294,9 +314,7 @@ impl ChunkIndex {
         for i in 0..n {
             let o = start + i * 4;
             let len = u32::from_le_bytes([blob[o], blob[o + 1], blob[o + 2], blob[o + 3]]);
-            // Every value costs at least one bit, and a chunk has a mode byte.
-            let values = header.chunk_tokens_of(i) as u64 * header.channels as u64;
-            let min = 1 + values.div_ceil(8);
+            let min = min_chunk_len(header, header.chunk_tokens_of(i) as u64);
             if (len as u64) < min {
                 return Err(Error::V2BadChunk {
                     chunk: i,

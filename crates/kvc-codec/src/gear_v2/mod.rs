@@ -7,7 +7,9 @@
 //! coded with static canonical Huffman tables, one per group of channels (and, optionally, per
 //! sign of the previous token in the same channel), chosen for the tensor by measured size.
 //! Tables live once in the blob's model section; each chunk holds four interleaved Huffman
-//! lanes (channel `c` in lane `c % 4`) and the packed low bits. See `docs/formats/gear-v2.md`.
+//! lanes (channel `c` in lane `c % 4`) and the packed low bits; tokens that repeat an earlier
+//! row of their chunk (layer 0's V repeats the rows of repeated words) are stored as
+//! references (format version 2). See `docs/formats/gear-v2.md`.
 
 mod decode;
 mod encode;
@@ -18,13 +20,14 @@ mod lanes;
 mod low_bits;
 mod model;
 mod parallel;
+mod repeats;
 mod shared;
 mod shared_decode;
 mod values;
 
 pub use decode::{Decoder, OpenBlob};
 pub use encode::{max_encoded_len, Coder, EncodeParams, Encoder, DEFAULT_CHUNK_TOKENS};
-pub use format::{BlobHeader, FieldSplit, TensorKind, HEADER_LEN, MAGIC, VERSION};
+pub use format::{BlobHeader, FieldSplit, TensorKind, HEADER_LEN, MAGIC, MIN_VERSION, VERSION};
 
 /// Whether `blob` starts with the gear-v2 magic.
 pub fn is_gear_v2(blob: &[u8]) -> bool {

@@ -41,21 +41,23 @@ pub struct EncoderModel {
     fit_shared: SharedFit,
 }
 
-/// The top fields of channel `c` at the first token of every chunk.
+/// The top fields of channel `c` at the first token of every chunk (chunks of
+/// `chunk_tokens[i]` tokens, back to back in `input`).
 fn first_tops<const BPV: usize, const REST: u32, const SYM: u32>(
     input: &[u8],
     channels: usize,
-    chunk_tokens: usize,
+    chunk_tokens: &[u32],
     c: usize,
     out: &mut Vec<u32>,
 ) {
-    let tokens = input.len() / (BPV * channels);
     let mask = (1u32 << SYM) - 1;
-    out.extend(
-        (0..tokens)
-            .step_by(chunk_tokens)
-            .map(|t| (load::<BPV>(input, t * channels + c) >> REST) & mask),
-    );
+    let mut t = 0;
+    for &n in chunk_tokens {
+        if n > 0 {
+            out.push((load::<BPV>(input, t * channels + c) >> REST) & mask);
+        }
+        t += n as usize;
+    }
 }
 
 fn xlog2x_table() -> &'static [f32] {
@@ -87,16 +89,15 @@ fn xlog2x(c: u32, t: &[f32]) -> f64 {
 fn gather<const BPV: usize, const REST: u32, const SYM: u32>(
     input: &[u8],
     channels: usize,
-    chunk_tokens: usize,
+    chunk_tokens: &[u32],
     counts: &mut [u32],
 ) {
     let alphabet = 1usize << SYM;
     let mask = alphabet as u32 - 1;
-    let tokens = input.len() / (BPV * channels);
     let hist = 2 * alphabet;
     let mut t0 = 0;
-    while t0 < tokens {
-        let t1 = (t0 + chunk_tokens).min(tokens);
+    for &n in chunk_tokens {
+        let t1 = t0 + n as usize;
         let mut c = 0;
         while c < channels {
             let n = (channels - c).min(4);
@@ -117,13 +118,14 @@ fn gather<const BPV: usize, const REST: u32, const SYM: u32>(
 }
 
 impl EncoderModel {
-    /// Measures `input` and fits the model (the shared-shape one when `shared`); fills
+    /// Measures `input`, the rows the chunks code (`chunk_tokens[i]` tokens for chunk `i`,
+    /// back to back), and fits the model (the shared-shape one when `shared`); fills
     /// `section`, `codes` and the per-channel tables.
     pub fn fit(
         &mut self,
         dtype: Dtype,
         channels: usize,
-        chunk_tokens: usize,
+        chunk_tokens: &[u32],
         input: &[u8],
         shared: bool,
     ) {

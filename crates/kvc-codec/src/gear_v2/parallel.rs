@@ -1,7 +1,7 @@
 //! Encoding and decoding over chunks in parallel with rayon.
 
 use super::decode::OpenBlob;
-use super::encode::{encode_chunk, EncodeParams, Encoder};
+use super::encode::{EncodeParams, Encoder};
 use crate::error::{Error, Result};
 use rayon::prelude::*;
 
@@ -19,14 +19,13 @@ impl Encoder {
         let chunks = tokens.div_ceil(ct);
         let mut bufs = std::mem::take(&mut self.chunk_bufs);
         bufs.resize_with(chunks.max(bufs.len()), Vec::new);
-        let model = self.model();
+        let enc: &Encoder = self;
         bufs[..chunks]
             .par_iter_mut()
             .enumerate()
             .for_each(|(i, buf)| {
                 buf.clear();
-                let t0 = i * ct;
-                encode_chunk(model, params, input, t0, (t0 + ct).min(tokens), buf);
+                enc.encode_chunk(params, input, i, buf);
             });
         for buf in &bufs[..chunks] {
             out.extend_from_slice(&(buf.len() as u32).to_le_bytes());

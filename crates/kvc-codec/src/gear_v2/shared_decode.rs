@@ -638,6 +638,7 @@ mod tests {
 
     fn header(channels: u32) -> BlobHeader {
         BlobHeader {
+            version: super::super::VERSION,
             dtype: Dtype::F16,
             kind: super::super::TensorKind::K,
             tokens: 4,
