@@ -20,8 +20,10 @@ use super::lanes::CODE_ENTRIES;
 pub const SHARED_MAX_LEN: u32 = MAX_LEN_ANY;
 /// The most clusters (tables per context) a shared-shape model may have.
 pub const MAX_CLUSTERS: usize = 16;
-/// Clusters the encoder uses (fewer when there are fewer channels).
-const CLUSTERS: usize = 8;
+/// Cluster counts the encoder tries (fewer when there are fewer channels).
+const CLUSTER_CANDIDATES: [usize; 2] = [8, 12];
+/// The most clusters the encoder tries: the stride of its cost vectors.
+const CLUSTERS: usize = 12;
 /// Refinement passes of the cluster assignment after the initial split.
 const REFINE_PASSES: usize = 2;
 
@@ -83,6 +85,7 @@ pub struct SharedFit {
     merged: Vec<u32>,
     both: Vec<u64>,
     firsts: Vec<u32>,
+    best_cluster: Vec<u8>,
     builder: LengthBuilder,
 }
 
@@ -185,8 +188,70 @@ impl SharedFit {
         }
         self.firsts = firsts;
         self.starts.push(self.entries.len());
-        let k = CLUSTERS.min(channels).max(1);
+        // Cluster counts tried, the smallest estimated size wins: K (RoPE pairs, sign
+        // context) gains from more clusters than V, whose extra tables cost more than they save.
+        let mut best: Option<(f64, usize, bool)> = None;
+        for &want in &CLUSTER_CANDIDATES {
+            let k = want.min(channels).max(1);
+            if best.is_some_and(|b| b.1 == k) {
+                continue;
+            }
+            let (bits, ctx) = self.cluster_into(k, channels, alphabet);
+            if best.is_none_or(|b| bits < b.0) {
+                best = Some((bits, k, ctx));
+                self.best_cluster.clear();
+                self.best_cluster.extend_from_slice(&self.cluster);
+            }
+        }
+        let (_, k, ctx) = best.expect("at least one cluster count");
+        self.cluster.clear();
+        self.cluster.extend_from_slice(&self.best_cluster);
         self.clusters = k;
+        self.cluster_hists(k, alphabet);
+        self.sign_context = ctx;
+        let tab = 2 * alphabet;
+        let nctx = if self.sign_context { 2 } else { 1 };
+        // The model section: clusters, per channel (cluster, loc), then the tables.
+        section.clear();
+        // The largest section of this shape (a table is at most one run byte per symbol
+        // and a nibble per symbol), so that a steady shape never grows it.
+        section.reserve(1 + 3 * channels + 2 * k * (alphabet + alphabet / 2 + 2));
+        section.push(k as u8);
+        for c in 0..channels {
+            section.push(self.cluster[c]);
+            section.extend_from_slice(&self.locs[c].to_le_bytes());
+        }
+        codes.clear();
+        codes.reserve(k * 2 * CODE_ENTRIES);
+        codes.resize(k * nctx * CODE_ENTRIES, 0);
+        self.lens.resize(alphabet, 0);
+        for g in 0..k {
+            for x in 0..nctx {
+                for r in 0..alphabet {
+                    let n = if nctx == 2 {
+                        self.hist[g * tab + x * alphabet + r]
+                    } else {
+                        self.hist[g * tab + r] + self.hist[g * tab + alphabet + r]
+                    };
+                    self.merged[r] = n.min(u32::MAX as u64) as u32;
+                }
+                if self.merged.iter().all(|&n| n == 0) {
+                    // The decoder wants a complete code (or one symbol) in every table.
+                    self.merged[0] = 1;
+                }
+                self.builder
+                    .build_lengths_limited(&self.merged, &mut self.lens, SHARED_MAX_LEN);
+                huffman::write_table(&self.lens, section);
+                let at = (g * nctx + x) * CODE_ENTRIES;
+                huffman::build_codes(&self.lens, &mut codes[at..at + alphabet]);
+            }
+        }
+    }
+
+    /// Clusters the channels into `k` clusters (initial split by entropy, then refinement
+    /// passes) and sums the cluster histograms; returns the estimated size in bits (entropy
+    /// plus about a nibble per used symbol of every table) and whether the sign context pays.
+    fn cluster_into(&mut self, k: usize, channels: usize, alphabet: usize) -> (f64, bool) {
         // Initial split: channels ordered by their entropy per symbol, cut into k runs.
         self.order.clear();
         for c in 0..channels {
@@ -266,43 +331,7 @@ impl SharedFit {
             with += 4.0 * (used0 + used1) as f64;
             without += 4.0 * usedm as f64;
         }
-        self.sign_context = with < without;
-        let nctx = if self.sign_context { 2 } else { 1 };
-        // The model section: clusters, per channel (cluster, loc), then the tables.
-        section.clear();
-        // The largest section of this shape (a table is at most one run byte per symbol
-        // and a nibble per symbol), so that a steady shape never grows it.
-        section.reserve(1 + 3 * channels + 2 * k * (alphabet + alphabet / 2 + 2));
-        section.push(k as u8);
-        for c in 0..channels {
-            section.push(self.cluster[c]);
-            section.extend_from_slice(&self.locs[c].to_le_bytes());
-        }
-        codes.clear();
-        codes.reserve(k * 2 * CODE_ENTRIES);
-        codes.resize(k * nctx * CODE_ENTRIES, 0);
-        self.lens.resize(alphabet, 0);
-        for g in 0..k {
-            for x in 0..nctx {
-                for r in 0..alphabet {
-                    let n = if nctx == 2 {
-                        self.hist[g * tab + x * alphabet + r]
-                    } else {
-                        self.hist[g * tab + r] + self.hist[g * tab + alphabet + r]
-                    };
-                    self.merged[r] = n.min(u32::MAX as u64) as u32;
-                }
-                if self.merged.iter().all(|&n| n == 0) {
-                    // The decoder wants a complete code (or one symbol) in every table.
-                    self.merged[0] = 1;
-                }
-                self.builder
-                    .build_lengths_limited(&self.merged, &mut self.lens, SHARED_MAX_LEN);
-                huffman::write_table(&self.lens, section);
-                let at = (g * nctx + x) * CODE_ENTRIES;
-                huffman::build_codes(&self.lens, &mut codes[at..at + alphabet]);
-            }
-        }
+        (with.min(without), with < without)
     }
 
     /// Sums the relative counts of each cluster into `hist[g * 2 * alphabet + ctx *
