@@ -46,6 +46,28 @@ fn data_dir() -> PathBuf {
     }
 }
 
+/// Tokens and channels (`kv_heads * head_dim`) of a dump, from its JSON sidecar's
+/// `"shape": [layers, tokens, kv_heads, head_dim]` (the 8-layer sample's shape without one).
+fn sidecar_shape(path: &std::path::Path) -> (usize, usize) {
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return (2048, 192);
+    };
+    let dims: Vec<usize> = text
+        .split("\"shape\"")
+        .nth(1)
+        .and_then(|r| r.split(']').next())
+        .map(|r| {
+            r.split(|c: char| !c.is_ascii_digit())
+                .filter_map(|d| d.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    match dims[..] {
+        [_, t, h, d] => (t, h * d),
+        _ => (2048, 192),
+    }
+}
+
 fn main() {
     let reps: usize = std::env::args()
         .nth(1)
@@ -59,14 +81,21 @@ fn main() {
         let Ok(data) = std::fs::read(dir.join(format!("textA.{name}.bin"))) else {
             continue;
         };
-        let layer_bytes = 2048 * 192 * 2;
+        let (tokens, channels) = sidecar_shape(&dir.join(format!("textA.{name}.json")));
+        let layer_bytes = tokens * channels * 2;
         let layers: Vec<&[u8]> = data.chunks(layer_bytes).collect();
         let dtype = if name.ends_with("bf16") {
             Dtype::Bf16
         } else {
             Dtype::F16
         };
-        let mut params = EncodeParams::new(dtype, 192);
+        let mut params = EncodeParams::new(dtype, channels as u32);
+        if let Some(ct) = std::env::var("KVC_CHUNK_TOKENS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+        {
+            params.chunk_tokens = ct;
+        }
         params.kind = if name.starts_with('K') {
             TensorKind::K
         } else {
