@@ -101,7 +101,8 @@ fn main() {
         } else {
             TensorKind::V
         };
-        // KVC_CODER=grouped times the first gear-v2 coder (for comparisons).
+        // KVC_CODER=grouped times the first gear-v2 coder (for comparisons); default: the
+        // default coder, shared-shape.
         let coder = match std::env::var("KVC_CODER").as_deref() {
             Ok("grouped") => Coder::Grouped,
             _ => Coder::SharedShape,

@@ -239,7 +239,13 @@ fn golden_v2_blobs_decode() {
             p.chunk_tokens = 16;
             p.kind = TensorKind::K;
             std::fs::create_dir_all(&dir).unwrap();
-            std::fs::write(&blob_path, Encoder::new().encode(&p, &data).unwrap()).unwrap();
+            std::fs::write(
+                &blob_path,
+                Encoder::with_coder(Coder::Grouped)
+                    .encode(&p, &data)
+                    .unwrap(),
+            )
+            .unwrap();
             std::fs::write(&raw_path, &data).unwrap();
         }
         let blob = std::fs::read(&blob_path).unwrap();
