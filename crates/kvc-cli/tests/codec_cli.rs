@@ -255,7 +255,7 @@ fn v_has_k_and_v_v2(json: &Path) -> bool {
 }
 
 /// `kvc codec encode --format gear-v2` then `decode` without --dtype: bit-exact for every
-/// dtype, and smaller than the input on real K data.
+/// dtype and both coders, and smaller than the input on real K data.
 #[test]
 fn gear_v2_encode_decode_round_trip_every_dtype() {
     let dir = tmp("v2rt");
@@ -264,11 +264,13 @@ fn gear_v2_encode_decode_round_trip_every_dtype() {
     let n = 96 * 192 * 2;
     let input = dir.join("in.bin");
     std::fs::write(&input, &raw[..n]).unwrap();
-    for (dtype, channels) in [
-        ("f16", "192"),
-        ("bf16", "192"),
-        ("f32", "96"),
-        ("i8", "384"),
+    for (dtype, channels, coder) in [
+        ("f16", "192", "shared"),
+        ("bf16", "192", "shared"),
+        ("f32", "96", "shared"),
+        ("i8", "384", "shared"),
+        ("f16", "192", "grouped"),
+        ("bf16", "192", "grouped"),
     ] {
         let blob = dir.join(format!("{dtype}.kvg2"));
         let back = dir.join(format!("{dtype}.raw"));
@@ -285,6 +287,8 @@ fn gear_v2_encode_decode_round_trip_every_dtype() {
             "k",
             "--chunk-tokens",
             "40",
+            "--coder",
+            coder,
             s(&input),
             s(&blob),
         ]);
@@ -292,6 +296,11 @@ fn gear_v2_encode_decode_round_trip_every_dtype() {
         let bytes = std::fs::read(&blob).unwrap();
         assert_eq!(&bytes[..4], b"KVG2");
         assert_eq!(bytes[6], 1, "kind K recorded");
+        assert_eq!(
+            bytes[7] & 2 != 0,
+            coder == "shared",
+            "{coder} coder's flag bit"
+        );
         let o = kvc(&["codec", "decode", s(&blob), s(&back)]);
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
         assert_eq!(std::fs::read(&back).unwrap(), &raw[..n], "{dtype}");

@@ -27,6 +27,15 @@ enum Format {
     GearV2,
 }
 
+/// Which gear-v2 coder writes the blob (the decoder reads both).
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum CoderArg {
+    /// Relative symbols, tables shared by clusters of channels (the default).
+    Shared,
+    /// One table per group of channels, the first gear-v2 coder.
+    Grouped,
+}
+
 /// Which cache tensor a gear-v2 blob holds (recorded in its header).
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum Kind {
@@ -56,6 +65,9 @@ enum CodecCommand {
         /// gear-v2: tokens per independently decodable chunk.
         #[arg(long, default_value_t = gear_v2::DEFAULT_CHUNK_TOKENS)]
         chunk_tokens: u32,
+        /// gear-v2: the coder.
+        #[arg(long, value_enum, default_value = "shared")]
+        coder: CoderArg,
         /// gear-v1: predictors to try, comma-separated: raw, delta_seq, xor_seq.
         #[arg(long, default_value = "raw,delta_seq,xor_seq", value_parser = parse_predictors)]
         predictors: PredictorSet,
@@ -112,6 +124,7 @@ pub fn run(args: CodecArgs) -> Result<(), CliError> {
             channels,
             kind,
             chunk_tokens,
+            coder,
             predictors,
             zstd_level,
             input,
@@ -149,9 +162,12 @@ pub fn run(args: CodecArgs) -> Result<(), CliError> {
                         chunk_tokens,
                     };
                     let mut out = Vec::new();
-                    gear_v2::Encoder::new()
-                        .encode_into_parallel(&params, &data, &mut out)
-                        .map_err(in_file(&input))?;
+                    gear_v2::Encoder::with_coder(match coder {
+                        CoderArg::Shared => gear_v2::Coder::SharedShape,
+                        CoderArg::Grouped => gear_v2::Coder::Grouped,
+                    })
+                    .encode_into_parallel(&params, &data, &mut out)
+                    .map_err(in_file(&input))?;
                     out
                 }
             };
