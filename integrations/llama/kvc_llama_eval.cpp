@@ -1423,15 +1423,19 @@ bool sidecar_shape(const std::string & path, int & L, int & T) {
     return std::sscanf(s.c_str() + b, "[ %d , %d", &L, &T) == 2;
 }
 
-void write_sidecar(const std::string & path, const std::string & file, const char * tensor, bool bf16,
+// dtype: "f16" (the cache bytes), "bf16" (RNE of the callback's f32) or "f32" (the callback's f32)
+void write_sidecar(const std::string & path, const std::string & file, const char * tensor, const std::string & dtype,
                    const ModelInfo & mi, int n_tok, const Options & o, const std::string & text_path,
                    const std::string & text, long text_tokens_total) {
+    const bool bf16 = dtype == "bf16", f32 = dtype == "f32", from_f32 = bf16 || f32;
     std::ostringstream j;
     j << "{\n";
     j << "  \"file\": \"" << json_escape(file) << "\",\n";
     j << "  \"tensor\": \"" << tensor << "\",\n";
     j << "  \"dtype\": \""
-      << (bf16 ? "bfloat16 (RNE from float32)" : "float16 IEEE binary16 (bytes read back from the llama.cpp f16 KV cache)")
+      << (bf16  ? "bfloat16 (RNE from float32)"
+          : f32 ? "float32 (the rows the model computed, before the f16 cache)"
+                : "float16 IEEE binary16 (bytes read back from the llama.cpp f16 KV cache)")
       << "\",\n";
     j << "  \"byte_order\": \"little-endian\",\n";
     j << "  \"layout\": \"[n_layer][n_tokens][n_kv_head][head_dim]\",\n";
@@ -1451,16 +1455,20 @@ void write_sidecar(const std::string & path, const std::string & file, const cha
     j << "  \"bos_prepended\": " << (o.bos ? "true" : "false") << ",\n";
     j << "  \"text_first_200_chars\": \"" << json_escape(text.substr(0, 200)) << "\",\n";
     if (tensor[0] == 'K') {
-        j << "  \"capture\": \"" << (bf16 ? "eval callback on 'Kcur-<il>' (op ROPE, f32), rounded to bf16"
-                                          : "K rows of llama_state_seq_get_data (the cache bytes)")
+        j << "  \"capture\": \""
+          << (bf16  ? "eval callback on 'Kcur-<il>' (op ROPE, f32), rounded to bf16"
+              : f32 ? "eval callback on 'Kcur-<il>' (op ROPE, f32)"
+                    : "K rows of llama_state_seq_get_data (the cache bytes)")
           << "\",\n";
         j << "  \"post_rope\": true,\n";
     } else {
-        j << "  \"capture\": \"" << (bf16 ? "eval callback on 'Vcur-<il>' (f32), rounded to bf16"
-                                          : "V of llama_state_seq_get_data (the cache bytes, transposed back)")
+        j << "  \"capture\": \""
+          << (bf16  ? "eval callback on 'Vcur-<il>' (f32), rounded to bf16"
+              : f32 ? "eval callback on 'Vcur-<il>' (f32)"
+                    : "V of llama_state_seq_get_data (the cache bytes, transposed back)")
           << "\",\n";
     }
-    j << "  \"fp16_equals_cache_bytes\": " << (bf16 ? "false" : "true") << ",\n";
+    j << "  \"fp16_equals_cache_bytes\": " << (from_f32 ? "false" : "true") << ",\n";
     j << "  \"producer\": \"kvc integrations/llama/kvc_llama_eval --modes dump\"\n";
     j << "}\n";
     const std::string s = j.str();
@@ -1544,8 +1552,22 @@ RunResult run_dump(llama_model * model, const ModelInfo & mi, const Options & o,
             const std::string bin = tag + "." + f.first + ".bin";
             write_bytes(o.dump_dir + "/" + bin, f.second->data(), nb);
             const bool bf16 = std::strstr(f.first, "bf16") != nullptr;
-            write_sidecar(pre + "." + f.first + ".json", bin, f.first[0] == 'K' ? "K" : "V", bf16, mi, n, o, text_path,
-                          text, (long) toks.size());
+            write_sidecar(pre + "." + f.first + ".json", bin, f.first[0] == 'K' ? "K" : "V", bf16 ? "bf16" : "f16", mi, n,
+                          o, text_path, text, (long) toks.size());
+        }
+        // f32: the rows the model computed (the f16 cache rounds them), layer after layer
+        for (const bool is_v : { false, true }) {
+            const std::string name = is_v ? "V.f32" : "K.f32";
+            const std::string bin  = tag + "." + name + ".bin";
+            std::vector<float> all;
+            all.reserve((size_t) mi.n_layer * n * ne);
+            for (int l = 0; l < mi.n_layer; ++l) {
+                const auto & rows = is_v ? tap.v_rows[l] : tap.k_rows[l];
+                all.insert(all.end(), rows.begin(), rows.end());
+            }
+            write_bytes(o.dump_dir + "/" + bin, all.data(), all.size() * sizeof(float));
+            write_sidecar(pre + "." + name + ".json", bin, is_v ? "V" : "K", "f32", mi, n, o, text_path, text,
+                          (long) toks.size());
         }
         r.extra.push_back({"dump_dir", "\"" + json_escape(o.dump_dir) + "\""});
     }
