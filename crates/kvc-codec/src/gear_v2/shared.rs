@@ -189,11 +189,12 @@ impl SharedFit {
         self.firsts = firsts;
         self.starts.push(self.entries.len());
         // Cluster counts tried, the smallest estimated size wins: K (RoPE pairs, sign
-        // context) gains from more clusters than V, whose extra tables cost more than they save.
+        // context) gains from more clusters than V, whose extra tables cost more than they
+        // save. Only tensors whose first fit takes the sign context (K-like) try the others.
         let mut best: Option<(f64, usize, bool)> = None;
         for &want in &CLUSTER_CANDIDATES {
             let k = want.min(channels).max(1);
-            if best.is_some_and(|b| b.1 == k) {
+            if best.is_some_and(|b| b.1 == k || !b.2) {
                 continue;
             }
             let (bits, ctx) = self.cluster_into(k, channels, alphabet);
