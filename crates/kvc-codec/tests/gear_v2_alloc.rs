@@ -59,7 +59,7 @@ fn tensor(dtype: Dtype, tokens: usize, channels: usize, seed: u64) -> Vec<u8> {
 #[test]
 fn steady_state_encode_and_decode_allocate_nothing() {
     let dtypes = [Dtype::F16, Dtype::Bf16, Dtype::F32, Dtype::I8];
-    for (coder, dtype) in [Coder::Grouped, Coder::SharedShape]
+    for (coder, dtype) in [Coder::Grouped, Coder::SharedShape, Coder::Auto]
         .into_iter()
         .flat_map(|c| dtypes.map(|d| (c, d)))
     {

@@ -30,7 +30,9 @@ enum Format {
 /// Which gear-v2 coder writes the blob (the decoder reads both).
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum CoderArg {
-    /// Relative symbols, tables shared by clusters of channels (the default).
+    /// The library's default: shared for floats, the smaller of both for int8.
+    Auto,
+    /// Relative symbols, tables shared by clusters of channels.
     Shared,
     /// One table per group of channels, the first gear-v2 coder.
     Grouped,
@@ -66,7 +68,7 @@ enum CodecCommand {
         #[arg(long, default_value_t = gear_v2::DEFAULT_CHUNK_TOKENS)]
         chunk_tokens: u32,
         /// gear-v2: the coder.
-        #[arg(long, value_enum, default_value = "shared")]
+        #[arg(long, value_enum, default_value = "auto")]
         coder: CoderArg,
         /// gear-v1: predictors to try, comma-separated: raw, delta_seq, xor_seq.
         #[arg(long, default_value = "raw,delta_seq,xor_seq", value_parser = parse_predictors)]
@@ -163,6 +165,7 @@ pub fn run(args: CodecArgs) -> Result<(), CliError> {
                     };
                     let mut out = Vec::new();
                     gear_v2::Encoder::with_coder(match coder {
+                        CoderArg::Auto => gear_v2::Coder::Auto,
                         CoderArg::Shared => gear_v2::Coder::SharedShape,
                         CoderArg::Grouped => gear_v2::Coder::Grouped,
                     })

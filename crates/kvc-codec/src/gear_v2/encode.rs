@@ -83,10 +83,16 @@ pub enum Coder {
     /// per lookup: the first gear-v2 coder.
     Grouped,
     /// Relative symbols, a few tables shared by clusters of channels, codes up to 11 bits
-    /// decoded up to two symbols per lookup (flag bit 1): the default, smaller than
-    /// [`Coder::Grouped`] on every real KV tensor and about as fast to decode.
-    #[default]
+    /// decoded up to two symbols per lookup (flag bit 1): smaller than [`Coder::Grouped`] on
+    /// every real f16, bf16 and f32 KV tensor, and about as fast to decode.
     SharedShape,
+    /// The default: [`Coder::SharedShape`] for float tensors; for int8 both coders, keeping
+    /// the smaller blob (the shared-shape model's relative map, sign and magnitude around a
+    /// channel's usual value, suits sign/exponent fields better than two's-complement codes
+    /// around a zero point: on C8-quantized real V the grouped coder wins, on K mostly the
+    /// shared-shape one). Encoding int8 costs two encodes.
+    #[default]
+    Auto,
 }
 
 /// A reusable gear-v2 encoder: its buffers are kept between calls, so encoding tensors of
@@ -95,12 +101,19 @@ pub enum Coder {
 pub struct Encoder {
     model: EncoderModel,
     coder: Coder,
+    /// The coder of the pass under way ([`Coder::Grouped`] or [`Coder::SharedShape`]).
+    active: Coder,
     plan: RepeatPlan,
+    /// The other candidate's blob when [`Coder::Auto`] tries two coders.
+    alt: Vec<u8>,
     pub(crate) chunk_bufs: Vec<Vec<u8>>,
 }
 
+/// One way of encoding a whole blob: serial or parallel over chunks.
+type EncodePass = fn(&mut Encoder, &EncodeParams, &[u8], &mut Vec<u8>) -> Result<()>;
+
 impl Encoder {
-    /// A new encoder (writing the default [`Coder::SharedShape`]).
+    /// A new encoder with the default coder, [`Coder::Auto`].
     pub fn new() -> Self {
         Self::default()
     }
@@ -122,6 +135,53 @@ impl Encoder {
 
     /// Encodes `input` into `out` (cleared first; its capacity is reused).
     pub fn encode_into(
+        &mut self,
+        params: &EncodeParams,
+        input: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<()> {
+        self.best_of(params, input, out, Self::encode_serial)
+    }
+
+    /// The concrete coders tried for `dtype`, in order.
+    fn candidates(&self, dtype: Dtype) -> &'static [Coder] {
+        match self.coder {
+            Coder::Grouped => &[Coder::Grouped],
+            Coder::SharedShape => &[Coder::SharedShape],
+            Coder::Auto if dtype == Dtype::I8 => &[Coder::SharedShape, Coder::Grouped],
+            Coder::Auto => &[Coder::SharedShape],
+        }
+    }
+
+    /// Runs `pass` once per candidate coder and leaves the smallest blob in `out` (the
+    /// first on ties). Both buffers are kept, so steady shapes still do not allocate.
+    pub(crate) fn best_of(
+        &mut self,
+        params: &EncodeParams,
+        input: &[u8],
+        out: &mut Vec<u8>,
+        pass: EncodePass,
+    ) -> Result<()> {
+        let (first, rest) = self
+            .candidates(params.dtype)
+            .split_first()
+            .expect("at least one coder");
+        self.active = *first;
+        pass(self, params, input, out)?;
+        for &coder in rest {
+            let mut alt = std::mem::take(&mut self.alt);
+            self.active = coder;
+            let r = pass(self, params, input, &mut alt);
+            if r.is_ok() && alt.len() < out.len() {
+                std::mem::swap(out, &mut alt);
+            }
+            self.alt = alt;
+            r?;
+        }
+        Ok(())
+    }
+
+    fn encode_serial(
         &mut self,
         params: &EncodeParams,
         input: &[u8],
@@ -158,7 +218,7 @@ impl Encoder {
             channels,
             &self.plan.chunk_tokens,
             self.plan.coded(input),
-            self.coder == Coder::SharedShape,
+            self.active == Coder::SharedShape,
         );
         let model_len = u32::try_from(self.model.section.len()).map_err(|_| Error::V2TooLarge {
             what: "model section",

@@ -14,6 +14,15 @@ impl Encoder {
         input: &[u8],
         out: &mut Vec<u8>,
     ) -> Result<()> {
+        self.best_of(params, input, out, Self::encode_parallel)
+    }
+
+    fn encode_parallel(
+        &mut self,
+        params: &EncodeParams,
+        input: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<()> {
         let tokens = self.prepare(params, input, out)? as usize;
         let ct = params.chunk_tokens as usize;
         let chunks = tokens.div_ceil(ct);
