@@ -5,6 +5,10 @@
 //! one blob per layer tensor. Each timed repetition runs [`PASSES`] passes over the data
 //! (about 0.1 s): the thread's CPU time is only updated at scheduler ticks, so shorter
 //! intervals would be quantised.
+//!
+//! Environment: `KVC_CODER=grouped` (else the default coder), `KVC_CHUNK_TOKENS=N`, and
+//! `KVC_DUMP_BLOBS=DIR` to write every blob (`DIR/K.f16.<layer>.kvg2`, ...) so that two
+//! encoder versions can be compared byte for byte.
 
 use kvc_codec::gear_v2::{Coder, Decoder, EncodeParams, Encoder, TensorKind};
 use kvc_codec::Dtype;
@@ -102,10 +106,10 @@ fn main() {
             TensorKind::V
         };
         // KVC_CODER=grouped times the first gear-v2 coder (for comparisons); default: the
-        // default coder, shared-shape.
+        // default coder (Auto: shared-shape on these float dumps).
         let coder = match std::env::var("KVC_CODER").as_deref() {
             Ok("grouped") => Coder::Grouped,
-            _ => Coder::SharedShape,
+            _ => Coder::Auto,
         };
         let mut enc = Encoder::with_coder(coder);
         let mut dec = Decoder::new();
@@ -114,6 +118,11 @@ fn main() {
             .map(|l| enc.encode(&params, l).unwrap())
             .collect();
         let stored: usize = blobs.iter().map(Vec::len).sum();
+        if let Ok(dir) = std::env::var("KVC_DUMP_BLOBS") {
+            for (l, b) in blobs.iter().enumerate() {
+                std::fs::write(format!("{dir}/{name}.{l}.kvg2"), b).unwrap();
+            }
+        }
         let mut buf = vec![0u8; layer_bytes];
         for (l, b) in layers.iter().zip(&blobs) {
             dec.decode_into(b, &mut buf).unwrap();
