@@ -88,12 +88,12 @@ for k in ("realkv_K_f16", "realkv_V_f16", "realkv_K_bf16", "realkv_V_bf16"):
     # build differs in the attention arithmetic from layer 1 on)
     assert c is not None and c["values"] > 0 and c["layer0_mismatches"] == 0, (k, c)
 for tag in ("textA", "textB"):
-    for f in ("K.f16", "V.f16", "K.bf16", "V.bf16"):
+    for f in ("K.f16", "V.f16", "K.bf16", "V.bf16", "K.f32", "V.f32"):
         meta = json.load(open(os.path.join(dump, f"{tag}.{f}.json")))
-        n = 1
+        n = 4 if f.endswith("f32") else 2
         for x in meta["shape"]:
             n *= x
-        assert os.path.getsize(os.path.join(dump, meta["file"])) == 2 * n, (tag, f)
+        assert os.path.getsize(os.path.join(dump, meta["file"])) == n, (tag, f)
 print("50-llama: result checks passed")
 PY
 
