@@ -153,8 +153,9 @@ impl Encoder {
         }
     }
 
-    /// Runs `pass` once per candidate coder and leaves the smallest blob in `out` (the
-    /// first on ties). Both buffers are kept, so steady shapes still do not allocate.
+    /// Plans the repeated tokens once (they do not depend on the coder), then runs `pass`
+    /// once per candidate coder and leaves the smallest blob in `out` (the first on ties).
+    /// Both buffers are kept, so steady shapes still do not allocate.
     pub(crate) fn best_of(
         &mut self,
         params: &EncodeParams,
@@ -162,6 +163,10 @@ impl Encoder {
         out: &mut Vec<u8>,
         pass: EncodePass,
     ) -> Result<()> {
+        params.tokens_for(input.len())?;
+        let row_bytes = params.channels as usize * params.dtype.width();
+        self.plan
+            .plan(input, row_bytes, params.chunk_tokens as usize);
         let (first, rest) = self
             .candidates(params.dtype)
             .split_first()
@@ -201,7 +206,8 @@ impl Encoder {
         Ok(())
     }
 
-    /// Validates, fits the model and writes header and model section; returns the tokens.
+    /// Fits the model on the rows [`Encoder::best_of`] planned and writes header and model
+    /// section; returns the tokens.
     pub(crate) fn prepare(
         &mut self,
         params: &EncodeParams,
@@ -210,9 +216,6 @@ impl Encoder {
     ) -> Result<u32> {
         let tokens = params.tokens_for(input.len())?;
         let channels = params.channels as usize;
-        let row_bytes = channels * params.dtype.width();
-        self.plan
-            .plan(input, row_bytes, params.chunk_tokens as usize);
         self.model.fit(
             params.dtype,
             channels,
