@@ -152,6 +152,26 @@ impl KvcQuant {
         Ok((layer, t))
     }
 
+    /// The checks every row-batch call makes first, in this order: a NULL row pointer
+    /// (`argument`) with `n_rows > 0`, the layer and tensor, the dtype, and `n_rows *
+    /// channels` overflowing. Returns `(layer, tensor index, dtype, elements)`.
+    fn row_batch(
+        &self,
+        layer: usize,
+        tensor: KvcTensor,
+        dtype: KvcDtype,
+        (rows_null, argument): (bool, &'static str),
+        n_rows: usize,
+    ) -> Result<(usize, usize, DType, usize), Error> {
+        if rows_null && n_rows > 0 {
+            return Err(Error::NullArgument { argument });
+        }
+        let (layer, t) = self.slot(layer, tensor)?;
+        let dtype = cache_dtype(dtype, "dtype")?;
+        let elems = mul(n_rows, self.channels(t), "n_rows")?;
+        Ok((layer, t, dtype, elems))
+    }
+
     /// The parameters of a checked slot, or `KVC_INVALID_STATE` saying how to get them.
     fn params(&self, layer: usize, t: usize) -> Result<&ChannelQuant, Error> {
         self.params[layer][t].as_ref().ok_or_else(|| {
@@ -415,13 +435,9 @@ pub unsafe extern "C" fn kvc_quant_observe_rows(
     status_boundary("kvc_quant_observe_rows", || {
         // SAFETY: caller contract.
         let q = unsafe { handle_mut(quant, "quant") }?;
-        if src.is_null() && n_rows > 0 {
-            return Err(Error::NullArgument { argument: "src" });
-        }
-        let (l, t) = q.slot(layer, tensor)?;
-        let dt = cache_dtype(dtype, "dtype")?;
+        let (l, t, dt, elems) =
+            q.row_batch(layer, tensor, dtype, (src.is_null(), "src"), n_rows)?;
         let channels = q.channels(t);
-        let elems = mul(n_rows, channels, "n_rows")?;
         // SAFETY: caller contract.
         let src = unsafe { in_bytes(src, elems, dt, "src") }?;
         if dt == DType::I8 {
@@ -700,12 +716,8 @@ pub unsafe extern "C" fn kvc_quant_quantize_rows(
         let q = unsafe { handle_ref(quant, "quant") }?;
         // SAFETY: caller contract.
         let dst_len = unsafe { out_ref(dst_len, "dst_len") }?;
-        if src.is_null() && n_rows > 0 {
-            return Err(Error::NullArgument { argument: "src" });
-        }
-        let (l, t) = q.slot(layer, tensor)?;
-        let dt = cache_dtype(dtype, "dtype")?;
-        let elems = mul(n_rows, q.channels(t), "n_rows")?;
+        let (l, t, dt, elems) =
+            q.row_batch(layer, tensor, dtype, (src.is_null(), "src"), n_rows)?;
         // SAFETY: caller contract.
         let src_bytes = unsafe { in_bytes(src, elems, dt, "src") }?;
         if dst.is_null() && dst_capacity == 0 {
@@ -784,12 +796,8 @@ pub unsafe extern "C" fn kvc_quant_dequantize_rows(
         let q = unsafe { handle_ref(quant, "quant") }?;
         // SAFETY: caller contract.
         let dst_len = unsafe { out_ref(dst_len, "dst_len") }?;
-        if src.is_null() && n_rows > 0 {
-            return Err(Error::NullArgument { argument: "src" });
-        }
-        let (l, t) = q.slot(layer, tensor)?;
-        let dt = cache_dtype(dtype, "dtype")?;
-        let elems = mul(n_rows, q.channels(t), "n_rows")?;
+        let (l, t, dt, elems) =
+            q.row_batch(layer, tensor, dtype, (src.is_null(), "src"), n_rows)?;
         // SAFETY: caller contract.
         let src_bytes = unsafe { in_bytes(src.cast(), elems, DType::I8, "src") }?;
         if dst.is_null() && dst_capacity == 0 {
@@ -838,12 +846,8 @@ pub unsafe extern "C" fn kvc_quant_roundtrip_rows(
     status_boundary("kvc_quant_roundtrip_rows", || {
         // SAFETY: caller contract.
         let q = unsafe { handle_ref(quant, "quant") }?;
-        if data.is_null() && n_rows > 0 {
-            return Err(Error::NullArgument { argument: "data" });
-        }
-        let (l, t) = q.slot(layer, tensor)?;
-        let dt = cache_dtype(dtype, "dtype")?;
-        let elems = mul(n_rows, q.channels(t), "n_rows")?;
+        let (l, t, dt, elems) =
+            q.row_batch(layer, tensor, dtype, (data.is_null(), "data"), n_rows)?;
         let p = q.params(l, t)?;
         // SAFETY: caller contract; NULL, alignment and size are checked.
         let data = unsafe { out_bytes(data, elems, dt, "data") }?;
