@@ -1475,6 +1475,18 @@ void write_sidecar(const std::string & path, const std::string & file, const cha
     write_bytes(path, s.data(), s.size());
 }
 
+// how many of the n floats at a and b differ in any bit (logits compared bit for bit)
+long bits_differing(const float * a, const float * b, int n) {
+    long d = 0;
+    for (int i = 0; i < n; ++i) {
+        uint32_t x, y;
+        std::memcpy(&x, &a[i], 4);
+        std::memcpy(&y, &b[i], 4);
+        if (x != y) d++;
+    }
+    return d;
+}
+
 uint16_t f32_to_bf16_rne(float x) {
     uint32_t u;
     std::memcpy(&u, &x, 4);
@@ -1762,14 +1774,7 @@ RunResult run_state(llama_model * model, const ModelInfo & mi, const Options & o
                                   std::to_string(blob.size()) + " bytes");
     const auto blob2 = get_seq_state(b.get());
     decode_batch(b.get(), toks, n - 1, 1, n - 1, one);
-    const float * lb = llama_get_logits_ith(b.get(), -1);
-    long diff = 0;
-    for (int i = 0; i < mi.n_vocab; ++i) {
-        uint32_t x, y;
-        std::memcpy(&x, &la[i], 4);
-        std::memcpy(&y, &lb[i], 4);
-        if (x != y) diff++;
-    }
+    const long diff = bits_differing(la.data(), llama_get_logits_ith(b.get(), -1), mi.n_vocab);
     // the same state through kvc's codec: pack, unpack, restore into a third context
     const auto segs = state_segments(blob, mi);
     const double t2 = now_s();
@@ -1783,14 +1788,7 @@ RunResult run_state(llama_model * model, const ModelInfo & mi, const Options & o
     const size_t used_c = llama_state_seq_set_data(c.get(), unpacked.data(), unpacked.size(), 0);
     if (used_c != unpacked.size()) fail("state: the codec round trip was not accepted by llama_state_seq_set_data");
     decode_batch(c.get(), toks, n - 1, 1, n - 1, one);
-    const float * lc = llama_get_logits_ith(c.get(), -1);
-    long diff_codec = 0;
-    for (int i = 0; i < mi.n_vocab; ++i) {
-        uint32_t x, y;
-        std::memcpy(&x, &la[i], 4);
-        std::memcpy(&y, &lc[i], 4);
-        if (x != y) diff_codec++;
-    }
+    const long diff_codec = bits_differing(la.data(), llama_get_logits_ith(c.get(), -1), mi.n_vocab);
     // a damaged container must be refused: truncated, and one byte of a K blob flipped
     bool trunc_pack_refused = false, flip_refused_or_detected = false;
     try {
