@@ -4,8 +4,11 @@
 //! whole tokens that each decode alone. Every value is split into a top field (sign and
 //! exponent, plus the top mantissa bits for f16: 8 bits for f16/int8, 9 for bf16/f32) and the
 //! low bits. The low bits are near-uniform noise and are stored packed; the top field is
-//! coded with static canonical Huffman tables, one per group of channels (and, optionally, per
-//! sign of the previous token in the same channel), chosen for the tensor by measured size.
+//! coded with static canonical Huffman tables (optionally per sign of the previous token in
+//! the same channel), chosen for the tensor by measured size: with the shared-shape coder
+//! (the default for floats) a few tables shared by clusters of channels code each channel's
+//! symbols relative to its usual value; with the grouped coder one table per group of
+//! channels codes them as they are (`Coder::Auto` tries both on int8).
 //! Tables live once in the blob's model section; each chunk holds four interleaved Huffman
 //! lanes (channel `c` in lane `c % 4`) and the packed low bits; tokens that repeat an earlier
 //! row of their chunk (layer 0's V repeats the rows of repeated words) are stored as
