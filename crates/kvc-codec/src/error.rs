@@ -256,6 +256,11 @@ pub enum Error {
         /// What is wrong with it.
         reason: &'static str,
     },
+    /// gear-v2: the row dictionary (format version 3) is inconsistent.
+    V2BadDictionary {
+        /// What is wrong with it.
+        reason: &'static str,
+    },
     /// gear-v2: a chunk number past the last chunk was requested.
     V2ChunkOutOfRange {
         /// Requested chunk.
@@ -279,7 +284,8 @@ impl Error {
             | Error::V2BadField { .. }
             | Error::V2BadTable { .. }
             | Error::V2ChunkIndexMismatch { .. }
-            | Error::V2BadChunk { .. } => ErrorKind::CorruptData,
+            | Error::V2BadChunk { .. }
+            | Error::V2BadDictionary { .. } => ErrorKind::CorruptData,
             Error::V2UnsupportedVersion { .. } => ErrorKind::Unsupported,
             Error::UnknownDtype { .. }
             | Error::InputNotWholeElements { .. }
@@ -351,6 +357,7 @@ impl fmt::Display for Error {
                 "gear-v2: chunk index sums to {indexed} bytes but {present} bytes follow it"
             ),
             Error::V2BadChunk { chunk, reason } => write!(f, "gear-v2: chunk {chunk}: {reason}"),
+            Error::V2BadDictionary { reason } => write!(f, "gear-v2: row dictionary: {reason}"),
             Error::V2ChunkOutOfRange { chunk, chunks } => write!(
                 f,
                 "gear-v2: chunk {chunk} requested but the blob has {chunks} chunks"

@@ -38,22 +38,34 @@ fn half_bits(x: f32) -> u16 {
 const DTYPES: [Dtype; 4] = [Dtype::F16, Dtype::Bf16, Dtype::F32, Dtype::I8];
 
 fn small_blob(dtype: Dtype) -> (Vec<u8>, Vec<u8>) {
-    small_blob_with(Coder::Grouped, dtype, false)
+    small_blob_with(Coder::Grouped, dtype, Rows::Distinct)
 }
 
-/// A blob of 8 tokens of 5 channels in two chunks whose first chunk is coded: mode 1 with
-/// every row distinct, or mode 2 (repeated tokens) with `repeats`.
-fn small_blob_with(coder: Coder, dtype: Dtype, repeats: bool) -> (Vec<u8>, Vec<u8>) {
+/// Which rows a small test blob repeats.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Rows {
+    /// Every row distinct: the first chunk is coded (mode 1).
+    Distinct,
+    /// Rows repeated inside the first chunk only (mode 2, no row dictionary).
+    InChunk,
+    /// A row repeated in both chunks: a row dictionary (version 3) and a first chunk of
+    /// mode 2; the second chunk refers to the dictionary only.
+    AcrossChunks,
+}
+
+/// A blob of 8 tokens of 5 channels in two chunks of 6 and 2 tokens whose rows repeat as
+/// `rows` says.
+fn small_blob_with(coder: Coder, dtype: Dtype, rows: Rows) -> (Vec<u8>, Vec<u8>) {
     // Few distinct values with shared low bits so that the chunks are Huffman-coded.
     let pool = sample(dtype, 1, 3, 11);
     let size = dtype.width();
-    let rows: [usize; 8] = if repeats {
-        [5, 7, 5, 11, 7, 7, 5, 13]
-    } else {
-        [5, 7, 9, 11, 15, 17, 19, 13]
+    let ids: [usize; 8] = match rows {
+        Rows::Distinct => [5, 7, 9, 11, 15, 17, 19, 13],
+        Rows::InChunk => [5, 7, 5, 11, 7, 7, 9, 13],
+        Rows::AcrossChunks => [5, 7, 5, 11, 7, 7, 5, 5],
     };
     let mut data = Vec::new();
-    for row in rows {
+    for row in ids {
         // Channel c of a row holds pool value (row / 3^c) % 3: distinct rows differ.
         for c in 0..5u32 {
             let k = row / 3usize.pow(c) % 3;
@@ -65,22 +77,47 @@ fn small_blob_with(coder: Coder, dtype: Dtype, repeats: bool) -> (Vec<u8>, Vec<u
     p.kind = TensorKind::V;
     let blob = Encoder::with_coder(coder).encode(&p, &data).unwrap();
     // The first chunk must be coded for the flips to reach the Huffman lanes.
-    let model_len = u32::from_le_bytes(blob[24..28].try_into().unwrap()) as usize;
-    let first_chunk = 32 + model_len + 4 * 2;
-    let mode = if repeats { 2 } else { 1 };
-    assert_eq!(blob[first_chunk], mode, "{dtype}: first chunk's mode");
+    let dict_rows = u32::from_le_bytes(blob[28..32].try_into().unwrap());
+    let modes = chunk_modes(&blob);
+    let expected = match rows {
+        Rows::Distinct => (0, 1),
+        Rows::InChunk => (0, 2),
+        Rows::AcrossChunks => (1, 2),
+    };
+    assert_eq!((dict_rows, modes[0]), expected, "{dtype} {rows:?}");
+    // f32 rows are long enough for the second chunk to be all references (no coded token).
+    if rows == Rows::AcrossChunks && dtype == Dtype::F32 {
+        assert_eq!(modes[1], 2);
+    }
     (blob, data)
+}
+
+/// The mode byte of every chunk of a blob (not of its row dictionary).
+fn chunk_modes(blob: &[u8]) -> Vec<u8> {
+    let u = |o: usize| u32::from_le_bytes(blob[o..o + 4].try_into().unwrap()) as usize;
+    let (tokens, chunk_tokens, model_len, dict_rows) = (u(8), u(16), u(24), u(28));
+    let entries = tokens.div_ceil(chunk_tokens) + (dict_rows > 0) as usize;
+    let index = 32 + model_len;
+    let mut at = index + 4 * entries;
+    let mut modes = Vec::new();
+    for e in 0..entries {
+        if e > 0 || dict_rows == 0 {
+            modes.push(blob[at]);
+        }
+        at += u(index + 4 * e);
+    }
+    modes
 }
 
 #[test]
 fn every_bit_flip_and_truncation() {
     let mut dec = Decoder::new();
-    for (coder, dtype, repeats) in [Coder::Grouped, Coder::SharedShape]
+    for (coder, dtype, rows) in [Coder::Grouped, Coder::SharedShape]
         .into_iter()
         .flat_map(|c| DTYPES.map(|d| (c, d)))
-        .flat_map(|(c, d)| [(c, d, false), (c, d, true)])
+        .flat_map(|(c, d)| [Rows::Distinct, Rows::InChunk, Rows::AcrossChunks].map(|r| (c, d, r)))
     {
-        let (blob, data) = small_blob_with(coder, dtype, repeats);
+        let (blob, data) = small_blob_with(coder, dtype, rows);
         assert_eq!(blob[7] & 2 != 0, coder == Coder::SharedShape);
         assert_eq!(dec.decode(&blob).unwrap(), data);
         for n in 0..blob.len() {
@@ -119,23 +156,53 @@ fn bad_header_fields_are_named() {
         e(header_with(&blob, 0, b"KVG1")),
         Error::V2BadMagic { .. }
     ));
-    for v in [0, 3, 255] {
+    assert_eq!(blob[4], 3, "format version written");
+    for v in [0, 4, 255] {
         assert!(matches!(
             e(header_with(&blob, 4, &[v])),
             Error::V2UnsupportedVersion { found } if found == v
         ));
     }
     // Chunk mode 2 (repeated tokens) came with version 2: a version-1 blob cannot have it.
-    let (repeats, data) = small_blob_with(Coder::Grouped, Dtype::F16, true);
+    let (repeats, data) = small_blob_with(Coder::Grouped, Dtype::F16, Rows::InChunk);
     assert_eq!(dec.decode(&repeats).unwrap(), data);
     assert_eq!(
         e(header_with(&repeats, 4, &[1])).kind(),
         ErrorKind::CorruptData
     );
-    // The mode-1 blob reads the same as version 1.
+    // Without a row dictionary the blobs read the same as versions 1 (mode 1 only) and 2.
+    for (b, oldest) in [(&blob, 1), (&repeats, 2)] {
+        for v in oldest..3 {
+            assert_eq!(
+                dec.decode(&header_with(b, 4, &[v])).unwrap(),
+                dec.decode(b).unwrap()
+            );
+        }
+    }
+    // The row dictionary came with version 3: earlier versions call its field reserved.
+    let (dictionary, data) = small_blob_with(Coder::Grouped, Dtype::F16, Rows::AcrossChunks);
+    assert_eq!(dec.decode(&dictionary).unwrap(), data);
+    for v in [1, 2] {
+        assert!(matches!(
+            e(header_with(&dictionary, 4, &[v])),
+            Error::V2BadField {
+                field: "reserved",
+                offset: 28,
+                found: 1
+            }
+        ));
+    }
+    // More dictionary rows than tokens, or rows the index does not hold.
+    assert!(matches!(
+        e(header_with(&dictionary, 28, &9u32.to_le_bytes())),
+        Error::V2BadField {
+            field: "dict_rows",
+            ..
+        }
+    ));
     assert_eq!(
-        dec.decode(&header_with(&blob, 4, &[1])).unwrap(),
-        dec.decode(&blob).unwrap()
+        e(header_with(&dictionary, 28, &8u32.to_le_bytes())).kind(),
+        ErrorKind::CorruptData
     );
     assert!(matches!(
         e(header_with(&blob, 5, &[9])),
@@ -167,13 +234,6 @@ fn bad_header_fields_are_named() {
         e(header_with(&blob, 20, &6u32.to_le_bytes())),
         Error::V2BadField {
             field: "group_size",
-            ..
-        }
-    ));
-    assert!(matches!(
-        e(header_with(&blob, 28, &1u32.to_le_bytes())),
-        Error::V2BadField {
-            field: "reserved",
             ..
         }
     ));
@@ -320,10 +380,7 @@ fn golden_v2_version2_blobs_decode() {
             let blob = std::fs::read(&blob_path).unwrap();
             let raw = std::fs::read(&raw_path).unwrap();
             assert_eq!(blob[4], 2, "{name}: format version");
-            let open = dec.open(&blob).unwrap();
-            let modes: Vec<u8> = (0..open.chunk_count())
-                .map(|i| blob[open_chunk_offset(&blob, i)])
-                .collect();
+            let modes = chunk_modes(&blob);
             assert!(
                 modes.contains(&2),
                 "{name}: no chunk of repeated tokens ({modes:?})"
@@ -333,11 +390,49 @@ fn golden_v2_version2_blobs_decode() {
     }
 }
 
-/// Byte offset of chunk `i` in a blob, from its header and chunk index.
-fn open_chunk_offset(blob: &[u8], i: usize) -> usize {
-    let u = |o: usize| u32::from_le_bytes(blob[o..o + 4].try_into().unwrap()) as usize;
-    let (tokens, chunk_tokens, model_len) = (u(8), u(16), u(24));
-    let chunks = tokens.div_ceil(chunk_tokens);
-    let index = 32 + model_len;
-    index + 4 * chunks + (0..i).map(|k| u(index + 4 * k)).sum::<usize>()
+/// Golden blobs of format version 3 (KVC_WRITE_GOLDEN=3): both coders, a row dictionary,
+/// chunks that start with a dictionary reference, chunk-local references and coded rows.
+#[test]
+fn golden_v2_version3_blobs_decode() {
+    let dir = golden_dir();
+    let write = write_golden(3);
+    let mut dec = Decoder::new();
+    for (coder, tag) in [(Coder::Grouped, "grouped"), (Coder::SharedShape, "shared")] {
+        for dtype in DTYPES {
+            let name = format!("gear-v2.version3.{tag}.{}", dtype.name());
+            let blob_path = dir.join(format!("{name}.kvg2"));
+            let raw_path = dir.join(format!("{name}.raw"));
+            if write {
+                // 48 tokens in 16-token chunks. Chunk 0 is 16 distinct rows; chunks 1 and 2
+                // mix rows 0..4 of chunk 0 (the dictionary; chunk 2 starts with one), rows of
+                // their own repeated, and new rows.
+                let fresh = sample(dtype, 16 + 2 * 8, 12, 9);
+                let row = 12 * dtype.width();
+                let mut data = fresh[..16 * row].to_vec();
+                for (chunk, fresh_at) in [(1, 16), (2, 24)] {
+                    for t in 0..16usize {
+                        let src = match (t * 7 + chunk * 2) % 4 {
+                            0 => (t + chunk) % 4,
+                            1 if t > 0 => fresh_at,
+                            _ => fresh_at + t % 8,
+                        };
+                        data.extend_from_slice(&fresh[src * row..(src + 1) * row]);
+                    }
+                }
+                let mut p = EncodeParams::new(dtype, 12);
+                p.chunk_tokens = 16;
+                p.kind = TensorKind::V;
+                let blob = Encoder::with_coder(coder).encode(&p, &data).unwrap();
+                std::fs::write(&blob_path, blob).unwrap();
+                std::fs::write(&raw_path, &data).unwrap();
+            }
+            let blob = std::fs::read(&blob_path).unwrap();
+            let raw = std::fs::read(&raw_path).unwrap();
+            assert_eq!(blob[4], 3, "{name}: format version");
+            assert_ne!(&blob[28..32], &[0; 4], "{name}: no row dictionary");
+            let modes = chunk_modes(&blob);
+            assert_eq!(modes[1..], [2, 2], "{name}: chunk modes");
+            assert_eq!(dec.decode(&blob).unwrap(), raw, "{name}");
+        }
+    }
 }

@@ -240,23 +240,26 @@ fn repeated_rows_roundtrip() {
 /// The smallest case of the above: every 6-token chunk is `U N N M U V` (+1, -3, -3, -5,
 /// +1, +2 in every channel). The chunk codes `U N M V`, where `V` follows a negative value;
 /// in the input `V` only ever follows a positive one. The sign context pays on this data,
-/// so a model fitted on the input would have no code for `V` after a negative sign.
+/// so a model fitted on the input would have no code for `V` after a negative sign. (The
+/// low bits differ from chunk to chunk, so that the rows repeat inside their chunk only and
+/// the row dictionary takes none of them.)
 #[test]
 fn repeats_make_new_sign_contexts() {
-    let row = |v: f32| -> Vec<u8> {
+    let row = |v: f32, chunk: u16| -> Vec<u8> {
         let h = match v {
             1.0 => 0x3c00u16,
             2.0 => 0x4000,
             -3.0 => 0xc200,
             _ => 0xc500, // -5.0
         };
-        (0..8).flat_map(|c| (h | c).to_le_bytes()).collect()
+        (0..8)
+            .flat_map(|c| (h | chunk << 3 | c).to_le_bytes())
+            .collect()
     };
-    let chunk: Vec<u8> = [1.0, -3.0, -3.0, -5.0, 1.0, 2.0]
-        .iter()
-        .flat_map(|&v| row(v))
+    let data: Vec<u8> = (0..32)
+        .flat_map(|k| [1.0, -3.0, -3.0, -5.0, 1.0, 2.0].map(|v| row(v, k)))
+        .flatten()
         .collect();
-    let data = chunk.repeat(100);
     let mut params = EncodeParams::new(Dtype::F16, 8);
     params.chunk_tokens = 6;
     for coder in [Coder::Grouped, Coder::SharedShape] {
@@ -266,6 +269,72 @@ fn repeats_make_new_sign_contexts() {
             1,
             "{coder:?}: sign context off, the case tests nothing"
         );
+        assert_eq!(&blob[28..32], &[0; 4], "{coder:?}: rows in the dictionary");
+        roundtrip_with(coder, &params, &data);
+    }
+}
+
+/// Rows of a global pool in every chunk (the row dictionary, format version 3), rows repeated
+/// inside one chunk only (chunk-local references) and unique rows, in chunks of several sizes:
+/// the dictionary holds exactly the pool rows seen in two or more chunks.
+#[test]
+fn row_dictionary_roundtrip() {
+    let mut rng = Rng(0x2545_f491_4f6c_dd1d);
+    for dtype in DTYPES {
+        for seed in 0..8u64 {
+            let channels = 16 + (seed as usize * 7) % 40;
+            let row = channels * dtype.width();
+            let random_row =
+                |rng: &mut Rng| -> Vec<u8> { (0..row).map(|_| rng.next() as u8).collect() };
+            let pool: Vec<Vec<u8>> = (0..6).map(|_| random_row(&mut rng)).collect();
+            let chunk_tokens = [5usize, 8, 16, 33][seed as usize % 4];
+            let chunks = 3 + seed as usize % 5;
+            let mut data = Vec::new();
+            let mut pool_chunks = vec![std::collections::BTreeSet::new(); pool.len()];
+            for c in 0..chunks {
+                let local = random_row(&mut rng);
+                for t in 0..chunk_tokens {
+                    let pick = rng.next() % 4;
+                    if pick == 0 {
+                        let p = rng.next() as usize % pool.len();
+                        pool_chunks[p].insert(c);
+                        data.extend_from_slice(&pool[p]);
+                    } else if pick == 1 && t > 0 {
+                        data.extend_from_slice(&local);
+                    } else {
+                        data.extend_from_slice(&random_row(&mut rng));
+                    }
+                }
+            }
+            let in_dictionary = pool_chunks.iter().filter(|s| s.len() >= 2).count();
+            let mut params = EncodeParams::new(dtype, channels as u32);
+            params.chunk_tokens = chunk_tokens as u32;
+            for coder in [Coder::Grouped, Coder::SharedShape] {
+                let blob = Encoder::with_coder(coder).encode(&params, &data).unwrap();
+                assert_eq!(blob[4], 3);
+                let dict_rows = u32::from_le_bytes(blob[28..32].try_into().unwrap());
+                assert_eq!(dict_rows as usize, in_dictionary, "{dtype} seed {seed}");
+                roundtrip_with(coder, &params, &data);
+            }
+        }
+    }
+}
+
+/// A dictionary that does not pay: one-channel f16 rows drawn from 2,000 values, so every
+/// value repeats across chunks, but a two-byte reference saves nothing over a two-byte row
+/// and the chunks end up stored. The encoder drops the dictionary rather than exceed
+/// `max_encoded_len`.
+#[test]
+fn row_dictionary_dropped_when_it_does_not_pay() {
+    let mut rng = Rng(99);
+    let data: Vec<u8> = (0..8000)
+        .flat_map(|_| (0x3000u16 + (rng.next() % 2000) as u16).to_le_bytes())
+        .collect();
+    let mut params = EncodeParams::new(Dtype::F16, 1);
+    params.chunk_tokens = 256;
+    for coder in [Coder::Grouped, Coder::SharedShape] {
+        let blob = Encoder::with_coder(coder).encode(&params, &data).unwrap();
+        assert_eq!(&blob[28..32], &[0; 4], "{coder:?}: dictionary kept");
         roundtrip_with(coder, &params, &data);
     }
 }

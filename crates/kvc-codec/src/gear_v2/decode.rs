@@ -21,6 +21,8 @@ pub struct Decoder {
     used: Vec<u16>,
     shared: SharedTables,
     index: ChunkIndex,
+    /// The open blob's decoded row dictionary.
+    dictionary: Vec<u8>,
 }
 
 /// A validated blob, ready to decode whole or chunk by chunk.
@@ -29,7 +31,8 @@ pub struct OpenBlob<'d, 'b> {
     header: BlobHeader,
     tables: &'d [u16],
     shared: &'d SharedTables,
-    offsets: &'d [usize],
+    index: &'d ChunkIndex,
+    dictionary: &'d [u8],
     blob: &'b [u8],
 }
 
@@ -39,8 +42,37 @@ impl Decoder {
         Self::default()
     }
 
-    /// Validates `blob`'s header, model section and chunk index and builds its tables.
+    /// Validates `blob`'s header, model section and chunk index, builds its tables and
+    /// decodes its row dictionary, if any.
     pub fn open<'d, 'b>(&'d mut self, blob: &'b [u8]) -> Result<OpenBlob<'d, 'b>> {
+        let header = self.read_model(blob)?;
+        let mut dictionary = std::mem::take(&mut self.dictionary);
+        let r = self
+            .blob(header, &[], blob)
+            .decode_dictionary(&mut dictionary);
+        self.dictionary = dictionary;
+        r?;
+        Ok(self.blob(header, &self.dictionary, blob))
+    }
+
+    fn blob<'d, 'b>(
+        &'d self,
+        header: BlobHeader,
+        dictionary: &'d [u8],
+        blob: &'b [u8],
+    ) -> OpenBlob<'d, 'b> {
+        OpenBlob {
+            header,
+            tables: &self.tables,
+            shared: &self.shared,
+            index: &self.index,
+            dictionary,
+            blob,
+        }
+    }
+
+    /// Validates the header, model section and chunk index and builds the tables.
+    fn read_model(&mut self, blob: &[u8]) -> Result<BlobHeader> {
         let header = BlobHeader::parse(blob)?;
         let model_end = HEADER_LEN as u64 + header.model_len as u64;
         if (blob.len() as u64) < model_end {
@@ -54,13 +86,7 @@ impl Decoder {
         if header.shared {
             self.shared.read(&header, model)?;
             self.index.read(&header, blob)?;
-            return Ok(OpenBlob {
-                header,
-                tables: &self.tables,
-                shared: &self.shared,
-                offsets: &self.index.offsets,
-                blob,
-            });
+            return Ok(header);
         }
         let tables = header.table_count();
         // Every table takes at least one byte, which bounds the table memory by the input.
@@ -94,13 +120,7 @@ impl Decoder {
             });
         }
         self.index.read(&header, blob)?;
-        Ok(OpenBlob {
-            header,
-            tables: &self.tables,
-            shared: &self.shared,
-            offsets: &self.index.offsets,
-            blob,
-        })
+        Ok(header)
     }
 
     /// Decodes a whole blob into `out`; returns the bytes written.
@@ -165,7 +185,7 @@ impl<'d, 'b> OpenBlob<'d, 'b> {
             });
         }
         let out = &mut out[..n];
-        let data = &self.blob[self.offsets[i]..self.offsets[i + 1]];
+        let data = &self.blob[self.index.offsets[i]..self.index.offsets[i + 1]];
         let bad = |reason| Error::V2BadChunk { chunk: i, reason };
         match data[0] {
             CHUNK_STORED => {
@@ -182,7 +202,8 @@ impl<'d, 'b> OpenBlob<'d, 'b> {
             }
             CHUNK_REPEATS if self.header.version >= 2 => {
                 let tokens = self.header.chunk_tokens_of(i);
-                let refs = RepeatRefs::parse(&data[1..], tokens).map_err(bad)?;
+                let dict_rows = self.header.dict_rows as usize;
+                let refs = RepeatRefs::parse(&data[1..], tokens, dict_rows).map_err(bad)?;
                 let row = n / tokens;
                 let body = &data[1 + refs.len..];
                 let used = self
@@ -191,17 +212,53 @@ impl<'d, 'b> OpenBlob<'d, 'b> {
                 if used != body.len() {
                     return Err(bad("coded chunk has trailing bytes"));
                 }
-                refs.expand(out, row);
+                refs.expand(out, row, self.dictionary);
             }
             m => {
                 return Err(Error::V2BadField {
                     field: "chunk mode",
-                    offset: self.offsets[i],
+                    offset: self.index.offsets[i],
                     found: m as u64,
                 })
             }
         }
         Ok(n)
+    }
+
+    /// Decodes the blob's row dictionary (format version 3) into `dictionary`, a stored or
+    /// coded chunk of `dict_rows` rows; leaves it empty when the blob has none.
+    fn decode_dictionary(&self, dictionary: &mut Vec<u8>) -> Result<()> {
+        let row = self.header.channels as usize * self.header.dtype.width();
+        let len = self.header.dict_rows as usize * row;
+        dictionary.clear();
+        if len == 0 {
+            return Ok(());
+        }
+        dictionary.resize(len, 0);
+        let bad = |reason| Error::V2BadDictionary { reason };
+        let data = &self.blob[self.index.dictionary.clone()];
+        match data[0] {
+            CHUNK_STORED => {
+                if data.len() != 1 + len {
+                    return Err(bad("stored dictionary length differs from its rows"));
+                }
+                dictionary.copy_from_slice(&data[1..]);
+            }
+            CHUNK_CODED => {
+                let used = self.decode_body(&data[1..], dictionary).map_err(bad)?;
+                if 1 + used != data.len() {
+                    return Err(bad("coded dictionary has trailing bytes"));
+                }
+            }
+            m => {
+                return Err(Error::V2BadField {
+                    field: "dictionary mode",
+                    offset: self.index.dictionary.start,
+                    found: m as u64,
+                })
+            }
+        }
+        Ok(())
     }
 
     /// Decodes one body (lane lengths, lanes, packed low bits) at the start of `body` into

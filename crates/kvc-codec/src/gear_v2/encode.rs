@@ -165,8 +165,28 @@ impl Encoder {
     ) -> Result<()> {
         params.tokens_for(input.len())?;
         let row_bytes = params.channels as usize * params.dtype.width();
-        self.plan
-            .plan(input, row_bytes, params.chunk_tokens as usize);
+        let ct = params.chunk_tokens as usize;
+        self.plan.plan(input, row_bytes, ct, true);
+        self.run_candidates(params, input, out, pass)?;
+        // A row dictionary whose references do not pay (rows too short for a reference to
+        // save bytes, chunks stored anyway) could in theory cost more than the format's
+        // bound promises; then the blob is written without it.
+        if self.plan.dict_rows > 0 && out.len() > max_encoded_len(params, input.len())? {
+            self.plan.plan(input, row_bytes, ct, false);
+            self.run_candidates(params, input, out, pass)?;
+        }
+        Ok(())
+    }
+
+    /// Runs `pass` once per candidate coder on the current plan; leaves the smallest blob in
+    /// `out`.
+    fn run_candidates(
+        &mut self,
+        params: &EncodeParams,
+        input: &[u8],
+        out: &mut Vec<u8>,
+        pass: EncodePass,
+    ) -> Result<()> {
         let (first, rest) = self
             .candidates(params.dtype)
             .split_first()
@@ -192,28 +212,27 @@ impl Encoder {
         input: &[u8],
         out: &mut Vec<u8>,
     ) -> Result<()> {
-        let tokens = self.prepare(params, input, out)?;
-        let ct = params.chunk_tokens as usize;
-        let chunks = (tokens as usize).div_ceil(ct);
+        let entries = self.prepare(params, input, out)?;
         let index_at = out.len();
-        out.resize(index_at + 4 * chunks, 0);
-        for i in 0..chunks {
+        out.resize(index_at + 4 * entries, 0);
+        for e in 0..entries {
             let start = out.len();
-            self.encode_chunk(params, input, i, out);
+            self.encode_entry(params, input, e, out);
             let len = (out.len() - start) as u32;
-            out[index_at + 4 * i..index_at + 4 * i + 4].copy_from_slice(&len.to_le_bytes());
+            out[index_at + 4 * e..index_at + 4 * e + 4].copy_from_slice(&len.to_le_bytes());
         }
         Ok(())
     }
 
     /// Fits the model on the rows [`Encoder::best_of`] planned and writes header and model
-    /// section; returns the tokens.
+    /// section; returns the entries of the chunk index (the chunks, and the row dictionary
+    /// first when there is one).
     pub(crate) fn prepare(
         &mut self,
         params: &EncodeParams,
         input: &[u8],
         out: &mut Vec<u8>,
-    ) -> Result<u32> {
+    ) -> Result<usize> {
         let tokens = params.tokens_for(input.len())?;
         let channels = params.channels as usize;
         self.model.fit(
@@ -237,11 +256,34 @@ impl Encoder {
             sign_context: self.model.sign_context,
             shared: self.model.shared,
             model_len,
+            dict_rows: self.plan.dict_rows as u32,
         };
         out.clear();
         header.write(out);
         out.extend_from_slice(&self.model.section);
-        Ok(tokens)
+        Ok(header.index_entries())
+    }
+
+    /// Appends entry `e` of the chunk index: the row dictionary when the blob has one and
+    /// `e` is 0, else a chunk.
+    pub(crate) fn encode_entry(
+        &self,
+        params: &EncodeParams,
+        input: &[u8],
+        e: usize,
+        out: &mut Vec<u8>,
+    ) {
+        match e.checked_sub((self.plan.dict_rows > 0) as usize) {
+            Some(i) => self.encode_chunk(params, input, i, out),
+            None => {
+                // The dictionary's rows are distinct: coded, or stored if that is smaller.
+                let rows = self.plan.dictionary();
+                let start = out.len();
+                out.push(CHUNK_CODED);
+                self.encode_body(params, rows, out);
+                store_if_larger(out, start, rows);
+            }
+        }
     }
 
     /// Appends chunk `i` of `input` to `out` as planned by [`Encoder::prepare`]: coded (with
@@ -269,12 +311,23 @@ impl Encoder {
             }
             None => out.push(CHUNK_CODED),
         }
+        self.encode_body(params, rows, out);
+        store_if_larger(out, start, raw);
+    }
+
+    fn encode_body(&self, params: &EncodeParams, rows: &[u8], out: &mut Vec<u8>) {
+        let c = params.channels as usize;
         dispatch!(params.dtype, encode_body(&self.model, c, rows, out));
-        if out.len() - start > raw.len() {
-            out.truncate(start);
-            out.push(CHUNK_STORED);
-            out.extend_from_slice(raw);
-        }
+    }
+}
+
+/// Replaces the chunk written to `out` from `start` by a stored chunk of `raw` when the
+/// coded one is longer than `raw`.
+fn store_if_larger(out: &mut Vec<u8>, start: usize, raw: &[u8]) {
+    if out.len() - start > raw.len() {
+        out.truncate(start);
+        out.push(CHUNK_STORED);
+        out.extend_from_slice(raw);
     }
 }
 

@@ -5,10 +5,11 @@
 //! ```text
 //! 0   magic "KVG2"      4  version (2)   5 dtype   6 kind   7 flags
 //! 8   tokens u32        12 channels u32  16 chunk_tokens u32
-//! 20  group_size u32    24 model_len u32 28 reserved u32 (0)
+//! 20  group_size u32    24 model_len u32 28 dict_rows u32 (version 3; 0 before)
 //! 32  model section (model_len bytes: the Huffman tables)
-//! ..  chunk index: one u32 byte length per chunk
-//! ..  chunks
+//! ..  chunk index: one u32 byte length per chunk, after the row dictionary's when
+//!     dict_rows > 0
+//! ..  the row dictionary (a stored or coded chunk of dict_rows rows), then the chunks
 //! ```
 
 use crate::dtype::Dtype;
@@ -16,9 +17,10 @@ use crate::error::{Error, Result};
 
 /// The four bytes every gear-v2 blob starts with.
 pub const MAGIC: [u8; 4] = *b"KVG2";
-/// The format version this build writes. Version 2 added chunk mode 2 (repeated tokens);
-/// this build reads versions 1 and 2.
-pub const VERSION: u8 = 2;
+/// The format version this build writes. Version 2 added chunk mode 2 (repeated tokens),
+/// version 3 the row dictionary (rows that repeat across chunks, stored once per blob);
+/// this build reads versions 1 to 3.
+pub const VERSION: u8 = 3;
 /// The oldest format version this build reads.
 pub const MIN_VERSION: u8 = 1;
 /// Size of the fixed blob header in bytes.
@@ -143,6 +145,9 @@ pub struct BlobHeader {
     pub shared: bool,
     /// Bytes of the model section.
     pub model_len: u32,
+    /// Rows of the row dictionary (version 3; 0 in earlier versions): rows that repeat
+    /// across chunks, decoded once per blob and referenced by the chunks' mode-2 tokens.
+    pub dict_rows: u32,
 }
 
 impl BlobHeader {
@@ -198,7 +203,7 @@ impl BlobHeader {
             self.chunk_tokens,
             self.group_size,
             self.model_len,
-            0,
+            self.dict_rows,
         ] {
             out.extend_from_slice(&v.to_le_bytes());
         }
@@ -236,7 +241,7 @@ impl BlobHeader {
             return Err(bad("flags", 7, flags as u64));
         }
         let u = |o: usize| u32::from_le_bytes([blob[o], blob[o + 1], blob[o + 2], blob[o + 3]]);
-        let (tokens, channels, chunk_tokens, group_size, model_len, reserved) =
+        let (tokens, channels, chunk_tokens, group_size, model_len, dict_rows) =
             (u(8), u(12), u(16), u(20), u(24), u(28));
         if channels == 0 || channels > MAX_CHANNELS {
             return Err(bad("channels", 12, channels as u64));
@@ -248,8 +253,13 @@ impl BlobHeader {
         if group_size == 0 || group_size > channels || (shared && group_size != 1) {
             return Err(bad("group_size", 20, group_size as u64));
         }
-        if reserved != 0 {
-            return Err(bad("reserved", 28, reserved as u64));
+        if blob[4] < 3 && dict_rows != 0 {
+            return Err(bad("reserved", 28, dict_rows as u64));
+        }
+        // A dictionary row is referenced at least twice, so there are fewer than tokens;
+        // this also bounds the dictionary's memory by the decoded size.
+        if dict_rows > tokens {
+            return Err(bad("dict_rows", 28, dict_rows as u64));
         }
         let total = (tokens as u64)
             .checked_mul(channels as u64)
@@ -268,17 +278,30 @@ impl BlobHeader {
             sign_context: flags & FLAG_SIGN_CONTEXT != 0,
             shared,
             model_len,
+            dict_rows,
         })
+    }
+
+    /// Entries of the chunk index: one per chunk, plus the row dictionary's first.
+    pub fn index_entries(&self) -> usize {
+        self.chunk_count() + (self.dict_rows > 0) as usize
     }
 }
 
 /// The fewest bytes a chunk of `tokens` tokens can take, which bounds the decoded size by
-/// the blob's size. In a stored or coded chunk every value costs at least one bit after the
-/// mode byte. A chunk with repeated tokens (version 2) has its bitmap, at least two bytes
-/// per repeated token, and at least one coded token.
-fn min_chunk_len(header: &BlobHeader, tokens: u64) -> u64 {
+/// the blob's size. In a stored or coded chunk (and the row dictionary) every value costs at
+/// least one bit after the mode byte. A chunk with repeated tokens (version 2) has its
+/// bitmap, at least two bytes per repeated token, and at least one coded token; with a row
+/// dictionary (version 3) every token may be a reference.
+fn min_chunk_len(header: &BlobHeader, tokens: u64, dictionary: bool) -> u64 {
     let channels = header.channels as u64;
     let coded = 1 + (tokens * channels).div_ceil(8);
+    if dictionary {
+        return coded;
+    }
+    if header.dict_rows > 0 {
+        return coded.min(1 + tokens.div_ceil(8) + 2 * tokens);
+    }
     if header.version < 2 || tokens < 2 {
         return coded;
     }
@@ -291,12 +314,15 @@ fn min_chunk_len(header: &BlobHeader, tokens: u64) -> u64 {
 pub struct ChunkIndex {
     /// Start offset of chunk `i` in the blob is `offsets[i]`; its end is `offsets[i + 1]`.
     pub offsets: Vec<usize>,
+    /// Where the row dictionary lies (empty when the blob has none).
+    pub dictionary: std::ops::Range<usize>,
 }
 
 impl ChunkIndex {
     /// Reads the chunk index of `blob` described by `header` into `self` (reusing its storage).
     pub fn read(&mut self, header: &BlobHeader, blob: &[u8]) -> Result<()> {
-        let n = header.chunk_count();
+        let n = header.index_entries();
+        let dictionary = header.dict_rows > 0;
         let start = header.index_offset();
         let need = (n as u64) * 4 + start as u64;
         if (blob.len() as u64) < need {
@@ -311,14 +337,27 @@ impl ChunkIndex {
         self.offsets.reserve(n + 1);
         let mut pos = data_start as u64;
         self.offsets.push(data_start);
-        for i in 0..n {
-            let o = start + i * 4;
+        for e in 0..n {
+            let o = start + e * 4;
             let len = u32::from_le_bytes([blob[o], blob[o + 1], blob[o + 2], blob[o + 3]]);
-            let min = min_chunk_len(header, header.chunk_tokens_of(i) as u64);
+            // Entry 0 is the dictionary's when there is one; chunks are numbered without it.
+            let is_dict = dictionary && e == 0;
+            let i = e.saturating_sub(dictionary as usize);
+            let min = if is_dict {
+                min_chunk_len(header, header.dict_rows as u64, true)
+            } else {
+                min_chunk_len(header, header.chunk_tokens_of(i) as u64, false)
+            };
             if (len as u64) < min {
-                return Err(Error::V2BadChunk {
-                    chunk: i,
-                    reason: "indexed length too small for its values",
+                return Err(if is_dict {
+                    Error::V2BadDictionary {
+                        reason: "indexed length too small for its values",
+                    }
+                } else {
+                    Error::V2BadChunk {
+                        chunk: i,
+                        reason: "indexed length too small for its values",
+                    }
                 });
             }
             pos += len as u64;
@@ -332,6 +371,11 @@ impl ChunkIndex {
                 indexed: pos.saturating_sub(data_start as u64),
                 present: (blob.len() - data_start) as u64,
             });
+        }
+        self.dictionary = data_start..data_start;
+        if dictionary {
+            self.offsets.remove(0);
+            self.dictionary.end = self.offsets[0];
         }
         Ok(())
     }

@@ -10,9 +10,10 @@
 //! symbols relative to its usual value; with the grouped coder one table per group of
 //! channels codes them as they are (`Coder::Auto` tries both on int8).
 //! Tables live once in the blob's model section; each chunk holds four interleaved Huffman
-//! lanes (channel `c` in lane `c % 4`) and the packed low bits; tokens that repeat an earlier
-//! row of their chunk (layer 0's V repeats the rows of repeated words) are stored as
-//! references (format version 2). See `docs/formats/gear-v2.md`.
+//! lanes (channel `c` in lane `c % 4`) and the packed low bits. Tokens that repeat an earlier
+//! row (layer 0's V repeats the rows of repeated words) are stored as references: to an
+//! earlier token of their chunk (format version 2), or to the blob's row dictionary, which
+//! holds once the rows seen in several chunks (version 3). See `docs/formats/gear-v2.md`.
 
 mod decode;
 mod encode;

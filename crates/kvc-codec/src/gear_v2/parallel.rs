@@ -23,23 +23,21 @@ impl Encoder {
         input: &[u8],
         out: &mut Vec<u8>,
     ) -> Result<()> {
-        let tokens = self.prepare(params, input, out)? as usize;
-        let ct = params.chunk_tokens as usize;
-        let chunks = tokens.div_ceil(ct);
+        let entries = self.prepare(params, input, out)?;
         let mut bufs = std::mem::take(&mut self.chunk_bufs);
-        bufs.resize_with(chunks.max(bufs.len()), Vec::new);
+        bufs.resize_with(entries.max(bufs.len()), Vec::new);
         let enc: &Encoder = self;
-        bufs[..chunks]
+        bufs[..entries]
             .par_iter_mut()
             .enumerate()
-            .for_each(|(i, buf)| {
+            .for_each(|(e, buf)| {
                 buf.clear();
-                enc.encode_chunk(params, input, i, buf);
+                enc.encode_entry(params, input, e, buf);
             });
-        for buf in &bufs[..chunks] {
+        for buf in &bufs[..entries] {
             out.extend_from_slice(&(buf.len() as u32).to_le_bytes());
         }
-        for buf in &bufs[..chunks] {
+        for buf in &bufs[..entries] {
             out.extend_from_slice(buf);
         }
         self.chunk_bufs = bufs;

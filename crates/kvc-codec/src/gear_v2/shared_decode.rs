@@ -648,6 +648,7 @@ mod tests {
             sign_context: false,
             shared: true,
             model_len: 0,
+            dict_rows: 0,
         }
     }
 
