@@ -38,8 +38,10 @@ fn allocs() -> u64 {
     ALLOCS.with(Cell::get)
 }
 
-/// Skewed KV-like data: small values with random signs, different per seed.
-fn tensor(dtype: Dtype, tokens: usize, channels: usize, seed: u64) -> Vec<u8> {
+/// Skewed KV-like data: small values with random signs, different per seed. With
+/// `repeats`, every third token from token 70 on repeats the row 70 tokens earlier (the same
+/// pattern for every seed): chunk-local references and a row dictionary.
+fn tensor(dtype: Dtype, tokens: usize, channels: usize, seed: u64, repeats: bool) -> Vec<u8> {
     let mut x = seed | 1;
     let mut v = Vec::with_capacity(tokens * channels * dtype.width());
     for i in 0..tokens * channels * dtype.width() {
@@ -53,15 +55,22 @@ fn tensor(dtype: Dtype, tokens: usize, channels: usize, seed: u64) -> Vec<u8> {
             (x >> 20) as u8
         });
     }
+    if repeats {
+        let row = channels * dtype.width();
+        for t in (72..tokens).step_by(3) {
+            v.copy_within((t - 70) * row..(t - 69) * row, t * row);
+        }
+    }
     v
 }
 
 #[test]
 fn steady_state_encode_and_decode_allocate_nothing() {
     let dtypes = [Dtype::F16, Dtype::Bf16, Dtype::F32, Dtype::I8];
-    for (coder, dtype) in [Coder::Grouped, Coder::SharedShape, Coder::Auto]
+    for (coder, dtype, repeats) in [Coder::Grouped, Coder::SharedShape, Coder::Auto]
         .into_iter()
         .flat_map(|c| dtypes.map(|d| (c, d)))
+        .flat_map(|(c, d)| [(c, d, false), (c, d, true)])
     {
         let (tokens, channels) = (300, 22);
         let mut params = EncodeParams::new(dtype, channels as u32);
@@ -73,16 +82,17 @@ fn steady_state_encode_and_decode_allocate_nothing() {
         let mut out = vec![0u8; tokens * channels * dtype.width()];
         // Warm-up sizes every buffer.
         for seed in 1..3 {
-            let data = tensor(dtype, tokens, channels, seed);
+            let data = tensor(dtype, tokens, channels, seed, repeats);
             enc.encode_into(&params, &data, &mut blob).unwrap();
             dec.decode_into(&blob, &mut out).unwrap();
         }
         for seed in 3..6 {
-            let data = tensor(dtype, tokens, channels, seed);
+            let data = tensor(dtype, tokens, channels, seed, repeats);
             // Room for any blob of this shape, so `blob` never has to grow.
             blob.reserve(2 * data.len() + 65536);
             let before = allocs();
             enc.encode_into(&params, &data, &mut blob).unwrap();
+            assert_eq!(blob[28..32] != [0; 4], repeats, "row dictionary");
             let n = dec.decode_into(&blob, &mut out).unwrap();
             let open = dec.open(&blob).unwrap();
             for i in 0..open.chunk_count() {
@@ -92,7 +102,7 @@ fn steady_state_encode_and_decode_allocate_nothing() {
             assert_eq!(
                 allocs(),
                 before,
-                "{coder:?} {dtype:?}: allocation in steady state"
+                "{coder:?} {dtype:?} repeats {repeats}: allocation in steady state"
             );
             dec.decode_into(&blob, &mut out).unwrap();
             assert_eq!(n, data.len());
