@@ -192,6 +192,25 @@ fn bad_header_fields_are_named() {
             }
         ));
     }
+    // Flag bit 2 (the wrapping map) came with version 3, for int8 with the shared-shape
+    // model only.
+    let (wrapping, data) = small_blob_with(Coder::SharedShape, Dtype::I8, Rows::Distinct);
+    assert_eq!(
+        wrapping[7] & 6,
+        6,
+        "int8 shared-shape blob without the wrapping map"
+    );
+    assert_eq!(dec.decode(&wrapping).unwrap(), data);
+    let (shared_f16, _) = small_blob_with(Coder::SharedShape, Dtype::F16, Rows::Distinct);
+    let flags_err = |m: Vec<u8>| {
+        matches!(
+            Decoder::new().decode(&m).unwrap_err(),
+            Error::V2BadField { field: "flags", .. }
+        )
+    };
+    assert!(flags_err(header_with(&wrapping, 4, &[2])));
+    assert!(flags_err(header_with(&wrapping, 7, &[wrapping[7] & !2])));
+    assert!(flags_err(header_with(&shared_f16, 7, &[shared_f16[7] | 4])));
     // More dictionary rows than tokens, or rows the index does not hold.
     assert!(matches!(
         e(header_with(&dictionary, 28, &9u32.to_le_bytes())),
@@ -390,8 +409,9 @@ fn golden_v2_version2_blobs_decode() {
     }
 }
 
-/// Golden blobs of format version 3 (KVC_WRITE_GOLDEN=3): both coders, a row dictionary,
-/// chunks that start with a dictionary reference, chunk-local references and coded rows.
+/// Golden blobs of format version 3 (KVC_WRITE_GOLDEN=3): both coders (the shared-shape
+/// int8 one with the wrapping map), a row dictionary, chunks that start with a dictionary
+/// reference, chunk-local references and coded rows.
 #[test]
 fn golden_v2_version3_blobs_decode() {
     let dir = golden_dir();
@@ -430,6 +450,8 @@ fn golden_v2_version3_blobs_decode() {
             let raw = std::fs::read(&raw_path).unwrap();
             assert_eq!(blob[4], 3, "{name}: format version");
             assert_ne!(&blob[28..32], &[0; 4], "{name}: no row dictionary");
+            let wrapping = coder == Coder::SharedShape && dtype == Dtype::I8;
+            assert_eq!(blob[7] & 4 != 0, wrapping, "{name}: flag bit 2");
             let modes = chunk_modes(&blob);
             assert_eq!(modes[1..], [2, 2], "{name}: chunk modes");
             assert_eq!(dec.decode(&blob).unwrap(), raw, "{name}");

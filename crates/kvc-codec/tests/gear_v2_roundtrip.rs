@@ -338,3 +338,36 @@ fn row_dictionary_dropped_when_it_does_not_pay() {
         roundtrip_with(coder, &params, &data);
     }
 }
+
+/// int8 codes with the shared-shape coder: wrapping differences from each channel's median
+/// (flag bit 2), with the relative sign context on (the previous code's side of the median
+/// predicts the next one's). Channels have different zero points, including ones near the
+/// ends of the range, where the wrapping difference crosses -128/127.
+#[test]
+fn int8_wrapping_map_with_sign_context() {
+    let mut rng = Rng(0x1234_5678_9abc_def1);
+    let channels = 24;
+    let mut data = Vec::new();
+    let mut side = vec![1i32; channels];
+    for _ in 0..600 {
+        for (c, s) in side.iter_mut().enumerate() {
+            if rng.next() % 8 == 0 {
+                *s = -*s;
+            }
+            let zero = [0i32, 100, -120, 127, -128, 37][c % 6];
+            let v = zero + *s * (1 + (rng.next() % 6) as i32);
+            data.push(v as i8 as u8);
+        }
+    }
+    let mut params = EncodeParams::new(Dtype::I8, channels as u32);
+    params.chunk_tokens = 128;
+    let blob = Encoder::with_coder(Coder::SharedShape)
+        .encode(&params, &data)
+        .unwrap();
+    assert_eq!(
+        blob[7],
+        1 | 2 | 4,
+        "sign context, shared-shape, wrapping map"
+    );
+    roundtrip(&params, &data);
+}

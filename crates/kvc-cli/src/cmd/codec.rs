@@ -30,7 +30,7 @@ enum Format {
 /// Which gear-v2 coder writes the blob (the decoder reads both).
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum CoderArg {
-    /// The library's default: shared for floats, the smaller of both for int8.
+    /// The library's default (currently shared for every dtype).
     Auto,
     /// Relative symbols, tables shared by clusters of channels.
     Shared,

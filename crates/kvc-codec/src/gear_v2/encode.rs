@@ -5,7 +5,7 @@ use super::huffman;
 use super::lanes;
 use super::model::EncoderModel;
 use super::repeats::{RepeatPlan, CHUNK_REPEATS};
-use super::shared::SHARED_MAX_LEN;
+use super::shared::{RelMap, SHARED_MAX_LEN};
 use super::values::dispatch;
 use crate::dtype::Dtype;
 use crate::error::{Error, Result};
@@ -86,11 +86,10 @@ pub enum Coder {
     /// decoded up to two symbols per lookup (flag bit 1): smaller than [`Coder::Grouped`] on
     /// every real f16, bf16 and f32 KV tensor, and about as fast to decode.
     SharedShape,
-    /// The default: [`Coder::SharedShape`] for float tensors; for int8 both coders, keeping
-    /// the smaller blob (the shared-shape model's relative map, sign and magnitude around a
-    /// channel's usual value, suits sign/exponent fields better than two's-complement codes
-    /// around a zero point: on C8-quantized real V the grouped coder wins, on K mostly the
-    /// shared-shape one). Encoding int8 costs two encodes.
+    /// The default, the coder measured smallest on real KV: [`Coder::SharedShape`] for every
+    /// dtype (on int8 it codes wrapping differences from each channel's median, flag bit 2,
+    /// and was smaller than [`Coder::Grouped`] on all 60 C8-quantized whole-layer tensors of
+    /// the 30-layer data).
     #[default]
     Auto,
 }
@@ -101,15 +100,11 @@ pub enum Coder {
 pub struct Encoder {
     model: EncoderModel,
     coder: Coder,
-    /// The coder of the pass under way ([`Coder::Grouped`] or [`Coder::SharedShape`]).
-    active: Coder,
     plan: RepeatPlan,
-    /// The other candidate's blob when [`Coder::Auto`] tries two coders.
-    alt: Vec<u8>,
     pub(crate) chunk_bufs: Vec<Vec<u8>>,
 }
 
-/// One way of encoding a whole blob: serial or parallel over chunks.
+/// One way of encoding a whole planned blob: serial or parallel over chunks.
 type EncodePass = fn(&mut Encoder, &EncodeParams, &[u8], &mut Vec<u8>) -> Result<()>;
 
 impl Encoder {
@@ -140,23 +135,11 @@ impl Encoder {
         input: &[u8],
         out: &mut Vec<u8>,
     ) -> Result<()> {
-        self.best_of(params, input, out, Self::encode_serial)
+        self.plan_and_encode(params, input, out, Self::encode_serial)
     }
 
-    /// The concrete coders tried for `dtype`, in order.
-    fn candidates(&self, dtype: Dtype) -> &'static [Coder] {
-        match self.coder {
-            Coder::Grouped => &[Coder::Grouped],
-            Coder::SharedShape => &[Coder::SharedShape],
-            Coder::Auto if dtype == Dtype::I8 => &[Coder::SharedShape, Coder::Grouped],
-            Coder::Auto => &[Coder::SharedShape],
-        }
-    }
-
-    /// Plans the repeated tokens once (they do not depend on the coder), then runs `pass`
-    /// once per candidate coder and leaves the smallest blob in `out` (the first on ties).
-    /// Both buffers are kept, so steady shapes still do not allocate.
-    pub(crate) fn best_of(
+    /// Plans the repeated tokens, then runs `pass`.
+    pub(crate) fn plan_and_encode(
         &mut self,
         params: &EncodeParams,
         input: &[u8],
@@ -167,41 +150,13 @@ impl Encoder {
         let row_bytes = params.channels as usize * params.dtype.width();
         let ct = params.chunk_tokens as usize;
         self.plan.plan(input, row_bytes, ct, true);
-        self.run_candidates(params, input, out, pass)?;
+        pass(self, params, input, out)?;
         // A row dictionary whose references do not pay (rows too short for a reference to
         // save bytes, chunks stored anyway) could in theory cost more than the format's
         // bound promises; then the blob is written without it.
         if self.plan.dict_rows > 0 && out.len() > max_encoded_len(params, input.len())? {
             self.plan.plan(input, row_bytes, ct, false);
-            self.run_candidates(params, input, out, pass)?;
-        }
-        Ok(())
-    }
-
-    /// Runs `pass` once per candidate coder on the current plan; leaves the smallest blob in
-    /// `out`.
-    fn run_candidates(
-        &mut self,
-        params: &EncodeParams,
-        input: &[u8],
-        out: &mut Vec<u8>,
-        pass: EncodePass,
-    ) -> Result<()> {
-        let (first, rest) = self
-            .candidates(params.dtype)
-            .split_first()
-            .expect("at least one coder");
-        self.active = *first;
-        pass(self, params, input, out)?;
-        for &coder in rest {
-            let mut alt = std::mem::take(&mut self.alt);
-            self.active = coder;
-            let r = pass(self, params, input, &mut alt);
-            if r.is_ok() && alt.len() < out.len() {
-                std::mem::swap(out, &mut alt);
-            }
-            self.alt = alt;
-            r?;
+            pass(self, params, input, out)?;
         }
         Ok(())
     }
@@ -224,7 +179,7 @@ impl Encoder {
         Ok(())
     }
 
-    /// Fits the model on the rows [`Encoder::best_of`] planned and writes header and model
+    /// Fits the model on the rows [`Encoder::plan_and_encode`] planned and writes header and model
     /// section; returns the entries of the chunk index (the chunks, and the row dictionary
     /// first when there is one).
     pub(crate) fn prepare(
@@ -240,7 +195,7 @@ impl Encoder {
             channels,
             &self.plan.chunk_tokens,
             self.plan.coded(input),
-            self.active == Coder::SharedShape,
+            self.coder != Coder::Grouped,
         );
         let model_len = u32::try_from(self.model.section.len()).map_err(|_| Error::V2TooLarge {
             what: "model section",
@@ -255,6 +210,7 @@ impl Encoder {
             group_size: self.model.group_size,
             sign_context: self.model.sign_context,
             shared: self.model.shared,
+            wrapping: self.model.wrapping,
             model_len,
             dict_rows: self.plan.dict_rows as u32,
         };
@@ -344,6 +300,11 @@ fn encode_body<const BPV: usize, const REST: u32, const SYM: u32>(
         codes: &model.codes,
         chan_table: &model.chan_table,
         chan_loc: &model.chan_loc,
+        map: if model.wrapping {
+            RelMap::wrapping(SYM)
+        } else {
+            RelMap::sign_magnitude(SYM)
+        },
         order: &model.chan_order,
         sign_context: model.sign_context,
         max_len: if model.shared {

@@ -31,6 +31,9 @@ pub const FLAG_SIGN_CONTEXT: u8 = 1;
 /// Flag bit: the shared-shape model (relative symbols, tables per cluster of channels,
 /// codes up to 11 bits; `group_size` must be 1).
 pub const FLAG_SHARED: u8 = 2;
+/// Flag bit (version 3, int8 with the shared-shape model only): relative symbols are
+/// wrapping differences `(s - loc) mod 256` instead of sign and magnitude.
+pub const FLAG_WRAPPING: u8 = 4;
 /// The largest channel count the format accepts.
 pub const MAX_CHANNELS: u32 = 1 << 16;
 
@@ -143,6 +146,9 @@ pub struct BlobHeader {
     pub sign_context: bool,
     /// Whether the model is the shared-shape one (flag bit 1).
     pub shared: bool,
+    /// Whether the shared-shape model's relative symbols are wrapping differences (flag
+    /// bit 2; int8, version 3).
+    pub wrapping: bool,
     /// Bytes of the model section.
     pub model_len: u32,
     /// Rows of the row dictionary (version 3; 0 in earlier versions): rows that repeat
@@ -195,7 +201,8 @@ impl BlobHeader {
                 FLAG_SIGN_CONTEXT
             } else {
                 0
-            } | if self.shared { FLAG_SHARED } else { 0 },
+            } | if self.shared { FLAG_SHARED } else { 0 }
+                | if self.wrapping { FLAG_WRAPPING } else { 0 },
         );
         for v in [
             self.tokens,
@@ -237,7 +244,14 @@ impl BlobHeader {
         let dtype = dtype_from_code(blob[5]).ok_or(bad("dtype", 5, blob[5] as u64))?;
         let kind = TensorKind::from_code(blob[6]).ok_or(bad("kind", 6, blob[6] as u64))?;
         let flags = blob[7];
-        if flags & !(FLAG_SIGN_CONTEXT | FLAG_SHARED) != 0 {
+        let known = FLAG_SIGN_CONTEXT
+            | FLAG_SHARED
+            | if blob[4] >= 3 && dtype == Dtype::I8 && flags & FLAG_SHARED != 0 {
+                FLAG_WRAPPING
+            } else {
+                0
+            };
+        if flags & !known != 0 {
             return Err(bad("flags", 7, flags as u64));
         }
         let u = |o: usize| u32::from_le_bytes([blob[o], blob[o + 1], blob[o + 2], blob[o + 3]]);
@@ -277,6 +291,7 @@ impl BlobHeader {
             group_size,
             sign_context: flags & FLAG_SIGN_CONTEXT != 0,
             shared,
+            wrapping: flags & FLAG_WRAPPING != 0,
             model_len,
             dict_rows,
         })

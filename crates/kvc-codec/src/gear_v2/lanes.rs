@@ -13,7 +13,7 @@
 
 use super::encode::LANES;
 use super::huffman::{MAX_LEN, MAX_LEN_ANY};
-use super::shared::to_rel;
+use super::shared::RelMap;
 use super::values::load;
 
 /// Codes that fit a 64-bit buffer holding up to 7 leftover bits (or read after a refill that
@@ -31,9 +31,11 @@ pub(crate) struct LaneCodes<'a> {
     pub codes: &'a [u16],
     /// Table (for context 0; context 1 is the next one) of every channel.
     pub chan_table: &'a [u32],
-    /// Usual top field of every channel: symbols are coded relative to it (`shared::to_rel`;
-    /// 0 leaves them unchanged).
+    /// Usual top field of every channel: symbols are coded relative to it with `map` (0
+    /// with the sign-magnitude map leaves them unchanged).
     pub chan_loc: &'a [u16],
+    /// How symbols are made relative to their channel's location.
+    pub map: RelMap,
     /// Channels in lane order (position `i` in lane `i % 4`); empty: channel order.
     pub order: &'a [u16],
     /// Whether the previous token's (relative) sign selects the table.
@@ -183,7 +185,8 @@ fn encode_lanes_ctx<
             for s in 0..n {
                 let cell = &raw[(t + s) * row..(t + s + 1) * row];
                 for k in 0..LANES {
-                    let sym = to_rel((load::<BPV>(cell, ch[k]) >> REST) & sym_mask, loc[k], SYM);
+                    let top = (load::<BPV>(cell, ch[k]) >> REST) & sym_mask;
+                    let sym = model.map.relative(top, loc[k]);
                     w.add(k, cur[k][sym as usize]);
                     if CTX {
                         cur[k] = if (sym >> (SYM - 1)) & 1 != 0 {
@@ -212,7 +215,7 @@ fn encode_lanes_ctx<
             let n = SPW.min(tokens - t);
             for s in 0..n {
                 let top = (load::<BPV>(raw, (t + s) * channels + c) >> REST) & sym_mask;
-                let sym = to_rel(top, loc, SYM);
+                let sym = model.map.relative(top, loc);
                 w.add(k, cur[sym as usize]);
                 if CTX {
                     cur = if (sym >> (SYM - 1)) & 1 != 0 { t1 } else { t0 };

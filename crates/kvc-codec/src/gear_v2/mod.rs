@@ -6,9 +6,10 @@
 //! low bits. The low bits are near-uniform noise and are stored packed; the top field is
 //! coded with static canonical Huffman tables (optionally per sign of the previous token in
 //! the same channel), chosen for the tensor by measured size: with the shared-shape coder
-//! (the default for floats) a few tables shared by clusters of channels code each channel's
-//! symbols relative to its usual value; with the grouped coder one table per group of
-//! channels codes them as they are (`Coder::Auto` tries both on int8).
+//! (the default) a few tables shared by clusters of channels code each channel's symbols
+//! relative to its usual value (sign and magnitude for floats, the wrapping difference from
+//! the median for int8); with the grouped coder one table per group of channels codes them
+//! as they are.
 //! Tables live once in the blob's model section; each chunk holds four interleaved Huffman
 //! lanes (channel `c` in lane `c % 4`) and the packed low bits. Tokens that repeat an earlier
 //! row (layer 0's V repeats the rows of repeated words) are stored as references: to an

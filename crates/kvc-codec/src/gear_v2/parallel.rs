@@ -14,7 +14,7 @@ impl Encoder {
         input: &[u8],
         out: &mut Vec<u8>,
     ) -> Result<()> {
-        self.best_of(params, input, out, Self::encode_parallel)
+        self.plan_and_encode(params, input, out, Self::encode_parallel)
     }
 
     fn encode_parallel(

@@ -27,6 +27,47 @@ const CLUSTERS: usize = 12;
 /// Refinement passes of the cluster assignment after the initial split.
 const REFINE_PASSES: usize = 2;
 
+/// How a channel's top fields become relative symbols: `r = ((s ^ loc) & sign) | ((s - loc)
+/// & diff)`, inverted by `s = ((r ^ loc) & sign) | ((r + loc) & diff)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RelMap {
+    sign: u32,
+    diff: u32,
+}
+
+impl RelMap {
+    /// Sign relative to the usual sign, magnitude field minus the usual one mod half the
+    /// alphabet ([`to_rel`]): the map of float fields.
+    pub const fn sign_magnitude(sym_bits: u32) -> Self {
+        let half = 1u32 << (sym_bits - 1);
+        RelMap {
+            sign: half,
+            diff: half - 1,
+        }
+    }
+
+    /// The wrapping difference `(s - loc) mod alphabet` (flag bit 2): the map of int8
+    /// codes, two's complement around a zero point.
+    pub const fn wrapping(sym_bits: u32) -> Self {
+        RelMap {
+            sign: 0,
+            diff: (1u32 << sym_bits) - 1,
+        }
+    }
+
+    /// The relative symbol of top field `s` in a channel whose location is `loc`.
+    #[inline(always)]
+    pub fn relative(self, s: u32, loc: u32) -> u32 {
+        ((s ^ loc) & self.sign) | (s.wrapping_sub(loc) & self.diff)
+    }
+
+    /// The inverse of [`RelMap::relative`].
+    #[inline(always)]
+    pub fn absolute(self, r: u32, loc: u32) -> u32 {
+        ((r ^ loc) & self.sign) | (r.wrapping_add(loc) & self.diff)
+    }
+}
+
 /// The relative symbol of top field `s` in a channel whose usual top field is `loc`.
 #[inline(always)]
 pub fn to_rel(s: u32, loc: u32, sym_bits: u32) -> u32 {
@@ -115,6 +156,10 @@ impl SharedFit {
     /// `ranges`, and the first token of every chunk (`chunk_starts(c)` yields their top
     /// fields for channel `c`) to move them to context 0 of the relative model. Writes the
     /// model section to `section` and the encode codes, `CODE_ENTRIES` per table, to `codes`.
+    ///
+    /// With `wrapped` (the wrapping map, int8), the counts are already relative: indexed by
+    /// `(c * 2 + ctx) * alphabet + r`, with `ctx` the top bit of the previous token's `r`,
+    /// and `wrapped` holds each channel's location; `chunk_starts` is not called.
     #[allow(clippy::too_many_arguments)]
     pub fn fit(
         &mut self,
@@ -122,6 +167,7 @@ impl SharedFit {
         ranges: &[(u32, u32)],
         channels: usize,
         sym_bits: u32,
+        wrapped: Option<&[u16]>,
         chunk_starts: &mut dyn FnMut(usize, &mut Vec<u32>),
         codes: &mut Vec<u16>,
         section: &mut Vec<u8>,
@@ -147,6 +193,19 @@ impl SharedFit {
             let hi = (b0.max(b1) as usize).max(lo);
             let h0 = &counts[c * 2 * alphabet..(c * 2 + 1) * alphabet];
             let h1 = &counts[(c * 2 + 1) * alphabet..(c * 2 + 2) * alphabet];
+            if let Some(locs) = wrapped {
+                self.starts.push(self.entries.len());
+                for r in lo..hi {
+                    for x in 0..2 {
+                        let n = counts[(c * 2 + x) * alphabet + r];
+                        if n > 0 {
+                            self.entries.push(((r as u32) << 1 | x as u32, n));
+                        }
+                    }
+                }
+                self.locs.push(locs[c]);
+                continue;
+            }
             let mut loc = lo;
             let mut best = 0u32;
             for s in lo..hi {
@@ -354,6 +413,27 @@ impl SharedFit {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn wrapping_map_inverts_and_centres_on_loc() {
+        let m = RelMap::wrapping(8);
+        for loc in 0..256 {
+            for s in 0..256 {
+                let r = m.relative(s, loc);
+                assert!(r < 256);
+                assert_eq!(m.absolute(r, loc), s);
+            }
+            // One below the location is the largest relative symbol (top bit set: context 1).
+            assert_eq!(m.relative(loc, loc), 0);
+            assert_eq!(m.relative((loc + 255) % 256, loc), 255);
+        }
+        // The sign-magnitude map as a RelMap is `to_rel`.
+        let sm = RelMap::sign_magnitude(9);
+        for (s, loc) in [(0u32, 0u32), (300, 17), (511, 256), (5, 400)] {
+            assert_eq!(sm.relative(s, loc), to_rel(s, loc, 9));
+            assert_eq!(sm.absolute(to_rel(s, loc, 9), loc), s);
+        }
+    }
 
     #[test]
     fn relative_symbols_invert() {

@@ -32,7 +32,7 @@ use super::format::BlobHeader;
 use super::huffman::{self, INVALID_ENTRY, SYM_SHIFT};
 use super::lane_decode::Lanes;
 use super::low_bits;
-use super::shared::{cluster_order, from_rel, MAX_CLUSTERS, SHARED_MAX_LEN};
+use super::shared::{cluster_order, RelMap, MAX_CLUSTERS, SHARED_MAX_LEN};
 use crate::error::{Error, Result};
 use std::cell::RefCell;
 
@@ -69,6 +69,9 @@ pub(crate) struct SharedTables {
     cluster: Vec<u8>,
     /// Usual top field of every channel.
     locs: Vec<u16>,
+    /// Whether the relative symbols are wrapping differences (int8 only, which `emit` maps
+    /// back with its portable loop).
+    wrapping: bool,
     /// Channels in lane order (by cluster).
     order: Vec<u16>,
 }
@@ -120,6 +123,7 @@ impl SharedTables {
             self.locs.push(loc);
         }
         cluster_order(&self.cluster, &mut self.order);
+        self.wrapping = header.wrapping;
         let nctx = header.contexts();
         let mut pos = 1 + 3 * channels;
         self.used.clear();
@@ -595,6 +599,13 @@ fn emit<const BPV: usize, const REST: u32, const SYM: u32>(
     let channels = tables.cluster.len();
     let tokens = out.len() / (channels * BPV);
     let locs = &tables.locs;
+    // The header allows the wrapping map on int8 only, which takes the portable loop below.
+    debug_assert!(BPV == 1 || !tables.wrapping);
+    let map = if tables.wrapping {
+        RelMap::wrapping(SYM)
+    } else {
+        RelMap::sign_magnitude(SYM)
+    };
     if BPV == 2 && REST == 8 {
         low_bits::interleave_f16(scratch, stride, locs, rest, tokens, out);
         return;
@@ -619,7 +630,7 @@ fn emit<const BPV: usize, const REST: u32, const SYM: u32>(
                 } else {
                     u16::from_le_bytes([run[2 * t], run[2 * t + 1]]) as u32
                 };
-                let v = (from_rel(r, loc, SYM) << REST).to_le_bytes();
+                let v = (map.absolute(r, loc) << REST).to_le_bytes();
                 let at = (t * channels + c) * BPV;
                 out[at..at + BPV].copy_from_slice(&v[..BPV]);
             }
@@ -647,6 +658,7 @@ mod tests {
             group_size: 1,
             sign_context: false,
             shared: true,
+            wrapping: false,
             model_len: 0,
             dict_rows: 0,
         }
