@@ -81,18 +81,16 @@ fn main() {
     let only = std::env::args().nth(2).unwrap_or_default();
     let dir = data_dir();
     println!("data: {}", dir.display());
-    for name in ["K.f16", "V.f16", "K.bf16", "V.bf16"] {
+    for name in [
+        "K.f16", "V.f16", "K.bf16", "V.bf16", "K.f32", "V.f32", "K.i8", "V.i8",
+    ] {
         let Ok(data) = std::fs::read(dir.join(format!("textA.{name}.bin"))) else {
             continue;
         };
         let (tokens, channels) = sidecar_shape(&dir.join(format!("textA.{name}.json")));
-        let layer_bytes = tokens * channels * 2;
+        let dtype: Dtype = name[2..].parse().expect("a dtype name");
+        let layer_bytes = tokens * channels * dtype.width();
         let layers: Vec<&[u8]> = data.chunks(layer_bytes).collect();
-        let dtype = if name.ends_with("bf16") {
-            Dtype::Bf16
-        } else {
-            Dtype::F16
-        };
         let mut params = EncodeParams::new(dtype, channels as u32);
         if let Some(ct) = std::env::var("KVC_CHUNK_TOKENS")
             .ok()
