@@ -9,7 +9,7 @@
 // The transposes index several arrays with one channel index; iterators would obscure that.
 #![allow(clippy::needless_range_loop)]
 
-use super::shared::from_rel;
+use super::shared::{from_rel, RelMap};
 use super::values::load;
 
 /// Writes the low byte of every f16 value: `out[2 * i] = rest[i]`, `out[2 * i + 1] = 0`
@@ -156,28 +156,8 @@ pub(crate) unsafe fn interleave_f16_sse2(
             // output of tokens t0..t0 + 16, channels c0..c0 + 16 lie inside `rest` and `out`
             // (n values, checked above). All loads and stores are unaligned.
             unsafe {
-                let mut r = [_mm_setzero_si128(); 16];
-                let sign = _mm_set1_epi8(-128);
-                for (i, reg) in r.iter_mut().enumerate() {
-                    let x = _mm_loadu_si128(
-                        syms.as_ptr().add((c0 + i) * stride + t0) as *const __m128i
-                    );
-                    // from_rel: magnitude bits by a byte add, the sign bit by a xor.
-                    let loc = _mm_set1_epi8(locs[c0 + i] as i8);
-                    let t = _mm_add_epi8(x, loc);
-                    let s = _mm_and_si128(_mm_xor_si128(x, loc), sign);
-                    *reg = _mm_or_si128(_mm_andnot_si128(sign, t), s);
-                }
-                // Each round rotates the (register, byte) index bits left by one; after
-                // four, register = token and byte = channel.
-                for _ in 0..4 {
-                    let mut x = [_mm_setzero_si128(); 16];
-                    for i in 0..8 {
-                        x[2 * i] = _mm_unpacklo_epi8(r[i], r[i + 8]);
-                        x[2 * i + 1] = _mm_unpackhi_epi8(r[i], r[i + 8]);
-                    }
-                    r = x;
-                }
+                let r =
+                    map_transpose_16x16(&syms[c0 * stride..], stride, &locs[c0..c0 + 16], t0, 0x80);
                 for (j, &top) in r.iter().enumerate() {
                     let at = (t0 + j) * channels + c0;
                     let low = _mm_loadu_si128(rest.as_ptr().add(at) as *const __m128i);
@@ -192,6 +172,145 @@ pub(crate) unsafe fn interleave_f16_sse2(
     }
     // What the whole blocks left: channels from cb, and tokens from tb of the others.
     interleave_f16_portable(syms, stride, locs, rest, tokens, out, cb, tb);
+}
+
+/// Loads 16 tokens (from `t0`) of the 16 channels `locs` names (channel `i`'s bytes at
+/// `syms[i * stride..]`), maps them back from relative symbols and transposes them: register
+/// `j` holds token `t0 + j` of the 16 channels. The map is `((r ^ loc) & sign) | ((r + loc)
+/// & !sign)` per byte: `sign` 0x80 for the sign-magnitude map of 8-bit fields
+/// ([`from_rel`]), 0 for the wrapping map.
+///
+/// # Safety
+/// `syms` must hold bytes `t0..t0 + 16` of rows `0..16` at `i * stride`.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn map_transpose_16x16(
+    syms: &[u8],
+    stride: usize,
+    locs: &[u16],
+    t0: usize,
+    sign: u8,
+) -> [std::arch::x86_64::__m128i; 16] {
+    use std::arch::x86_64::*;
+    debug_assert!(locs.len() == 16 && syms.len() >= 15 * stride + t0 + 16);
+    // SAFETY: SSE2 is part of x86-64; the loads read bytes t0..t0 + 16 of rows 0..16, inside
+    // `syms` by the caller's contract. All loads are unaligned.
+    unsafe {
+        let mut r = [_mm_setzero_si128(); 16];
+        let sign = _mm_set1_epi8(sign as i8);
+        for (i, reg) in r.iter_mut().enumerate() {
+            let x = _mm_loadu_si128(syms.as_ptr().add(i * stride + t0) as *const __m128i);
+            // The low bits by a byte add, the sign bit (if any) by a xor.
+            let loc = _mm_set1_epi8(locs[i] as i8);
+            let t = _mm_add_epi8(x, loc);
+            let s = _mm_and_si128(_mm_xor_si128(x, loc), sign);
+            *reg = _mm_or_si128(_mm_andnot_si128(sign, t), s);
+        }
+        // Each round rotates the (register, byte) index bits left by one; after four,
+        // register = token and byte = channel.
+        for _ in 0..4 {
+            let mut x = [_mm_setzero_si128(); 16];
+            for i in 0..8 {
+                x[2 * i] = _mm_unpacklo_epi8(r[i], r[i + 8]);
+                x[2 * i + 1] = _mm_unpackhi_epi8(r[i], r[i + 8]);
+            }
+            r = x;
+        }
+        r
+    }
+}
+
+/// Writes int8 codes token-major from the channel-major relative symbols `syms` (channel
+/// `c`'s `tokens` bytes at `c * stride`), mapped back with the wrapping map (`wrapping`) or
+/// the sign-magnitude one.
+pub(crate) fn transpose_u8(
+    syms: &[u8],
+    stride: usize,
+    locs: &[u16],
+    wrapping: bool,
+    tokens: usize,
+    out: &mut [u8],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if !force_portable() {
+        // SAFETY: SSE2 is part of x86-64.
+        unsafe { transpose_u8_sse2(syms, stride, locs, wrapping, tokens, out) };
+        return;
+    }
+    transpose_u8_portable(syms, stride, locs, wrapping, tokens, out, 0, 0);
+}
+
+/// Portable [`transpose_u8`] for the channels from `c_from` and, below `c_from`, the tokens
+/// from `t_from`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn transpose_u8_portable(
+    syms: &[u8],
+    stride: usize,
+    locs: &[u16],
+    wrapping: bool,
+    tokens: usize,
+    out: &mut [u8],
+    c_from: usize,
+    t_from: usize,
+) {
+    let map = if wrapping {
+        RelMap::wrapping(8)
+    } else {
+        RelMap::sign_magnitude(8)
+    };
+    let channels = locs.len();
+    const BLOCK: usize = 16;
+    let mut t0 = 0;
+    while t0 < tokens {
+        let t1 = (t0 + BLOCK).min(tokens);
+        for c in 0..channels {
+            let from = if c < c_from { t_from.max(t0) } else { t0 };
+            for t in from..t1 {
+                out[t * channels + c] =
+                    map.absolute(syms[c * stride + t] as u32, locs[c] as u32) as u8;
+            }
+        }
+        t0 = t1;
+    }
+}
+
+/// SSE2 [`transpose_u8`]: blocks of 16 channels x 16 tokens transposed in registers.
+///
+/// # Safety
+/// The CPU must support SSE2 (every x86-64 does).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "sse2")]
+unsafe fn transpose_u8_sse2(
+    syms: &[u8],
+    stride: usize,
+    locs: &[u16],
+    wrapping: bool,
+    tokens: usize,
+    out: &mut [u8],
+) {
+    use std::arch::x86_64::*;
+    let channels = locs.len();
+    let cb = channels / 16 * 16;
+    let tb = tokens / 16 * 16;
+    assert!(syms.len() >= channels.saturating_sub(1) * stride + tokens);
+    assert!(out.len() >= channels * tokens);
+    let sign = if wrapping { 0 } else { 0x80 };
+    for t0 in (0..tb).step_by(16) {
+        for c0 in (0..cb).step_by(16) {
+            // SAFETY: rows c0..c0 + 16 of `syms` hold bytes t0..t0 + 16 (checked against
+            // syms' length above); tokens t0..t0 + 16 of channels c0..c0 + 16 lie inside
+            // `out` (checked above). Unaligned stores.
+            unsafe {
+                let r =
+                    map_transpose_16x16(&syms[c0 * stride..], stride, &locs[c0..c0 + 16], t0, sign);
+                for (j, &row) in r.iter().enumerate() {
+                    let o = out.as_mut_ptr().add((t0 + j) * channels + c0);
+                    _mm_storeu_si128(o as *mut __m128i, row);
+                }
+            }
+        }
+    }
+    transpose_u8_portable(syms, stride, locs, wrapping, tokens, out, cb, tb);
 }
 
 /// Writes `from_rel(sym, locs[c], 9) << shift` for every 16-bit value token-major from the
@@ -513,6 +632,25 @@ mod tests {
                     assert_eq!(a[2 * at], rest[at]);
                     let s = from_rel(syms[c * stride + t] as u32, loc8[c] as u32, 8);
                     assert_eq!(a[2 * at + 1] as u32, s);
+                }
+            }
+            // int8 codes, both maps.
+            for wrapping in [false, true] {
+                let mut a = vec![0u8; channels * tokens];
+                let mut b = a.clone();
+                transpose_u8_portable(&syms, stride, &loc8, wrapping, tokens, &mut a, 0, 0);
+                transpose_u8(&syms, stride, &loc8, wrapping, tokens, &mut b);
+                assert_eq!(a, b, "{channels}x{tokens} int8");
+                let map = if wrapping {
+                    RelMap::wrapping(8)
+                } else {
+                    RelMap::sign_magnitude(8)
+                };
+                for t in 0..tokens {
+                    for c in 0..channels {
+                        let s = map.absolute(syms[c * stride + t] as u32, loc8[c] as u32);
+                        assert_eq!(a[t * channels + c] as u32, s);
+                    }
                 }
             }
             // 9-bit relative fields, as the decoder leaves them.

@@ -32,7 +32,7 @@ use super::format::BlobHeader;
 use super::huffman::{self, INVALID_ENTRY, SYM_SHIFT};
 use super::lane_decode::Lanes;
 use super::low_bits;
-use super::shared::{cluster_order, RelMap, MAX_CLUSTERS, SHARED_MAX_LEN};
+use super::shared::{cluster_order, from_rel, MAX_CLUSTERS, SHARED_MAX_LEN};
 use crate::error::{Error, Result};
 use std::cell::RefCell;
 
@@ -599,13 +599,8 @@ fn emit<const BPV: usize, const REST: u32, const SYM: u32>(
     let channels = tables.cluster.len();
     let tokens = out.len() / (channels * BPV);
     let locs = &tables.locs;
-    // The header allows the wrapping map on int8 only, which takes the portable loop below.
+    // The header allows the wrapping map on int8 only, which `transpose_u8` maps.
     debug_assert!(BPV == 1 || !tables.wrapping);
-    let map = if tables.wrapping {
-        RelMap::wrapping(SYM)
-    } else {
-        RelMap::sign_magnitude(SYM)
-    };
     if BPV == 2 && REST == 8 {
         low_bits::interleave_f16(scratch, stride, locs, rest, tokens, out);
         return;
@@ -615,22 +610,23 @@ fn emit<const BPV: usize, const REST: u32, const SYM: u32>(
         low_bits::merge_low_bits::<BPV, REST>(rest, out);
         return;
     }
-    let es = if SYM > 8 { 2 } else { 1 };
+    if BPV == 1 {
+        low_bits::transpose_u8(scratch, stride, locs, tables.wrapping, tokens, out);
+        return;
+    }
+    // f32: 9-bit fields in 16-bit scratch elements.
+    debug_assert!(BPV == 4 && SYM == 9);
     // Tokens per block: the block's scratch columns stay in L1 while its rows are written.
     const BLOCK: usize = 16;
     let mut t0 = 0;
     while t0 < tokens {
         let t1 = (t0 + BLOCK).min(tokens);
         for c in 0..channels {
-            let run = &scratch[c * stride * es..];
+            let run = &scratch[c * stride * 2..];
             let loc = locs[c] as u32;
             for t in t0..t1 {
-                let r = if SYM == 8 {
-                    run[t] as u32
-                } else {
-                    u16::from_le_bytes([run[2 * t], run[2 * t + 1]]) as u32
-                };
-                let v = (map.absolute(r, loc) << REST).to_le_bytes();
+                let r = u16::from_le_bytes([run[2 * t], run[2 * t + 1]]) as u32;
+                let v = (from_rel(r, loc, SYM) << REST).to_le_bytes();
                 let at = (t * channels + c) * BPV;
                 out[at..at + BPV].copy_from_slice(&v[..BPV]);
             }
