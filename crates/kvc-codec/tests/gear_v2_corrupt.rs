@@ -119,26 +119,52 @@ fn every_bit_flip_and_truncation() {
     {
         let (blob, data) = small_blob_with(coder, dtype, rows);
         assert_eq!(blob[7] & 2 != 0, coder == Coder::SharedShape);
-        assert_eq!(dec.decode(&blob).unwrap(), data);
-        for n in 0..blob.len() {
-            let e = dec.decode(&blob[..n]).unwrap_err();
-            assert!(
-                matches!(e.kind(), ErrorKind::CorruptData),
-                "{dtype} truncated to {n}: {e:?}"
-            );
-        }
-        let mut m = blob.clone();
-        for byte in 0..blob.len() {
-            for bit in 0..8 {
-                m[byte] ^= 1 << bit;
-                // Never a panic; either an error or some other valid tensor.
-                if let Ok(out) = dec.decode(&m) {
-                    assert!(out.len() <= 16 * m.len());
-                }
-                m[byte] ^= 1 << bit;
+        flip_and_truncate(&mut dec, &blob, &data);
+    }
+    let (blob, data) = low_byte_blob();
+    flip_and_truncate(&mut dec, &blob, &data);
+}
+
+/// Decodes `blob` to `data`; every truncation is corrupt data and no bit flip panics.
+fn flip_and_truncate(dec: &mut Decoder, blob: &[u8], data: &[u8]) {
+    let dtype = dec.open(blob).unwrap().header().dtype;
+    assert_eq!(dec.decode(blob).unwrap(), data);
+    for n in 0..blob.len() {
+        let e = dec.decode(&blob[..n]).unwrap_err();
+        assert!(
+            matches!(e.kind(), ErrorKind::CorruptData),
+            "{dtype} truncated to {n}: {e:?}"
+        );
+    }
+    let mut m = blob.to_vec();
+    for byte in 0..blob.len() {
+        for bit in 0..8 {
+            m[byte] ^= 1 << bit;
+            // Never a panic; either an error or some other valid tensor.
+            if let Ok(out) = dec.decode(&m) {
+                assert!(out.len() <= 16 * m.len());
             }
+            m[byte] ^= 1 << bit;
         }
     }
+}
+
+/// An f32 blob whose low bytes are coded (flag bit 3): 48 tokens of 6 channels, low bytes
+/// from a few values, in two chunks.
+fn low_byte_blob() -> (Vec<u8>, Vec<u8>) {
+    let mut data = Vec::new();
+    for i in 0..48 * 6u32 {
+        let h = i.wrapping_mul(2654435761);
+        let low = [0u32, 0x80, 0x40, 0xc0][(h >> 7) as usize % 4];
+        let x = (h >> 31) << 31 | (124 + i % 6) << 23 | (h >> 9) & 0x7fff00 | low;
+        data.extend_from_slice(&x.to_le_bytes());
+    }
+    let mut p = EncodeParams::new(Dtype::F32, 6);
+    p.chunk_tokens = 32;
+    let blob = Encoder::new().encode(&p, &data).unwrap();
+    assert_eq!(blob[7] & 8, 8, "low bytes not coded");
+    assert_eq!(chunk_modes(&blob), [1, 1]);
+    (blob, data)
 }
 
 fn header_with(blob: &[u8], offset: usize, bytes: &[u8]) -> Vec<u8> {
@@ -211,6 +237,21 @@ fn bad_header_fields_are_named() {
     assert!(flags_err(header_with(&wrapping, 4, &[2])));
     assert!(flags_err(header_with(&wrapping, 7, &[wrapping[7] & !2])));
     assert!(flags_err(header_with(&shared_f16, 7, &[shared_f16[7] | 4])));
+    // Flag bit 3 (coded f32 low bytes): version 3, f32, shared-shape only.
+    let (low_byte, data) = low_byte_blob();
+    assert_eq!(dec.decode(&low_byte).unwrap(), data);
+    assert!(flags_err(header_with(&low_byte, 4, &[2])));
+    assert!(flags_err(header_with(&low_byte, 7, &[low_byte[7] & !2])));
+    assert!(flags_err(header_with(&shared_f16, 7, &[shared_f16[7] | 8])));
+    assert!(flags_err(header_with(&wrapping, 7, &[wrapping[7] | 8])));
+    // Without the flag the model section has a table too many.
+    assert!(matches!(
+        e(header_with(&low_byte, 7, &[low_byte[7] & !8])),
+        Error::V2BadField {
+            field: "model_len",
+            ..
+        }
+    ));
     // More dictionary rows than tokens, or rows the index does not hold.
     assert!(matches!(
         e(header_with(&dictionary, 28, &9u32.to_le_bytes())),
@@ -411,7 +452,7 @@ fn golden_v2_version2_blobs_decode() {
 
 /// Golden blobs of format version 3 (KVC_WRITE_GOLDEN=3): both coders (the shared-shape
 /// int8 one with the wrapping map), a row dictionary, chunks that start with a dictionary
-/// reference, chunk-local references and coded rows.
+/// reference, chunk-local references and coded rows; and an f32 blob with coded low bytes.
 #[test]
 fn golden_v2_version3_blobs_decode() {
     let dir = golden_dir();
@@ -457,4 +498,23 @@ fn golden_v2_version3_blobs_decode() {
             assert_eq!(dec.decode(&blob).unwrap(), raw, "{name}");
         }
     }
+    // Coded f32 low bytes (flag bit 3).
+    let name = "gear-v2.version3.shared-low-byte.f32";
+    let blob_path = dir.join(format!("{name}.kvg2"));
+    let raw_path = dir.join(format!("{name}.raw"));
+    if write {
+        let (blob, data) = low_byte_blob();
+        std::fs::write(&blob_path, blob).unwrap();
+        std::fs::write(&raw_path, data).unwrap();
+    }
+    let blob = std::fs::read(&blob_path).unwrap();
+    assert_eq!(
+        (blob[4], blob[7] & 8),
+        (3, 8),
+        "{name}: version and flag bit 3"
+    );
+    assert_eq!(
+        dec.decode(&blob).unwrap(),
+        std::fs::read(&raw_path).unwrap()
+    );
 }

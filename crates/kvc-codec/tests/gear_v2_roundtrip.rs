@@ -371,3 +371,40 @@ fn int8_wrapping_map_with_sign_context() {
     );
     roundtrip(&params, &data);
 }
+
+/// f32 values whose lowest byte takes few values, as V from a quantized model's integer dot
+/// products: the shared-shape coder codes the low bytes (flag bit 3) and stays lossless;
+/// noise low bytes stay raw.
+#[test]
+fn f32_coded_low_bytes() {
+    let mut rng = Rng(0xdead_beef_1234_5677);
+    for (tokens, channels, chunk) in [(300usize, 24usize, 64u32), (77, 5, 16), (1000, 1, 1000)] {
+        for structured in [true, false] {
+            let mut data = Vec::new();
+            for t in 0..tokens {
+                for c in 0..channels {
+                    let r = rng.next();
+                    let sign = (r >> 63) as u32;
+                    let exp = 120 + (c as u32 + t as u32 % 3) % 8;
+                    let mid = (r >> 8) as u32 & 0x7fff;
+                    let low = if structured {
+                        [0u32, 0x80, 0x40, 0xc0, 0x20, r as u32 & 0xff][(r >> 20) as usize % 6]
+                    } else {
+                        r as u32 & 0xff
+                    };
+                    let x = sign << 31 | exp << 23 | mid << 8 | low;
+                    data.extend_from_slice(&x.to_le_bytes());
+                }
+            }
+            let mut params = EncodeParams::new(Dtype::F32, channels as u32);
+            params.chunk_tokens = chunk;
+            let blob = Encoder::new().encode(&params, &data).unwrap();
+            assert_eq!(
+                blob[7] & 8 != 0,
+                structured,
+                "{tokens}x{channels}: flag bit 3"
+            );
+            roundtrip(&params, &data);
+        }
+    }
+}

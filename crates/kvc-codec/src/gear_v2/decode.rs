@@ -5,6 +5,7 @@ use super::encode::{CHUNK_CODED, CHUNK_STORED, LANES};
 use super::format::{BlobHeader, ChunkIndex, FieldSplit, HEADER_LEN};
 use super::huffman::{self, DECODE_ENTRIES, INVALID_ENTRY};
 use super::lane_decode::{decode_coded, LaneModel, Lanes};
+use super::low_byte::{MID_BITS, STREAM_LEN_BYTES};
 use super::repeats::{RepeatRefs, CHUNK_REPEATS};
 use super::shared_decode::{decode_shared, SharedTables};
 use super::values::{dispatch, rest_bytes};
@@ -281,14 +282,31 @@ impl<'d, 'b> OpenBlob<'d, 'b> {
             lens[k] = len;
             at += len;
         }
-        let end = at + rest_bytes(self.header.dtype, values);
+        // With coded f32 low bytes (flag bit 3): their stream, then 15 packed bits a value.
+        let mut low = 0..0;
+        let rest_len = if self.header.low_byte {
+            let len = body
+                .get(at..at + STREAM_LEN_BYTES)
+                .ok_or("low-byte stream length runs past the chunk")?;
+            let len = u32::from_le_bytes([len[0], len[1], len[2], len[3]]) as usize;
+            at += STREAM_LEN_BYTES;
+            if len > body.len() - at {
+                return Err("low-byte stream runs past the chunk");
+            }
+            low = at..at + len;
+            at += len;
+            (values * MID_BITS as usize).div_ceil(8)
+        } else {
+            rest_bytes(self.header.dtype, values)
+        };
+        let end = at + rest_len;
         if end > body.len() {
             return Err("packed low bits run past the chunk");
         }
-        let body = &body[..end];
-        let rest = &body[at..];
+        let rest = &body[at..end];
+        let low = &body[low];
         let lanes = Lanes {
-            data: body,
+            data: &body[..end],
             starts,
             lens,
         };
@@ -298,6 +316,9 @@ impl<'d, 'b> OpenBlob<'d, 'b> {
                 self.header.dtype,
                 decode_shared(self.shared, ctx, &lanes, rest, out)
             )?;
+            if self.header.low_byte {
+                self.shared.low_byte().decode(low, out)?;
+            }
             return Ok(end);
         }
         let model = LaneModel {

@@ -3,6 +3,7 @@
 use super::format::{BlobHeader, TensorKind, HEADER_LEN, MAX_CHANNELS, VERSION};
 use super::huffman;
 use super::lanes;
+use super::low_byte;
 use super::model::EncoderModel;
 use super::repeats::{RepeatPlan, CHUNK_REPEATS};
 use super::shared::{RelMap, SHARED_MAX_LEN};
@@ -211,6 +212,7 @@ impl Encoder {
             sign_context: self.model.sign_context,
             shared: self.model.shared,
             wrapping: self.model.wrapping,
+            low_byte: self.model.low_byte.on,
             model_len,
             dict_rows: self.plan.dict_rows as u32,
         };
@@ -314,5 +316,10 @@ fn encode_body<const BPV: usize, const REST: u32, const SYM: u32>(
         },
     };
     lanes::encode_lanes::<BPV, REST, SYM>(&codes, channels, raw, out, lens_at);
+    if BPV == 4 && model.low_byte.on {
+        model.low_byte.encode(raw, out);
+        low_byte::pack_mid_bits(raw, out);
+        return;
+    }
     lanes::pack_low_bits::<BPV, REST>(raw, out);
 }

@@ -34,6 +34,9 @@ pub const FLAG_SHARED: u8 = 2;
 /// Flag bit (version 3, int8 with the shared-shape model only): relative symbols are
 /// wrapping differences `(s - loc) mod 256` instead of sign and magnitude.
 pub const FLAG_WRAPPING: u8 = 4;
+/// Flag bit (version 3, f32 with the shared-shape model only): the lowest byte of every
+/// value is Huffman-coded with one more table, and 15 raw bits are packed above it.
+pub const FLAG_LOW_BYTE: u8 = 8;
 /// The largest channel count the format accepts.
 pub const MAX_CHANNELS: u32 = 1 << 16;
 
@@ -149,6 +152,8 @@ pub struct BlobHeader {
     /// Whether the shared-shape model's relative symbols are wrapping differences (flag
     /// bit 2; int8, version 3).
     pub wrapping: bool,
+    /// Whether f32 low bytes are Huffman-coded (flag bit 3; version 3).
+    pub low_byte: bool,
     /// Bytes of the model section.
     pub model_len: u32,
     /// Rows of the row dictionary (version 3; 0 in earlier versions): rows that repeat
@@ -202,7 +207,8 @@ impl BlobHeader {
             } else {
                 0
             } | if self.shared { FLAG_SHARED } else { 0 }
-                | if self.wrapping { FLAG_WRAPPING } else { 0 },
+                | if self.wrapping { FLAG_WRAPPING } else { 0 }
+                | if self.low_byte { FLAG_LOW_BYTE } else { 0 },
         );
         for v in [
             self.tokens,
@@ -244,12 +250,13 @@ impl BlobHeader {
         let dtype = dtype_from_code(blob[5]).ok_or(bad("dtype", 5, blob[5] as u64))?;
         let kind = TensorKind::from_code(blob[6]).ok_or(bad("kind", 6, blob[6] as u64))?;
         let flags = blob[7];
+        let v3_shared = blob[4] >= 3 && flags & FLAG_SHARED != 0;
         let known = FLAG_SIGN_CONTEXT
             | FLAG_SHARED
-            | if blob[4] >= 3 && dtype == Dtype::I8 && flags & FLAG_SHARED != 0 {
-                FLAG_WRAPPING
-            } else {
-                0
+            | match dtype {
+                Dtype::I8 if v3_shared => FLAG_WRAPPING,
+                Dtype::F32 if v3_shared => FLAG_LOW_BYTE,
+                _ => 0,
             };
         if flags & !known != 0 {
             return Err(bad("flags", 7, flags as u64));
@@ -292,6 +299,7 @@ impl BlobHeader {
             sign_context: flags & FLAG_SIGN_CONTEXT != 0,
             shared,
             wrapping: flags & FLAG_WRAPPING != 0,
+            low_byte: flags & FLAG_LOW_BYTE != 0,
             model_len,
             dict_rows,
         })

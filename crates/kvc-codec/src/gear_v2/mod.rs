@@ -23,6 +23,7 @@ mod huffman;
 mod lane_decode;
 mod lanes;
 mod low_bits;
+mod low_byte;
 mod model;
 mod parallel;
 mod repeats;

@@ -4,6 +4,7 @@
 use super::format::FieldSplit;
 use super::huffman::{self, LengthBuilder};
 use super::lanes::CODE_ENTRIES;
+use super::low_byte::LowByteCodes;
 use super::shared::SharedFit;
 use super::values::{dispatch, load};
 use crate::dtype::Dtype;
@@ -40,6 +41,8 @@ pub struct EncoderModel {
     pub wrapping: bool,
     /// Locations of the wrapping map, per channel.
     wrap_locs: Vec<u16>,
+    /// The f32 low-byte codes (flag bit 3; `on` only for f32 with the shared-shape model).
+    pub low_byte: LowByteCodes,
     /// Channels in lane order (empty: channel order).
     pub chan_order: Vec<u16>,
     fit_shared: SharedFit,
@@ -211,6 +214,7 @@ impl EncoderModel {
             self.ranges.push((lo as u32, hi.max(lo) as u32));
         }
         self.shared = shared;
+        self.low_byte.on = false;
         self.chan_table.clear();
         self.chan_loc.clear();
         self.chan_order.clear();
@@ -232,6 +236,9 @@ impl EncoderModel {
                 .extend(self.fit_shared.cluster.iter().map(|&g| g as u32 * nctx));
             self.chan_loc.extend_from_slice(&self.fit_shared.locs);
             super::shared::cluster_order(&self.fit_shared.cluster, &mut self.chan_order);
+            if dtype == Dtype::F32 {
+                self.low_byte.fit(input, &mut self.section);
+            }
             return;
         }
         let t = xlog2x_table();

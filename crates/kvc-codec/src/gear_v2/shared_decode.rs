@@ -32,6 +32,7 @@ use super::format::BlobHeader;
 use super::huffman::{self, INVALID_ENTRY, SYM_SHIFT};
 use super::lane_decode::Lanes;
 use super::low_bits;
+use super::low_byte::{self, LowByteTable};
 use super::shared::{cluster_order, from_rel, MAX_CLUSTERS, SHARED_MAX_LEN};
 use crate::error::{Error, Result};
 use std::cell::RefCell;
@@ -69,9 +70,11 @@ pub(crate) struct SharedTables {
     cluster: Vec<u8>,
     /// Usual top field of every channel.
     locs: Vec<u16>,
-    /// Whether the relative symbols are wrapping differences (int8 only, which `emit` maps
-    /// back with its portable loop).
+    /// Whether the relative symbols are wrapping differences (int8 only).
     wrapping: bool,
+    /// Whether f32 low bytes are coded (flag bit 3), and their table.
+    low_byte: bool,
+    low_table: LowByteTable,
     /// Channels in lane order (by cluster).
     order: Vec<u16>,
 }
@@ -124,6 +127,7 @@ impl SharedTables {
         }
         cluster_order(&self.cluster, &mut self.order);
         self.wrapping = header.wrapping;
+        self.low_byte = header.low_byte;
         let nctx = header.contexts();
         let mut pos = 1 + 3 * channels;
         self.used.clear();
@@ -225,6 +229,9 @@ impl SharedTables {
                 }
             }
         }
+        if header.low_byte {
+            self.low_table.read(model, &mut pos, k * nctx)?;
+        }
         if pos != model.len() {
             return Err(Error::V2BadField {
                 field: "model_len",
@@ -233,6 +240,11 @@ impl SharedTables {
             });
         }
         Ok(())
+    }
+
+    /// The f32 low-byte table (meaningful when the blob has flag bit 3).
+    pub(crate) fn low_byte(&self) -> &LowByteTable {
+        &self.low_table
     }
 }
 
@@ -633,7 +645,10 @@ fn emit<const BPV: usize, const REST: u32, const SYM: u32>(
         }
         t0 = t1;
     }
-    if REST % 8 != 0 {
+    if tables.low_byte {
+        // Bits 8..=22; the low bytes are ORed in from their stream after.
+        low_byte::merge_mid_bits(rest, out);
+    } else {
         low_bits::merge_low_bits::<BPV, REST>(rest, out);
     }
 }
@@ -655,6 +670,7 @@ mod tests {
             sign_context: false,
             shared: true,
             wrapping: false,
+            low_byte: false,
             model_len: 0,
             dict_rows: 0,
         }
