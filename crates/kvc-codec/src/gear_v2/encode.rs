@@ -85,7 +85,7 @@ pub enum Coder {
     Grouped,
     /// Relative symbols, a few tables shared by clusters of channels, codes up to 11 bits
     /// decoded up to two symbols per lookup (flag bit 1): smaller than [`Coder::Grouped`] on
-    /// every real f16, bf16 and f32 KV tensor, and about as fast to decode.
+    /// every real f16, bf16, f32 and int8 KV tensor, and about as fast to decode.
     SharedShape,
     /// The default, the coder measured smallest on real KV: [`Coder::SharedShape`] for every
     /// dtype (on int8 it codes wrapping differences from each channel's median, flag bit 2,
