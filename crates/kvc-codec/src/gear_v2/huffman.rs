@@ -218,6 +218,30 @@ pub fn read_table_limited(
     Ok(())
 }
 
+/// [`read_table_limited`] for the shared-shape mode's tables, which must be complete codes
+/// (Kraft sum exactly 1) or one symbol of length 1 that owns both code words; returns
+/// whether the table is that one symbol.
+pub fn read_complete_table(
+    src: &[u8],
+    pos: &mut usize,
+    alphabet: usize,
+    used: &mut Vec<u16>,
+    table: usize,
+    max_len: u32,
+) -> Result<bool> {
+    read_table_limited(src, pos, alphabet, used, table, max_len)?;
+    let full = 1u64 << max_len;
+    let kraft: u64 = used.iter().map(|&u| full >> (u & 15)).sum();
+    let single_symbol = used.len() == 1 && used[0] & 15 == 1;
+    if kraft != full && !single_symbol {
+        return Err(Error::V2BadTable {
+            table,
+            reason: "code is not complete",
+        });
+    }
+    Ok(single_symbol)
+}
+
 /// Canonical codes for `lens`, bit-reversed for LSB-first streams: `codes[s] = rev | len << 12`.
 pub fn build_codes(lens: &[u8], codes: &mut [u16]) {
     let mut count = [0u32; 16];

@@ -17,7 +17,7 @@
 //! of the raw low bytes.
 
 use super::huffman::{self, LengthBuilder, INVALID_ENTRY, MAX_LEN_ANY, SYM_SHIFT};
-use crate::error::{Error, Result};
+use crate::error::Result;
 
 /// Symbols of the low-byte table.
 const SYMBOLS: usize = 256;
@@ -135,19 +135,8 @@ pub(crate) struct LowByteTable {
 impl LowByteTable {
     /// Reads the table at `model[*pos..]` (table number `table` in errors).
     pub(crate) fn read(&mut self, model: &[u8], pos: &mut usize, table: usize) -> Result<()> {
-        huffman::read_table_limited(model, pos, SYMBOLS, &mut self.used, table, MAX_LEN_ANY)?;
-        let kraft: u64 = self
-            .used
-            .iter()
-            .map(|&u| (ENTRIES as u64) >> (u & 15))
-            .sum();
-        let single_symbol = self.used.len() == 1 && self.used[0] & 15 == 1;
-        if kraft != ENTRIES as u64 && !single_symbol {
-            return Err(Error::V2BadTable {
-                table,
-                reason: "code is not complete",
-            });
-        }
+        let single_symbol =
+            huffman::read_complete_table(model, pos, SYMBOLS, &mut self.used, table, MAX_LEN_ANY)?;
         self.entries.clear();
         self.entries.resize(ENTRIES, INVALID_ENTRY);
         if single_symbol {

@@ -147,7 +147,7 @@ impl SharedTables {
         for g in 0..k {
             for x in 0..nctx {
                 let table = g * nctx + x;
-                huffman::read_table_limited(
+                let single_symbol = huffman::read_complete_table(
                     model,
                     &mut pos,
                     alphabet,
@@ -155,18 +155,6 @@ impl SharedTables {
                     table,
                     SHARED_MAX_LEN,
                 )?;
-                let kraft: u64 = self
-                    .used
-                    .iter()
-                    .map(|&u| (ENTRIES as u64) >> (u & 15))
-                    .sum();
-                let single_symbol = self.used.len() == 1 && self.used[0] & 15 == 1;
-                if kraft != ENTRIES as u64 && !single_symbol {
-                    return Err(Error::V2BadTable {
-                        table,
-                        reason: "code is not complete",
-                    });
-                }
                 let at = g * CLUSTER_ENTRIES + x * ENTRIES;
                 let single = &mut self.single[at..at + ENTRIES];
                 if single_symbol {
