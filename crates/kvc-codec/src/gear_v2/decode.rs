@@ -189,18 +189,7 @@ impl<'d, 'b> OpenBlob<'d, 'b> {
         let data = &self.blob[self.index.offsets[i]..self.index.offsets[i + 1]];
         let bad = |reason| Error::V2BadChunk { chunk: i, reason };
         match data[0] {
-            CHUNK_STORED => {
-                if data.len() != 1 + n {
-                    return Err(bad("stored chunk length differs from its tokens"));
-                }
-                out.copy_from_slice(&data[1..]);
-            }
-            CHUNK_CODED => {
-                let used = self.decode_body(&data[1..], out).map_err(bad)?;
-                if 1 + used != data.len() {
-                    return Err(bad("coded chunk has trailing bytes"));
-                }
-            }
+            CHUNK_STORED | CHUNK_CODED => self.decode_plain(data, out).map_err(bad)?,
             CHUNK_REPEATS if self.header.version >= 2 => {
                 let tokens = self.header.chunk_tokens_of(i);
                 let dict_rows = self.header.dict_rows as usize;
@@ -236,28 +225,32 @@ impl<'d, 'b> OpenBlob<'d, 'b> {
             return Ok(());
         }
         dictionary.resize(len, 0);
-        let bad = |reason| Error::V2BadDictionary { reason };
         let data = &self.blob[self.index.dictionary.clone()];
         match data[0] {
-            CHUNK_STORED => {
-                if data.len() != 1 + len {
-                    return Err(bad("stored dictionary length differs from its rows"));
-                }
-                dictionary.copy_from_slice(&data[1..]);
+            CHUNK_STORED | CHUNK_CODED => self
+                .decode_plain(data, dictionary)
+                .map_err(|reason| Error::V2BadDictionary { reason }),
+            m => Err(Error::V2BadField {
+                field: "dictionary mode",
+                offset: self.index.dictionary.start,
+                found: m as u64,
+            }),
+        }
+    }
+
+    /// Decodes a stored (mode 0) or coded (mode 1) chunk `data`, mode byte first, into all
+    /// of `out`.
+    fn decode_plain(&self, data: &[u8], out: &mut [u8]) -> std::result::Result<(), &'static str> {
+        if data[0] == CHUNK_STORED {
+            if data.len() != 1 + out.len() {
+                return Err("stored chunk length differs from its tokens");
             }
-            CHUNK_CODED => {
-                let used = self.decode_body(&data[1..], dictionary).map_err(bad)?;
-                if 1 + used != data.len() {
-                    return Err(bad("coded dictionary has trailing bytes"));
-                }
-            }
-            m => {
-                return Err(Error::V2BadField {
-                    field: "dictionary mode",
-                    offset: self.index.dictionary.start,
-                    found: m as u64,
-                })
-            }
+            out.copy_from_slice(&data[1..]);
+            return Ok(());
+        }
+        let used = self.decode_body(&data[1..], out)?;
+        if 1 + used != data.len() {
+            return Err("coded chunk has trailing bytes");
         }
         Ok(())
     }
