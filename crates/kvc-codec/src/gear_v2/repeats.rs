@@ -224,7 +224,13 @@ impl RepeatPlan {
     fn plan_blob(&mut self, input: &[u8], row_bytes: usize, chunk_tokens: usize) {
         let tokens = input.len() / row_bytes;
         if !self.scan.scan(input, row_bytes) {
-            self.plan_chunks(input, row_bytes, chunk_tokens);
+            // No row repeats in the blob, so none in a chunk: every chunk codes all its rows
+            // (no second scan per chunk).
+            for t0 in (0..tokens).step_by(chunk_tokens) {
+                self.chunks.push((t0, 0..0));
+                self.chunk_tokens
+                    .push((tokens - t0).min(chunk_tokens) as u32);
+            }
             return;
         }
         // The row's first token, for every token.
