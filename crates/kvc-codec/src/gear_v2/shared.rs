@@ -68,18 +68,17 @@ impl RelMap {
     }
 }
 
-/// The relative symbol of top field `s` in a channel whose usual top field is `loc`.
+/// The relative symbol of top field `s` in a channel whose usual top field is `loc`, with
+/// the sign-magnitude map of float fields.
 #[inline(always)]
 pub fn to_rel(s: u32, loc: u32, sym_bits: u32) -> u32 {
-    let half = 1u32 << (sym_bits - 1);
-    ((s ^ loc) & half) | (s.wrapping_sub(loc) & (half - 1))
+    RelMap::sign_magnitude(sym_bits).relative(s, loc)
 }
 
 /// The inverse of [`to_rel`].
 #[inline(always)]
 pub fn from_rel(r: u32, loc: u32, sym_bits: u32) -> u32 {
-    let half = 1u32 << (sym_bits - 1);
-    ((r ^ loc) & half) | (r.wrapping_add(loc) & (half - 1))
+    RelMap::sign_magnitude(sym_bits).absolute(r, loc)
 }
 
 /// The order in which the lanes code a shared-shape chunk's channels: by cluster, then by
