@@ -78,18 +78,10 @@ impl LowByteCodes {
         let len_at = out.len();
         out.extend_from_slice(&[0; STREAM_LEN_BYTES]);
         let start = out.len();
-        let (mut acc, mut n) = (0u64, 0u32);
-        for v in values.chunks_exact(4) {
+        append_bits(values, out, |v| {
             let code = self.codes[v[0] as usize] as u64;
-            acc |= (code & 0xfff) << n;
-            n += (code >> 12) as u32;
-            if n >= 32 {
-                out.extend_from_slice(&(acc as u32).to_le_bytes());
-                acc >>= 32;
-                n -= 32;
-            }
-        }
-        out.extend_from_slice(&acc.to_le_bytes()[..n.div_ceil(8) as usize]);
+            (code & 0xfff, (code >> 12) as u32)
+        });
         let len = (out.len() - start) as u32;
         out[len_at..start].copy_from_slice(&len.to_le_bytes());
     }
@@ -97,11 +89,21 @@ impl LowByteCodes {
 
 /// Appends bits 8..=22 of every f32 of `values`, 15 per value, packed LSB-first.
 pub(crate) fn pack_mid_bits(values: &[u8], out: &mut Vec<u8>) {
+    append_bits(values, out, |v| {
+        let x = u32::from_le_bytes([v[0], v[1], v[2], v[3]]);
+        ((x >> 8) as u64 & 0x7fff, MID_BITS)
+    });
+}
+
+/// Appends, LSB-first, the `(bits, count)` that `field` gives for every f32 of `values`
+/// (at most 16 bits each), the last byte zero-padded.
+#[inline(always)]
+fn append_bits(values: &[u8], out: &mut Vec<u8>, field: impl Fn(&[u8]) -> (u64, u32)) {
     let (mut acc, mut n) = (0u64, 0u32);
     for v in values.chunks_exact(4) {
-        let x = u32::from_le_bytes([v[0], v[1], v[2], v[3]]);
-        acc |= ((x >> 8) as u64 & 0x7fff) << n;
-        n += MID_BITS;
+        let (bits, count) = field(v);
+        acc |= bits << n;
+        n += count;
         if n >= 32 {
             out.extend_from_slice(&(acc as u32).to_le_bytes());
             acc >>= 32;
