@@ -1,5 +1,6 @@
 //! The gear-v2 encoder.
 
+use super::code_index::channel_major_indices;
 use super::format::{BlobHeader, TensorKind, HEADER_LEN, MAX_CHANNELS, VERSION};
 use super::huffman;
 use super::lanes;
@@ -10,6 +11,7 @@ use super::shared::{RelMap, SHARED_MAX_LEN};
 use super::values::dispatch;
 use crate::dtype::Dtype;
 use crate::error::{Error, Result};
+use std::cell::RefCell;
 
 /// Default tokens per chunk: the random-access granularity.
 pub const DEFAULT_CHUNK_TOKENS: u32 = 256;
@@ -289,6 +291,12 @@ fn store_if_larger(out: &mut Vec<u8>, start: usize, raw: &[u8]) {
     }
 }
 
+thread_local! {
+    /// A block of token-major code indices and the chunk's channel-major ones (kept per
+    /// thread between chunks: no allocation in steady state).
+    static CODE_INDICES: RefCell<(Vec<u16>, Vec<u16>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+}
+
 /// Appends a coded chunk's body (lane lengths, lanes, packed low bits) for the rows `raw`.
 fn encode_body<const BPV: usize, const REST: u32, const SYM: u32>(
     model: &EncoderModel,
@@ -301,12 +309,6 @@ fn encode_body<const BPV: usize, const REST: u32, const SYM: u32>(
     let codes = lanes::LaneCodes {
         codes: &model.codes,
         chan_table: &model.chan_table,
-        chan_loc: &model.chan_loc,
-        map: if model.wrapping {
-            RelMap::wrapping(SYM)
-        } else {
-            RelMap::sign_magnitude(SYM)
-        },
         order: &model.chan_order,
         sign_context: model.sign_context,
         max_len: if model.shared {
@@ -315,7 +317,22 @@ fn encode_body<const BPV: usize, const REST: u32, const SYM: u32>(
             huffman::MAX_LEN
         },
     };
-    lanes::encode_lanes::<BPV, REST, SYM>(&codes, channels, raw, out, lens_at);
+    let map = if model.wrapping {
+        RelMap::wrapping(SYM)
+    } else {
+        RelMap::sign_magnitude(SYM)
+    };
+    CODE_INDICES.with(|buf| {
+        let (block, cm) = &mut *buf.borrow_mut();
+        let values = raw.len() / BPV;
+        if cm.len() < values {
+            cm.resize(values, 0);
+        }
+        let cm = &mut cm[..values];
+        let (locs, ctx) = (&model.chan_loc, model.sign_context);
+        channel_major_indices::<BPV, REST, SYM>(raw, locs, map, ctx, block, cm);
+        lanes::encode_lanes(&codes, channels, cm, out, lens_at);
+    });
     if BPV == 4 && model.low_byte.on {
         model.low_byte.encode(raw, out);
         low_byte::pack_mid_bits(raw, out);

@@ -307,14 +307,14 @@ fn decode_lanes<const BPV: usize, const REST: u32, const SYM: u32, const CTX: bo
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::super::{Coder, Decoder, EncodeParams, Encoder, TensorKind};
     use crate::Dtype;
     use std::cell::Cell;
 
     thread_local! {
         /// Set by a test to make this thread's decodes take the portable lane decoder.
-        pub(super) static FORCE_PORTABLE: Cell<bool> = const { Cell::new(false) };
+        pub(crate) static FORCE_PORTABLE: Cell<bool> = const { Cell::new(false) };
     }
 
     #[test]

@@ -85,12 +85,14 @@ pub(crate) fn interleave_f16(
     interleave_f16_portable(syms, stride, locs, rest, tokens, out, 0, 0);
 }
 
+/// Whether a test asked this thread for the portable versions of the SIMD loops.
 #[cfg(test)]
-fn force_portable() -> bool {
+pub(crate) fn force_portable() -> bool {
     super::lane_decode::force_portable()
 }
+/// Never outside tests.
 #[cfg(not(test))]
-fn force_portable() -> bool {
+pub(crate) fn force_portable() -> bool {
     false
 }
 

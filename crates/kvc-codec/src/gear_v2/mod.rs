@@ -16,6 +16,7 @@
 //! earlier token of their chunk (format version 2), or to the blob's row dictionary, which
 //! holds once the rows seen in several chunks (version 3). See `docs/formats/gear-v2.md`.
 
+mod code_index;
 mod decode;
 mod encode;
 mod format;

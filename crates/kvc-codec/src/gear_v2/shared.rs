@@ -55,6 +55,16 @@ impl RelMap {
         }
     }
 
+    /// The bits of a relative symbol that come from `s ^ loc` (the sign).
+    pub const fn sign(self) -> u32 {
+        self.sign
+    }
+
+    /// The bits of a relative symbol that come from `s - loc`.
+    pub const fn diff(self) -> u32 {
+        self.diff
+    }
+
     /// The relative symbol of top field `s` in a channel whose location is `loc`.
     #[inline(always)]
     pub fn relative(self, s: u32, loc: u32) -> u32 {
