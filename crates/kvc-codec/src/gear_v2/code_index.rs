@@ -4,10 +4,12 @@
 //!
 //! A value's index is its top field made relative to its channel's location ([`RelMap`];
 //! location 0 with the sign-magnitude map leaves the field unchanged, the grouped model), plus
-//! [`CTX_STEP`] when the sign context is on and the previous token's relative symbol in the
-//! same channel had its top bit set (never for a chunk's first token). An encode table holds
-//! [`CODE_ENTRIES`] codes and a channel's context-1 table directly follows its context-0
-//! table, so `codes[table * CODE_ENTRIES + index]` is the value's code in either context.
+//! a context step ([`CTX_STEP`] for the encoder) when the sign context is on and the previous
+//! token's relative symbol in the same channel had its top bit set (never for a chunk's first
+//! token). An encode table holds [`CODE_ENTRIES`] codes and a channel's context-1 table
+//! directly follows its context-0 table, so `codes[table * CODE_ENTRIES + index]` is the
+//! value's code in either context. With the alphabet as the step, the same indices address a
+//! channel's histograms of both contexts (`model`'s statistics).
 //!
 //! Why a separate pass: it is the same arithmetic for every value of a row (a vector loop
 //! over channels, compiled a second time with AVX2 and chosen at run time), so the lane loop
@@ -20,23 +22,23 @@
 use super::lanes::CODE_ENTRIES;
 use super::shared::RelMap;
 
-/// What the sign context adds to an index: one table further.
+/// What the sign context adds to an encoder's index: one table further.
 pub(crate) const CTX_STEP: u16 = CODE_ENTRIES as u16;
-/// `CTX_STEP` as a shift.
-const CTX_AT: u32 = CTX_STEP.trailing_zeros();
 
-/// Tokens per block of [`channel_major_indices`].
+/// Tokens per block of `for_each_block`.
 const BLOCK: usize = 8;
 
-/// Fills `cm` (channel `c`'s indices at `c * tokens..`) with the code index of every value of
-/// `raw` (whole rows of `locs.len()` channels, as for [`code_indices`]); `block` is scratch.
-pub(crate) fn channel_major_indices<const BPV: usize, const REST: u32, const SYM: u32>(
+/// Computes the code indices of `raw` (whole rows of `locs.len()` channels; contexts start
+/// at its first row) [`BLOCK`] rows at a time into `block` and hands every block to `f` as
+/// `(first token, token-major indices of its rows)`. `ctx_step`: what the context adds (0:
+/// no context).
+fn for_each_block<const BPV: usize, const REST: u32, const SYM: u32>(
     raw: &[u8],
     locs: &[u16],
     map: RelMap,
-    ctx: bool,
+    ctx_step: u16,
     block: &mut Vec<u16>,
-    cm: &mut [u16],
+    mut f: impl FnMut(usize, &[u16]),
 ) {
     let channels = locs.len();
     let row = channels * BPV;
@@ -56,18 +58,30 @@ pub(crate) fn channel_major_indices<const BPV: usize, const REST: u32, const SYM
             &raw[from * row..(t0 + n) * row],
             locs,
             map,
-            ctx,
+            ctx_step,
             &mut block[..rows * channels],
         );
-        transpose_block(
-            &block[skip * channels..rows * channels],
-            channels,
-            tokens,
-            t0,
-            cm,
-        );
+        f(t0, &block[skip * channels..rows * channels]);
         t0 += n;
     }
+}
+
+/// Fills `cm` (channel `c`'s indices at `c * tokens..`) with the code index of every value
+/// of `raw` (whole rows of `locs.len()` channels, as for [`code_indices`]); `ctx_step`: what
+/// the context adds (0: no context); `block` is scratch.
+pub(crate) fn channel_major_indices<const BPV: usize, const REST: u32, const SYM: u32>(
+    raw: &[u8],
+    locs: &[u16],
+    map: RelMap,
+    ctx_step: u16,
+    block: &mut Vec<u16>,
+    cm: &mut [u16],
+) {
+    let channels = locs.len();
+    let tokens = raw.len() / (channels * BPV).max(1);
+    for_each_block::<BPV, REST, SYM>(raw, locs, map, ctx_step, block, |t0, rows| {
+        transpose_block(rows, channels, tokens, t0, cm)
+    });
 }
 
 /// Writes the `n = rows.len() / channels` token-major rows `rows` (tokens `t0..t0 + n`) into
@@ -140,21 +154,21 @@ unsafe fn transpose_block_sse2(
 
 /// Fills `idx` (one element per value of `raw`, token-major) with the code index of every
 /// value of `raw` (whole rows of `locs.len()` channels of `BPV`-byte values, top field above
-/// the low `REST` bits, `SYM` bits wide); `ctx`: whether the sign context is on.
+/// the low `REST` bits, `SYM` bits wide); `ctx_step`: what the context adds (0: none).
 pub(crate) fn code_indices<const BPV: usize, const REST: u32, const SYM: u32>(
     raw: &[u8],
     locs: &[u16],
     map: RelMap,
-    ctx: bool,
+    ctx_step: u16,
     idx: &mut [u16],
 ) {
     #[cfg(target_arch = "x86_64")]
     if std::is_x86_feature_detected!("avx2") && !super::low_bits::force_portable() {
         // SAFETY: the CPU supports AVX2, checked just above; the function is otherwise safe.
-        unsafe { code_indices_avx2::<BPV, REST, SYM>(raw, locs, map, ctx, idx) };
+        unsafe { code_indices_avx2::<BPV, REST, SYM>(raw, locs, map, ctx_step, idx) };
         return;
     }
-    code_indices_any::<BPV, REST, SYM>(raw, locs, map, ctx, idx)
+    code_indices_any::<BPV, REST, SYM>(raw, locs, map, ctx_step, idx)
 }
 
 /// [`code_indices`] compiled with AVX2 (the row loop vectorises to 16 values per step).
@@ -167,10 +181,10 @@ unsafe fn code_indices_avx2<const BPV: usize, const REST: u32, const SYM: u32>(
     raw: &[u8],
     locs: &[u16],
     map: RelMap,
-    ctx: bool,
+    ctx_step: u16,
     idx: &mut [u16],
 ) {
-    code_indices_any::<BPV, REST, SYM>(raw, locs, map, ctx, idx)
+    code_indices_any::<BPV, REST, SYM>(raw, locs, map, ctx_step, idx)
 }
 
 #[inline(always)]
@@ -178,7 +192,7 @@ fn code_indices_any<const BPV: usize, const REST: u32, const SYM: u32>(
     raw: &[u8],
     locs: &[u16],
     map: RelMap,
-    ctx: bool,
+    ctx_step: u16,
     idx: &mut [u16],
 ) {
     let channels = locs.len();
@@ -187,7 +201,6 @@ fn code_indices_any<const BPV: usize, const REST: u32, const SYM: u32>(
     }
     // The previous row's top bit, moved to the context step (0 without the context).
     let ctx_shift = (SYM - 1) as u16;
-    let ctx_mask: u16 = if ctx { CTX_STEP } else { 0 };
     let sign = map.sign() as u16;
     let diff = map.diff() as u16;
     let rows = raw
@@ -204,7 +217,7 @@ fn code_indices_any<const BPV: usize, const REST: u32, const SYM: u32>(
                 {
                     let top = field::<REST, SYM>(v);
                     let r = ((top ^ loc) & sign) | (top.wrapping_sub(loc) & diff);
-                    *d = r | ((p >> ctx_shift) << CTX_AT & ctx_mask);
+                    *d = r | (((p >> ctx_shift) & 1).wrapping_neg() & ctx_step);
                 }
             }
             None => {
@@ -281,10 +294,11 @@ mod tests {
             for ctx in [false, true] {
                 let want = reference::<BPV, REST, SYM>(&raw, &locs, map, ctx);
                 let mut got = vec![0u16; want.len()];
-                code_indices::<BPV, REST, SYM>(&raw, &locs, map, ctx, &mut got);
+                let step = if ctx { CTX_STEP } else { 0 };
+                code_indices::<BPV, REST, SYM>(&raw, &locs, map, step, &mut got);
                 assert_eq!(got, want, "channels {channels} ctx {ctx}");
                 let mut portable = vec![0u16; want.len()];
-                code_indices_any::<BPV, REST, SYM>(&raw, &locs, map, ctx, &mut portable);
+                code_indices_any::<BPV, REST, SYM>(&raw, &locs, map, step, &mut portable);
                 assert_eq!(portable, want);
             }
         }
@@ -302,7 +316,9 @@ mod tests {
                     crate::gear_v2::lane_decode::tests::FORCE_PORTABLE.set(portable);
                     let mut cm = vec![0u16; tm.len()];
                     let mut block = Vec::new();
-                    channel_major_indices::<2, 7, 9>(&raw, &locs, map, true, &mut block, &mut cm);
+                    channel_major_indices::<2, 7, 9>(
+                        &raw, &locs, map, CTX_STEP, &mut block, &mut cm,
+                    );
                     crate::gear_v2::lane_decode::tests::FORCE_PORTABLE.set(false);
                     for c in 0..channels {
                         for t in 0..tokens {

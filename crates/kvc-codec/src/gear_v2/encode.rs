@@ -1,6 +1,6 @@
 //! The gear-v2 encoder.
 
-use super::code_index::channel_major_indices;
+use super::code_index::{channel_major_indices, CTX_STEP};
 use super::format::{BlobHeader, TensorKind, HEADER_LEN, MAX_CHANNELS, VERSION};
 use super::huffman;
 use super::lanes;
@@ -329,8 +329,8 @@ fn encode_body<const BPV: usize, const REST: u32, const SYM: u32>(
             cm.resize(values, 0);
         }
         let cm = &mut cm[..values];
-        let (locs, ctx) = (&model.chan_loc, model.sign_context);
-        channel_major_indices::<BPV, REST, SYM>(raw, locs, map, ctx, block, cm);
+        let step = if model.sign_context { CTX_STEP } else { 0 };
+        channel_major_indices::<BPV, REST, SYM>(raw, &model.chan_loc, map, step, block, cm);
         lanes::encode_lanes(&codes, channels, cm, out, lens_at);
     });
     if BPV == 4 && model.low_byte.on {

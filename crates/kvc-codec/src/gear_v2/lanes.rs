@@ -198,12 +198,28 @@ pub(crate) fn pack_low_bits<const BPV: usize, const REST: u32>(raw: &[u8], out: 
         super::low_bits::split_low_bytes(raw, &mut out[at..]);
         return;
     }
-    // Generic: a 64-bit buffer, 8 bytes stored per flush (slack trimmed at the end).
     out.resize(at + total + 8, 0);
-    let mask = (1u64 << REST) - 1;
-    let (mut pos, mut acc, mut n) = (at, 0u64, 0u32);
-    let per_flush = ((64 - 7) / REST).max(1) as usize;
+    // Whole groups of eight values of up to 8 bits fill whole bytes: one 64-bit store each
+    // (bf16's 7 bits: 8 values in 7 bytes).
     let mut j = 0;
+    let mut pos = at;
+    if REST <= 8 {
+        let group = REST as usize;
+        for (g, vals) in raw.chunks_exact(8 * BPV).enumerate() {
+            let mut acc = 0u64;
+            for i in 0..8 {
+                acc |= (load::<BPV>(vals, i) as u64 & ((1 << REST) - 1)) << (REST as usize * i);
+            }
+            let p = at + g * group;
+            out[p..p + 8].copy_from_slice(&acc.to_le_bytes());
+        }
+        j = values / 8 * 8;
+        pos = at + values / 8 * group;
+    }
+    // The rest: a 64-bit buffer, 8 bytes stored per flush (slack trimmed at the end).
+    let mask = (1u64 << REST) - 1;
+    let (mut acc, mut n) = (0u64, 0u32);
+    let per_flush = ((64 - 7) / REST).max(1) as usize;
     while j < values {
         let m = per_flush.min(values - j);
         for i in j..j + m {

@@ -1,11 +1,12 @@
 //! Statistics and the choice of model: which channels share a table (group size) and whether
 //! the previous token's sign selects between two tables, decided by measured size.
 
+use super::code_index::channel_major_indices;
 use super::format::FieldSplit;
 use super::huffman::{self, LengthBuilder};
 use super::lanes::CODE_ENTRIES;
 use super::low_byte::LowByteCodes;
-use super::shared::SharedFit;
+use super::shared::{RelMap, SharedFit};
 use super::values::{dispatch, load};
 use crate::dtype::Dtype;
 use std::sync::OnceLock;
@@ -46,6 +47,9 @@ pub struct EncoderModel {
     /// Channels in lane order (empty: channel order).
     pub chan_order: Vec<u16>,
     fit_shared: SharedFit,
+    /// Scratch rows of code indices, and a chunk's channel-major code indices.
+    block: Vec<u16>,
+    cm: Vec<u16>,
 }
 
 /// The top fields of channel `c` at the first token of every chunk (chunks of
@@ -90,35 +94,65 @@ fn xlog2x(c: u32, t: &[f32]) -> f64 {
     }
 }
 
-/// Counts the top fields per (channel, context). Walks one chunk at a time (contexts reset
-/// at chunk starts) and, inside it, four channels at a time over all the chunk's tokens, so
-/// the four histograms and the chunk's rows stay in L1.
+/// Counts the relative symbols (`map`, the channels' locations `locs`) per (channel, context)
+/// into `counts[(c * 2 + ctx) * alphabet + r]`, `ctx` the top bit of the previous token's
+/// relative symbol in the same channel, 0 at the first token of a chunk (chunks of
+/// `chunk_tokens[i]` tokens, back to back in `input`). The code indices (`code_index`, with the
+/// alphabet as the context step) are these positions; they are made channel-major per chunk
+/// (`block` and `cm` are scratch) and counted four channels at a time, so that the four
+/// histograms stay in L1 (a row's histograms span up to 768 KiB).
+#[allow(clippy::too_many_arguments)]
 fn gather<const BPV: usize, const REST: u32, const SYM: u32>(
     input: &[u8],
     channels: usize,
     chunk_tokens: &[u32],
+    locs: &[u16],
+    map: RelMap,
+    block: &mut Vec<u16>,
+    cm: &mut Vec<u16>,
     counts: &mut [u32],
 ) {
-    let alphabet = 1usize << SYM;
-    let mask = alphabet as u32 - 1;
-    let hist = 2 * alphabet;
+    let hist = 2usize << SYM;
+    let row = channels * BPV;
     let mut t0 = 0;
     for &n in chunk_tokens {
-        let t1 = t0 + n as usize;
-        let mut c = 0;
-        while c < channels {
-            let n = (channels - c).min(4);
-            let h = &mut counts[c * hist..(c + n) * hist];
-            let mut p = [0usize; 4];
-            for t in t0..t1 {
-                let row = t * channels + c;
-                for k in 0..n {
-                    let sym = (load::<BPV>(input, row + k) >> REST) & mask;
-                    h[k * hist + p[k] * alphabet + sym as usize] += 1;
-                    p[k] = (sym >> (SYM - 1)) as usize;
-                }
+        let tokens = n as usize;
+        if tokens == 0 {
+            // Every row of the chunk is a reference: nothing coded.
+            continue;
+        }
+        let t1 = t0 + tokens;
+        if cm.len() < tokens * channels {
+            cm.resize(tokens * channels, 0);
+        }
+        let cm = &mut cm[..tokens * channels];
+        let rows = &input[t0 * row..t1 * row];
+        channel_major_indices::<BPV, REST, SYM>(rows, locs, map, 1 << SYM, block, cm);
+        for (h, col) in counts
+            .chunks_exact_mut(4 * hist)
+            .zip(cm.chunks_exact(4 * tokens))
+        {
+            let (h01, h23) = h.split_at_mut(2 * hist);
+            let (h0, h1) = h01.split_at_mut(hist);
+            let (h2, h3) = h23.split_at_mut(hist);
+            let (c01, c23) = col.split_at(2 * tokens);
+            let (c0, c1) = c01.split_at(tokens);
+            let (c2, c3) = c23.split_at(tokens);
+            for t in 0..tokens {
+                h0[c0[t] as usize & (hist - 1)] += 1;
+                h1[c1[t] as usize & (hist - 1)] += 1;
+                h2[c2[t] as usize & (hist - 1)] += 1;
+                h3[c3[t] as usize & (hist - 1)] += 1;
             }
-            c += n;
+        }
+        let done = channels / 4 * 4;
+        for (h, col) in counts[done * hist..]
+            .chunks_exact_mut(hist)
+            .zip(cm[done * tokens..].chunks_exact(tokens))
+        {
+            for &i in col {
+                h[i as usize & (hist - 1)] += 1;
+            }
         }
         t0 = t1;
     }
@@ -148,31 +182,6 @@ fn median_locs(counts: &[u32], channels: usize, locs: &mut Vec<u16>) {
     }
 }
 
-/// Counts the wrapping differences `r = (s - locs[c]) mod 256` of int8 codes per (channel,
-/// top bit of the previous token's `r`), the first token of a chunk under context 0.
-fn gather_wrapped(
-    input: &[u8],
-    channels: usize,
-    chunk_tokens: &[u32],
-    locs: &[u16],
-    counts: &mut [u32],
-) {
-    let mut t0 = 0;
-    for &n in chunk_tokens {
-        let t1 = t0 + n as usize;
-        for (c, &loc) in locs.iter().enumerate() {
-            let h = &mut counts[c * 512..(c + 1) * 512];
-            let mut p = 0usize;
-            for t in t0..t1 {
-                let r = input[t * channels + c].wrapping_sub(loc as u8) as usize;
-                h[p * 256 + r] += 1;
-                p = r >> 7;
-            }
-        }
-        t0 = t1;
-    }
-}
-
 impl EncoderModel {
     /// Measures `input`, the rows the chunks code (`chunk_tokens[i]` tokens for chunk `i`,
     /// back to back), and fits the model (the shared-shape one when `shared`); fills
@@ -189,9 +198,22 @@ impl EncoderModel {
         let alphabet = split.alphabet();
         self.counts.clear();
         self.counts.resize(channels * 2 * alphabet, 0);
+        // The raw top fields first (location 0, sign-magnitude map: the field itself).
+        self.wrap_locs.clear();
+        self.wrap_locs.resize(channels, 0);
+        let map = RelMap::sign_magnitude(split.sym_bits);
         dispatch!(
             dtype,
-            gather(input, channels, chunk_tokens, &mut self.counts)
+            gather(
+                input,
+                channels,
+                chunk_tokens,
+                &self.wrap_locs,
+                map,
+                &mut self.block,
+                &mut self.cm,
+                &mut self.counts
+            )
         );
         // int8 codes are two's complement around a zero point: the shared-shape model codes
         // their wrapping difference from the channel's median (a second pass).
@@ -199,11 +221,14 @@ impl EncoderModel {
         if self.wrapping {
             median_locs(&self.counts, channels, &mut self.wrap_locs);
             self.counts.fill(0);
-            gather_wrapped(
+            gather::<1, 0, 8>(
                 input,
                 channels,
                 chunk_tokens,
                 &self.wrap_locs,
+                RelMap::wrapping(8),
+                &mut self.block,
+                &mut self.cm,
                 &mut self.counts,
             );
         }
