@@ -6,7 +6,9 @@
 //! (about 0.1 s): the thread's CPU time is only updated at scheduler ticks, so shorter
 //! intervals would be quantised.
 //!
-//! Environment: `KVC_CODER=grouped` (else the default coder), `KVC_CHUNK_TOKENS=N`, and
+//! Environment: `KVC_CODER=grouped` (else the default coder), `KVC_CHUNK_TOKENS=N`,
+//! `KVC_BLOB_TOKENS=N` to encode every N tokens of a layer as a blob of their own (as the
+//! store and `kvc bench` do) instead of one blob per layer, and
 //! `KVC_DUMP_BLOBS=DIR` to write every blob (`DIR/K.f16.<layer>.kvg2`, ...) so that two
 //! encoder versions can be compared byte for byte.
 
@@ -90,7 +92,14 @@ fn main() {
         let (tokens, channels) = sidecar_shape(&dir.join(format!("textA.{name}.json")));
         let dtype: Dtype = name[2..].parse().expect("a dtype name");
         let layer_bytes = tokens * channels * dtype.width();
-        let layers: Vec<&[u8]> = data.chunks(layer_bytes).collect();
+        let blob_bytes = std::env::var("KVC_BLOB_TOKENS")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .map_or(layer_bytes, |t| t * channels * dtype.width());
+        let layers: Vec<&[u8]> = data
+            .chunks(layer_bytes)
+            .flat_map(|l| l.chunks(blob_bytes))
+            .collect();
         let mut params = EncodeParams::new(dtype, channels as u32);
         if let Some(ct) = std::env::var("KVC_CHUNK_TOKENS")
             .ok()
@@ -121,10 +130,10 @@ fn main() {
                 std::fs::write(format!("{dir}/{name}.{l}.kvg2"), b).unwrap();
             }
         }
-        let mut buf = vec![0u8; layer_bytes];
+        let mut buf = vec![0u8; layer_bytes.min(blob_bytes)];
         for (l, b) in layers.iter().zip(&blobs) {
-            dec.decode_into(b, &mut buf).unwrap();
-            assert_eq!(&buf[..l.len()], *l);
+            let n = dec.decode_into(b, &mut buf).unwrap();
+            assert_eq!(&buf[..n], *l);
         }
         let mut out = Vec::new();
         let (mut ce, mut cd) = (f64::INFINITY, f64::INFINITY);
@@ -150,7 +159,7 @@ fn main() {
         }
         let mb = data.len() as f64 / 1e6;
         println!(
-            "{name}: {} layers, ratio {:.4}, compress {:.0} MB/s, decompress {:.0} MB/s",
+            "{name}: {} blobs, ratio {:.4}, compress {:.0} MB/s, decompress {:.0} MB/s",
             layers.len(),
             data.len() as f64 / stored as f64,
             mb / ce,

@@ -136,6 +136,8 @@ pub struct SharedFit {
     merged: Vec<u32>,
     both: Vec<u64>,
     firsts: Vec<u32>,
+    /// The used top fields of one channel.
+    used: Vec<u16>,
     best_cluster: Vec<u8>,
     builder: LengthBuilder,
 }
@@ -264,10 +266,16 @@ impl SharedFit {
                 self.locs.push(locs[c]);
                 continue;
             }
+            // The used top fields in order (the span between a channel's two signs is
+            // mostly unused), and the most frequent one, the channel's location.
+            self.used.clear();
             let mut loc = lo;
             let mut best = 0u32;
             for s in lo..hi {
                 let n = h0[s] + h1[s];
+                if n > 0 {
+                    self.used.push(s as u16);
+                }
                 if n > best {
                     best = n;
                     loc = s;
@@ -275,7 +283,8 @@ impl SharedFit {
             }
             let loc = loc as u32;
             let lsign = ((loc as usize) & half != 0) as usize;
-            for s in lo..hi {
+            for &s in &self.used {
+                let s = s as usize;
                 let r = to_rel(s as u32, loc, sym_bits) as usize;
                 self.dense[lsign * alphabet + r] += h0[s];
                 self.dense[(1 - lsign) * alphabet + r] += h1[s];
@@ -292,7 +301,7 @@ impl SharedFit {
                 }
             }
             self.starts.push(self.entries.len());
-            for s in lo..hi {
+            for &s in &self.used {
                 let r = to_rel(s as u32, loc, sym_bits) as usize;
                 for x in 0..2 {
                     let n = std::mem::take(&mut self.dense[x * alphabet + r]);
