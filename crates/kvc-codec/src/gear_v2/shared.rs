@@ -336,12 +336,15 @@ impl SharedFit {
         // context) gains from more clusters than V, whose extra tables cost more than they
         // save. Only tensors whose first fit takes the sign context (K-like) try the others.
         let mut best: Option<(f64, usize, bool)> = None;
+        // The cluster count whose histograms `hist` holds.
+        let mut last = 0;
         for &want in &CLUSTER_CANDIDATES {
             let k = want.min(channels).max(1);
             if best.is_some_and(|b| b.1 == k || !b.2) {
                 continue;
             }
             let (bits, ctx) = self.cluster_into(k, channels, alphabet);
+            last = k;
             if best.is_none_or(|b| bits < b.0) {
                 best = Some((bits, k, ctx));
                 self.best_cluster.clear();
@@ -352,7 +355,9 @@ impl SharedFit {
         self.cluster.clear();
         self.cluster.extend_from_slice(&self.best_cluster);
         self.clusters = k;
-        self.cluster_hists(k, alphabet);
+        if k != last {
+            self.cluster_hists(k, alphabet);
+        }
         self.sign_context = ctx;
         let tab = 2 * alphabet;
         let nctx = if self.sign_context { 2 } else { 1 };
@@ -406,8 +411,8 @@ impl SharedFit {
         // Refinement: each channel moves to the cluster whose (smoothed) tables code it
         // in the fewest bits.
         let tab = 2 * alphabet;
+        self.cluster_hists(k, alphabet);
         for _ in 0..REFINE_PASSES {
-            self.cluster_hists(k, alphabet);
             // Costs transposed, `cost[(rel << 1 | ctx) * CLUSTERS + g]`, so that one entry's
             // costs under every cluster are one vector; clusters past `k` never win.
             self.cost.clear();
@@ -434,10 +439,19 @@ impl SharedFit {
                         best = (b, g as u8);
                     }
                 }
-                self.cluster[c] = best.1;
+                // The histograms follow the channel (the costs of this pass are already
+                // taken): the next pass and the caller see the new assignment's sums.
+                let from = std::mem::replace(&mut self.cluster[c], best.1) as usize;
+                let to = best.1 as usize;
+                if from != to {
+                    for &(i, n) in &self.entries[self.starts[c]..self.starts[c + 1]] {
+                        let at = (i & 1) as usize * alphabet + (i >> 1) as usize;
+                        self.hist[from * tab + at] -= n as u64;
+                        self.hist[to * tab + at] += n as u64;
+                    }
+                }
             }
         }
-        self.cluster_hists(k, alphabet);
         // The sign context pays when splitting the tables saves more than the extra tables
         // cost (about a nibble per used symbol).
         let (mut with, mut without) = (0.0, 0.0);
