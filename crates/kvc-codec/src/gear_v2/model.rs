@@ -158,6 +158,21 @@ fn gather<const BPV: usize, const REST: u32, const SYM: u32>(
     }
 }
 
+/// The used range `[lo, hi)` of a histogram (`(0, 0)` when empty), skipping empty blocks of
+/// 16 counts at a time (most of a channel's histogram is empty).
+fn used_range(h: &[u32]) -> (u32, u32) {
+    const B: usize = 16;
+    let empty = |b: &[u32]| b.iter().fold(0, |a, &m| a | m) == 0;
+    let Some(first) = h.chunks(B).position(|b| !empty(b)) else {
+        return (0, 0);
+    };
+    let last = h.len().div_ceil(B) - 1 - h.chunks(B).rev().position(|b| !empty(b)).unwrap_or(0);
+    let lo = first * B + h[first * B..].iter().position(|&c| c > 0).unwrap_or(0);
+    let block = &h[last * B..(last * B + B).min(h.len())];
+    let hi = last * B + block.iter().rposition(|&c| c > 0).map_or(0, |p| p + 1);
+    (lo as u32, hi.max(lo) as u32)
+}
+
 /// The median of each channel's int8 codes, in two's-complement order, from the counts of
 /// `gather` (both contexts): the location of the wrapping map (on C8-quantized real KV it
 /// codes ~0.5 % smaller than the most frequent code).
@@ -233,11 +248,8 @@ impl EncoderModel {
             );
         }
         self.ranges.clear();
-        for h in self.counts.chunks_exact(alphabet) {
-            let lo = h.iter().position(|&c| c > 0).unwrap_or(0);
-            let hi = h.iter().rposition(|&c| c > 0).map_or(0, |p| p + 1);
-            self.ranges.push((lo as u32, hi.max(lo) as u32));
-        }
+        self.ranges
+            .extend(self.counts.chunks_exact(alphabet).map(used_range));
         self.shared = shared;
         self.low_byte.on = false;
         self.chan_table.clear();
@@ -397,6 +409,27 @@ impl EncoderModel {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn used_range_matches_a_plain_scan() {
+        let plain = |h: &[u32]| {
+            let lo = h.iter().position(|&c| c > 0).unwrap_or(0);
+            let hi = h.iter().rposition(|&c| c > 0).map_or(0, |p| p + 1);
+            (lo as u32, hi.max(lo) as u32)
+        };
+        for len in [1usize, 15, 16, 17, 256, 512] {
+            let mut h = vec![0u32; len];
+            assert_eq!(super::used_range(&h), plain(&h));
+            for a in [0, len / 3, len - 1] {
+                for b in [a, len / 2, len - 1] {
+                    h.fill(0);
+                    h[a] = 1;
+                    h[b.max(a)] = 2;
+                    assert_eq!(super::used_range(&h), plain(&h), "{len} {a} {b}");
+                }
+            }
+        }
+    }
+
     use super::*;
 
     #[test]

@@ -164,13 +164,24 @@ fn entropy_bits(h: &[u64]) -> f64 {
     if n == 0 {
         return 0.0;
     }
+    let t = xlog2x_f64_table();
     let mut s = 0.0f64;
     for &c in h {
         if c > 0 {
-            s += c as f64 * (c as f64).log2();
+            s += match t.get(c as usize) {
+                Some(&v) => v,
+                None => c as f64 * (c as f64).log2(),
+            };
         }
     }
     n as f64 * (n as f64).log2() - s
+}
+
+/// `c as f64 * (c as f64).log2()` for the counts below 4096 (32 KiB): the same values as the
+/// expression, without a `log2` call for most counts of a small blob's clusters.
+fn xlog2x_f64_table() -> &'static [f64] {
+    static T: OnceLock<Vec<f64>> = OnceLock::new();
+    T.get_or_init(|| (0..4096u32).map(|c| c as f64 * (c as f64).log2()).collect())
 }
 
 /// The estimated bits of a channel's entries `(rel << 1 | ctx, count)` under every cluster,
