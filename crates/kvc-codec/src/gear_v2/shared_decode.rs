@@ -134,7 +134,7 @@ impl SharedTables {
         self.used.reserve(alphabet);
         self.single.clear();
         self.single.resize(k * CLUSTER_ENTRIES, INVALID_ENTRY);
-        self.pairs.clear();
+        // Every entry of a used table is written below (the codes are complete): no zeroing.
         self.pairs.resize(k * CLUSTER_ENTRIES, 0);
         self.second.clear();
         self.second.resize(2 * ENTRIES, 0);
@@ -202,8 +202,8 @@ impl SharedTables {
                     let code = code as usize;
                     if room < min_len[x1] {
                         // No second code fits after this one: one symbol per entry.
-                        for i in (code..ENTRIES).step_by(step) {
-                            pairs[i] = one;
+                        for p in pairs[code..].iter_mut().step_by(step) {
+                            *p = one;
                         }
                         continue;
                     }
@@ -211,8 +211,9 @@ impl SharedTables {
                     // remaining `room` bits `j` decode in context x1.
                     let base = l1 | s1 << SYM_AT | 1 << COUNT_AT;
                     let second = &self.second[x1 * ENTRIES..x1 * ENTRIES + (1 << room)];
-                    for (j, &s) in second.iter().enumerate() {
-                        pairs[code + (j << l1)] = if s & 15 <= room { base + s } else { one };
+                    let slots = pairs[code..].iter_mut().step_by(step);
+                    for (p, &s) in slots.zip(second) {
+                        *p = if s & 15 <= room { base + s } else { one };
                     }
                 }
             }
