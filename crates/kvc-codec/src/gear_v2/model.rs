@@ -40,8 +40,9 @@ pub struct EncoderModel {
     pub chan_loc: Vec<u16>,
     /// Whether the relative symbols are wrapping differences (flag bit 2, int8 shared-shape).
     pub wrapping: bool,
-    /// Locations of the wrapping map, per channel.
-    wrap_locs: Vec<u16>,
+    /// Locations of the histogram pass, per channel: all 0 for the raw top fields, then the
+    /// wrapping map's (the medians) for int8.
+    gather_locs: Vec<u16>,
     /// The f32 low-byte codes (flag bit 3; `on` only for f32 with the shared-shape model).
     pub low_byte: LowByteCodes,
     /// Channels in lane order (empty: channel order).
@@ -214,8 +215,8 @@ impl EncoderModel {
         self.counts.clear();
         self.counts.resize(channels * 2 * alphabet, 0);
         // The raw top fields first (location 0, sign-magnitude map: the field itself).
-        self.wrap_locs.clear();
-        self.wrap_locs.resize(channels, 0);
+        self.gather_locs.clear();
+        self.gather_locs.resize(channels, 0);
         let map = RelMap::sign_magnitude(split.sym_bits);
         dispatch!(
             dtype,
@@ -223,7 +224,7 @@ impl EncoderModel {
                 input,
                 channels,
                 chunk_tokens,
-                &self.wrap_locs,
+                &self.gather_locs,
                 map,
                 &mut self.block,
                 &mut self.cm,
@@ -234,13 +235,13 @@ impl EncoderModel {
         // their wrapping difference from the channel's median (a second pass).
         self.wrapping = shared && dtype == Dtype::I8;
         if self.wrapping {
-            median_locs(&self.counts, channels, &mut self.wrap_locs);
+            median_locs(&self.counts, channels, &mut self.gather_locs);
             self.counts.fill(0);
             gather::<1, 0, 8>(
                 input,
                 channels,
                 chunk_tokens,
-                &self.wrap_locs,
+                &self.gather_locs,
                 RelMap::wrapping(8),
                 &mut self.block,
                 &mut self.cm,
@@ -261,7 +262,7 @@ impl EncoderModel {
                 &self.ranges,
                 channels,
                 split.sym_bits,
-                self.wrapping.then_some(&self.wrap_locs[..]),
+                self.wrapping.then_some(&self.gather_locs[..]),
                 &mut |c, out| dispatch!(dtype, first_tops(input, channels, chunk_tokens, c, out)),
                 &mut self.codes,
                 &mut self.section,
