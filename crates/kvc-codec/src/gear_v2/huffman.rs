@@ -180,6 +180,19 @@ pub fn read_table_limited(
     table: usize,
     max_len: u32,
 ) -> Result<()> {
+    read_runs(src, pos, alphabet, used, table, max_len).map(|_| ())
+}
+
+/// The body of [`read_table_limited`]; returns the code's Kraft sum in units of
+/// `2^-max_len` (at most `1 << max_len`).
+fn read_runs(
+    src: &[u8],
+    pos: &mut usize,
+    alphabet: usize,
+    used: &mut Vec<u16>,
+    table: usize,
+    max_len: u32,
+) -> Result<u64> {
     let bad = |reason| Error::V2BadTable { table, reason };
     used.clear();
     let mut i = 0;
@@ -215,7 +228,7 @@ pub fn read_table_limited(
     if kraft > limit {
         return Err(bad("over-subscribed code"));
     }
-    Ok(())
+    Ok(kraft)
 }
 
 /// [`read_table_limited`] for the shared-shape mode's tables, which must be complete codes
@@ -229,9 +242,8 @@ pub fn read_complete_table(
     table: usize,
     max_len: u32,
 ) -> Result<bool> {
-    read_table_limited(src, pos, alphabet, used, table, max_len)?;
+    let kraft = read_runs(src, pos, alphabet, used, table, max_len)?;
     let full = 1u64 << max_len;
-    let kraft: u64 = used.iter().map(|&u| full >> (u & 15)).sum();
     let single_symbol = used.len() == 1 && used[0] & 15 == 1;
     if kraft != full && !single_symbol {
         return Err(Error::V2BadTable {
