@@ -155,7 +155,7 @@ unsafe fn transpose_block_sse2(
 /// Fills `idx` (one element per value of `raw`, token-major) with the code index of every
 /// value of `raw` (whole rows of `locs.len()` channels of `BPV`-byte values, top field above
 /// the low `REST` bits, `SYM` bits wide); `ctx_step`: what the context adds (0: none).
-pub(crate) fn code_indices<const BPV: usize, const REST: u32, const SYM: u32>(
+fn code_indices<const BPV: usize, const REST: u32, const SYM: u32>(
     raw: &[u8],
     locs: &[u16],
     map: RelMap,
