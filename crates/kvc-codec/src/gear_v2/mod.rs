@@ -26,6 +26,7 @@ mod lanes;
 mod low_bits;
 mod low_byte;
 mod model;
+mod pair_tables;
 mod parallel;
 mod repeats;
 mod shared;

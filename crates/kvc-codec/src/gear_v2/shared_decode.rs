@@ -1,6 +1,6 @@
-//! Decoding the shared-shape model (flag bit 1): reading its model section, building
-//! two-symbol decode tables, the lane loop and the pass that moves the decoded relative
-//! symbols into the output.
+//! Decoding the shared-shape model (flag bit 1): reading its model section (the decode
+//! tables themselves are built by `pair_tables`), the lane loop and the pass that moves the
+//! decoded relative symbols into the output.
 //!
 //! Every cluster has two 2048-entry tables (one per sign context; the second is unused
 //! without the context) of `u32` entries, indexed by the next 11 stream bits: each entry
@@ -29,23 +29,24 @@
 
 use super::encode::LANES;
 use super::format::BlobHeader;
-use super::huffman::{self, INVALID_ENTRY, SYM_SHIFT};
+use super::huffman::{self, SYM_SHIFT};
 use super::lane_decode::Lanes;
 use super::low_bits;
 use super::low_byte::{self, LowByteTable};
+use super::pair_tables::{canonical_codes, fill_halves, fill_pairs, Code};
 use super::shared::{cluster_order, from_rel, MAX_CLUSTERS, SHARED_MAX_LEN};
 use crate::error::{Error, Result};
 use std::cell::RefCell;
 
 /// Index bits of a two-symbol table.
-const BITS: u32 = SHARED_MAX_LEN;
+pub(super) const BITS: u32 = SHARED_MAX_LEN;
 /// Entries per table.
-const ENTRIES: usize = 1 << BITS;
+pub(super) const ENTRIES: usize = 1 << BITS;
 /// Entries per cluster (two contexts).
-const CLUSTER_ENTRIES: usize = 2 * ENTRIES;
-const CTX_BIT: u32 = 1 << 11;
-const SYM_AT: u32 = 12;
-const COUNT_AT: u32 = 30;
+pub(super) const CLUSTER_ENTRIES: usize = 2 * ENTRIES;
+pub(super) const CTX_BIT: u32 = 1 << 11;
+pub(super) const SYM_AT: u32 = 12;
+pub(super) const COUNT_AT: u32 = 30;
 /// Lookups per lane and refill: 5 lookups of at most 11 bits and 2 symbols.
 const LOOKUPS: usize = 5;
 /// Most bits a lane consumes per refill group.
@@ -60,12 +61,10 @@ const SENTINEL: u64 = 1 << 57;
 pub(crate) struct SharedTables {
     /// Two-symbol tables, `CLUSTER_ENTRIES` per cluster.
     pairs: Vec<u32>,
-    /// One-symbol tables (`sym << SYM_SHIFT | len`), `CLUSTER_ENTRIES` per cluster.
-    single: Vec<u16>,
+    /// One-symbol tables, `CLUSTER_ENTRIES` per cluster, laid out as the second halves of
+    /// pair entries (`len | ctx << 11 | sym << (SYM_AT + SYM) | 1 << COUNT_AT`).
+    halves: Vec<u32>,
     used: Vec<u16>,
-    /// Second halves of pair entries for each context: `len | ctx | sym << (SYM_AT + SYM)
-    /// | 1 << COUNT_AT`.
-    second: Vec<u32>,
     /// Cluster of every channel.
     cluster: Vec<u8>,
     /// Usual top field of every channel.
@@ -83,9 +82,6 @@ thread_local! {
     /// Relative symbols of one chunk, channel-major (kept per thread between chunks).
     static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
-
-/// A used symbol's canonical code: `(reversed code, length, symbol)`.
-type Code = (u32, u32, u32);
 
 impl SharedTables {
     /// Reads and validates the model section `model` of a blob with `header`, and builds
@@ -132,89 +128,46 @@ impl SharedTables {
         let mut pos = 1 + 3 * channels;
         self.used.clear();
         self.used.reserve(alphabet);
-        self.single.clear();
-        self.single.resize(k * CLUSTER_ENTRIES, INVALID_ENTRY);
         // Every entry of a used table is written below (the codes are complete): no zeroing.
+        self.halves.resize(k * CLUSTER_ENTRIES, 0);
         self.pairs.resize(k * CLUSTER_ENTRIES, 0);
-        self.second.clear();
-        self.second.resize(2 * ENTRIES, 0);
         let ctx_on = header.sign_context as u32;
-        let top = sym_bits - 1;
-        // Codes of the cluster's tables, in canonical order, per context.
-        let mut codes: [[Code; 512]; 2] = [[(0, 0, 0); 512]; 2];
-        let mut ncodes = [0usize; 2];
-        let mut min_len = [0u32; 2];
+        let mut codes: [Code; 512] = [(0, 0, 0); 512];
         for g in 0..k {
+            let at = g * CLUSTER_ENTRIES;
             for x in 0..nctx {
-                let table = g * nctx + x;
                 let single_symbol = huffman::read_complete_table(
                     model,
                     &mut pos,
                     alphabet,
                     &mut self.used,
-                    table,
+                    g * nctx + x,
                     SHARED_MAX_LEN,
                 )?;
-                let at = g * CLUSTER_ENTRIES + x * ENTRIES;
-                let single = &mut self.single[at..at + ENTRIES];
-                if single_symbol {
-                    // The one symbol owns every code word (the encoder writes 0 bits).
-                    single.fill(self.used[0]);
-                    codes[x][0] = (0, 1, (self.used[0] >> SYM_SHIFT) as u32);
-                    codes[x][1] = (1, 1, (self.used[0] >> SYM_SHIFT) as u32);
-                    ncodes[x] = 2;
-                    min_len[x] = 1;
+                let n = if single_symbol {
+                    // The one symbol owns both code words (the encoder writes 0 bits).
+                    let sym = (self.used[0] >> SYM_SHIFT) as u32;
+                    codes[0] = (0, 1, sym);
+                    codes[1] = (1, 1, sym);
+                    2
                 } else {
-                    huffman::build_decode_table_bits(&self.used, single, BITS);
-                    ncodes[x] = canonical_codes(&self.used, &mut codes[x]);
-                    min_len[x] = codes[x][..ncodes[x]]
-                        .iter()
-                        .map(|c| c.1)
-                        .min()
-                        .unwrap_or(BITS);
-                }
-                // Second halves: what the remaining bits of an index decode in context x.
-                let second = &mut self.second[x * ENTRIES..(x + 1) * ENTRIES];
-                for (s, &e) in second.iter_mut().zip(single.iter()) {
-                    let e = e as u32;
-                    let sym = e >> SYM_SHIFT;
-                    *s = (e & 15)
-                        | ((sym >> top) & ctx_on) << 11
-                        | sym << (SYM_AT + sym_bits)
-                        | 1 << COUNT_AT;
+                    canonical_codes(&self.used, &mut codes)
+                };
+                let halves = &mut self.halves[at + x * ENTRIES..at + (x + 1) * ENTRIES];
+                if sym_bits == 8 {
+                    fill_halves::<8>(&codes[..n], ctx_on, halves);
+                } else {
+                    fill_halves::<9>(&codes[..n], ctx_on, halves);
                 }
             }
-            if !header.sign_context {
-                // Without the context, context 0's codes also follow every symbol.
-                codes[1] = codes[0];
-                ncodes[1] = ncodes[0];
-                min_len[1] = min_len[0];
-                self.second.copy_within(0..ENTRIES, ENTRIES);
-            }
+            // Without the context no half sets a context bit: only context 0 is read.
+            let halves = &self.halves[at..at + CLUSTER_ENTRIES];
             for x in 0..nctx {
-                let pairs = &mut self.pairs
-                    [g * CLUSTER_ENTRIES + x * ENTRIES..g * CLUSTER_ENTRIES + (x + 1) * ENTRIES];
-                for &(code, l1, s1) in &codes[x][..ncodes[x]] {
-                    let x1 = ((s1 >> top) & ctx_on) as usize;
-                    let one = l1 | (x1 as u32) << 11 | s1 << SYM_AT | 1 << COUNT_AT;
-                    let step = 1usize << l1;
-                    let room = BITS - l1;
-                    let code = code as usize;
-                    if room < min_len[x1] {
-                        // No second code fits after this one: one symbol per entry.
-                        for p in pairs[code..].iter_mut().step_by(step) {
-                            *p = one;
-                        }
-                        continue;
-                    }
-                    // Entry `code + j << l1` holds the first symbol and whatever the
-                    // remaining `room` bits `j` decode in context x1.
-                    let base = l1 | s1 << SYM_AT | 1 << COUNT_AT;
-                    let second = &self.second[x1 * ENTRIES..x1 * ENTRIES + (1 << room)];
-                    let slots = pairs[code..].iter_mut().step_by(step);
-                    for (p, &s) in slots.zip(second) {
-                        *p = if s & 15 <= room { base + s } else { one };
-                    }
+                let pairs = &mut self.pairs[at + x * ENTRIES..at + (x + 1) * ENTRIES];
+                if sym_bits == 8 {
+                    fill_pairs::<8>(halves, x, pairs);
+                } else {
+                    fill_pairs::<9>(halves, x, pairs);
                 }
             }
         }
@@ -235,30 +188,6 @@ impl SharedTables {
     pub(crate) fn low_byte(&self) -> &LowByteTable {
         &self.low_table
     }
-}
-
-/// Canonical codes of the used symbols `used` (`sym << SYM_SHIFT | len`, symbol order,
-/// Kraft sum checked) into `codes`; returns how many.
-fn canonical_codes(used: &[u16], codes: &mut [Code; 512]) -> usize {
-    let mut count = [0u32; 16];
-    for &u in used {
-        count[(u & 15) as usize] += 1;
-    }
-    let mut next = [0u32; 16];
-    let mut code = 0u32;
-    for l in 1..16 {
-        code = (code + count[l - 1]) << 1;
-        next[l] = code;
-    }
-    let mut n = 0;
-    for (&u, slot) in used.iter().zip(codes.iter_mut()) {
-        let l = (u & 15) as u32;
-        let c = next[l as usize];
-        next[l as usize] += 1;
-        *slot = (c.reverse_bits() >> (32 - l), l, (u >> SYM_SHIFT) as u32);
-        n += 1;
-    }
-    n
 }
 
 /// Reads 64 bits at bit offset `bit` of `data` (LSB-first); bytes past the end read as zero.
@@ -399,10 +328,10 @@ fn decode_lanes<const SYM: u32, const CTX: bool>(
             .try_into()
             .ok()
     };
-    let single = |c: usize| -> Option<&[u16; CLUSTER_ENTRIES]> {
+    let halves = |c: usize| -> Option<&[u32; CLUSTER_ENTRIES]> {
         let g = *tables.cluster.get(c)? as usize;
         tables
-            .single
+            .halves
             .get(g * CLUSTER_ENTRIES..(g + 1) * CLUSTER_ENTRIES)?
             .try_into()
             .ok()
@@ -482,9 +411,9 @@ fn decode_lanes<const SYM: u32, const CTX: bool>(
                 }
             }
             if p[k] < tokens {
-                let tb = single(c).ok_or(MISSING)?;
-                let e = tb[ctx[k] | (read_bits(data, bit[k]) as usize & (ENTRIES - 1))] as u32;
-                let s = e >> SYM_SHIFT;
+                let tb = halves(c).ok_or(MISSING)?;
+                let e = tb[ctx[k] | (read_bits(data, bit[k]) as usize & (ENTRIES - 1))];
+                let s = (e >> (SYM_AT + SYM)) & ((1 << SYM) - 1);
                 if SYM == 8 {
                     run[p[k]] = s as u8;
                 } else {
@@ -694,14 +623,14 @@ mod tests {
         // One symbol of length 1 owns every code word.
         let m = model(&[0, 0, 1]);
         t.read(&header(1), &m).unwrap();
-        assert!(t.single[..ENTRIES]
+        assert!(t.halves[..ENTRIES]
             .iter()
-            .all(|&e| e == (2 << SYM_SHIFT | 1)));
+            .all(|&e| e == super::super::pair_tables::half_entry::<8>(2, 1, 0)));
         assert!(t.pairs[..ENTRIES].iter().all(|&e| e >> COUNT_AT == 2));
     }
 
     #[test]
-    fn pair_entries_match_two_single_lookups() {
+    fn pair_entries_match_two_reference_lookups() {
         let mut t = SharedTables::default();
         let mut h = header(1);
         h.sign_context = true;
@@ -726,15 +655,24 @@ mod tests {
         huffman::write_table(&a, &mut m);
         huffman::write_table(&b, &mut m);
         t.read(&h, &m).unwrap();
+        // The one-symbol tables of the straightforward builder, as the reference.
+        let mut single = vec![0u16; 2 * ENTRIES];
+        for (x, lens) in [a, b].iter().enumerate() {
+            let used: Vec<u16> = (0..256u16)
+                .filter(|&s| lens[s as usize] > 0)
+                .map(|s| s << SYM_SHIFT | lens[s as usize] as u16)
+                .collect();
+            huffman::build_decode_table_bits(&used, &mut single[x * ENTRIES..], BITS);
+        }
         for x in 0..2usize {
             for i in 0..ENTRIES {
                 let e = t.pairs[x * ENTRIES + i];
-                let e1 = t.single[x * ENTRIES + i] as u32;
+                let e1 = single[x * ENTRIES + i] as u32;
                 let (l1, s1) = (e1 & 15, e1 >> SYM_SHIFT);
                 assert_eq!((e >> SYM_AT) & 0xff, s1);
                 let x1 = (s1 >> 7) as usize;
                 if e >> COUNT_AT == 2 {
-                    let e2 = t.single[x1 * ENTRIES + (i >> l1)] as u32;
+                    let e2 = single[x1 * ENTRIES + (i >> l1)] as u32;
                     let (l2, s2) = (e2 & 15, e2 >> SYM_SHIFT);
                     assert!(l1 + l2 <= BITS);
                     assert_eq!(e & 15, l1 + l2);
@@ -745,7 +683,7 @@ mod tests {
                     assert_eq!(e & 15, l1);
                     assert_eq!((e & CTX_BIT) >> 11, x1 as u32);
                     // No second code fits in the remaining bits.
-                    let e2 = t.single[x1 * ENTRIES + (i >> l1)] as u32;
+                    let e2 = single[x1 * ENTRIES + (i >> l1)] as u32;
                     assert!(l1 + (e2 & 15) > BITS);
                 }
             }
