@@ -77,9 +77,15 @@ pub(crate) fn interleave_f16(
     out: &mut [u8],
 ) {
     #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx2") && !force_portable() {
+        // SAFETY: the CPU supports AVX2, checked just above.
+        unsafe { interleave_f16_avx2(syms, stride, locs, rest, tokens, out) };
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
     if std::is_x86_feature_detected!("sse2") && !force_portable() {
         // SAFETY: the CPU supports SSE2, checked just above.
-        unsafe { interleave_f16_sse2(syms, stride, locs, rest, tokens, out) };
+        unsafe { interleave_f16_sse2(syms, stride, locs, rest, tokens, out, 0) };
         return;
     }
     interleave_f16_portable(syms, stride, locs, rest, tokens, out, 0, 0);
@@ -127,8 +133,95 @@ pub(crate) fn interleave_f16_portable(
     }
 }
 
-/// SSE2 [`interleave_f16`]: blocks of 16 channels x 16 tokens are transposed in registers
-/// (four rounds of byte unpacking) and interleaved with the low bytes.
+/// AVX2 [`interleave_f16`]: blocks of 16 channels x 32 tokens are transposed in registers
+/// (four rounds of byte unpacking within each 128-bit lane: lane 0 holds tokens `t0..t0 +
+/// 16`, lane 1 the next 16) and interleaved with the low bytes; the tokens past the last
+/// whole block of 32 are left to the SSE2 version.
+///
+/// # Safety
+/// The CPU must support AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+pub(crate) unsafe fn interleave_f16_avx2(
+    syms: &[u8],
+    stride: usize,
+    locs: &[u16],
+    rest: &[u8],
+    tokens: usize,
+    out: &mut [u8],
+) {
+    use std::arch::x86_64::*;
+    let channels = locs.len();
+    let cb = channels / 16 * 16;
+    let tb = tokens / 32 * 32;
+    let n = channels * tokens;
+    assert!(syms.len() >= channels.saturating_sub(1) * stride + tokens);
+    assert!(rest.len() >= n && out.len() >= 2 * n);
+    let sign = _mm256_set1_epi8(0x80u8 as i8);
+    let mut t0 = 0;
+    while t0 < tb {
+        let mut c0 = 0;
+        while c0 < cb {
+            // SAFETY: AVX2 is enabled on this function. Rows c0..c0 + 16 of `syms` hold bytes
+            // t0..t0 + 32 (t0 + 32 <= tokens, c0 + 16 <= channels, checked against syms'
+            // length above); the low bytes and output of tokens t0..t0 + 32, channels c0..c0 +
+            // 16 lie inside `rest` and `out` (n values, checked above). All loads and stores
+            // are unaligned.
+            unsafe {
+                let mut r = [_mm256_setzero_si256(); 16];
+                for (i, reg) in r.iter_mut().enumerate() {
+                    let at = syms.as_ptr().add((c0 + i) * stride + t0);
+                    let x = _mm256_loadu_si256(at as *const __m256i);
+                    // from_rel: the low bits by a byte add, the sign bit by a xor.
+                    let loc = _mm256_set1_epi8(locs[c0 + i] as i8);
+                    let t = _mm256_add_epi8(x, loc);
+                    let s = _mm256_and_si256(_mm256_xor_si256(x, loc), sign);
+                    *reg = _mm256_or_si256(_mm256_andnot_si256(sign, t), s);
+                }
+                // Each round rotates the (register, byte) index bits left by one within a
+                // lane; after four, register j's lane l holds token t0 + 16 * l + j.
+                for _ in 0..4 {
+                    let mut x = [_mm256_setzero_si256(); 16];
+                    for i in 0..8 {
+                        x[2 * i] = _mm256_unpacklo_epi8(r[i], r[i + 8]);
+                        x[2 * i + 1] = _mm256_unpackhi_epi8(r[i], r[i + 8]);
+                    }
+                    r = x;
+                }
+                for (j, &top) in r.iter().enumerate() {
+                    let a = (t0 + j) * channels + c0;
+                    let b = a + 16 * channels;
+                    let low = _mm256_inserti128_si256::<1>(
+                        _mm256_castsi128_si256(_mm_loadu_si128(
+                            rest.as_ptr().add(a) as *const __m128i
+                        )),
+                        _mm_loadu_si128(rest.as_ptr().add(b) as *const __m128i),
+                    );
+                    let lo = _mm256_unpacklo_epi8(low, top);
+                    let hi = _mm256_unpackhi_epi8(low, top);
+                    let o = out.as_mut_ptr();
+                    _mm256_storeu_si256(
+                        o.add(2 * a) as *mut __m256i,
+                        _mm256_permute2x128_si256::<0x20>(lo, hi),
+                    );
+                    _mm256_storeu_si256(
+                        o.add(2 * b) as *mut __m256i,
+                        _mm256_permute2x128_si256::<0x31>(lo, hi),
+                    );
+                }
+            }
+            c0 += 16;
+        }
+        t0 += 32;
+    }
+    // SAFETY: AVX2 implies SSE2.
+    unsafe { interleave_f16_sse2(syms, stride, locs, rest, tokens, out, tb) };
+}
+
+/// SSE2 [`interleave_f16`] for the tokens from `t_from` (a multiple of 16; the channels
+/// before the last whole block of 16 and the tokens before `t_from` are done already): blocks
+/// of 16 channels x 16 tokens are transposed in registers (four rounds of byte unpacking) and
+/// interleaved with the low bytes.
 ///
 /// # Safety
 /// The CPU must support SSE2.
@@ -141,6 +234,7 @@ pub(crate) unsafe fn interleave_f16_sse2(
     rest: &[u8],
     tokens: usize,
     out: &mut [u8],
+    t_from: usize,
 ) {
     use std::arch::x86_64::*;
     let channels = locs.len();
@@ -149,7 +243,7 @@ pub(crate) unsafe fn interleave_f16_sse2(
     let n = channels * tokens;
     assert!(syms.len() >= channels.saturating_sub(1) * stride + tokens);
     assert!(rest.len() >= n && out.len() >= 2 * n);
-    let mut t0 = 0;
+    let mut t0 = t_from;
     while t0 < tb {
         let mut c0 = 0;
         while c0 < cb {
@@ -614,7 +708,15 @@ mod tests {
 
     #[test]
     fn transposes_match_portable() {
-        for (channels, tokens) in [(1usize, 1usize), (16, 16), (17, 33), (40, 8), (192, 50)] {
+        for (channels, tokens) in [
+            (1usize, 1usize),
+            (16, 16),
+            (17, 33),
+            (40, 8),
+            (32, 64),
+            (48, 100),
+            (192, 50),
+        ] {
             let stride = tokens + 2;
             let syms = noise(2 * channels * stride, 3);
             let rest = noise(channels * tokens, 4);
@@ -628,6 +730,14 @@ mod tests {
             interleave_f16_portable(&syms, stride, &loc8, &rest, tokens, &mut a, 0, 0);
             interleave_f16(&syms, stride, &loc8, &rest, tokens, &mut b);
             assert_eq!(a, b, "{channels}x{tokens}");
+            #[cfg(target_arch = "x86_64")]
+            {
+                // The SSE2 version on its own (the AVX2 one only calls it for its tail).
+                b.fill(0);
+                // SAFETY: SSE2 is part of x86-64.
+                unsafe { interleave_f16_sse2(&syms, stride, &loc8, &rest, tokens, &mut b, 0) };
+                assert_eq!(a, b, "{channels}x{tokens} SSE2");
+            }
             for t in 0..tokens {
                 for c in 0..channels {
                     let at = t * channels + c;
