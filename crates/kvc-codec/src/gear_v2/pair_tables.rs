@@ -70,7 +70,9 @@ pub(crate) fn fill_halves<const SYM: u32>(codes: &[Code], ctx_on: u32, halves: &
     let mut size = 1usize;
     let mut width = 0u32;
     for &(rev, len, sym) in codes {
-        while width < len {
+        // Lengths are at most BITS (`huffman::read_complete_table` checks them); the bound
+        // keeps a longer one from indexing past the table.
+        while width < len && size < ENTRIES {
             halves.copy_within(0..size, size);
             size *= 2;
             width += 1;
