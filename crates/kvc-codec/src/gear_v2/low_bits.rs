@@ -157,7 +157,6 @@ pub(crate) unsafe fn interleave_f16_avx2(
     let n = channels * tokens;
     assert!(syms.len() >= channels.saturating_sub(1) * stride + tokens);
     assert!(rest.len() >= n && out.len() >= 2 * n);
-    let sign = _mm256_set1_epi8(0x80u8 as i8);
     let mut t0 = 0;
     while t0 < tb {
         let mut c0 = 0;
@@ -168,26 +167,7 @@ pub(crate) unsafe fn interleave_f16_avx2(
             // 16 lie inside `rest` and `out` (n values, checked above). All loads and stores
             // are unaligned.
             unsafe {
-                let mut r = [_mm256_setzero_si256(); 16];
-                for (i, reg) in r.iter_mut().enumerate() {
-                    let at = syms.as_ptr().add((c0 + i) * stride + t0);
-                    let x = _mm256_loadu_si256(at as *const __m256i);
-                    // from_rel: the low bits by a byte add, the sign bit by a xor.
-                    let loc = _mm256_set1_epi8(locs[c0 + i] as i8);
-                    let t = _mm256_add_epi8(x, loc);
-                    let s = _mm256_and_si256(_mm256_xor_si256(x, loc), sign);
-                    *reg = _mm256_or_si256(_mm256_andnot_si256(sign, t), s);
-                }
-                // Each round rotates the (register, byte) index bits left by one within a
-                // lane; after four, register j's lane l holds token t0 + 16 * l + j.
-                for _ in 0..4 {
-                    let mut x = [_mm256_setzero_si256(); 16];
-                    for i in 0..8 {
-                        x[2 * i] = _mm256_unpacklo_epi8(r[i], r[i + 8]);
-                        x[2 * i + 1] = _mm256_unpackhi_epi8(r[i], r[i + 8]);
-                    }
-                    r = x;
-                }
+                let r = map_transpose_16x32(&syms[c0 * stride..], stride, &locs[c0..c0 + 16], t0);
                 for (j, &top) in r.iter().enumerate() {
                     let a = (t0 + j) * channels + c0;
                     let b = a + 16 * channels;
@@ -216,6 +196,48 @@ pub(crate) unsafe fn interleave_f16_avx2(
     }
     // SAFETY: AVX2 implies SSE2.
     unsafe { interleave_f16_sse2(syms, stride, locs, rest, tokens, out, tb) };
+}
+
+/// [`map_transpose_16x16`] for 32 tokens in AVX2 registers (sign-magnitude map, f16): the
+/// unpacking works within each 128-bit lane, so register `j`'s lane `l` holds token `t0 + 16
+/// * l + j` of the 16 channels.
+///
+/// # Safety
+/// The CPU must support AVX2; `syms` must hold bytes `t0..t0 + 32` of rows `0..16` at `i *
+/// stride`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn map_transpose_16x32(
+    syms: &[u8],
+    stride: usize,
+    locs: &[u16],
+    t0: usize,
+) -> [std::arch::x86_64::__m256i; 16] {
+    use std::arch::x86_64::*;
+    debug_assert!(locs.len() == 16 && syms.len() >= 15 * stride + t0 + 32);
+    // SAFETY: AVX2 is enabled on this function; the loads read bytes t0..t0 + 32 of rows
+    // 0..16, inside `syms` by the caller's contract. All loads are unaligned.
+    unsafe {
+        let mut r = [_mm256_setzero_si256(); 16];
+        let sign = _mm256_set1_epi8(0x80u8 as i8);
+        for (i, reg) in r.iter_mut().enumerate() {
+            let x = _mm256_loadu_si256(syms.as_ptr().add(i * stride + t0) as *const __m256i);
+            // The low bits by a byte add, the sign bit by a xor.
+            let loc = _mm256_set1_epi8(locs[i] as i8);
+            let t = _mm256_add_epi8(x, loc);
+            let s = _mm256_and_si256(_mm256_xor_si256(x, loc), sign);
+            *reg = _mm256_or_si256(_mm256_andnot_si256(sign, t), s);
+        }
+        for _ in 0..4 {
+            let mut x = [_mm256_setzero_si256(); 16];
+            for i in 0..8 {
+                x[2 * i] = _mm256_unpacklo_epi8(r[i], r[i + 8]);
+                x[2 * i + 1] = _mm256_unpackhi_epi8(r[i], r[i + 8]);
+            }
+            r = x;
+        }
+        r
+    }
 }
 
 /// SSE2 [`interleave_f16`] for the tokens from `t_from` (a multiple of 16; the channels
