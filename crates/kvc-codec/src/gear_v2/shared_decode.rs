@@ -145,7 +145,7 @@ impl SharedTables {
                     SHARED_MAX_LEN,
                 )?;
                 let n = if single_symbol {
-                    // The one symbol owns both code words (the encoder writes 0 bits).
+                    // The one symbol (length 1) owns both code words; the encoder writes code 0.
                     let sym = (self.used[0] >> SYM_SHIFT) as u32;
                     codes[0] = (0, 1, sym);
                     codes[1] = (1, 1, sym);
