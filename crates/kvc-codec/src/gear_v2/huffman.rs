@@ -283,10 +283,7 @@ pub fn build_codes(lens: &[u8], codes: &mut [u16]) {
 /// LSB-first; each `sym << SYM_SHIFT | len`, [`INVALID_ENTRY`] for unowned code words) from the used
 /// symbols `read_table` gave (symbol order, valid lengths, Kraft sum checked).
 ///
-/// LSB-first, a code of length `l` owns every index whose low `l` bits are its reversed
-/// code; the table is built by doubling: the table for lengths `<= l + 1` is two copies of
-/// the one for lengths `<= l` plus one entry per code of length `l + 1`. That costs one
-/// copy of the table and one store per symbol, with no pass over the whole alphabet.
+/// Built by doubling ([`fill_by_doubling`]).
 pub fn build_decode_table(used: &[u16], table: &mut [u16]) {
     build_decode_table_bits(used, table, MAX_LEN)
 }
@@ -295,41 +292,72 @@ pub fn build_decode_table(used: &[u16], table: &mut [u16]) {
 /// lengths in `used` are at most `bits`, as `read_table_limited` checked).
 pub fn build_decode_table_bits(used: &[u16], table: &mut [u16], bits: u32) {
     let max = bits.min(MAX_LEN_ANY) as usize;
-    let table = &mut table[..1 << max];
-    let mut count = [0u32; MAX_LEN_ANY as usize + 1];
+    let mut codes = [(0, 0, 0); 512];
+    let n = canonical_codes(used, &mut codes);
+    table[0] = INVALID_ENTRY;
+    fill_by_doubling(&codes[..n], &mut table[..1 << max], |len, sym| {
+        (sym << SYM_SHIFT | len) as u16
+    });
+}
+
+/// A used symbol's canonical code: `(reversed code, length, symbol)`.
+pub type Code = (u32, u32, u32);
+
+/// Canonical codes of the used symbols `used` (`sym << SYM_SHIFT | len`, symbol order,
+/// lengths 1..=15 as [`read_table`] leaves them) into `codes`, grouped by length (shortest
+/// first) and in symbol order within a length (canonical order); returns how many.
+pub fn canonical_codes(used: &[u16], codes: &mut [Code; 512]) -> usize {
+    let mut count = [0usize; 16];
     for &u in used {
-        count[(u as usize & 15).min(max)] += 1;
+        count[(u & 15) as usize] += 1;
     }
-    let mut next = [0u32; MAX_LEN_ANY as usize + 1];
-    // start[l]: where codes of length l begin in `by_len`.
-    let mut start = [0usize; MAX_LEN_ANY as usize + 2];
+    let mut next = [0u32; 16];
+    // slot[l]: where codes of length l start in `codes`.
+    let mut slot = [0usize; 17];
     let mut code = 0u32;
-    for l in 1..=max {
-        code = (code + count[l - 1]) << 1;
+    for l in 1..16 {
+        code = (code + count[l - 1] as u32) << 1;
         next[l] = code;
-        start[l + 1] = start[l] + count[l] as usize;
+        slot[l + 1] = slot[l] + count[l];
     }
-    let mut by_len = [0u32; 512];
-    let mut fill = start;
     for &u in used {
-        let l = (u as usize & 15).min(max);
+        let l = (u & 15) as usize;
         let c = next[l];
         next[l] += 1;
-        let rev = c.reverse_bits() >> (32 - l as u32);
-        // Canonical order within a length is symbol order, so `by_len` stays sorted too.
-        if let Some(slot) = by_len.get_mut(fill[l]) {
-            *slot = rev << 16 | u as u32;
+        if let Some(at) = codes.get_mut(slot[l]) {
+            *at = (
+                c.reverse_bits() >> (32 - l as u32),
+                l as u32,
+                (u >> SYM_SHIFT) as u32,
+            );
         }
-        fill[l] += 1;
+        slot[l] += 1;
     }
-    table[0] = INVALID_ENTRY;
+    used.len().min(codes.len())
+}
+
+/// Fills a decode table (a power-of-two length, indexed by the next stream bits, LSB-first)
+/// with `entry(len, sym)` for the `codes` ([`canonical_codes`]: grouped by length, shortest
+/// first) by doubling, from the one entry the caller left in `table[0]` (what an index no
+/// code owns decodes to). LSB-first, a code of length `l` owns every index whose low `l`
+/// bits are its reversed code: the table for lengths `<= l + 1` is two copies of the one for
+/// lengths `<= l` plus one entry per code of length `l + 1`, so building costs one copy of
+/// the table and one store per symbol, with no pass over the whole alphabet. Codes longer
+/// than the table's index bits (which the readers refuse) cannot index past it.
+pub fn fill_by_doubling<T: Copy>(codes: &[Code], table: &mut [T], entry: impl Fn(u32, u32) -> T) {
     let mut size = 1usize;
-    for l in 1..=max {
+    let mut width = 0u32;
+    for &(rev, len, sym) in codes {
+        while width < len && size < table.len() {
+            table.copy_within(0..size, size);
+            size *= 2;
+            width += 1;
+        }
+        table[rev as usize & (size - 1)] = entry(len, sym);
+    }
+    while size < table.len() {
         table.copy_within(0..size, size);
         size *= 2;
-        for &e in &by_len[start[l].min(512)..start[l + 1].min(512)] {
-            table[(e >> 16) as usize & (size - 1)] = e as u16;
-        }
     }
 }
 

@@ -4,21 +4,18 @@
 //! Both are indexed by the next [`BITS`] stream bits (LSB-first) and hold `u32` entries in
 //! the layout `shared_decode` documents. A half entry is laid out as the second symbol of a
 //! pair entry: `len | ctx << 11 | sym << (SYM_AT + SYM) | 1 << COUNT_AT`, so that a pair is a
-//! first symbol's fields plus a half. Halves are filled by doubling (a code of length `l`
-//! owns every index whose low `l` bits are its reversed code: the table is built `l` bits
-//! wide and copied onto its upper half for each longer length). A pair table is filled in
-//! index order: the entry at `i` decodes its first symbol from the context's half at `i` and
-//! the second from the next context's half at `i >> l1`, when both codes fit in `BITS`
-//! bits. That loop has an AVX2 version (eight entries per step, one gather of the second
+//! first symbol's fields plus a half. Halves are filled by doubling
+//! (`huffman::fill_by_doubling`, as the grouped coder's one-symbol tables are). A pair table
+//! is filled in index order: the entry at `i` decodes its first symbol from the context's
+//! half at `i` and the second from the next context's half at `i >> l1`, when both codes fit
+//! in `BITS` bits. That loop has an AVX2 version (eight entries per step, one gather of the second
 //! halves), chosen at run time, and a portable one.
 //!
 //! Not here: reading and validating the tables' code lengths (`huffman`), the lane loop and
 //! the model section (`shared_decode`).
 
+use super::huffman::{self, Code};
 use super::shared_decode::{BITS, COUNT_AT, CTX_BIT, ENTRIES, SYM_AT};
-
-/// A used symbol's canonical code: `(reversed code, length, symbol)`.
-pub(crate) type Code = (u32, u32, u32);
 
 /// The half entry of symbol `sym` with code length `len`; `ctx_on` (0 or 1) says whether
 /// the symbol's top bit selects the next context.
@@ -27,62 +24,14 @@ pub(crate) fn half_entry<const SYM: u32>(sym: u32, len: u32, ctx_on: u32) -> u32
     len | ((sym >> (SYM - 1)) & ctx_on) << 11 | sym << (SYM_AT + SYM) | 1 << COUNT_AT
 }
 
-/// Canonical codes of the used symbols `used` (`sym << SYM_SHIFT | len`, symbol order, as
-/// `huffman::read_complete_table` leaves them: valid lengths of a complete code) into
-/// `codes`, grouped by length (shortest first) and in symbol order within a length; returns
-/// how many.
-pub(crate) fn canonical_codes(used: &[u16], codes: &mut [Code; 512]) -> usize {
-    let mut count = [0usize; 16];
-    for &u in used {
-        count[(u & 15) as usize] += 1;
-    }
-    let mut next = [0u32; 16];
-    // slot[l]: where codes of length l start in `codes`.
-    let mut slot = [0usize; 17];
-    let mut code = 0u32;
-    for l in 1..16 {
-        code = (code + count[l - 1] as u32) << 1;
-        next[l] = code;
-        slot[l + 1] = slot[l] + count[l];
-    }
-    for &u in used {
-        let l = (u & 15) as usize;
-        let c = next[l];
-        next[l] += 1;
-        if let Some(at) = codes.get_mut(slot[l]) {
-            *at = (
-                c.reverse_bits() >> (32 - l as u32),
-                l as u32,
-                (u >> 6) as u32,
-            );
-        }
-        slot[l] += 1;
-    }
-    used.len().min(codes.len())
-}
-
 /// Fills `halves` (one context's [`ENTRIES`]) with the half entries of `codes` (grouped by
-/// length, shortest first, as [`canonical_codes`] orders them) by doubling. The codes must
+/// length, shortest first, as `huffman::canonical_codes` orders them) by doubling. The codes must
 /// be complete (Kraft sum 1) for every entry to be written; a table of one symbol of length
 /// 1 names it as both code words.
 pub(crate) fn fill_halves<const SYM: u32>(codes: &[Code], ctx_on: u32, halves: &mut [u32]) {
-    let halves = &mut halves[..ENTRIES];
-    let mut size = 1usize;
-    let mut width = 0u32;
-    for &(rev, len, sym) in codes {
-        // Lengths are at most BITS (`huffman::read_complete_table` checks them); the bound
-        // keeps a longer one from indexing past the table.
-        while width < len && size < ENTRIES {
-            halves.copy_within(0..size, size);
-            size *= 2;
-            width += 1;
-        }
-        halves[rev as usize & (size - 1)] = half_entry::<SYM>(sym, len, ctx_on);
-    }
-    while size < ENTRIES {
-        halves.copy_within(0..size, size);
-        size *= 2;
-    }
+    huffman::fill_by_doubling(codes, &mut halves[..ENTRIES], |len, sym| {
+        half_entry::<SYM>(sym, len, ctx_on)
+    });
 }
 
 /// Fills the pair table `pairs` of context `x` from `halves` (both contexts' half tables,
@@ -179,7 +128,7 @@ unsafe fn fill_pairs_avx2<const SYM: u32>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gear_v2::huffman::{self, SYM_SHIFT};
+    use crate::gear_v2::huffman::{canonical_codes, SYM_SHIFT};
 
     /// Used-symbol lists (`sym << SYM_SHIFT | len`) of complete codes over 8-bit symbols.
     fn used(lens: &[(u32, u32)]) -> Vec<u16> {

@@ -29,11 +29,11 @@
 
 use super::encode::LANES;
 use super::format::BlobHeader;
-use super::huffman::{self, SYM_SHIFT};
+use super::huffman::{self, canonical_codes, Code, SYM_SHIFT};
 use super::lane_decode::Lanes;
 use super::low_bits;
 use super::low_byte::{self, LowByteTable};
-use super::pair_tables::{canonical_codes, fill_halves, fill_pairs, Code};
+use super::pair_tables::{fill_halves, fill_pairs};
 use super::shared::{cluster_order, from_rel, MAX_CLUSTERS, SHARED_MAX_LEN};
 use crate::error::{Error, Result};
 use std::cell::RefCell;
