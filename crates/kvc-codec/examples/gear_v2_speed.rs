@@ -14,65 +14,12 @@
 
 use kvc_codec::gear_v2::{Coder, Decoder, EncodeParams, Encoder, TensorKind};
 use kvc_codec::Dtype;
-use std::path::PathBuf;
-use std::time::Instant;
-
-/// Seconds this thread has run on a CPU (Linux `/proc/thread-self/schedstat`): on a shared
-/// machine that excludes the time other processes held the core. Falls back to wall time.
-struct Clock(Option<f64>, Instant);
-impl Clock {
-    fn cpu() -> Option<f64> {
-        let s = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
-        Some(s.split_whitespace().next()?.parse::<f64>().ok()? / 1e9)
-    }
-    fn start() -> Self {
-        Clock(Self::cpu(), Instant::now())
-    }
-    fn secs(&self) -> f64 {
-        match (self.0, Self::cpu()) {
-            (Some(a), Some(b)) => b - a,
-            _ => self.1.elapsed().as_secs_f64(),
-        }
-    }
-}
+#[path = "common/realkv.rs"]
+mod realkv;
+use realkv::{data_dir, sidecar_shape, Clock};
 
 /// Passes over the whole data per timed repetition.
 const PASSES: usize = 16;
-
-fn data_dir() -> PathBuf {
-    if let Ok(d) = std::env::var("KVC_REALKV_DIR") {
-        return PathBuf::from(d);
-    }
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let shared = root.join("../shared/data/realkv");
-    if shared.join("textA.K.f16.bin").exists() {
-        shared
-    } else {
-        root.join("data/sample")
-    }
-}
-
-/// Tokens and channels (`kv_heads * head_dim`) of a dump, from its JSON sidecar's
-/// `"shape": [layers, tokens, kv_heads, head_dim]` (the 8-layer sample's shape without one).
-fn sidecar_shape(path: &std::path::Path) -> (usize, usize) {
-    let Ok(text) = std::fs::read_to_string(path) else {
-        return (2048, 192);
-    };
-    let dims: Vec<usize> = text
-        .split("\"shape\"")
-        .nth(1)
-        .and_then(|r| r.split(']').next())
-        .map(|r| {
-            r.split(|c: char| !c.is_ascii_digit())
-                .filter_map(|d| d.parse().ok())
-                .collect()
-        })
-        .unwrap_or_default();
-    match dims[..] {
-        [_, t, h, d] => (t, h * d),
-        _ => (2048, 192),
-    }
-}
 
 fn main() {
     let reps: usize = std::env::args()
