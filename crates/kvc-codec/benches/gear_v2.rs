@@ -6,20 +6,11 @@
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use kvc_codec::gear_v2::{Decoder, EncodeParams, Encoder, TensorKind};
 use kvc_codec::Dtype;
-use std::path::PathBuf;
 
-fn data_dir() -> PathBuf {
-    if let Ok(d) = std::env::var("KVC_REALKV_DIR") {
-        return PathBuf::from(d);
-    }
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let shared = root.join("../shared/data/realkv");
-    if shared.join("textA.K.f16.bin").exists() {
-        shared
-    } else {
-        root.join("data/sample")
-    }
-}
+// Shared with the examples and the round-trip test; the bench uses the data directory only.
+#[allow(dead_code)]
+#[path = "../examples/common/realkv.rs"]
+mod realkv;
 
 /// Layers of one dump as `[tokens, 192]` tensors, read from the JSON sidecar's shape.
 fn layers(dir: &std::path::Path, name: &str) -> Option<Vec<Vec<u8>>> {
@@ -33,7 +24,7 @@ fn layers(dir: &std::path::Path, name: &str) -> Option<Vec<Vec<u8>>> {
 }
 
 fn bench(c: &mut Criterion) {
-    let dir = data_dir();
+    let dir = realkv::data_dir();
     let one = rayon::ThreadPoolBuilder::new()
         .num_threads(1)
         .build()

@@ -2,7 +2,11 @@
 
 use kvc_codec::gear_v2::{max_encoded_len, Coder, Decoder, EncodeParams, Encoder, TensorKind};
 use kvc_codec::Dtype;
-use std::path::PathBuf;
+
+// Shared with the examples and the bench; this test uses the data directory only.
+#[allow(dead_code)]
+#[path = "../examples/common/realkv.rs"]
+mod realkv;
 
 const DTYPES: [Dtype; 4] = [Dtype::F16, Dtype::Bf16, Dtype::F32, Dtype::I8];
 
@@ -102,22 +106,9 @@ fn wide_alphabet_forces_length_limit() {
     roundtrip(&params, &data);
 }
 
-fn realkv_dir() -> PathBuf {
-    if let Ok(d) = std::env::var("KVC_REALKV_DIR") {
-        return PathBuf::from(d);
-    }
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let shared = root.join("../shared/data/realkv");
-    if shared.join("textA.K.f16.bin").exists() {
-        shared
-    } else {
-        root.join("data/sample")
-    }
-}
-
 #[test]
 fn real_kv_bit_exact() {
-    let dir = realkv_dir();
+    let dir = realkv::data_dir();
     for name in ["K.f16", "V.f16", "K.bf16", "V.bf16"] {
         let data = std::fs::read(dir.join(format!("textA.{name}.bin"))).unwrap();
         let dtype = if name.ends_with("bf16") {

@@ -1,5 +1,5 @@
-//! What the examples that read the real KV dumps share: where the dumps are, their shape, and
-//! a clock of this thread's CPU time.
+//! What the examples, the gear-v2 bench and the round-trip test that read the real KV dumps
+//! share: where the dumps are, their shape, and a clock of this thread's CPU time.
 
 use std::path::PathBuf;
 use std::time::Instant;
