@@ -254,6 +254,18 @@ pub fn read_complete_table(
     Ok(single_symbol)
 }
 
+/// The first canonical code (not reversed) of every length 1..=15, given how many symbols
+/// have each length (`count[0]`, the unused symbols, must be 0).
+fn first_codes(count: &[u32; 16]) -> [u32; 16] {
+    let mut first = [0u32; 16];
+    let mut code = 0u32;
+    for l in 1..16 {
+        code = (code + count[l - 1]) << 1;
+        first[l] = code;
+    }
+    first
+}
+
 /// Canonical codes for `lens`, bit-reversed for LSB-first streams: `codes[s] = rev | len << 12`.
 pub fn build_codes(lens: &[u8], codes: &mut [u16]) {
     let mut count = [0u32; 16];
@@ -261,12 +273,7 @@ pub fn build_codes(lens: &[u8], codes: &mut [u16]) {
         count[l as usize & 15] += 1;
     }
     count[0] = 0;
-    let mut next = [0u32; 16];
-    let mut code = 0u32;
-    for l in 1..=MAX_LEN_ANY as usize {
-        code = (code + count[l - 1]) << 1;
-        next[l] = code;
-    }
+    let mut next = first_codes(&count);
     for (s, &l) in lens.iter().enumerate() {
         if l == 0 {
             codes[s] = 0;
@@ -307,18 +314,15 @@ pub type Code = (u32, u32, u32);
 /// lengths 1..=15 as [`read_table`] leaves them) into `codes`, grouped by length (shortest
 /// first) and in symbol order within a length (canonical order); returns how many.
 pub fn canonical_codes(used: &[u16], codes: &mut [Code; 512]) -> usize {
-    let mut count = [0usize; 16];
+    let mut count = [0u32; 16];
     for &u in used {
         count[(u & 15) as usize] += 1;
     }
-    let mut next = [0u32; 16];
+    let mut next = first_codes(&count);
     // slot[l]: where codes of length l start in `codes`.
     let mut slot = [0usize; 17];
-    let mut code = 0u32;
     for l in 1..16 {
-        code = (code + count[l - 1] as u32) << 1;
-        next[l] = code;
-        slot[l + 1] = slot[l] + count[l];
+        slot[l + 1] = slot[l] + count[l] as usize;
     }
     for &u in used {
         let l = (u & 15) as usize;
