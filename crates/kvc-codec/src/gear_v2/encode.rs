@@ -307,7 +307,8 @@ fn encode_body<const BPV: usize, const REST: u32, const SYM: u32>(
     let lens_at = out.len();
     out.resize(lens_at + 4 * LANES, 0);
     let codes = lanes::LaneCodes {
-        codes: &model.codes,
+        bits: &model.code_bits,
+        lens: &model.code_lens,
         chan_table: &model.chan_table,
         order: &model.chan_order,
         sign_context: model.sign_context,

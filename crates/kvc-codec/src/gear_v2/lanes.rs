@@ -24,8 +24,10 @@ pub(crate) const CODE_ENTRIES: usize = 512;
 
 /// What the lane encoder needs from the model.
 pub(crate) struct LaneCodes<'a> {
-    /// `CODE_ENTRIES` codes (`rev | len << 12`) per table.
-    pub codes: &'a [u16],
+    /// `CODE_ENTRIES` code words (bit-reversed, so LSB-first) per table.
+    pub bits: &'a [u16],
+    /// The code lengths, indexed as `bits`.
+    pub lens: &'a [u8],
     /// Table (for context 0; context 1 is the next one) of every channel.
     pub chan_table: &'a [u32],
     /// Channels in lane order (position `i` in lane `i % 4`); empty: channel order.
@@ -99,13 +101,18 @@ fn encode_lanes_any(
 /// Codes of up to `MAX_LEN_ANY` (11) bits per 64-bit buffer: `(64 - 7) / 11`.
 pub(crate) const SYMS_PER_WORD_LONG: usize = (64 - 7) / MAX_LEN_ANY as usize;
 
-/// The `N` codes from channel `channel`'s context-0 table: the table, and with the sign
-/// context (`N = 2 * CODE_ENTRIES`) its context-1 table after it.
-fn code_tables<'a, const N: usize>(model: &LaneCodes<'a>, channel: usize) -> &'a [u16; N] {
+/// The `N` code words and lengths from channel `channel`'s context-0 table: the table, and
+/// with the sign context (`N = 2 * CODE_ENTRIES`) its context-1 table after it.
+fn code_tables<'a, const N: usize>(
+    model: &LaneCodes<'a>,
+    channel: usize,
+) -> (&'a [u16; N], &'a [u8; N]) {
     let t = model.chan_table[channel] as usize * CODE_ENTRIES;
-    model.codes[t..t + N]
-        .try_into()
-        .expect("the model has a table for every channel and context")
+    let table = "the model has a table for every channel and context";
+    (
+        model.bits[t..t + N].try_into().expect(table),
+        model.lens[t..t + N].try_into().expect(table),
+    )
 }
 
 /// One lane's output: its write position and 64-bit bit buffer.
@@ -117,9 +124,9 @@ struct LaneWriter {
 
 impl LaneWriter {
     #[inline(always)]
-    fn add(&mut self, code: u16) {
-        self.acc |= ((code & 0xfff) as u64) << self.n;
-        self.n += (code >> 12) as u32;
+    fn add(&mut self, bits: u16, len: u8) {
+        self.acc |= (bits as u64) << self.n;
+        self.n += len as u32;
     }
     #[inline(always)]
     fn flush(&mut self, out: &mut [u8]) {
@@ -164,13 +171,23 @@ fn encode_lanes_with<const N: usize, const SPW: usize>(
         };
         for i in (k..channels).step_by(LANES) {
             let c = chan(i);
-            let tb = code_tables::<N>(model, c);
-            for run in idx[c * tokens..(c + 1) * tokens].chunks(SPW) {
+            let (bits, lens) = code_tables::<N>(model, c);
+            let add = |w: &mut LaneWriter, x: u16| {
+                let x = x as usize & (N - 1);
+                w.add(bits[x], lens[x]);
+            };
+            // Whole runs of `SPW` codes without a test per code, then the rest.
+            let mut runs = idx[c * tokens..(c + 1) * tokens].chunks_exact(SPW);
+            for run in &mut runs {
                 for &x in run {
-                    w.add(tb[x as usize & (N - 1)]);
+                    add(&mut w, x);
                 }
                 w.flush(out);
             }
+            for &x in runs.remainder() {
+                add(&mut w, x);
+            }
+            w.flush(out);
         }
         // The final partial byte, then the lane moved after the previous ones.
         w.flush(out);

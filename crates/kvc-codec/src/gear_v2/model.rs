@@ -26,6 +26,10 @@ pub struct EncoderModel {
     builder: LengthBuilder,
     /// Encode codes, `codes[table * CODE_ENTRIES + sym] = rev | len << 12`.
     pub codes: Vec<u16>,
+    /// `codes` split for the lane loop: the code words (`rev`)...
+    pub code_bits: Vec<u16>,
+    /// ... and their lengths.
+    pub code_lens: Vec<u8>,
     /// The serialised model section.
     pub section: Vec<u8>,
     /// Channels per table group.
@@ -277,6 +281,7 @@ impl EncoderModel {
             if dtype == Dtype::F32 {
                 self.low_byte.fit(input, &mut self.section);
             }
+            self.split_codes();
             return;
         }
         let t = xlog2x_table();
@@ -304,6 +309,17 @@ impl EncoderModel {
         self.chan_table
             .extend((0..channels as u32).map(|c| c / self.group_size * nctx));
         self.chan_loc.resize(channels, 0);
+        self.split_codes();
+    }
+
+    /// Fills `code_bits` and `code_lens` from `codes`: the lane loop then takes a code with
+    /// two loads and no field extraction.
+    fn split_codes(&mut self) {
+        self.code_bits.clear();
+        self.code_bits.extend(self.codes.iter().map(|&c| c & 0xfff));
+        self.code_lens.clear();
+        self.code_lens
+            .extend(self.codes.iter().map(|&c| (c >> 12) as u8));
     }
 
     /// Merges the counts of table `(group, ctx)` into `self.merged`; returns the used range.
