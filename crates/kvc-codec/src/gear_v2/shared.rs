@@ -134,10 +134,18 @@ pub struct SharedFit {
     order: Vec<(f32, u32)>,
     lens: Vec<u8>,
     merged: Vec<u32>,
-    both: Vec<u64>,
+    /// The entry keys (`rel << 1 | ctx`) some channel uses, ascending: the only rows of the
+    /// cost matrix that are read.
+    rows: Vec<u32>,
+    /// The relative symbols some channel uses (in either context), ascending.
+    rels: Vec<u32>,
+    /// Which entry keys are used (scratch for `rows`, `2 * alphabet`).
+    seen: Vec<bool>,
     firsts: Vec<u32>,
-    /// The used top fields of one channel.
+    /// The used top fields of one channel (the first of `alphabet` slots).
     used: Vec<u16>,
+    /// One channel's entries before they are appended to `entries` (`2 * alphabet` slots).
+    row: Vec<(u32, u32)>,
     best_cluster: Vec<u8>,
     builder: LengthBuilder,
 }
@@ -159,22 +167,26 @@ fn log2_table() -> &'static [f32] {
     T.get_or_init(|| (0..65536u32).map(|c| (c as f32).log2()).collect())
 }
 
-fn entropy_bits(h: &[u64]) -> f64 {
-    let n: u64 = h.iter().sum();
+/// The entropy in bits of the histogram whose counts `h` yields (zeros may be left out: they
+/// add nothing, and the nonzero ones are summed in the order given), and its used symbols.
+fn entropy_bits(h: impl Iterator<Item = u64> + Clone) -> (f64, usize) {
+    let n: u64 = h.clone().sum();
     if n == 0 {
-        return 0.0;
+        return (0.0, 0);
     }
     let t = xlog2x_f64_table();
     let mut s = 0.0f64;
-    for &c in h {
+    let mut used = 0;
+    for c in h {
         if c > 0 {
+            used += 1;
             s += match t.get(c as usize) {
                 Some(&v) => v,
                 None => c as f64 * (c as f64).log2(),
             };
         }
     }
-    n as f64 * (n as f64).log2() - s
+    (n as f64 * (n as f64).log2() - s, used)
 }
 
 /// `c as f64 * (c as f64).log2()` for the counts below 4096 (32 KiB): the same values as the
@@ -184,37 +196,43 @@ fn xlog2x_f64_table() -> &'static [f64] {
     T.get_or_init(|| (0..4096u32).map(|c| c as f64 * (c as f64).log2()).collect())
 }
 
-/// The estimated bits of a channel's entries `(rel << 1 | ctx, count)` under every cluster,
-/// from the transposed costs `cost[(rel << 1 | ctx) * CLUSTERS + g]`.
-fn channel_bits(entries: &[(u32, u32)], cost: &[f32]) -> [f32; CLUSTERS] {
+/// The estimated bits of a channel's entries `(rel << 1 | ctx, count)` under the first `G`
+/// clusters (8, or all [`CLUSTERS`]), from the transposed costs `cost[(rel << 1 | ctx) *
+/// CLUSTERS + g]`; the rest of the result is left at 0. Each cluster's sum is the same
+/// whatever `G` is.
+fn channel_bits<const G: usize>(entries: &[(u32, u32)], cost: &[f32]) -> [f32; CLUSTERS] {
     #[cfg(target_arch = "x86_64")]
     if std::is_x86_feature_detected!("avx") {
         // SAFETY: the CPU supports AVX, checked just above; the function is otherwise safe.
-        return unsafe { channel_bits_avx(entries, cost) };
+        return unsafe { channel_bits_avx::<G>(entries, cost) };
     }
-    channel_bits_any(entries, cost)
+    channel_bits_any::<G>(entries, cost)
 }
 
-/// [`channel_bits`] compiled with AVX (the twelve clusters in one 8-wide and one 4-wide
-/// multiply and add per entry; no fused multiply-add, so the sums are the portable ones).
+/// [`channel_bits`] compiled with AVX (eight clusters in one 8-wide multiply and add per
+/// entry, twelve in one 8-wide and one 4-wide; no fused multiply-add, so the sums are the
+/// portable ones).
 ///
 /// # Safety
 /// The CPU must support AVX.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx")]
-unsafe fn channel_bits_avx(entries: &[(u32, u32)], cost: &[f32]) -> [f32; CLUSTERS] {
-    channel_bits_any(entries, cost)
+unsafe fn channel_bits_avx<const G: usize>(
+    entries: &[(u32, u32)],
+    cost: &[f32],
+) -> [f32; CLUSTERS] {
+    channel_bits_any::<G>(entries, cost)
 }
 
 #[inline(always)]
-fn channel_bits_any(entries: &[(u32, u32)], cost: &[f32]) -> [f32; CLUSTERS] {
+fn channel_bits_any<const G: usize>(entries: &[(u32, u32)], cost: &[f32]) -> [f32; CLUSTERS] {
     let mut bits = [0.0f32; CLUSTERS];
     for &(i, n) in entries {
         let i = i as usize * CLUSTERS;
-        let Some(cost) = cost.get(i..i + CLUSTERS) else {
+        let Some(cost) = cost.get(i..i + G) else {
             continue;
         };
-        for g in 0..CLUSTERS {
+        for g in 0..G {
             bits[g] += n as f32 * cost[g];
         }
     }
@@ -279,22 +297,25 @@ impl SharedFit {
             }
             // The used top fields in order (the span between a channel's two signs is
             // mostly unused), and the most frequent one, the channel's location.
-            self.used.clear();
+            // Branch-free: every field is written at the next slot, which only advances
+            // past a used one (whether a field is used follows no pattern a branch predicts).
+            self.used.resize(alphabet, 0);
+            let mut used_len = 0;
             let mut loc = lo;
             let mut best = 0u32;
-            for s in lo..hi {
-                let n = h0[s] + h1[s];
-                if n > 0 {
-                    self.used.push(s as u16);
-                }
+            for (s, (&n0, &n1)) in (lo..hi).zip(h0[lo..hi].iter().zip(&h1[lo..hi])) {
+                let n = n0 + n1;
+                self.used[used_len] = s as u16;
+                used_len += (n > 0) as usize;
                 if n > best {
                     best = n;
                     loc = s;
                 }
             }
+            let used = &self.used[..used_len];
             let loc = loc as u32;
             let lsign = ((loc as usize) & half != 0) as usize;
-            for &s in &self.used {
+            for &s in used {
                 let s = s as usize;
                 let r = to_rel(s as u32, loc, sym_bits) as usize;
                 self.dense[lsign * alphabet + r] += h0[s];
@@ -312,19 +333,39 @@ impl SharedFit {
                 }
             }
             self.starts.push(self.entries.len());
-            for &s in &self.used {
+            // The channel's nonzero entries, branch-free into `row`, then appended.
+            self.row.resize(2 * alphabet, (0, 0));
+            let mut row_len = 0;
+            for &s in used {
                 let r = to_rel(s as u32, loc, sym_bits) as usize;
                 for x in 0..2 {
                     let n = std::mem::take(&mut self.dense[x * alphabet + r]);
-                    if n > 0 {
-                        self.entries.push(((r as u32) << 1 | x as u32, n));
-                    }
+                    self.row[row_len] = ((r as u32) << 1 | x as u32, n);
+                    row_len += (n > 0) as usize;
                 }
             }
+            self.entries.extend_from_slice(&self.row[..row_len]);
             self.locs.push(loc as u16);
         }
         self.firsts = firsts;
         self.starts.push(self.entries.len());
+        self.seen.clear();
+        self.seen.resize(2 * alphabet, false);
+        for &(i, _) in &self.entries {
+            self.seen[i as usize] = true;
+        }
+        self.rows.clear();
+        self.rels.clear();
+        for (i, pair) in self.seen.chunks_exact(2).enumerate() {
+            for (x, &on) in pair.iter().enumerate() {
+                if on {
+                    self.rows.push((i << 1 | x) as u32);
+                }
+            }
+            if pair[0] || pair[1] {
+                self.rels.push(i as u32);
+            }
+        }
         // Channels ordered by their entropy per symbol: every cluster count's initial split.
         let l2 = log2_table();
         self.order.clear();
@@ -426,24 +467,46 @@ impl SharedFit {
         for _ in 0..REFINE_PASSES {
             // Costs transposed, `cost[(rel << 1 | ctx) * CLUSTERS + g]`, so that one entry's
             // costs under every cluster are one vector; clusters past `k` never win.
-            self.cost.clear();
-            self.cost.resize(tab * CLUSTERS, f32::MAX / 4.0);
-            for g in 0..k {
+            // Only the rows of used entry keys are filled (no other row is read): per
+            // cluster and context, the table's total (the histogram is zero elsewhere).
+            let mut ln_miss = [[(0.0f32, 0.0f32); 2]; CLUSTERS];
+            for (g, lm) in ln_miss.iter_mut().enumerate().take(k) {
+                let mut n = [0u64; 2];
+                for &i in &self.rows {
+                    let x = (i & 1) as usize;
+                    n[x] += self.hist[g * tab + x * alphabet + (i >> 1) as usize];
+                }
                 for x in 0..2 {
-                    let h = &self.hist[g * tab + x * alphabet..g * tab + (x + 1) * alphabet];
-                    let n: u64 = h.iter().sum();
-                    let ln = log2(n + 1, l2);
+                    let ln = log2(n[x] + 1, l2);
                     // Unseen symbols cost about a code of the table's longest lengths.
-                    let miss = ln + 2.0;
-                    for (r, &m) in h.iter().enumerate() {
-                        self.cost[(r << 1 | x) * CLUSTERS + g] =
-                            if m > 0 { ln - log2(m, l2) } else { miss };
-                    }
+                    lm[x] = (ln, ln + 2.0);
+                }
+            }
+            self.cost.resize(tab * CLUSTERS, 0.0);
+            for &i in &self.rows {
+                let (x, r) = ((i & 1) as usize, (i >> 1) as usize);
+                let row = &mut self.cost[i as usize * CLUSTERS..(i as usize + 1) * CLUSTERS];
+                for (g, cost) in row.iter_mut().enumerate() {
+                    *cost = if g < k {
+                        let m = self.hist[g * tab + x * alphabet + r];
+                        let (ln, miss) = ln_miss[g][x];
+                        if m > 0 {
+                            ln - log2(m, l2)
+                        } else {
+                            miss
+                        }
+                    } else {
+                        f32::MAX / 4.0
+                    };
                 }
             }
             for c in 0..channels {
                 let e = &self.entries[self.starts[c]..self.starts[c + 1]];
-                let bits = channel_bits(e, &self.cost);
+                let bits = if k <= 8 {
+                    channel_bits::<8>(e, &self.cost)
+                } else {
+                    channel_bits::<CLUSTERS>(e, &self.cost)
+                };
                 let mut best = (f32::INFINITY, 0u8);
                 for (g, &b) in bits.iter().enumerate().take(k) {
                     if b < best.0 {
@@ -468,16 +531,16 @@ impl SharedFit {
         let (mut with, mut without) = (0.0, 0.0);
         self.merged.clear();
         self.merged.resize(alphabet, 0);
+        // The histograms are zero outside the used relative symbols.
         for g in 0..k {
             let h = &self.hist[g * tab..(g + 1) * tab];
-            with += entropy_bits(&h[..alphabet]) + entropy_bits(&h[alphabet..]);
-            self.both.clear();
-            self.both
-                .extend((0..alphabet).map(|r| h[r] + h[alphabet + r]));
-            without += entropy_bits(&self.both);
-            let used0 = h[..alphabet].iter().filter(|&&n| n > 0).count();
-            let used1 = h[alphabet..].iter().filter(|&&n| n > 0).count();
-            let usedm = self.both.iter().filter(|&&n| n > 0).count();
+            let rels = self.rels.iter().map(|&r| r as usize);
+            let (bits0, used0) = entropy_bits(rels.clone().map(|r| h[r]));
+            let (bits1, used1) = entropy_bits(rels.clone().map(|r| h[alphabet + r]));
+            let (bitsm, usedm) = entropy_bits(rels.map(|r| h[r] + h[alphabet + r]));
+            // (The sums in the order they always had: the blobs stay byte-identical.)
+            with += bits0 + bits1;
+            without += bitsm;
             with += 4.0 * (used0 + used1) as f64;
             without += 4.0 * usedm as f64;
         }
