@@ -292,9 +292,10 @@ fn store_if_larger(out: &mut Vec<u8>, start: usize, raw: &[u8]) {
 }
 
 thread_local! {
-    /// A block of token-major code indices and the chunk's channel-major ones (kept per
-    /// thread between chunks: no allocation in steady state).
-    static CODE_INDICES: RefCell<(Vec<u16>, Vec<u16>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+    /// A block of token-major code indices, the chunk's channel-major ones and the lanes'
+    /// scratch regions (kept per thread between chunks: no allocation in steady state).
+    static CHUNK_SCRATCH: RefCell<(Vec<u16>, Vec<u16>, Vec<u8>)> =
+        const { RefCell::new((Vec::new(), Vec::new(), Vec::new())) };
 }
 
 /// Appends a coded chunk's body (lane lengths, lanes, packed low bits) for the rows `raw`.
@@ -323,8 +324,8 @@ fn encode_body<const BPV: usize, const REST: u32, const SYM: u32>(
     } else {
         RelMap::sign_magnitude(SYM)
     };
-    CODE_INDICES.with(|buf| {
-        let (block, cm) = &mut *buf.borrow_mut();
+    CHUNK_SCRATCH.with(|buf| {
+        let (block, cm, lane_scratch) = &mut *buf.borrow_mut();
         let values = raw.len() / BPV;
         if cm.len() < values {
             cm.resize(values, 0);
@@ -332,7 +333,7 @@ fn encode_body<const BPV: usize, const REST: u32, const SYM: u32>(
         let cm = &mut cm[..values];
         let step = if model.sign_context { CTX_STEP } else { 0 };
         channel_major_indices::<BPV, REST, SYM>(raw, &model.chan_loc, map, step, block, cm);
-        lanes::encode_lanes(&codes, channels, cm, out, lens_at);
+        lanes::encode_lanes(&codes, channels, cm, lane_scratch, out, lens_at);
     });
     if BPV == 4 && model.low_byte.on {
         model.low_byte.encode(raw, out);

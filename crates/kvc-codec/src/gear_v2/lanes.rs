@@ -40,21 +40,23 @@ pub(crate) struct LaneCodes<'a> {
 
 /// Appends the coded lanes of a chunk to `out` (after the mode byte and the lane lengths,
 /// which are filled in), from the code index of every value (`code_index`, channel-major:
-/// channel `c`'s at `c * tokens..`).
+/// channel `c`'s at `c * tokens..`). The lanes are coded into `scratch` first (kept by the
+/// caller: grown, and so zeroed, only when a chunk needs more room than any before).
 pub(crate) fn encode_lanes(
     model: &LaneCodes<'_>,
     channels: usize,
     idx: &[u16],
+    scratch: &mut Vec<u8>,
     out: &mut Vec<u8>,
     lens_at: usize,
 ) {
     #[cfg(target_arch = "x86_64")]
     if std::is_x86_feature_detected!("bmi2") {
         // SAFETY: the CPU supports BMI2, checked just above; the function is otherwise safe.
-        unsafe { encode_lanes_bmi2(model, channels, idx, out, lens_at) };
+        unsafe { encode_lanes_bmi2(model, channels, idx, scratch, out, lens_at) };
         return;
     }
-    encode_lanes_any(model, channels, idx, out, lens_at)
+    encode_lanes_any(model, channels, idx, scratch, out, lens_at)
 }
 
 /// [`encode_lanes`] compiled with BMI2 (shifts by a register without `cl`).
@@ -67,10 +69,11 @@ unsafe fn encode_lanes_bmi2(
     model: &LaneCodes<'_>,
     channels: usize,
     idx: &[u16],
+    scratch: &mut Vec<u8>,
     out: &mut Vec<u8>,
     lens_at: usize,
 ) {
-    encode_lanes_any(model, channels, idx, out, lens_at)
+    encode_lanes_any(model, channels, idx, scratch, out, lens_at)
 }
 
 #[inline(always)]
@@ -78,22 +81,23 @@ fn encode_lanes_any(
     model: &LaneCodes<'_>,
     channels: usize,
     idx: &[u16],
+    scratch: &mut Vec<u8>,
     out: &mut Vec<u8>,
     lens_at: usize,
 ) {
     const PAIR: usize = 2 * CODE_ENTRIES;
     match (model.sign_context, model.max_len > MAX_LEN) {
         (true, false) => {
-            encode_lanes_with::<PAIR, SYMS_PER_WORD>(model, channels, idx, out, lens_at)
+            encode_lanes_with::<PAIR, SYMS_PER_WORD>(model, channels, idx, scratch, out, lens_at)
         }
-        (false, false) => {
-            encode_lanes_with::<CODE_ENTRIES, SYMS_PER_WORD>(model, channels, idx, out, lens_at)
-        }
-        (true, true) => {
-            encode_lanes_with::<PAIR, SYMS_PER_WORD_LONG>(model, channels, idx, out, lens_at)
-        }
+        (false, false) => encode_lanes_with::<CODE_ENTRIES, SYMS_PER_WORD>(
+            model, channels, idx, scratch, out, lens_at,
+        ),
+        (true, true) => encode_lanes_with::<PAIR, SYMS_PER_WORD_LONG>(
+            model, channels, idx, scratch, out, lens_at,
+        ),
         (false, true) => encode_lanes_with::<CODE_ENTRIES, SYMS_PER_WORD_LONG>(
-            model, channels, idx, out, lens_at,
+            model, channels, idx, scratch, out, lens_at,
         ),
     }
 }
@@ -144,25 +148,31 @@ fn encode_lanes_with<const N: usize, const SPW: usize>(
     model: &LaneCodes<'_>,
     channels: usize,
     idx: &[u16],
+    scratch: &mut Vec<u8>,
     out: &mut Vec<u8>,
     lens_at: usize,
 ) {
     let tokens = idx.len() / channels;
     let max_len = model.max_len as usize;
-    // Each lane gets a region big enough for its worst case plus the 8-byte flush slack.
+    // Each lane gets a region of `scratch` big enough for its worst case plus the 8-byte
+    // flush slack. Every flush stores whole 8-byte words from the bit buffer, so what the
+    // regions held before does not matter: they are not cleared.
     let mut starts = [0usize; LANES];
-    let mut at = out.len();
+    let mut at = 0;
     for (k, s) in starts.iter_mut().enumerate() {
         *s = at;
         let lane_channels = (channels + LANES - 1 - k) / LANES;
         at += (lane_channels * tokens * max_len).div_ceil(8) + 8;
     }
-    out.resize(at, 0);
+    if scratch.len() < at {
+        scratch.resize(at, 0);
+    }
+    let buf = &mut scratch[..];
     let chan = |i: usize| model.order.get(i).map_or(i, |&c| c as usize);
     // One lane at a time (each has its own region and bit buffer, so the order of the lanes
     // does not change the bytes): the writer stays in registers, and the bit appending is a
     // one-cycle dependency chain per code, not latency-bound.
-    let mut end = lens_at + 4 * LANES;
+    debug_assert_eq!(out.len(), lens_at + 4 * LANES);
     for (k, &start) in starts.iter().enumerate() {
         let mut w = LaneWriter {
             pos: start,
@@ -182,24 +192,22 @@ fn encode_lanes_with<const N: usize, const SPW: usize>(
                 for &x in run {
                     add(&mut w, x);
                 }
-                w.flush(out);
+                w.flush(buf);
             }
             for &x in runs.remainder() {
                 add(&mut w, x);
             }
-            w.flush(out);
+            w.flush(buf);
         }
         // The final partial byte, then the lane moved after the previous ones.
-        w.flush(out);
+        w.flush(buf);
         if w.n > 0 {
             w.pos += 1;
         }
         let len = w.pos - start;
-        out.copy_within(start..w.pos, end);
+        out.extend_from_slice(&buf[start..w.pos]);
         out[lens_at + 4 * k..lens_at + 4 * k + 4].copy_from_slice(&(len as u32).to_le_bytes());
-        end += len;
     }
-    out.truncate(end);
 }
 
 /// Appends the low `REST` bits of every element of `raw`, packed LSB-first.
