@@ -399,3 +399,36 @@ fn f32_coded_low_bytes() {
         }
     }
 }
+
+/// The encoder's per-thread scratch (code indices, lane regions) is reused without being
+/// cleared: a blob must not depend on what the thread encoded before. A small tensor is
+/// encoded on a fresh thread, then on a thread that has just encoded a large random one
+/// (whose lanes leave every scratch byte nonzero), and the blobs compared.
+#[test]
+fn blobs_do_not_depend_on_earlier_encodes() {
+    let mut rng = Rng(0x2545f4914f6cdd1d);
+    let big: Vec<u8> = (0..4096 * 192 * 2).map(|_| rng.next() as u8).collect();
+    let mut small = vec![0u8; 300 * 64 * 2];
+    // KV-like f16: each channel's top byte (sign and exponent) near its own usual value.
+    for (i, v) in small.chunks_exact_mut(2).enumerate() {
+        let r = rng.next();
+        v[0] = r as u8;
+        v[1] = (0x20 + (i % 64) as u8 / 4 + (r >> 8) as u8 % 3) | ((r >> 16) as u8 & 0x80);
+    }
+    let big_params = EncodeParams::new(Dtype::F16, 192);
+    let params = EncodeParams::new(Dtype::F16, 64);
+    for coder in [Coder::Grouped, Coder::SharedShape] {
+        let fresh = {
+            let small = small.clone();
+            std::thread::spawn(move || Encoder::with_coder(coder).encode(&params, &small).unwrap())
+                .join()
+                .unwrap()
+        };
+        Encoder::with_coder(coder)
+            .encode(&big_params, &big)
+            .unwrap();
+        let after = Encoder::with_coder(coder).encode(&params, &small).unwrap();
+        assert_eq!(after, fresh, "{coder:?}");
+        assert_eq!(Decoder::new().decode(&after).unwrap(), small);
+    }
+}
