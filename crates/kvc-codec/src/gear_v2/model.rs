@@ -314,10 +314,13 @@ impl EncoderModel {
 
     /// Fills `code_bits` and `code_lens` from `codes`: the lane loop then takes a code with
     /// two loads and no field extraction.
+    /// Both keep `codes`' capacity, so they grow only when it does.
     fn split_codes(&mut self) {
         self.code_bits.clear();
+        self.code_bits.reserve(self.codes.capacity());
         self.code_bits.extend(self.codes.iter().map(|&c| c & 0xfff));
         self.code_lens.clear();
+        self.code_lens.reserve(self.codes.capacity());
         self.code_lens
             .extend(self.codes.iter().map(|&c| (c >> 12) as u8));
     }

@@ -354,16 +354,19 @@ impl SharedFit {
         for &(i, _) in &self.entries {
             self.seen[i as usize] = true;
         }
+        // Room for every key: no allocation when a later blob uses more of them.
         self.rows.clear();
+        self.rows.reserve(2 * alphabet);
         self.rels.clear();
-        for (i, pair) in self.seen.chunks_exact(2).enumerate() {
+        self.rels.reserve(alphabet);
+        for (r, pair) in self.seen.chunks_exact(2).enumerate() {
             for (x, &on) in pair.iter().enumerate() {
                 if on {
-                    self.rows.push((i << 1 | x) as u32);
+                    self.rows.push((r << 1 | x) as u32);
                 }
             }
             if pair[0] || pair[1] {
-                self.rels.push(i as u32);
+                self.rels.push(r as u32);
             }
         }
         // Channels ordered by their entropy per symbol: every cluster count's initial split.
