@@ -4,10 +4,11 @@
 //! Data: `KVC_REALKV_DIR`, else `../shared/data/realkv`, else `data/sample/`.
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use kvc_codec::gear_v2::{Decoder, EncodeParams, Encoder, TensorKind};
+use kvc_codec::gear_v2::{Decoder, EncodeParams, Encoder};
 use kvc_codec::Dtype;
 
-// Shared with the examples and the round-trip test; the bench uses the data directory only.
+// Shared with the examples and the round-trip test; the bench uses the data directory and
+// the tensor kind.
 #[allow(dead_code)]
 #[path = "../examples/common/realkv.rs"]
 mod realkv;
@@ -39,11 +40,7 @@ fn bench(c: &mut Criterion) {
             Dtype::F16
         };
         let mut params = EncodeParams::new(dtype, 192);
-        params.kind = if name.starts_with('K') {
-            TensorKind::K
-        } else {
-            TensorKind::V
-        };
+        params.kind = realkv::tensor_kind(name);
         let mut enc = Encoder::new();
         let mut dec = Decoder::new();
         let blobs: Vec<Vec<u8>> = layers

@@ -12,11 +12,11 @@
 //! `KVC_DUMP_BLOBS=DIR` to write every blob (`DIR/K.f16.<layer>.kvg2`, ...) so that two
 //! encoder versions can be compared byte for byte.
 
-use kvc_codec::gear_v2::{Coder, Decoder, EncodeParams, Encoder, TensorKind};
+use kvc_codec::gear_v2::{Coder, Decoder, EncodeParams, Encoder};
 use kvc_codec::Dtype;
 #[path = "common/realkv.rs"]
 mod realkv;
-use realkv::{data_dir, sidecar_shape, Clock};
+use realkv::{data_dir, sidecar_shape, tensor_kind, Clock};
 
 /// Passes over the whole data per timed repetition.
 const PASSES: usize = 16;
@@ -54,11 +54,7 @@ fn main() {
         {
             params.chunk_tokens = ct;
         }
-        params.kind = if name.starts_with('K') {
-            TensorKind::K
-        } else {
-            TensorKind::V
-        };
+        params.kind = tensor_kind(name);
         // KVC_CODER=grouped times the first gear-v2 coder (for comparisons); default: the
         // default coder (Auto: shared-shape on these float dumps).
         let coder = match std::env::var("KVC_CODER").as_deref() {

@@ -19,9 +19,9 @@
 #[path = "common/realkv.rs"]
 mod realkv;
 
-use kvc_codec::gear_v2::{Decoder, EncodeParams, Encoder, TensorKind};
+use kvc_codec::gear_v2::{Decoder, EncodeParams, Encoder};
 use kvc_codec::Dtype;
-use realkv::{data_dir, sidecar_shape, Clock};
+use realkv::{data_dir, sidecar_shape, tensor_kind, Clock};
 use std::os::raw::{c_int, c_uint, c_void};
 
 extern "C" {
@@ -207,11 +207,7 @@ fn main() {
         }
 
         let mut params = EncodeParams::new(dtype, channels as u32);
-        params.kind = if name.starts_with('K') {
-            TensorKind::K
-        } else {
-            TensorKind::V
-        };
+        params.kind = tensor_kind(name);
         let mut enc = Encoder::new();
         let mut dec = Decoder::new();
         let blobs: Vec<Vec<u8>> = layers

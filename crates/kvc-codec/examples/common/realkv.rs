@@ -1,6 +1,8 @@
 //! What the examples, the gear-v2 bench and the round-trip test that read the real KV dumps
-//! share: where the dumps are, their shape, and a clock of this thread's CPU time.
+//! share: where the dumps are, their shape and tensor kind, and a clock of this thread's CPU
+//! time.
 
+use kvc_codec::gear_v2::TensorKind;
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -57,5 +59,14 @@ pub fn sidecar_shape(path: &std::path::Path) -> (usize, usize) {
     match dims[..] {
         [_, t, h, d] => (t, h * d),
         _ => (2048, 192),
+    }
+}
+
+/// The tensor kind of a dump named `K.<dtype>` or `V.<dtype>` (anything not `K` is V).
+pub fn tensor_kind(name: &str) -> TensorKind {
+    if name.starts_with('K') {
+        TensorKind::K
+    } else {
+        TensorKind::V
     }
 }
