@@ -404,6 +404,47 @@ fn f32_coded_low_bytes() {
 /// cleared: a blob must not depend on what the thread encoded before. A small tensor is
 /// encoded on a fresh thread, then on a thread that has just encoded a large random one
 /// (whose lanes leave every scratch byte nonzero), and the blobs compared.
+/// One encoder object reused across shapes and dtypes (as the store reuses its encoders)
+/// writes the blobs a fresh one writes: the per-encoder statistics it keeps between blobs
+/// (only the last fit's used counts are cleared, not the whole table) never leak into the
+/// next model. The int8 tensor's counts have the f16 tensor's length with half the alphabet.
+#[test]
+fn a_reused_encoder_writes_a_fresh_encoders_blobs() {
+    let mut rng = Rng(0x9e3779b97f4a7c15);
+    // KV-like values: each channel's top field near its own usual value, both signs.
+    let kv_like = |rng: &mut Rng, tokens: usize, channels: usize, width: usize| -> Vec<u8> {
+        let mut v = vec![0u8; tokens * channels * width];
+        for (i, x) in v.chunks_exact_mut(width).enumerate() {
+            let r = rng.next();
+            let c = (i % channels) as u8;
+            for b in x.iter_mut() {
+                *b = (r >> 24) as u8;
+            }
+            x[width - 1] = (c / 8 + (r >> 8) as u8 % 5 + 0x18) | ((r >> 16) as u8 & 0x80);
+        }
+        v
+    };
+    let tensors = [
+        (Dtype::F16, 192, kv_like(&mut rng, 700, 192, 2)),
+        (Dtype::I8, 384, kv_like(&mut rng, 500, 384, 1)),
+        (Dtype::Bf16, 64, kv_like(&mut rng, 300, 64, 2)),
+        (Dtype::F16, 64, kv_like(&mut rng, 300, 64, 2)),
+        (Dtype::F32, 48, kv_like(&mut rng, 200, 48, 4)),
+    ];
+    for coder in [Coder::Grouped, Coder::SharedShape] {
+        let mut reused = Encoder::with_coder(coder);
+        for round in 0..2 {
+            for (dtype, channels, data) in &tensors {
+                let params = EncodeParams::new(*dtype, *channels);
+                let fresh = Encoder::with_coder(coder).encode(&params, data).unwrap();
+                let again = reused.encode(&params, data).unwrap();
+                assert_eq!(again, fresh, "{coder:?} {dtype:?} round {round}");
+                assert_eq!(&Decoder::new().decode(&again).unwrap(), data);
+            }
+        }
+    }
+}
+
 #[test]
 fn blobs_do_not_depend_on_earlier_encodes() {
     let mut rng = Rng(0x2545f4914f6cdd1d);

@@ -27,14 +27,38 @@ impl LengthBuilder {
 
     /// [`LengthBuilder::build_lengths`] with the limit `max_len` (1..=[`MAX_LEN_ANY`]).
     pub fn build_lengths_limited(&mut self, counts: &[u32], lens: &mut [u8], max_len: u32) {
+        self.build_lengths_over(counts, 0..counts.len(), lens, max_len)
+    }
+
+    /// [`LengthBuilder::build_lengths_limited`] when every nonzero count is at one of the
+    /// ascending symbols `syms`: only those are visited (the result is the same).
+    pub fn build_lengths_of(
+        &mut self,
+        counts: &[u32],
+        syms: &[u32],
+        lens: &mut [u8],
+        max_len: u32,
+    ) {
+        self.build_lengths_over(counts, syms.iter().map(|&s| s as usize), lens, max_len)
+    }
+
+    /// The lengths for the nonzero counts among the ascending symbols `syms` (zero for every
+    /// other symbol).
+    fn build_lengths_over(
+        &mut self,
+        counts: &[u32],
+        syms: impl Iterator<Item = usize>,
+        lens: &mut [u8],
+        max_len: u32,
+    ) {
         lens.fill(0);
         self.leaves.clear();
         // Room for every symbol of the alphabet: buffers never grow in steady state.
         self.leaves.reserve(counts.len());
         self.weight.reserve(2 * counts.len());
         self.parent.reserve(2 * counts.len());
-        for (s, &c) in counts.iter().enumerate() {
-            if c > 0 {
+        for s in syms {
+            if let Some(&c) = counts.get(s).filter(|&&c| c > 0) {
                 self.leaves.push((c, s as u16));
             }
         }
@@ -268,13 +292,25 @@ fn first_codes(count: &[u32; 16]) -> [u32; 16] {
 
 /// Canonical codes for `lens`, bit-reversed for LSB-first streams: `codes[s] = rev | len << 12`.
 pub fn build_codes(lens: &[u8], codes: &mut [u16]) {
+    build_codes_over(lens, 0..lens.len(), codes)
+}
+
+/// [`build_codes`] when every used symbol is one of the ascending symbols `syms`: only their
+/// codes are written (the caller's `codes` must be zero at every other symbol).
+pub fn build_codes_of(lens: &[u8], syms: &[u32], codes: &mut [u16]) {
+    build_codes_over(lens, syms.iter().map(|&s| s as usize), codes)
+}
+
+/// The codes of the ascending symbols `syms` (0 for those of length 0).
+fn build_codes_over(lens: &[u8], syms: impl Iterator<Item = usize> + Clone, codes: &mut [u16]) {
     let mut count = [0u32; 16];
-    for &l in lens {
-        count[l as usize & 15] += 1;
+    for s in syms.clone() {
+        count[lens[s] as usize & 15] += 1;
     }
     count[0] = 0;
     let mut next = first_codes(&count);
-    for (s, &l) in lens.iter().enumerate() {
+    for s in syms {
+        let l = lens[s];
         if l == 0 {
             codes[s] = 0;
             continue;
@@ -475,5 +511,43 @@ mod tests {
             read_table(&buf, &mut pos, 4, &mut used, 3),
             Err(Error::V2BadTable { table: 3, .. })
         ));
+    }
+
+    /// The builders that visit listed symbols only give what the whole-alphabet ones give,
+    /// for lists that hold every used symbol and some unused ones.
+    #[test]
+    fn listed_symbols_build_the_same_lengths_and_codes() {
+        let mut x = 0x243f6a8885a308d3u64;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let mut b = LengthBuilder::default();
+        for round in 0..200 {
+            let alphabet = if round % 2 == 0 { 512 } else { 256 };
+            let mut counts = vec![0u32; alphabet];
+            let mut syms = Vec::new();
+            for (s, c) in counts.iter_mut().enumerate() {
+                let r = next();
+                if r % 4 == 0 {
+                    // Skewed counts, some large enough to force the length limit.
+                    *c = (r >> 8) as u32 % 7 + ((r >> 40) as u32 % 3) * (1 << ((r >> 20) % 20));
+                }
+                if *c > 0 || r % 9 == 0 {
+                    syms.push(s as u32);
+                }
+            }
+            let max_len = if round % 3 == 0 { MAX_LEN } else { MAX_LEN_ANY };
+            let (mut full, mut listed) = (vec![0u8; alphabet], vec![7u8; alphabet]);
+            b.build_lengths_limited(&counts, &mut full, max_len);
+            b.build_lengths_of(&counts, &syms, &mut listed, max_len);
+            assert_eq!(listed, full, "round {round}");
+            let (mut all, mut some) = (vec![1u16; alphabet], vec![0u16; alphabet]);
+            build_codes(&full, &mut all);
+            build_codes_of(&full, &syms, &mut some);
+            assert_eq!(some, all, "round {round}");
+        }
     }
 }

@@ -18,7 +18,10 @@ const GROUP_CANDIDATES: [u32; 4] = [1, 2, 4, 8];
 #[derive(Debug, Default)]
 pub struct EncoderModel {
     /// Per (channel, context) symbol counts: `counts[(c * 2 + ctx) * alphabet + sym]`.
+    /// Between fits it is zero outside `ranges` (laid out with `counts_alphabet`).
     counts: Vec<u32>,
+    /// The alphabet of the last fit's `counts` and `ranges`.
+    counts_alphabet: usize,
     /// Used symbol range per (channel, context): `[lo, hi)`.
     ranges: Vec<(u32, u32)>,
     merged: Vec<u32>,
@@ -216,8 +219,9 @@ impl EncoderModel {
     ) {
         let split = FieldSplit::of(dtype);
         let alphabet = split.alphabet();
-        self.counts.clear();
+        self.clear_counts();
         self.counts.resize(channels * 2 * alphabet, 0);
+        self.counts_alphabet = alphabet;
         // The raw top fields first (location 0, sign-magnitude map: the field itself).
         self.gather_locs.clear();
         self.gather_locs.resize(channels, 0);
@@ -310,6 +314,21 @@ impl EncoderModel {
             .extend((0..channels as u32).map(|c| c / self.group_size * nctx));
         self.chan_loc.resize(channels, 0);
         self.split_codes();
+    }
+
+    /// Zeroes `counts` where the last fit left counts (its used ranges) instead of all of it:
+    /// a 384-token f16 blob has 768 KiB of counts and 144 KiB of values.
+    fn clear_counts(&mut self) {
+        let a = self.counts_alphabet;
+        for (i, &(lo, hi)) in self.ranges.iter().enumerate() {
+            if let Some(h) = self
+                .counts
+                .get_mut(i * a + lo as usize..i * a + hi as usize)
+            {
+                h.fill(0);
+            }
+        }
+        self.ranges.clear();
     }
 
     /// Fills `code_bits` and `code_lens` from `codes`: the lane loop then takes a code with

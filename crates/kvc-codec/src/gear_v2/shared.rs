@@ -27,6 +27,8 @@ const CLUSTER_CANDIDATES: [usize; 2] = [8, 12];
 const CLUSTERS: usize = 12;
 /// Refinement passes of the cluster assignment after the initial split.
 const REFINE_PASSES: usize = 2;
+/// Top fields per block of a channel's used-field scan; blocks with no count are skipped.
+const SCAN_BLOCK: usize = 16;
 
 /// How a channel's top fields become relative symbols: `r = ((s ^ loc) & sign) | ((s - loc)
 /// & diff)`, inverted by `s = ((r ^ loc) & sign) | ((r + loc) & diff)`.
@@ -167,26 +169,49 @@ fn log2_table() -> &'static [f32] {
     T.get_or_init(|| (0..65536u32).map(|c| (c as f32).log2()).collect())
 }
 
-/// The entropy in bits of the histogram whose counts `h` yields (zeros may be left out: they
-/// add nothing, and the nonzero ones are summed in the order given), and its used symbols.
-fn entropy_bits(h: impl Iterator<Item = u64> + Clone) -> (f64, usize) {
-    let n: u64 = h.clone().sum();
-    if n == 0 {
-        return (0.0, 0);
-    }
+/// The entropies in bits (and used symbols) of a cluster's three histograms that decide the
+/// sign context: context 0 (`h[r]`), context 1 (`h[alphabet + r]`) and both merged, over the
+/// relative symbols `rels` (the histograms are zero elsewhere).
+///
+/// One pass with three independent sums (each a chain of dependent `f64` adds, so three
+/// chains overlap where three passes would wait on one at a time). Each sum adds its nonzero
+/// counts' `c log2 c` in the order of `rels`; a zero count adds `+0.0`, which leaves a sum
+/// of nonnegative terms unchanged, so the results are bit for bit those of summing each
+/// histogram's nonzero terms alone.
+fn context_entropies(h: &[u64], alphabet: usize, rels: &[u32]) -> [(f64, usize); 3] {
     let t = xlog2x_f64_table();
-    let mut s = 0.0f64;
-    let mut used = 0;
-    for c in h {
-        if c > 0 {
-            used += 1;
-            s += match t.get(c as usize) {
-                Some(&v) => v,
-                None => c as f64 * (c as f64).log2(),
-            };
+    let xlog2x = |c: u64| -> f64 {
+        if c == 0 {
+            return 0.0;
+        }
+        match t.get(c as usize) {
+            Some(&v) => v,
+            None => c as f64 * (c as f64).log2(),
+        }
+    };
+    let (h0, h1) = h.split_at(alphabet);
+    let mut n = [0u64; 3];
+    let mut s = [0.0f64; 3];
+    let mut used = [0usize; 3];
+    for &r in rels {
+        let r = r as usize;
+        let (Some(&a), Some(&b)) = (h0.get(r), h1.get(r)) else {
+            continue;
+        };
+        for (i, c) in [a, b, a + b].into_iter().enumerate() {
+            n[i] += c;
+            s[i] += xlog2x(c);
+            used[i] += (c > 0) as usize;
         }
     }
-    (n as f64 * (n as f64).log2() - s, used)
+    std::array::from_fn(|i| {
+        if n[i] == 0 {
+            (0.0, 0)
+        } else {
+            let m = n[i] as f64;
+            (m * m.log2() - s[i], used[i])
+        }
+    })
 }
 
 /// `c as f64 * (c as f64).log2()` for the counts below 4096 (32 KiB): the same values as the
@@ -295,21 +320,32 @@ impl SharedFit {
                 self.locs.push(locs[c]);
                 continue;
             }
-            // The used top fields in order (the span between a channel's two signs is
-            // mostly unused), and the most frequent one, the channel's location.
-            // Branch-free: every field is written at the next slot, which only advances
-            // past a used one (whether a field is used follows no pattern a branch predicts).
+            // The used top fields in order, and the most frequent one, the channel's
+            // location. Blocks of `SCAN_BLOCK` fields that neither context uses are skipped
+            // (the span between a channel's two signs is mostly such blocks). Within a block,
+            // branch-free: every field is written at the next slot, which only advances past
+            // a used one (whether a field is used follows no pattern a branch predicts).
             self.used.resize(alphabet, 0);
             let mut used_len = 0;
             let mut loc = lo;
             let mut best = 0u32;
-            for (s, (&n0, &n1)) in (lo..hi).zip(h0[lo..hi].iter().zip(&h1[lo..hi])) {
-                let n = n0 + n1;
-                self.used[used_len] = s as u16;
-                used_len += (n > 0) as usize;
-                if n > best {
-                    best = n;
-                    loc = s;
+            for (b, (b0, b1)) in h0[lo..hi]
+                .chunks(SCAN_BLOCK)
+                .zip(h1[lo..hi].chunks(SCAN_BLOCK))
+                .enumerate()
+            {
+                if b0.iter().chain(b1).fold(0, |a, &n| a | n) == 0 {
+                    continue;
+                }
+                let first = lo + b * SCAN_BLOCK;
+                for (s, (&n0, &n1)) in (first..).zip(b0.iter().zip(b1)) {
+                    let n = n0 + n1;
+                    self.used[used_len] = s as u16;
+                    used_len += (n > 0) as usize;
+                    if n > best {
+                        best = n;
+                        loc = s;
+                    }
                 }
             }
             let used = &self.used[..used_len];
@@ -430,25 +466,40 @@ impl SharedFit {
         codes.reserve(k * 2 * CODE_ENTRIES);
         codes.resize(k * nctx * CODE_ENTRIES, 0);
         self.lens.resize(alphabet, 0);
+        // The tables' counts, lengths and codes are visited at the used relative symbols
+        // only (`merged` and the new `codes` are zero elsewhere, and stay so: each table's
+        // counts are taken back out after it).
+        self.merged.clear();
+        self.merged.resize(alphabet, 0);
         for g in 0..k {
+            let h = &self.hist[g * tab..(g + 1) * tab];
             for x in 0..nctx {
-                for r in 0..alphabet {
+                let mut any = false;
+                for &r in &self.rels {
+                    let r = r as usize;
                     let n = if nctx == 2 {
-                        self.hist[g * tab + x * alphabet + r]
+                        h[x * alphabet + r]
                     } else {
-                        self.hist[g * tab + r] + self.hist[g * tab + alphabet + r]
+                        h[r] + h[alphabet + r]
                     };
                     self.merged[r] = n.min(u32::MAX as u64) as u32;
+                    any |= n > 0;
                 }
-                if self.merged.iter().all(|&n| n == 0) {
-                    // The decoder wants a complete code (or one symbol) in every table.
+                // The decoder wants a complete code (or one symbol) in every table.
+                let syms: &[u32] = if any {
+                    &self.rels
+                } else {
                     self.merged[0] = 1;
-                }
+                    &[0]
+                };
                 self.builder
-                    .build_lengths_limited(&self.merged, &mut self.lens, SHARED_MAX_LEN);
+                    .build_lengths_of(&self.merged, syms, &mut self.lens, SHARED_MAX_LEN);
                 huffman::write_table(&self.lens, section);
                 let at = (g * nctx + x) * CODE_ENTRIES;
-                huffman::build_codes(&self.lens, &mut codes[at..at + alphabet]);
+                huffman::build_codes_of(&self.lens, syms, &mut codes[at..at + alphabet]);
+                for &s in syms {
+                    self.merged[s as usize] = 0;
+                }
             }
         }
     }
@@ -532,15 +583,11 @@ impl SharedFit {
         // The sign context pays when splitting the tables saves more than the extra tables
         // cost (about a nibble per used symbol).
         let (mut with, mut without) = (0.0, 0.0);
-        self.merged.clear();
-        self.merged.resize(alphabet, 0);
         // The histograms are zero outside the used relative symbols.
         for g in 0..k {
             let h = &self.hist[g * tab..(g + 1) * tab];
-            let rels = self.rels.iter().map(|&r| r as usize);
-            let (bits0, used0) = entropy_bits(rels.clone().map(|r| h[r]));
-            let (bits1, used1) = entropy_bits(rels.clone().map(|r| h[alphabet + r]));
-            let (bitsm, usedm) = entropy_bits(rels.map(|r| h[r] + h[alphabet + r]));
+            let [(bits0, used0), (bits1, used1), (bitsm, usedm)] =
+                context_entropies(h, alphabet, &self.rels);
             // (The sums in the order they always had: the blobs stay byte-identical.)
             with += bits0 + bits1;
             without += bitsm;
@@ -588,6 +635,55 @@ mod tests {
         for (s, loc) in [(0u32, 0u32), (300, 17), (511, 256), (5, 400)] {
             assert_eq!(sm.relative(s, loc), to_rel(s, loc, 9));
             assert_eq!(sm.absolute(to_rel(s, loc, 9), loc), s);
+        }
+    }
+
+    /// The one-pass entropies are bit for bit those of each histogram's nonzero terms summed
+    /// alone, in symbol order.
+    #[test]
+    fn context_entropies_match_separate_sums() {
+        let plain = |h: &mut dyn Iterator<Item = u64>| -> (f64, usize) {
+            let (mut n, mut s, mut used) = (0u64, 0.0f64, 0usize);
+            for c in h.filter(|&c| c > 0) {
+                n += c;
+                s += c as f64 * (c as f64).log2();
+                used += 1;
+            }
+            if n == 0 {
+                return (0.0, 0);
+            }
+            (n as f64 * (n as f64).log2() - s, used)
+        };
+        let mut x = 0x13198a2e03707344u64;
+        for round in 0..100 {
+            let alphabet = 512;
+            let mut h = vec![0u64; 2 * alphabet];
+            let mut rels = Vec::new();
+            for r in 0..alphabet {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                if x % 3 != 0 || round == 0 {
+                    continue;
+                }
+                // Counts below and above the 4096-entry table, and zeros in one context.
+                h[r] = (x >> 8) % 5 * ((x >> 16) % 3000);
+                h[alphabet + r] = (x >> 24) % 4 * ((x >> 32) % 9000);
+                rels.push(r as u32);
+            }
+            let got = context_entropies(&h, alphabet, &rels);
+            let want = [
+                plain(&mut rels.iter().map(|&r| h[r as usize])),
+                plain(&mut rels.iter().map(|&r| h[alphabet + r as usize])),
+                plain(
+                    &mut rels
+                        .iter()
+                        .map(|&r| h[r as usize] + h[alphabet + r as usize]),
+                ),
+            ];
+            for (g, w) in got.iter().zip(&want) {
+                assert_eq!((g.0.to_bits(), g.1), (w.0.to_bits(), w.1), "round {round}");
+            }
         }
     }
 
