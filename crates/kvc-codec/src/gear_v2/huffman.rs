@@ -517,20 +517,14 @@ mod tests {
     /// for lists that hold every used symbol and some unused ones.
     #[test]
     fn listed_symbols_build_the_same_lengths_and_codes() {
-        let mut x = 0x243f6a8885a308d3u64;
-        let mut next = || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
+        let mut rng = crate::gear_v2::test_rng::XorShift64(0x243f6a8885a308d3);
         let mut b = LengthBuilder::default();
         for round in 0..200 {
             let alphabet = if round % 2 == 0 { 512 } else { 256 };
             let mut counts = vec![0u32; alphabet];
             let mut syms = Vec::new();
             for (s, c) in counts.iter_mut().enumerate() {
-                let r = next();
+                let r = rng.next();
                 if r % 4 == 0 {
                     // Skewed counts, some large enough to force the length limit.
                     *c = (r >> 8) as u32 % 7 + ((r >> 40) as u32 % 3) * (1 << ((r >> 20) % 20));

@@ -702,15 +702,8 @@ mod tests {
     use super::*;
 
     fn noise(n: usize, seed: u64) -> Vec<u8> {
-        let mut x = seed | 1;
-        (0..n)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                (x >> 24) as u8
-            })
-            .collect()
+        let mut rng = crate::gear_v2::test_rng::XorShift64(seed | 1);
+        (0..n).map(|_| (rng.next() >> 24) as u8).collect()
     }
 
     #[test]

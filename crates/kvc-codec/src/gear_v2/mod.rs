@@ -31,6 +31,8 @@ mod parallel;
 mod repeats;
 mod shared;
 mod shared_decode;
+#[cfg(test)]
+mod test_rng;
 mod values;
 
 pub use decode::{Decoder, OpenBlob};

@@ -654,15 +654,13 @@ mod tests {
             }
             (n as f64 * (n as f64).log2() - s, used)
         };
-        let mut x = 0x13198a2e03707344u64;
+        let mut rng = crate::gear_v2::test_rng::XorShift64(0x13198a2e03707344);
         for round in 0..100 {
             let alphabet = 512;
             let mut h = vec![0u64; 2 * alphabet];
             let mut rels = Vec::new();
             for r in 0..alphabet {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
+                let x = rng.next();
                 if x % 3 != 0 || round == 0 {
                     continue;
                 }
