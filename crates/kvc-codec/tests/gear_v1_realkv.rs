@@ -2,25 +2,17 @@
 //! layers and 384-token chunks. Looks in `KVC_REALKV_DIR`, then `../shared/data/realkv`
 //! beside the checkout, then the embedded `data/sample/`.
 
-use std::path::PathBuf;
-
 use kvc_codec::gear_v1::{
     decode_chunks_parallel, encode_chunks_parallel, EncodeOptions, GearV1Decoder, GearV1Encoder,
 };
 use kvc_codec::Dtype;
 
-fn data_dir() -> PathBuf {
-    if let Some(dir) = std::env::var_os("KVC_REALKV_DIR") {
-        return PathBuf::from(dir);
-    }
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let shared = root.join("../shared/data/realkv");
-    if shared.is_dir() {
-        shared
-    } else {
-        root.join("data/sample")
-    }
-}
+// Shared with the examples, the bench and the gear-v2 round trips; this test uses the data
+// directory only.
+#[allow(dead_code)]
+#[path = "../examples/common/realkv.rs"]
+mod realkv;
+use realkv::data_dir;
 
 /// `(tensor, dtype, bytes, n_layer, n_tokens, row_bytes)` for every dump in the directory.
 fn dumps() -> Vec<(String, Dtype, Vec<u8>, usize, usize)> {

@@ -1,4 +1,4 @@
-//! What the examples, the gear-v2 bench and the round-trip test that read the real KV dumps
+//! What the examples, the gear-v2 bench and the round-trip tests that read the real KV dumps
 //! share: where the dumps are, their shape and tensor kind, and a clock of this thread's CPU
 //! time.
 
