@@ -10,6 +10,9 @@
 # Prints the paths it produced. Environment:
 #   KVC_LLAMA_CACHE  cache directory (default <repo>/.cache/llama)
 #   KVC_LLAMA_JOBS   parallel build jobs (default: nproc)
+#   KVC_LLAMA_ISA    auto (default: AVX-512 where this CPU has it) or avx2 (AVX-512 off even
+#                    on a CPU that has it, for checking that results hold on both builds); each
+#                    choice has its own build directory, so switching rebuilds nothing twice
 set -euo pipefail
 
 LLAMA_SYS_VERSION=0.1.161
@@ -121,17 +124,33 @@ has() { [[ " $flags " == *" $1 "* ]] && echo ON || echo OFF; }
 for f in avx avx2 fma f16c; do
     [ "$(has $f)" = ON ] || { log "this CPU lacks $f; the build needs AVX2, FMA and F16C"; exit 1; }
 done
+isa_choice="${KVC_LLAMA_ISA:-auto}"
+case "$isa_choice" in
+    auto)
+        # /proc/cpuinfo spells these avx512f, avx512vbmi, avx512_vnni, avx512_bf16
+        avx512="$(has avx512f)"; vbmi="$(has avx512vbmi)"; vnni="$(has avx512_vnni)"; bf16="$(has avx512_bf16)"
+        build="$cache/build-llama" ;;
+    avx2)
+        avx512=OFF; vbmi=OFF; vnni=OFF; bf16=OFF
+        build="$cache/build-llama-avx2" ;;
+    *) log "KVC_LLAMA_ISA must be auto or avx2, not '$isa_choice'"; exit 1 ;;
+esac
 isa=(-DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
-     -DGGML_AVX512="$(has avx512f)" -DGGML_AVX512_VBMI="$(has avx512_vbmi)"
-     -DGGML_AVX512_VNNI="$(has avx512_vnni)" -DGGML_AVX512_BF16="$(has avx512_bf16)"
+     -DGGML_AVX512="$avx512" -DGGML_AVX512_VBMI="$vbmi"
+     -DGGML_AVX512_VNNI="$vnni" -DGGML_AVX512_BF16="$bf16"
      -DGGML_AVX_VNNI=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF)
-build="$cache/build-llama"
+isa_name="AVX2+FMA+F16C"
+[ "$avx512" = ON ] && isa_name="$isa_name+AVX512F"
+[ "$vbmi" = ON ] && isa_name="$isa_name+VBMI"
+[ "$vnni" = ON ] && isa_name="$isa_name+VNNI"
+[ "$bf16" = ON ] && isa_name="$isa_name+BF16"
 stamp="$build/kvc-isa.txt"
-if [ ! -f "$build/build.ninja" ] || [ "$(cat "$stamp" 2>/dev/null)" != "${isa[*]}" ]; then
+stamp_text="${isa[*]} install=$build/install"
+if [ ! -f "$build/build.ninja" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$stamp_text" ]; then
     log "configuring llama.cpp (CPU, Release, ${isa[*]})"
     cmake -S "$src" -B "$build" -G Ninja \
         -DCMAKE_BUILD_TYPE=Release \
-        -DCMAKE_INSTALL_PREFIX="$cache/install" \
+        -DCMAKE_INSTALL_PREFIX="$build/install" \
         -DBUILD_SHARED_LIBS=OFF \
         -DGGML_NATIVE=OFF -DGGML_CPU_ALL_VARIANTS=OFF -DGGML_BACKEND_DL=OFF \
         "${isa[@]}" \
@@ -141,23 +160,26 @@ if [ ! -f "$build/build.ninja" ] || [ "$(cat "$stamp" 2>/dev/null)" != "${isa[*]
         -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF \
         -DGGML_BUILD_EXAMPLES=OFF -DGGML_BUILD_TESTS=OFF \
         >"$cache/configure-llama.log" 2>&1 || { cat "$cache/configure-llama.log" >&2; exit 1; }
-    echo "${isa[*]}" >"$stamp"
+    echo "$stamp_text" >"$stamp"
 fi
 t0=$SECONDS
 ninja -C "$build" -j "$jobs" install >"$cache/build-llama.log" 2>&1 || { tail -n 50 "$cache/build-llama.log" >&2; exit 1; }
 log "llama.cpp build step took $((SECONDS - t0)) s"
 
 # ---- 4. the client ----------------------------------------------------------------------
-cbuild="$cache/build-client"
+cbuild="$build/client"
 if [ ! -f "$cbuild/build.ninja" ]; then
     cmake -S "$here" -B "$cbuild" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-        -DCMAKE_PREFIX_PATH="$cache/install" >"$cache/configure-client.log" 2>&1 \
+        -DCMAKE_PREFIX_PATH="$build/install" >"$cache/configure-client.log" 2>&1 \
         || { cat "$cache/configure-client.log" >&2; exit 1; }
 fi
 ninja -C "$cbuild" -j "$jobs" >"$cache/build-client.log" 2>&1 || { cat "$cache/build-client.log" >&2; exit 1; }
+log "llama.cpp instruction set: $isa_name (KVC_LLAMA_ISA=$isa_choice)"
 
+echo "LLAMA_ISA=$isa_name"
 echo "LLAMA_SRC=$src"
 echo "MODEL=$model"
 echo "EVAL=$cbuild/kvc_llama_eval"
+echo "FATTN_TEST=$cbuild/fattn_bound_test"
 echo "TEXT_A=$texts/gpl-3.txt"
 echo "TEXT_B=$texts/debian-constitution.txt"
