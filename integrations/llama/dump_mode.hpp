@@ -1,0 +1,357 @@
+// kvc_llama_eval, dump mode: post-RoPE K and V as the cache holds them, in the realkv format.
+// Part of the one kvc_llama_eval program (one translation unit: kvc_llama_eval.cpp includes
+// every part in this order; each part includes the one before it).
+#pragma once
+
+#include "decode.hpp"
+
+namespace {
+
+// ------------------------------------------------------------------------------------------
+// dump mode: post-RoPE K and V as the cache holds them, in the realkv format
+
+// Reads the K and V rows of an f16 cache out of a llama_state_seq_get_data blob (single
+// stream, single sequence). Layout: magic, seq_id, then llama_kv_cache::state_write: n_stream, then per
+// stream cell_count, per cell (pos, n_seq_id, seq ids), then v_trans, n_layer, n_rot_k, n_rot_v,
+// per layer K (type, row size, rows), per layer V (rows, or when transposed type, element
+// size, n_embd_v_gqa and the cells of each channel). Every field is checked.
+struct StateReader {
+    const std::vector<uint8_t> & s;
+    size_t off = 0;
+    template <class T> T get(const char * what) {
+        if (s.size() - off < sizeof(T)) fail(std::string("state blob truncated at ") + what);
+        T v;
+        std::memcpy(&v, s.data() + off, sizeof(T));
+        off += sizeof(T);
+        return v;
+    }
+    const uint8_t * take(size_t n, const char * what) {
+        if (s.size() - off < n) fail(std::string("state blob truncated at ") + what);
+        const uint8_t * p = s.data() + off;
+        off += n;
+        return p;
+    }
+};
+
+struct CacheDump {
+    int n_cells = 0;
+    std::vector<llama_pos> pos;
+    // [layer][cell][n_embd_kv] f16 bits
+    std::vector<uint16_t> k, v;
+};
+
+CacheDump parse_f16_state(const std::vector<uint8_t> & blob, const ModelInfo & mi) {
+    StateReader r{blob};
+    CacheDump d;
+    if (r.get<uint32_t>("magic") != kStateMagic) fail("state: bad magic");
+    if (r.get<int32_t>("seq_id") != 0) fail("state: not sequence 0");
+    if (r.get<uint32_t>("n_stream") != 1) fail("state: expected one stream");
+    const uint32_t cells = r.get<uint32_t>("cell_count");
+    if (cells == 0 || cells > (1u << 24)) fail("state: implausible cell count");
+    d.n_cells = (int) cells;
+    for (uint32_t c = 0; c < cells; ++c) {
+        d.pos.push_back(r.get<int32_t>("pos"));
+        const uint32_t n_seq = r.get<uint32_t>("n_seq_id");
+        if (n_seq != 1) fail("state: a cell with " + std::to_string(n_seq) + " sequences");
+        if (r.get<int32_t>("seq_id") != 0) fail("state: unexpected sequence id");
+    }
+    const uint32_t v_trans = r.get<uint32_t>("v_trans");
+    const uint32_t n_layer = r.get<uint32_t>("n_layer");
+    r.get<uint32_t>("n_rot_k");
+    r.get<uint32_t>("n_rot_v");
+    if ((int) n_layer != mi.n_layer) fail("state: layer count differs from the model");
+    const size_t ne = (size_t) mi.n_embd_kv();
+    d.k.resize((size_t) n_layer * cells * ne);
+    d.v.resize((size_t) n_layer * cells * ne);
+    for (uint32_t l = 0; l < n_layer; ++l) {
+        if (r.get<int32_t>("k type") != GGML_TYPE_F16) fail("state: K cache is not f16");
+        if (r.get<uint64_t>("k row size") != ne * 2) fail("state: K row size");
+        std::memcpy(&d.k[(size_t) l * cells * ne], r.take((size_t) cells * ne * 2, "K rows"), (size_t) cells * ne * 2);
+    }
+    for (uint32_t l = 0; l < n_layer; ++l) {
+        if (r.get<int32_t>("v type") != GGML_TYPE_F16) fail("state: V cache is not f16");
+        if (!v_trans) {
+            if (r.get<uint64_t>("v row size") != ne * 2) fail("state: V row size");
+            std::memcpy(&d.v[(size_t) l * cells * ne], r.take((size_t) cells * ne * 2, "V rows"), (size_t) cells * ne * 2);
+        } else {
+            if (r.get<uint32_t>("v element size") != 2) fail("state: V element size");
+            if (r.get<uint32_t>("n_embd_v_gqa") != ne) fail("state: n_embd_v_gqa");
+            for (size_t j = 0; j < ne; ++j) {
+                const uint8_t * p = r.take((size_t) cells * 2, "V channel");
+                for (uint32_t c = 0; c < cells; ++c) {
+                    uint16_t x;
+                    std::memcpy(&x, p + (size_t) c * 2, 2);
+                    d.v[((size_t) l * cells + c) * ne + j] = x;
+                }
+            }
+        }
+    }
+    if (r.off != blob.size()) fail("state: trailing bytes after the V data");
+    return d;
+}
+
+void write_bytes(const std::string & path, const void * data, size_t n) {
+    std::FILE * f = std::fopen(path.c_str(), "wb");
+    if (!f) fail("cannot write '" + path + "'");
+    const size_t w = std::fwrite(data, 1, n, f);
+    const int c = std::fclose(f);
+    if (w != n || c != 0) fail("short write to '" + path + "'");
+}
+
+std::vector<uint8_t> read_bytes_or_empty(const std::string & path) {
+    std::ifstream f(path, std::ios::binary);
+    if (!f) return {};
+    return std::vector<uint8_t>((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+}
+
+// compares our [L][T][H][D] dump with a reference [RL][RT][H][D] over the common layers/tokens
+struct Compare {
+    bool done = false;
+    long values = 0;
+    long mismatches = 0;
+    long layer0_mismatches = 0;
+    int layers_differing = 0;        // layers with at least one differing value
+    int first_differing_layer = -1;  // -1: every compared layer bit-identical
+    int layers = 0, tokens = 0;
+};
+
+Compare compare_dump(const std::vector<uint16_t> & ours, int L, int T, const std::vector<uint8_t> & ref, int RL,
+                     int RT, size_t ne) {
+    Compare c;
+    if (ref.size() != (size_t) RL * RT * ne * 2) return c;
+    c.done = true;
+    c.layers = std::min(L, RL);
+    c.tokens = std::min(T, RT);
+    for (int l = 0; l < c.layers; ++l) {
+        const long before = c.mismatches;
+        for (int t = 0; t < c.tokens; ++t) {
+            const uint16_t * a = &ours[((size_t) l * T + t) * ne];
+            const uint8_t * b = &ref[((size_t) l * RT + t) * ne * 2];
+            for (size_t j = 0; j < ne; ++j) {
+                uint16_t y;
+                std::memcpy(&y, b + j * 2, 2);
+                c.values++;
+                if (a[j] != y) {
+                    c.mismatches++;
+                    if (l == 0) c.layer0_mismatches++;
+                }
+            }
+        }
+        if (c.mismatches != before) {
+            c.layers_differing++;
+            if (c.first_differing_layer < 0) c.first_differing_layer = l;
+        }
+    }
+    return c;
+}
+
+// reads shape [L, T, ...] from a realkv JSON sidecar (the first two numbers of "shape")
+bool sidecar_shape(const std::string & path, int & L, int & T) {
+    std::ifstream f(path);
+    if (!f) return false;
+    std::stringstream ss;
+    ss << f.rdbuf();
+    const std::string s = ss.str();
+    const auto p = s.find("\"shape\"");
+    if (p == std::string::npos) return false;
+    const auto b = s.find('[', p);
+    if (b == std::string::npos) return false;
+    return std::sscanf(s.c_str() + b, "[ %d , %d", &L, &T) == 2;
+}
+
+// dtype: "f16" (the cache bytes), "bf16" (RNE of the callback's f32) or "f32" (the callback's f32)
+void write_sidecar(const std::string & path, const std::string & file, const char * tensor, const std::string & dtype,
+                   const ModelInfo & mi, int n_tok, const Options & o, const std::string & text_path,
+                   const std::string & text, long text_tokens_total) {
+    const bool bf16 = dtype == "bf16", f32 = dtype == "f32", from_f32 = bf16 || f32;
+    std::ostringstream j;
+    j << "{\n";
+    j << "  \"file\": \"" << json_escape(file) << "\",\n";
+    j << "  \"tensor\": \"" << tensor << "\",\n";
+    j << "  \"dtype\": \""
+      << (bf16  ? "bfloat16 (RNE from float32)"
+          : f32 ? "float32 (the rows the model computed, before the f16 cache)"
+                : "float16 IEEE binary16 (bytes read back from the llama.cpp f16 KV cache)")
+      << "\",\n";
+    j << "  \"byte_order\": \"little-endian\",\n";
+    j << "  \"layout\": \"[n_layer][n_tokens][n_kv_head][head_dim]\",\n";
+    j << "  \"shape\": [" << mi.n_layer << ", " << n_tok << ", " << mi.n_head_kv << ", " << mi.head_dim << "],\n";
+    j << "  \"n_layer\": " << mi.n_layer << ",\n";
+    j << "  \"n_tokens\": " << n_tok << ",\n";
+    j << "  \"n_kv_head\": " << mi.n_head_kv << ",\n";
+    j << "  \"n_head\": " << mi.n_head << ",\n";
+    j << "  \"head_dim\": " << mi.head_dim << ",\n";
+    j << "  \"model\": \"" << json_escape(mi.file) << "\",\n";
+    j << "  \"model_desc\": \"" << json_escape(mi.desc) << "\",\n";
+    j << "  \"runtime\": \"llama.cpp (llama-cpp-sys-2 0.1.161 vendored source), CPU, kv cache type f16, flash_attn off, "
+         "n_ctx 4096, n_ubatch 512\",\n";
+    j << "  \"text_source\": \"" << json_escape(base_name(text_path)) << ", first " << n_tok << " tokens\",\n";
+    j << "  \"text_file_tokens_total\": " << text_tokens_total << ",\n";
+    j << "  \"token_count\": " << n_tok << ",\n";
+    j << "  \"bos_prepended\": " << (o.bos ? "true" : "false") << ",\n";
+    j << "  \"text_first_200_chars\": \"" << json_escape(text.substr(0, 200)) << "\",\n";
+    if (tensor[0] == 'K') {
+        j << "  \"capture\": \""
+          << (bf16  ? "eval callback on 'Kcur-<il>' (op ROPE, f32), rounded to bf16"
+              : f32 ? "eval callback on 'Kcur-<il>' (op ROPE, f32)"
+                    : "K rows of llama_state_seq_get_data (the cache bytes)")
+          << "\",\n";
+        j << "  \"post_rope\": true,\n";
+    } else {
+        j << "  \"capture\": \""
+          << (bf16  ? "eval callback on 'Vcur-<il>' (f32), rounded to bf16"
+              : f32 ? "eval callback on 'Vcur-<il>' (f32)"
+                    : "V of llama_state_seq_get_data (the cache bytes, transposed back)")
+          << "\",\n";
+    }
+    j << "  \"fp16_equals_cache_bytes\": " << (from_f32 ? "false" : "true") << ",\n";
+    j << "  \"producer\": \"kvc integrations/llama/kvc_llama_eval --modes dump\"\n";
+    j << "}\n";
+    const std::string s = j.str();
+    write_bytes(path, s.data(), s.size());
+}
+
+// how many of the n floats at a and b differ in any bit (logits compared bit for bit)
+long bits_differing(const float * a, const float * b, int n) {
+    long d = 0;
+    for (int i = 0; i < n; ++i) {
+        uint32_t x, y;
+        std::memcpy(&x, &a[i], 4);
+        std::memcpy(&y, &b[i], 4);
+        if (x != y) d++;
+    }
+    return d;
+}
+
+uint16_t f32_to_bf16_rne(float x) {
+    uint32_t u;
+    std::memcpy(&u, &x, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t) ((u >> 16) | 0x40);  // quiet NaN
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t) (u >> 16);
+}
+
+RunResult run_dump(llama_model * model, const ModelInfo & mi, const Options & o, const std::vector<llama_token> & toks,
+                   const std::string & text_path, const std::string & text, const std::string & tag) {
+    const int n = std::min<int>(o.dump_tokens > 0 ? o.dump_tokens : o.n_tokens, (int) toks.size());
+    if (n > 4096) fail("dump: at most 4096 tokens (the realkv setup uses n_ctx 4096)");
+    EvalTap tap;
+    tap.capture_f32 = true;
+    tap.n_layer = mi.n_layer;
+    tap.n_head = mi.n_head;
+    tap.n_head_kv = mi.n_head_kv;
+    tap.head_dim = mi.head_dim;
+    tap.k_rows.resize(mi.n_layer);
+    tap.v_rows.resize(mi.n_layer);
+    CtxConfig cfg;
+    cfg.n_ctx = 4096;  // the realkv runtime: n_ctx 4096, n_ubatch 512, flash attention off, f16
+    cfg.n_batch = 512;
+    cfg.tap = &tap;
+    CtxPtr ctx = make_context(model, o, cfg);
+    const double t0 = now_s();
+    for (int s = 0; s < n; s += 512) {
+        const int m = std::min(512, n - s);
+        std::vector<bool> want(m, false);
+        want[m - 1] = true;
+        decode_batch(ctx.get(), toks, s, m, s, want);
+    }
+    const double dt = now_s() - t0;
+    const auto blob = get_seq_state(ctx.get());
+    const CacheDump d = parse_f16_state(blob, mi);
+    if (d.n_cells != n) fail("dump: cache holds " + std::to_string(d.n_cells) + " cells, expected " + std::to_string(n));
+    for (int c = 0; c < n; ++c) {
+        if (d.pos[c] != c) fail("dump: cell " + std::to_string(c) + " holds position " + std::to_string(d.pos[c]));
+    }
+    const size_t ne = (size_t) mi.n_embd_kv();
+    for (int l = 0; l < mi.n_layer; ++l) {
+        if (tap.k_rows[l].size() != (size_t) n * ne || tap.v_rows[l].size() != (size_t) n * ne) {
+            fail("dump: eval callback captured the wrong number of rows for layer " + std::to_string(l));
+        }
+    }
+    // f16 of the callback's f32 must be the cache bytes; bf16 files come from the same f32
+    long f16_mismatch = 0;
+    std::vector<uint16_t> kb((size_t) mi.n_layer * n * ne), vb(kb.size());
+    for (int l = 0; l < mi.n_layer; ++l) {
+        for (size_t x = 0; x < (size_t) n * ne; ++x) {
+            const size_t at = (size_t) l * n * ne + x;
+            const float kf = tap.k_rows[l][x], vf = tap.v_rows[l][x];
+            if (ggml_fp32_to_fp16(kf) != d.k[at]) f16_mismatch++;
+            if (ggml_fp32_to_fp16(vf) != d.v[at]) f16_mismatch++;
+            kb[at] = f32_to_bf16_rne(kf);
+            vb[at] = f32_to_bf16_rne(vf);
+        }
+    }
+
+    RunResult r;
+    r.mode = "dump";
+    r.detail = std::to_string(n) + " tok x " + std::to_string(mi.n_layer) + " layers";
+    r.tok_s = n / dt;
+    r.cells_end = n;
+    r.cells_verified = d.n_cells;
+    r.extra.push_back({"f16_of_callback_f32_mismatches", std::to_string(f16_mismatch)});
+    r.extra.push_back({"state_bytes", std::to_string(blob.size())});
+
+    if (!o.dump_dir.empty()) {
+        const std::string pre = o.dump_dir + "/" + tag;
+        const size_t nb = kb.size() * 2;
+        const std::pair<const char *, const std::vector<uint16_t> *> files[] = {
+            {"K.f16", &d.k}, {"V.f16", &d.v}, {"K.bf16", &kb}, {"V.bf16", &vb}};
+        for (const auto & f : files) {
+            const std::string bin = tag + "." + f.first + ".bin";
+            write_bytes(o.dump_dir + "/" + bin, f.second->data(), nb);
+            const bool bf16 = std::strstr(f.first, "bf16") != nullptr;
+            write_sidecar(pre + "." + f.first + ".json", bin, f.first[0] == 'K' ? "K" : "V", bf16 ? "bf16" : "f16", mi, n,
+                          o, text_path, text, (long) toks.size());
+        }
+        // f32: the rows the model computed (the f16 cache rounds them), layer after layer
+        for (const bool is_v : { false, true }) {
+            const std::string name = is_v ? "V.f32" : "K.f32";
+            const std::string bin  = tag + "." + name + ".bin";
+            std::vector<float> all;
+            all.reserve((size_t) mi.n_layer * n * ne);
+            for (int l = 0; l < mi.n_layer; ++l) {
+                const auto & rows = is_v ? tap.v_rows[l] : tap.k_rows[l];
+                all.insert(all.end(), rows.begin(), rows.end());
+            }
+            write_bytes(o.dump_dir + "/" + bin, all.data(), all.size() * sizeof(float));
+            write_sidecar(pre + "." + name + ".json", bin, is_v ? "V" : "K", "f32", mi, n, o, text_path, text,
+                          (long) toks.size());
+        }
+        r.extra.push_back({"dump_dir", "\"" + json_escape(o.dump_dir) + "\""});
+    }
+
+    if (!o.realkv_dir.empty()) {
+        const std::pair<const char *, const std::vector<uint16_t> *> refs[] = {
+            {"K.f16", &d.k}, {"V.f16", &d.v}, {"K.bf16", &kb}, {"V.bf16", &vb}};
+        std::string summary;
+        for (const auto & f : refs) {
+            const std::string stem = o.realkv_dir + "/textA." + f.first;
+            int RL = 0, RT = 0;
+            Compare c;
+            if (sidecar_shape(stem + ".json", RL, RT)) {
+                c = compare_dump(*f.second, mi.n_layer, n, read_bytes_or_empty(stem + ".bin"), RL, RT, ne);
+            }
+            std::string key = std::string("realkv_") + f.first;
+            std::replace(key.begin(), key.end(), '.', '_');
+            if (!c.done) {
+                r.extra.push_back({key, "null"});
+                continue;
+            }
+            r.extra.push_back({key, "{\"layers\": " + std::to_string(c.layers) + ", \"tokens\": " + std::to_string(c.tokens) +
+                                        ", \"values\": " + std::to_string(c.values) +
+                                        ", \"mismatches\": " + std::to_string(c.mismatches) +
+                                        ", \"layer0_mismatches\": " + std::to_string(c.layer0_mismatches) +
+                                        ", \"layers_differing\": " + std::to_string(c.layers_differing) +
+                                        ", \"first_differing_layer\": " + std::to_string(c.first_differing_layer) + "}"});
+            char buf[160];
+            std::snprintf(buf, sizeof buf, " %s %s, %d of %d layers differ, %.2f%% of values;", f.first,
+                          c.layer0_mismatches == 0 ? "layer 0 identical" : "layer 0 DIFFERS", c.layers_differing,
+                          c.layers, 100.0 * (double) c.mismatches / (double) std::max<long>(1, c.values));
+            summary += buf;
+        }
+        if (!summary.empty()) r.detail += "; vs realkv:" + summary;
+    }
+    return r;
+}
+
+}  // namespace

@@ -1,0 +1,285 @@
+// kvc_llama_eval, options, errors, small helpers and model facts shared by every mode.
+// Part of the one kvc_llama_eval program (one translation unit: kvc_llama_eval.cpp includes
+// every part in this order; each part includes the one before it).
+#pragma once
+
+#include "fattn_bound.hpp"
+#include "kvc.h"
+#include "llama.h"
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <memory>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+namespace {
+
+// ------------------------------------------------------------------------------------------
+// errors
+
+struct UsageError : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+[[noreturn]] void fail(const std::string & msg) { throw std::runtime_error(msg); }
+
+// ------------------------------------------------------------------------------------------
+// options
+
+struct Options {
+    std::string model;
+    std::vector<std::string> texts;
+    std::vector<std::string> modes = {"full", "streaming", "kvc-streaming", "h2o",   "h2o-fa", "c8",
+                                      "c8-h2o", "q8_0",    "q4_0",          "probe", "state",  "dump"};
+    std::vector<double> kv_ratios = {3.5};  // whole-model KV ratios the kvc eviction modes aim at
+    int block = 16;                          // kvc_h2o block_tokens in the llama.cpp modes
+    int c8_calib = 0;                        // tokens calibrating the C8 scales; 0: ppl_from - 1
+    std::string c8_rule = "rope";            // C8 K scales: per channel, or per RoPE pair radius
+    int n_tokens = 2048;
+    int ppl_from = 513;   // first target position scored
+    int prompt = 0;       // tokens decoded as one batch before the token-by-token part
+    int threads = 1;      // 1: stable on shared machines (OpenMP barriers spin when oversubscribed)
+    double ratio = 3.5;
+    int sink = 32;
+    int recent = 256;
+    int trigger = 512;
+    int interval = 16;
+    std::string budget = "adaptive";  // adaptive: n_seen/ratio cells (MNN rule); fixed: n_tokens/ratio
+    std::string positions = "shift";  // shift: close gaps with seq_add; keep: original positions
+    bool bos = false;
+    std::string json;
+    std::string dump_dir;
+    std::string realkv_dir;
+    int dump_tokens = 0;  // 0: n_tokens
+    bool verbose = false;
+};
+
+const char * kUsage =
+    "usage: kvc_llama_eval --model GGUF --text FILE [--text FILE ...] [options]\n"
+    "  --modes LIST        comma list of full,streaming,kvc-streaming,h2o,h2o-fa,c8,c8-h2o,\n"
+    "                      q8_0,q4_0,probe,state,dump\n"
+    "                      (default: all; full always runs first as the reference)\n"
+    "  --n-tokens N        tokens of each text to decode [2048]\n"
+    "  --ppl-from P        first target position scored [513]\n"
+    "  --prompt N          tokens decoded as one batch first [0]\n"
+    "  --threads N         decode threads [1]\n"
+    "  --ratio R --sink S --recent W --trigger T --interval I   budget [3.5 32 256 512 16]\n"
+    "  --kv-ratios LIST    KV ratios (whole model, vs the full f16 cache of n-tokens) the kvc\n"
+    "                      modes kvc-streaming, h2o, h2o-fa, c8-h2o run at [3.5]\n"
+    "  --c8-calib N        tokens whose K/V rows calibrate kvc's C8 scales [ppl-from - 1:\n"
+    "                      the unscored warm-up]\n"
+    "  --c8-rule channel|rope  C8 K scales: channel = per-channel min/max (asymmetric);\n"
+    "                      rope = per rotated channel pair, max radius / 127, for the model's\n"
+    "                      rope type (NORM or NEOX), never clipping later positions [rope]\n"
+    "  --block B           kvc_h2o block_tokens for the kvc modes [16]\n"
+    "  --budget adaptive|fixed   adaptive: keep ceil(seen/R) (MNN); fixed: ceil(n_tokens/R) [adaptive]\n"
+    "  --positions shift|keep    after eviction shift positions down or keep them [shift]\n"
+    "  --bos               prepend BOS (default: no BOS, as the realkv data)\n"
+    "  --dump-dir DIR      where the dump mode writes (default: no files, compare only)\n"
+    "  --dump-tokens N     tokens the dump mode runs [n-tokens]\n"
+    "  --realkv-dir DIR    reference dumps to compare with (textA.{K,V}.{f16,bf16}.bin)\n"
+    "  --json FILE         write the results as JSON\n"
+    "  --verbose           llama.cpp's log on stderr\n";
+
+int parse_int(const std::string & flag, const std::string & v, int lo, int hi) {
+    char * end = nullptr;
+    errno = 0;
+    long x = std::strtol(v.c_str(), &end, 10);
+    if (v.empty() || *end != '\0' || errno != 0 || x < lo || x > hi) {
+        throw UsageError(flag + ": expected an integer in [" + std::to_string(lo) + ", " +
+                         std::to_string(hi) + "], got '" + v + "'");
+    }
+    return (int) x;
+}
+
+double parse_double(const std::string & flag, const std::string & v, double lo, double hi) {
+    char * end = nullptr;
+    double x = std::strtod(v.c_str(), &end);
+    if (v.empty() || *end != '\0' || !std::isfinite(x) || x < lo || x > hi) {
+        throw UsageError(flag + ": expected a number in [" + std::to_string(lo) + ", " +
+                         std::to_string(hi) + "], got '" + v + "'");
+    }
+    return x;
+}
+
+std::vector<std::string> split_commas(const std::string & s) {
+    std::vector<std::string> out;
+    std::stringstream ss(s);
+    std::string item;
+    while (std::getline(ss, item, ',')) {
+        if (!item.empty()) out.push_back(item);
+    }
+    return out;
+}
+
+Options parse_options(int argc, char ** argv) {
+    Options o;
+    bool modes_given = false;
+    for (int i = 1; i < argc; ++i) {
+        std::string a = argv[i];
+        auto val = [&]() -> std::string {
+            if (i + 1 >= argc) throw UsageError(a + ": missing value");
+            return argv[++i];
+        };
+        if (a == "--model") o.model = val();
+        else if (a == "--text") o.texts.push_back(val());
+        else if (a == "--modes") { o.modes = split_commas(val()); modes_given = true; }
+        else if (a == "--n-tokens") o.n_tokens = parse_int(a, val(), 2, 1 << 20);
+        else if (a == "--ppl-from") o.ppl_from = parse_int(a, val(), 1, 1 << 20);
+        else if (a == "--prompt") o.prompt = parse_int(a, val(), 0, 1 << 20);
+        else if (a == "--threads") o.threads = parse_int(a, val(), 1, 1024);
+        else if (a == "--ratio") o.ratio = parse_double(a, val(), 1.0, 1e6);
+        else if (a == "--sink") o.sink = parse_int(a, val(), 0, 1 << 20);
+        else if (a == "--recent") o.recent = parse_int(a, val(), 1, 1 << 20);
+        else if (a == "--trigger") o.trigger = parse_int(a, val(), 0, 1 << 20);
+        else if (a == "--interval") o.interval = parse_int(a, val(), 1, 1 << 20);
+        else if (a == "--budget") o.budget = val();
+        else if (a == "--block") o.block = parse_int(a, val(), 1, 1 << 16);
+        else if (a == "--c8-calib") o.c8_calib = parse_int(a, val(), 1, 1 << 20);
+        else if (a == "--c8-rule") o.c8_rule = val();
+        else if (a == "--kv-ratios") {
+            o.kv_ratios.clear();
+            for (const auto & r : split_commas(val())) o.kv_ratios.push_back(parse_double(a, r, 1.0, 1e6));
+            if (o.kv_ratios.empty()) throw UsageError("--kv-ratios: at least one ratio");
+        }
+        else if (a == "--positions") o.positions = val();
+        else if (a == "--bos") o.bos = true;
+        else if (a == "--json") o.json = val();
+        else if (a == "--dump-dir") o.dump_dir = val();
+        else if (a == "--dump-tokens") o.dump_tokens = parse_int(a, val(), 1, 1 << 20);
+        else if (a == "--realkv-dir") o.realkv_dir = val();
+        else if (a == "--verbose") o.verbose = true;
+        else if (a == "-h" || a == "--help") { std::fputs(kUsage, stdout); std::exit(0); }
+        else throw UsageError("unknown option '" + a + "' (see --help)");
+    }
+    if (o.model.empty()) throw UsageError("--model is required");
+    if (o.texts.empty()) throw UsageError("at least one --text is required");
+    if (o.budget != "fixed" && o.budget != "adaptive") throw UsageError("--budget: fixed or adaptive");
+    if (o.c8_rule != "channel" && o.c8_rule != "rope") throw UsageError("--c8-rule: channel or rope");
+    if (o.positions != "shift" && o.positions != "keep") throw UsageError("--positions: shift or keep");
+    if (o.ppl_from >= o.n_tokens) throw UsageError("--ppl-from must be below --n-tokens");
+    if (o.prompt >= o.n_tokens) throw UsageError("--prompt must be below --n-tokens");
+    static const char * known[] = {"full", "streaming", "kvc-streaming", "h2o",   "h2o-fa", "c8",
+                                   "c8-h2o", "q8_0",    "q4_0",          "probe", "state",  "dump"};
+    for (const auto & m : o.modes) {
+        if (std::find_if(std::begin(known), std::end(known), [&](const char * k) { return m == k; }) ==
+            std::end(known)) {
+            throw UsageError("--modes: unknown mode '" + m + "'");
+        }
+    }
+    (void) modes_given;
+    return o;
+}
+
+bool has_mode(const Options & o, const char * m) {
+    return std::find(o.modes.begin(), o.modes.end(), m) != o.modes.end();
+}
+
+// ------------------------------------------------------------------------------------------
+// small helpers
+
+std::string read_file(const std::string & path) {
+    std::ifstream f(path, std::ios::binary);
+    if (!f) throw UsageError("cannot read '" + path + "'");
+    std::stringstream ss;
+    ss << f.rdbuf();
+    return ss.str();
+}
+
+std::string base_name(const std::string & path) {
+    auto p = path.find_last_of('/');
+    return p == std::string::npos ? path : path.substr(p + 1);
+}
+
+std::string json_escape(const std::string & s) {
+    std::string out;
+    for (unsigned char c : s) {
+        switch (c) {
+            case '"': out += "\\\""; break;
+            case '\\': out += "\\\\"; break;
+            case '\n': out += "\\n"; break;
+            case '\t': out += "\\t"; break;
+            case '\r': out += "\\r"; break;
+            default:
+                if (c < 0x20) {
+                    char buf[8];
+                    std::snprintf(buf, sizeof buf, "\\u%04x", c);
+                    out += buf;
+                } else {
+                    out += (char) c;
+                }
+        }
+    }
+    return out;
+}
+
+std::string json_num(double x) {
+    if (!std::isfinite(x)) return "null";
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.10g", x);
+    return buf;
+}
+
+double now_s() {
+    using namespace std::chrono;
+    return duration<double>(steady_clock::now().time_since_epoch()).count();
+}
+
+void quiet_log(ggml_log_level level, const char * text, void * ud) {
+    const bool verbose = ud != nullptr;
+    if (verbose || level == GGML_LOG_LEVEL_ERROR) std::fputs(text, stderr);
+}
+
+// log-softmax of one row of logits, in double for the sums
+void log_softmax(const float * logits, int n, std::vector<float> & out) {
+    out.resize(n);
+    float mx = logits[0];
+    for (int i = 1; i < n; ++i) mx = std::max(mx, logits[i]);
+    double sum = 0.0;
+    for (int i = 0; i < n; ++i) sum += std::exp((double) logits[i] - mx);
+    const double lse = mx + std::log(sum);
+    for (int i = 0; i < n; ++i) out[i] = (float) ((double) logits[i] - lse);
+}
+
+// KL(P_ref || P) from two log-softmax rows
+double kl_div(const std::vector<float> & ref, const std::vector<float> & cur) {
+    double kl = 0.0;
+    for (size_t i = 0; i < ref.size(); ++i) {
+        const double p = std::exp((double) ref[i]);
+        if (p > 0.0) kl += p * ((double) ref[i] - (double) cur[i]);
+    }
+    return kl;
+}
+
+// ------------------------------------------------------------------------------------------
+// model facts
+
+struct ModelInfo {
+    int n_layer = 0;
+    int n_head = 0;
+    int n_head_kv = 0;
+    int head_dim = 0;
+    int n_vocab = 0;
+    std::string desc;
+    std::string file;
+
+    int n_embd_kv() const { return n_head_kv * head_dim; }
+    // bytes one cell holds over all layers (K row + V row per layer) for a cache type
+    size_t cell_bytes(ggml_type tk, ggml_type tv) const {
+        return (size_t) n_layer * (ggml_row_size(tk, n_embd_kv()) + ggml_row_size(tv, n_embd_kv()));
+    }
+};
+
+}  // namespace
