@@ -174,8 +174,10 @@ void write_sidecar(const std::string & path, const std::string & file, const cha
                 : "float16 IEEE binary16 (bytes read back from the llama.cpp f16 KV cache)")
       << "\",\n";
     j << "  \"byte_order\": \"little-endian\",\n";
-    j << "  \"layout\": \"[n_layer][n_tokens][n_kv_head][head_dim]\",\n";
-    j << "  \"shape\": [" << mi.n_layer << ", " << n_tok << ", " << mi.n_head_kv << ", " << mi.head_dim << "],\n";
+    const bool q = tensor[0] == 'Q';  // queries have n_head heads, K and V n_kv_head
+    j << "  \"layout\": \"[n_layer][n_tokens][" << (q ? "n_head" : "n_kv_head") << "][head_dim]\",\n";
+    j << "  \"shape\": [" << mi.n_layer << ", " << n_tok << ", " << (q ? mi.n_head : mi.n_head_kv) << ", " << mi.head_dim
+      << "],\n";
     j << "  \"n_layer\": " << mi.n_layer << ",\n";
     j << "  \"n_tokens\": " << n_tok << ",\n";
     j << "  \"n_kv_head\": " << mi.n_head_kv << ",\n";
@@ -190,7 +192,11 @@ void write_sidecar(const std::string & path, const std::string & file, const cha
     j << "  \"token_count\": " << n_tok << ",\n";
     j << "  \"bos_prepended\": " << (o.bos ? "true" : "false") << ",\n";
     j << "  \"text_first_200_chars\": \"" << json_escape(text.substr(0, 200)) << "\",\n";
-    if (tensor[0] == 'K') {
+    if (q) {
+        j << "  \"capture\": \"eval callback on 'Qcur-<il>' (op ROPE, f32): the queries attention sees, before its "
+             "1/sqrt(head_dim) scale\",\n";
+        j << "  \"post_rope\": true,\n";
+    } else if (tensor[0] == 'K') {
         j << "  \"capture\": \""
           << (bf16  ? "eval callback on 'Kcur-<il>' (op ROPE, f32), rounded to bf16"
               : f32 ? "eval callback on 'Kcur-<il>' (op ROPE, f32)"
@@ -241,8 +247,10 @@ RunResult run_dump(llama_model * model, const ModelInfo & mi, const Options & o,
     tap.n_head = mi.n_head;
     tap.n_head_kv = mi.n_head_kv;
     tap.head_dim = mi.head_dim;
+    tap.capture_q = true;
     tap.k_rows.resize(mi.n_layer);
     tap.v_rows.resize(mi.n_layer);
+    tap.q_rows.resize(mi.n_layer);
     CtxConfig cfg;
     cfg.n_ctx = 4096;  // the realkv runtime: n_ctx 4096, n_ubatch 512, flash attention off, f16
     cfg.n_batch = 512;
@@ -267,6 +275,42 @@ RunResult run_dump(llama_model * model, const ModelInfo & mi, const Options & o,
         if (tap.k_rows[l].size() != (size_t) n * ne || tap.v_rows[l].size() != (size_t) n * ne) {
             fail("dump: eval callback captured the wrong number of rows for layer " + std::to_string(l));
         }
+        if (tap.q_rows[l].size() != (size_t) n * mi.n_head * mi.head_dim) {
+            fail("dump: eval callback captured the wrong number of query rows for layer " + std::to_string(l));
+        }
+    }
+    // The dumped queries are the ones attention used: layer 0's softmax(Q K^T / sqrt(head_dim))
+    // over the cached K, recomputed from the captured Q (rounded to f16 as the f16 K x f32 Q
+    // product does) for every query of the last ubatch and every head, must match llama.cpp's
+    // kq_soft_max-0. A wrong head, token or layer order gives differences of order 0.1.
+    double q_attention_max_err = 0.0;
+    {
+        const int last0 = ((n - 1) / 512) * 512, m = n - last0, D = mi.head_dim, H = mi.n_head;
+        const int group = mi.n_head / mi.n_head_kv;
+        if (tap.kq0_ntok != m || tap.kq0_nkv < n) fail("dump: layer 0's attention of the last ubatch was not captured");
+        const auto & f16 = f16_table();
+        std::vector<double> lg((size_t) n);
+        for (int qi = 0; qi < m; ++qi) {
+            const int pos = last0 + qi;
+            for (int h = 0; h < H; ++h) {
+                const float * qr = &tap.q_rows[0][((size_t) pos * H + h) * D];
+                double mx = -INFINITY;
+                for (int c = 0; c <= pos; ++c) {
+                    const uint16_t * kr = &d.k[((size_t) c * mi.n_head_kv + h / group) * D];
+                    double dot = 0.0;
+                    for (int x = 0; x < D; ++x) dot += (double) ggml_fp16_to_fp32(ggml_fp32_to_fp16(qr[x])) * f16[kr[x]];
+                    lg[c] = dot / std::sqrt((double) D);
+                    mx = std::max(mx, lg[c]);
+                }
+                double sum = 0.0;
+                for (int c = 0; c <= pos; ++c) sum += std::exp(lg[c] - mx);
+                const float * ref = &tap.kq0[((size_t) h * m + qi) * tap.kq0_nkv];
+                for (int c = 0; c < (int) tap.kq0_nkv; ++c) {
+                    const double p = c <= pos ? std::exp(lg[c] - mx) / sum : 0.0;
+                    q_attention_max_err = std::max(q_attention_max_err, std::fabs(p - (double) ref[c]));
+                }
+            }
+        }
     }
     // f16 of the callback's f32 must be the cache bytes; bf16 files come from the same f32
     long f16_mismatch = 0;
@@ -289,6 +333,7 @@ RunResult run_dump(llama_model * model, const ModelInfo & mi, const Options & o,
     r.cells_end = n;
     r.cells_verified = d.n_cells;
     r.extra.push_back({"f16_of_callback_f32_mismatches", std::to_string(f16_mismatch)});
+    r.extra.push_back({"q_attention_max_err", json_num(q_attention_max_err)});
     r.extra.push_back({"state_bytes", std::to_string(blob.size())});
 
     if (!o.dump_dir.empty()) {
@@ -316,6 +361,16 @@ RunResult run_dump(llama_model * model, const ModelInfo & mi, const Options & o,
             write_bytes(o.dump_dir + "/" + bin, all.data(), all.size() * sizeof(float));
             write_sidecar(pre + "." + name + ".json", bin, is_v ? "V" : "K", "f32", mi, n, o, text_path, text,
                           (long) toks.size());
+        }
+        // Q: the post-RoPE queries of every layer, for training and checking compressors that
+        // must keep attention's output (softmax(q K^T) V), not only K and V
+        {
+            const std::string bin = tag + ".Q.f32.bin";
+            std::vector<float> all;
+            all.reserve((size_t) mi.n_layer * n * mi.n_head * mi.head_dim);
+            for (int l = 0; l < mi.n_layer; ++l) all.insert(all.end(), tap.q_rows[l].begin(), tap.q_rows[l].end());
+            write_bytes(o.dump_dir + "/" + bin, all.data(), all.size() * sizeof(float));
+            write_sidecar(pre + ".Q.f32.json", bin, "Q", "f32", mi, n, o, text_path, text, (long) toks.size());
         }
         r.extra.push_back({"dump_dir", "\"" + json_escape(o.dump_dir) + "\""});
     }

@@ -48,6 +48,7 @@ struct EvalTap {
     bool want_rows = false;
     bool want_set_rows = false;
     bool capture_f32 = false;  // dump mode: keep every Kcur/Vcur row in token order
+    bool capture_q = false;    // dump mode: keep every post-RoPE Qcur row in token order
     int n_layer = 0;
     int n_head = 0;
     int n_head_kv = 0;
@@ -78,6 +79,11 @@ struct EvalTap {
 
     // dump capture: [layer] -> f32 rows, token-major [n_tokens][n_embd_kv]
     std::vector<std::vector<float>> k_rows, v_rows;
+    // dump capture: [layer] -> f32 query rows, token-major [n_tokens][n_head][head_dim]
+    std::vector<std::vector<float>> q_rows;
+    // dump capture: layer 0's kq_soft_max of the last ubatch, [n_head][n_tokens][n_kv]
+    std::vector<float> kq0;
+    int64_t kq0_nkv = 0, kq0_ntok = 0;
 
     TapStats stats;
     bool logged_kq = false, logged_k = false, logged_v = false, logged_sr_k = false, logged_sr_v = false;
@@ -120,6 +126,15 @@ bool is_row_target(const EvalTap * tap, const ggml_tensor * t, int * il, bool * 
     *il = ik >= 0 ? ik : iv;
     *is_v = iv >= 0;
     return *il < tap->n_layer;
+}
+
+// The queries attention sees: 'Qcur-<il>' after RoPE, f32 [head_dim, n_head, n_tokens].
+bool is_q_target(const EvalTap * tap, const ggml_tensor * t, int * il) {
+    const int iq = layer_of(ggml_get_name(t), "Qcur-");
+    if (iq < 0 || iq >= tap->n_layer || t->op != GGML_OP_ROPE) return false;
+    if (t->ne[0] != tap->head_dim || t->ne[1] != tap->n_head || t->ne[3] != 1) return false;
+    *il = iq;
+    return true;
 }
 
 // 65536-entry f16 -> f32 table (the recompute converts every cached K and V element)
@@ -275,6 +290,8 @@ bool eval_callback(ggml_tensor * t, bool ask, void * ud) {
         if ((tap->want_rows || tap->capture_f32) && is_row_target(tap, t, &il, &v_)) return true;
         if (tap->want_set_rows && t->op == GGML_OP_SET_ROWS) return true;
         if (tap->want_fattn && t->op == GGML_OP_FLASH_ATTN_EXT) return true;
+        if (tap->capture_q && is_q_target(tap, t, &il)) return true;
+        if (tap->capture_q && layer_of(name, "kq_soft_max-") == 0) return true;
         return false;
     }
     if (!tap->error.empty()) return true;
@@ -298,6 +315,19 @@ bool eval_callback_inner(ggml_tensor * t, EvalTap * tap) {
     if ((il = layer_of(name, "kq_soft_max-")) >= 0) {
         // [n_kv, n_tokens, n_head]: column c is cell c; every (token, head) row sums to 1
         if (t->type != GGML_TYPE_F32 || t->ne[3] != 1) fail("kq_soft_max: unexpected " + shape_str(t));
+        if (tap->capture_q) {
+            // dump mode: keep layer 0's attention of the last ubatch, to check the dumped Q against
+            if (il == 0) {
+                tap->kq0_nkv = t->ne[0];
+                tap->kq0_ntok = t->ne[1];
+                tap->kq0.resize((size_t) (t->ne[0] * t->ne[1] * t->ne[2]));
+                for (int64_t h = 0; h < t->ne[2]; ++h)
+                    for (int64_t q = 0; q < t->ne[1]; ++q)
+                        for (int64_t c = 0; c < t->ne[0]; ++c)
+                            tap->kq0[(size_t) ((h * t->ne[1] + q) * t->ne[0] + c)] = f32_at(t, c, q, h);
+            }
+            return true;
+        }
         if (!tap->logged_kq) {
             tap->stats.shapes.push_back("kq_soft_max: " + shape_str(t) + " = [n_kv, n_tokens, n_head]");
             tap->logged_kq = true;
@@ -327,6 +357,16 @@ bool eval_callback_inner(ggml_tensor * t, EvalTap * tap) {
             }
             tap->scorer->on_layer_scores(il, tap->mass, (int) t->ne[1]);
         }
+        return true;
+    }
+
+    if (tap->capture_q && is_q_target(tap, t, &il)) {
+        if (t->type != GGML_TYPE_F32) fail("Qcur: unexpected " + shape_str(t));
+        if ((int) tap->q_rows.size() < tap->n_layer) tap->q_rows.resize(tap->n_layer);
+        auto & dst = tap->q_rows[il];
+        for (int64_t tok = 0; tok < t->ne[2]; ++tok)
+            for (int64_t h = 0; h < t->ne[1]; ++h)
+                for (int64_t d = 0; d < t->ne[0]; ++d) dst.push_back(f32_at(t, d, h, tok));
         return true;
     }
 

@@ -88,6 +88,10 @@ for t in res["texts"]:
     assert 1.0 < s["codec_state_ratio"] < 4.0 and s["codec_packed_bytes"] < s["state_bytes"], s
     d = rows["dump"]
     assert d["f16_of_callback_f32_mismatches"] == 0, d
+    # the dumped post-RoPE Q reproduces layer 0's attention (kq_soft_max-0) of the last ubatch:
+    # f32 softmax rounding is below 1e-4 here (measured 2e-7); a wrong head, token or layer
+    # order of Q gives about 0.1
+    assert d["q_attention_max_err"] < 1e-3, d
 p = res["probe"]
 assert p["kq_calls"] > 0 and p["rows_calls"] > 0 and p["set_rows_calls"] > 0 and p["set_rows_reads_hooked_tensor"], p
 a = {r["mode"]: r for r in res["texts"][0]["results"]}["dump"]
@@ -100,7 +104,7 @@ for k in ("realkv_K_f16", "realkv_V_f16", "realkv_K_bf16", "realkv_V_bf16"):
     print(f"50-llama: dump vs realkv {k}: {c['layers_differing']} of {c['layers']} layers differ "
           f"(first {c['first_differing_layer']}), {c['mismatches']} of {c['values']} values")
 for tag in ("textA", "textB"):
-    for f in ("K.f16", "V.f16", "K.bf16", "V.bf16", "K.f32", "V.f32"):
+    for f in ("K.f16", "V.f16", "K.bf16", "V.bf16", "K.f32", "V.f32", "Q.f32"):
         meta = json.load(open(os.path.join(dump, f"{tag}.{f}.json")))
         n = 4 if f.endswith("f32") else 2
         for x in meta["shape"]:
