@@ -1,0 +1,14 @@
+//! KV-cache quantization: the arithmetic that turns K and V values into fewer bits.
+//!
+//! `kvc-quant` holds every quantizer kvc has: int8 "C8" per-channel codes ([`c8`], the
+//! parameters and element kernels; msmodelslim files, layouts and calibration stay in
+//! `kvc-cache`).
+//! It works on `f32` slices and byte buffers the caller owns. It knows nothing about
+//! engines, cache layouts, eviction or files, and it never codes losslessly (that is
+//! `kvc-codec`).
+
+pub mod c8;
+pub mod error;
+
+pub use c8::Isa;
+pub use error::{Error, ErrorKind, Result};
