@@ -222,10 +222,12 @@ impl Isa {
     /// The portable loops.
     pub const PORTABLE: Isa = Isa(IsaKind::Portable);
 
-    /// The best loops this CPU runs.
+    /// The best loops this CPU runs: AVX2 when it has AVX2 and FMA (kvq's AVX2 kernels use
+    /// FMA; every AVX2 CPU kvc targets has both).
     pub fn detect() -> Isa {
         #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx2") {
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        {
             return Isa(IsaKind::Avx2);
         }
         Isa::PORTABLE
@@ -245,7 +247,7 @@ impl Isa {
         match self.0 {
             IsaKind::Portable => quant_run_body(x, scale, offset, out),
             // SAFETY: `IsaKind::Avx2` is only made by `Isa::detect` after the CPU reported
-            // AVX2.
+            // AVX2 (and FMA).
             #[cfg(target_arch = "x86_64")]
             IsaKind::Avx2 => unsafe { avx2::quant_run(x, scale, offset, out) },
         }
@@ -256,7 +258,7 @@ impl Isa {
         match self.0 {
             IsaKind::Portable => quant_bcast_body(x, scale, offset, out),
             // SAFETY: `IsaKind::Avx2` is only made by `Isa::detect` after the CPU reported
-            // AVX2.
+            // AVX2 (and FMA).
             #[cfg(target_arch = "x86_64")]
             IsaKind::Avx2 => unsafe { avx2::quant_bcast(x, scale, offset, out) },
         }
@@ -267,7 +269,7 @@ impl Isa {
         match self.0 {
             IsaKind::Portable => dequant_run_body(q, scale, offset, out),
             // SAFETY: `IsaKind::Avx2` is only made by `Isa::detect` after the CPU reported
-            // AVX2.
+            // AVX2 (and FMA).
             #[cfg(target_arch = "x86_64")]
             IsaKind::Avx2 => unsafe { avx2::dequant_run(q, scale, offset, out) },
         }
@@ -278,7 +280,7 @@ impl Isa {
         match self.0 {
             IsaKind::Portable => dequant_bcast_body(q, scale, offset, out),
             // SAFETY: `IsaKind::Avx2` is only made by `Isa::detect` after the CPU reported
-            // AVX2.
+            // AVX2 (and FMA).
             #[cfg(target_arch = "x86_64")]
             IsaKind::Avx2 => unsafe { avx2::dequant_bcast(q, scale, offset, out) },
         }

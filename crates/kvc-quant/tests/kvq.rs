@@ -175,7 +175,7 @@ fn max_rel(a: &[f32], b: &[f64]) -> f64 {
 
 /// Packed attention equals the f64 attention over the dequantized rows within 1e-4 of
 /// the output's largest magnitude (f32 accumulation over up to 1000 tokens), on both ISA
-/// paths, which agree bit for bit.
+/// paths, which agree within 1e-5.
 #[test]
 fn packed_attention_matches_f64_reference_on_both_paths() {
     let mut r = Rng(3);
@@ -224,7 +224,14 @@ fn packed_attention_matches_f64_reference_on_both_paths() {
                 assert!(e < 1e-4, "d {d} {cfg}: {e}");
                 outs.push(out);
             }
-            assert!(outs.windows(2).all(|w| w[0] == w[1]), "paths differ: {cfg}");
+            // The AVX2 table kernels sum in another order (and with FMA): equal to rounding.
+            for o in &outs[1..] {
+                let e = max_rel(
+                    o,
+                    &outs[0].iter().map(|v| f64::from(*v)).collect::<Vec<_>>(),
+                );
+                assert!(e < 1e-5, "paths differ by {e}: {cfg}");
+            }
             // And the quantization error itself is sane (finite, below 100% of the scale).
             let e = max_rel(&outs[0], &exact);
             assert!(e.is_finite() && e < 1.0, "d {d} {cfg}: vs unquantized {e}");

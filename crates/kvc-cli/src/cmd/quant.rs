@@ -1,5 +1,6 @@
 //! `kvc quant calibrate | apply | dequant`: int8 C8 quantization of raw KV caches laid
-//! out `[layer][token][kv_head][head_dim]`, with msmodelslim checkpoints.
+//! out `[layer][token][kv_head][head_dim]`, with msmodelslim checkpoints; `kvc quant
+//! inspect` shows a kvq plan.
 
 use std::path::{Path, PathBuf};
 
@@ -28,6 +29,8 @@ enum QuantCmd {
     Apply(ApplyArgs),
     /// Dequantize int8 K and V caches back to --dtype with an msmodelslim C8 checkpoint.
     Dequant(DequantArgs),
+    /// kvq: show a plan (JSON file) or config string: bits, bytes per row, ratio.
+    Inspect(super::kvq_inspect::InspectArgs),
 }
 
 /// Element type of the float caches.
@@ -208,6 +211,7 @@ pub fn run(args: QuantArgs) -> Result<(), CliError> {
         QuantCmd::Calibrate(a) => calibrate(a),
         QuantCmd::Apply(a) => apply(a),
         QuantCmd::Dequant(a) => dequant(a),
+        QuantCmd::Inspect(a) => super::kvq_inspect::run(a),
     }
 }
 

@@ -3,9 +3,10 @@
 //! `out = sum_t softmax_t(scale * q.k_t) v_t` where `k_t` and `v_t` are read from packed
 //! rows. The query is rotated once (`q.k = (Rq).(Rk)`), the weighted sum of V is formed in
 //! the rotated domain and un-rotated once (`sum p_t v_t = R^T sum p_t (R v_t)`). The caller
-//! gives `scores` (one `f32` per token); nothing is allocated. The same loops are compiled
-//! twice, portable and with AVX2+FMA enabled (Rust does not contract `a * b + c`, so both
-//! give identical results), and [`Isa`] picks one at run time.
+//! gives `scores` (one `f32` per token); nothing is allocated. The loop is compiled twice,
+//! portable and with AVX2+FMA enabled, and [`Isa`] picks one at run time; on AVX2, rows of
+//! 2-4-bit codes go through table kernels (eight codes to values with `vpermps`, FMA),
+//! which agree with the portable path to rounding, not bit for bit.
 //!
 //! [`attend_head_f16`] is the same kernel on an f16 cache, the baseline `kvc bench quant`
 //! measures packed attention against.
@@ -114,7 +115,17 @@ pub fn attend_head(
     }
     let scores = &mut scores[..n_tokens];
     match isa.0 {
-        IsaKind::Portable => attend_body(layer, q, k, v, scale, scores, out),
+        IsaKind::Portable => attend_body(
+            layer,
+            q,
+            k,
+            v,
+            scale,
+            scores,
+            out,
+            |qr, row, t| layer.k.dot_rotated(qr, row, t),
+            |row, w, acc, t| layer.v.accumulate_rotated(row, w, acc, t),
+        ),
         // SAFETY: `IsaKind::Avx2` is only made by `Isa::detect` after the CPU reported AVX2.
         #[cfg(target_arch = "x86_64")]
         IsaKind::Avx2 => unsafe { avx2::attend(layer, q, k, v, scale, scores, out) },
@@ -125,8 +136,9 @@ pub fn attend_head(
 mod avx2 {
     use super::*;
 
-    /// [`attend_body`] compiled with AVX2 (no FMA: the results equal the portable path's).
-    #[target_feature(enable = "avx2")]
+    /// [`attend_body`] compiled with AVX2 and FMA, 2-4-bit rows through the table
+    /// kernels.
+    #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn attend(
         layer: &LayerCodec,
         q: &[f32],
@@ -136,7 +148,14 @@ mod avx2 {
         scores: &mut [f32],
         out: &mut [f32],
     ) -> Result<()> {
-        attend_body(layer, q, k, v, scale, scores, out)
+        // SAFETY: this function is only called after `Isa::detect` saw AVX2 and FMA.
+        let dot =
+            |qr: &[f32], row: &[u8], t: usize| unsafe { layer.k.dot_rotated_avx2(qr, row, t) };
+        // SAFETY: as above.
+        let axpy = |row: &[u8], w: f32, acc: &mut [f32], t: usize| unsafe {
+            layer.v.accumulate_rotated_avx2(row, w, acc, t)
+        };
+        attend_body(layer, q, k, v, scale, scores, out, dot, axpy)
     }
 
     /// [`f16_body`] compiled with AVX2.
@@ -167,6 +186,7 @@ fn softmax(scores: &mut [f32]) -> f32 {
 }
 
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 fn attend_body(
     layer: &LayerCodec,
     q: &[f32],
@@ -175,6 +195,8 @@ fn attend_body(
     scale: f32,
     scores: &mut [f32],
     out: &mut [f32],
+    dot: impl Fn(&[f32], &[u8], usize) -> Result<f32>,
+    axpy: impl Fn(&[u8], f32, &mut [f32], usize) -> Result<()>,
 ) -> Result<()> {
     let d = layer.k.dim();
     let mut qr = [0f32; MAX_HEAD_DIM];
@@ -183,7 +205,7 @@ fn attend_body(
     layer.k.rotation().rotate(qr);
     for (t, s) in scores.iter_mut().enumerate() {
         let row = &k.bytes[t * k.stride..];
-        *s = scale * layer.k.dot_rotated(qr, row, t)?;
+        *s = scale * dot(qr, row, t)?;
     }
     let mut acc = [0f32; MAX_HEAD_DIM];
     let acc = &mut acc[..d];
@@ -191,7 +213,7 @@ fn attend_body(
         let inv = softmax(scores);
         for (t, &p) in scores.iter().enumerate() {
             let row = &v.bytes[t * v.stride..];
-            layer.v.accumulate_rotated(row, p * inv, acc, t)?;
+            axpy(row, p * inv, acc, t)?;
         }
         layer.v.rotation().unrotate(acc);
     }

@@ -22,6 +22,7 @@ pub mod codebook;
 pub mod config;
 pub mod rotation;
 pub mod row;
+mod simd;
 
 pub use config::{KvqConfig, KvqPlan, LayerBits, Method};
 pub use row::{row_bits_per_value, row_bytes, RowCodec, FORMAT_VERSION};

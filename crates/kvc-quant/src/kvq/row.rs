@@ -61,6 +61,9 @@ pub struct RowCodec {
     levels: Vec<f32>,
     /// Midpoints between levels.
     bounds: Vec<f32>,
+    /// Value of each code before the scale, for the table kernels (lm: the level; uniform:
+    /// `code - (2^bits - 1) / 2`), zero-padded to 16.
+    table: [f32; 16],
 }
 
 /// Writes codes `codes[..n]` of `bits` bits into `out` as an LSB-first bit stream.
@@ -131,6 +134,14 @@ impl RowCodec {
             }
             Method::Uniform { .. } => (Vec::new(), Vec::new()),
         };
+        let mut table = [0f32; 16];
+        let half = 0.5 * ((1u32 << bits) - 1) as f32;
+        for (k, t) in table.iter_mut().enumerate().take(1 << bits.min(4)) {
+            *t = match method {
+                Method::LloydMax => levels[k],
+                Method::Uniform { .. } => k as f32 - half,
+            };
+        }
         Ok(RowCodec {
             method,
             bits,
@@ -141,6 +152,7 @@ impl RowCodec {
             rot,
             levels,
             bounds,
+            table,
         })
     }
 
@@ -249,12 +261,29 @@ impl RowCodec {
             return Ok(f16::ZERO);
         }
         let inv = (self.dim as f32).sqrt() / norm2.sqrt();
+        if self.bits <= 5 {
+            // Code = how many boundaries lie below the value: one compare per boundary and
+            // value, in loops over the values that vectorize (no search, no branches).
+            let mut u = [0f32; MAX_HEAD_DIM];
+            let u = &mut u[..y.len()];
+            for (a, &v) in u.iter_mut().zip(y) {
+                *a = v * inv;
+            }
+            codes.fill(0);
+            for &b in &self.bounds {
+                for (c, &a) in codes.iter_mut().zip(u.iter()) {
+                    *c += u8::from(b < a);
+                }
+            }
+        } else {
+            for (c, &v) in codes.iter_mut().zip(y) {
+                let s = v * inv;
+                *c = self.bounds.partition_point(|&b| b < s) as u8;
+            }
+        }
         let (mut num, mut den) = (0f32, 0f32);
-        for (c, &v) in codes.iter_mut().zip(y) {
-            let s = v * inv;
-            let k = self.bounds.partition_point(|&b| b < s);
-            *c = k as u8;
-            let l = self.levels[k];
+        for (&c, &v) in codes.iter().zip(y) {
+            let l = self.levels[c as usize];
             num += v * l;
             den += l * l;
         }
@@ -325,6 +354,48 @@ impl RowCodec {
         let mut sc = [0f32; MAX_HEAD_DIM / 8];
         let sc = &mut sc[..self.scales];
         self.read_scales(row, sc, row_index)?;
+        self.accumulate_scaled(row, w, sc, acc);
+        Ok(())
+    }
+
+    /// [`accumulate_rotated`](Self::accumulate_rotated) with the table kernels (2-4 bits).
+    ///
+    /// # Safety
+    /// The CPU must have AVX2 and FMA.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    pub(crate) unsafe fn accumulate_rotated_avx2(
+        &self,
+        row: &[u8],
+        w: f32,
+        acc: &mut [f32],
+        row_index: usize,
+    ) -> Result<()> {
+        use super::simd::avx2;
+        let mut sc = [0f32; MAX_HEAD_DIM / 8];
+        let sc = &mut sc[..self.scales];
+        self.read_scales(row, sc, row_index)?;
+        let bits = u32::from(self.bits);
+        if !avx2::handles(bits) {
+            self.accumulate_scaled(row, w, sc, acc);
+            return Ok(());
+        }
+        let codes = &row[2 * self.scales..self.row_bytes];
+        let gbytes = self.group * self.bits as usize / 8;
+        for ((ag, cg), &s) in acc
+            .chunks_exact_mut(self.group)
+            .zip(codes.chunks_exact(gbytes))
+            .zip(sc.iter())
+        {
+            // SAFETY: the caller guarantees AVX2 and FMA; `bits` is 2..=4; `ag` holds
+            // `group` values (a multiple of 8) and `cg` their `group * bits / 8` bytes.
+            unsafe { avx2::axpy_lut(ag, cg, bits, &self.table, w * s) };
+        }
+        Ok(())
+    }
+
+    #[inline(always)]
+    fn accumulate_scaled(&self, row: &[u8], w: f32, sc: &[f32], acc: &mut [f32]) {
         let mut codes = [0u8; MAX_HEAD_DIM];
         let codes = &mut codes[..self.dim];
         unpack(&row[2 * self.scales..], u32::from(self.bits), codes);
@@ -349,7 +420,41 @@ impl RowCodec {
                 }
             }
         }
-        Ok(())
+    }
+
+    /// [`dot_rotated`](Self::dot_rotated) with the table kernels (2-4 bits).
+    ///
+    /// # Safety
+    /// The CPU must have AVX2 and FMA.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    pub(crate) unsafe fn dot_rotated_avx2(
+        &self,
+        q_rot: &[f32],
+        row: &[u8],
+        row_index: usize,
+    ) -> Result<f32> {
+        use super::simd::avx2;
+        let bits = u32::from(self.bits);
+        if !avx2::handles(bits) {
+            return self.dot_rotated(q_rot, row, row_index);
+        }
+        let mut sc = [0f32; MAX_HEAD_DIM / 8];
+        let sc = &mut sc[..self.scales];
+        self.read_scales(row, sc, row_index)?;
+        let codes = &row[2 * self.scales..self.row_bytes];
+        let gbytes = self.group * self.bits as usize / 8;
+        let mut s = 0f32;
+        for ((qg, cg), &g) in q_rot
+            .chunks_exact(self.group)
+            .zip(codes.chunks_exact(gbytes))
+            .zip(sc.iter())
+        {
+            // SAFETY: the caller guarantees AVX2 and FMA; `bits` is 2..=4; `qg` holds
+            // `group` values (a multiple of 8) and `cg` their `group * bits / 8` bytes.
+            s += g * unsafe { avx2::dot_lut(qg, cg, bits, &self.table) };
+        }
+        Ok(s)
     }
 
     /// `q_rot . (rotated row)`: the dot product of a query already rotated by this
