@@ -550,6 +550,16 @@ fn golden_packed_rows() {
                 let c = RowCodec::new(m, b, d, kvc_quant::kvq::config::DEFAULT_SEED).unwrap();
                 let mut p = vec![0u8; 16 * c.row_bytes()];
                 c.quantize_rows(&x, &mut p).unwrap();
+                // The portable and the AVX2-compiled row loops write the same bytes and
+                // read them back the same.
+                let mut pp = vec![0u8; 16 * c.row_bytes()];
+                c.portable().quantize_rows(&x, &mut pp).unwrap();
+                assert_eq!(p, pp, "{d} {m:?} {b}");
+                let mut y = vec![0f32; 16 * d];
+                let mut yp = vec![0f32; 16 * d];
+                c.dequantize_rows(&p, &mut y).unwrap();
+                c.portable().dequantize_rows(&p, &mut yp).unwrap();
+                assert_eq!(y, yp, "{d} {m:?} {b}");
                 got.push(format!(
                     "{d} {} {b} {} {:016x}",
                     m.tag(),

@@ -7,6 +7,8 @@
 //! iteration on a fixed grid, in `f64`, with only `+ - * / sqrt` (correctly rounded
 //! everywhere), so every platform computes the same levels, then rounded to `f32`.
 
+use std::sync::OnceLock;
+
 use super::rotation::check_head_dim;
 use crate::error::{Error, Result};
 
@@ -28,7 +30,16 @@ fn density(s: f64, d: usize) -> f64 {
     p * u.sqrt()
 }
 
-/// The `2^bits` Lloyd-Max levels (sorted ascending, symmetric) for head size `d`.
+/// Codebooks already computed, by head size (64, 128, 256) and bits (1..=8): a model's
+/// layers share a handful, and one takes tens of milliseconds to compute.
+#[allow(clippy::declare_interior_mutable_const)]
+const EMPTY: OnceLock<Vec<f32>> = OnceLock::new();
+#[allow(clippy::declare_interior_mutable_const)]
+const EMPTY_ROW: [OnceLock<Vec<f32>>; 8] = [EMPTY; 8];
+static BOOKS: [[OnceLock<Vec<f32>>; 8]; 3] = [EMPTY_ROW; 3];
+
+/// The `2^bits` Lloyd-Max levels (sorted ascending, symmetric) for head size `d`,
+/// computed once per process and then copied.
 pub fn lloyd_max(bits: u8, d: usize) -> Result<Vec<f32>> {
     check_head_dim(d)?;
     if !(1..=8).contains(&bits) {
@@ -38,6 +49,18 @@ pub fn lloyd_max(bits: u8, d: usize) -> Result<Vec<f32>> {
             reason: "must be 1..=8",
         });
     }
+    let di = match d {
+        64 => 0,
+        128 => 1,
+        _ => 2,
+    };
+    Ok(BOOKS[di][bits as usize - 1]
+        .get_or_init(|| compute(bits, d))
+        .clone())
+}
+
+/// The Lloyd iteration itself (arguments already checked).
+fn compute(bits: u8, d: usize) -> Vec<f32> {
     let levels = 1usize << bits;
     // The density beyond 9 is below 1e-17 of its peak for every d here.
     let smax = (d as f64).sqrt().min(9.0);
@@ -96,7 +119,7 @@ pub fn lloyd_max(bits: u8, d: usize) -> Result<Vec<f32>> {
         c[j] = -m;
         c[levels - 1 - j] = m;
     }
-    Ok(c.iter().map(|&v| v as f32).collect())
+    c.iter().map(|&v| v as f32).collect()
 }
 
 /// Decision boundaries: the midpoints between neighbouring levels (`levels - 1` values).

@@ -12,6 +12,7 @@ use half::f16;
 use super::codebook::{boundaries, lloyd_max};
 use super::config::{check_bits, Method};
 use super::rotation::{check_head_dim, Rotation, MAX_HEAD_DIM};
+use crate::c8::{Isa, IsaKind};
 use crate::error::{Error, Result};
 
 /// The packed format version this crate writes and reads.
@@ -64,11 +65,32 @@ pub struct RowCodec {
     /// Value of each code before the scale, for the table kernels (lm: the level; uniform:
     /// `code - (2^bits - 1) / 2`), zero-padded to 16.
     table: [f32; 16],
+    /// Which compiled row loops to run (bytes are identical either way).
+    isa: Isa,
 }
 
 /// Writes codes `codes[..n]` of `bits` bits into `out` as an LSB-first bit stream.
 #[inline(always)]
 fn pack(codes: &[u8], bits: u32, out: &mut [u8]) {
+    match bits {
+        8 => {
+            out[..codes.len()].copy_from_slice(codes);
+            return;
+        }
+        4 => {
+            for (o, p) in out.iter_mut().zip(codes.chunks_exact(2)) {
+                *o = p[0] | (p[1] << 4);
+            }
+            return;
+        }
+        2 => {
+            for (o, p) in out.iter_mut().zip(codes.chunks_exact(4)) {
+                *o = p[0] | (p[1] << 2) | (p[2] << 4) | (p[3] << 6);
+            }
+            return;
+        }
+        _ => {}
+    }
     let mut acc: u64 = 0;
     let mut nb = 0u32;
     let mut o = 0;
@@ -153,6 +175,7 @@ impl RowCodec {
             levels,
             bounds,
             table,
+            isa: Isa::detect(),
         })
     }
 
@@ -214,6 +237,46 @@ impl RowCodec {
     /// beyond the f16 range (a row norm above about `65504 * sqrt(head_dim)`); nothing is
     /// written on error.
     pub fn quantize_row(&self, x: &[f32], out: &mut [u8]) -> Result<()> {
+        match self.isa.0 {
+            IsaKind::Portable => self.quantize_body(x, out),
+            // SAFETY: `IsaKind::Avx2` is only made by `Isa::detect` after the CPU reported
+            // AVX2 and FMA.
+            #[cfg(target_arch = "x86_64")]
+            IsaKind::Avx2 => unsafe { self.quantize_avx2(x, out) },
+        }
+    }
+
+    /// [`quantize_body`](Self::quantize_body) compiled for AVX2 (wider vectors; Rust
+    /// does not contract or reorder float operations, so the bytes are identical).
+    ///
+    /// # Safety
+    /// The CPU must have AVX2 and FMA.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn quantize_avx2(&self, x: &[f32], out: &mut [u8]) -> Result<()> {
+        self.quantize_body(x, out)
+    }
+
+    /// [`dequantize_body`](Self::dequantize_body) compiled for AVX2.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2 and FMA.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn dequantize_avx2(&self, row: &[u8], out: &mut [f32]) -> Result<()> {
+        self.dequantize_body(row, out)
+    }
+
+    /// The same codec running the portable loops only (for tests and comparisons).
+    pub fn portable(&self) -> RowCodec {
+        RowCodec {
+            isa: Isa::PORTABLE,
+            ..self.clone()
+        }
+    }
+
+    #[inline(always)]
+    fn quantize_body(&self, x: &[f32], out: &mut [u8]) -> Result<()> {
         self.check_row_in(x)?;
         self.check_packed("packed row", out.len())?;
         if let Some(i) = x.iter().position(|v| !v.is_finite()) {
@@ -498,6 +561,17 @@ impl RowCodec {
     /// values). No allocation. A short row, a wrong `out` length or a non-finite scale is
     /// an error.
     pub fn dequantize_row(&self, row: &[u8], out: &mut [f32]) -> Result<()> {
+        match self.isa.0 {
+            IsaKind::Portable => self.dequantize_body(row, out),
+            // SAFETY: `IsaKind::Avx2` is only made by `Isa::detect` after the CPU reported
+            // AVX2 and FMA.
+            #[cfg(target_arch = "x86_64")]
+            IsaKind::Avx2 => unsafe { self.dequantize_avx2(row, out) },
+        }
+    }
+
+    #[inline(always)]
+    fn dequantize_body(&self, row: &[u8], out: &mut [f32]) -> Result<()> {
         self.check_row_in(out)?;
         self.check_packed("packed row", row.len())?;
         let mut acc = [0f32; MAX_HEAD_DIM];
