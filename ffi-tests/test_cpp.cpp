@@ -190,6 +190,27 @@ static void test_library_handles() {
     CHECK(loaded.status() == KVC_IO);
     auto mlp = kvc::make_handle<kvc::Mlp>(kvc_mlp_new, "/nonexistent.bin");
     CHECK(mlp.status() == KVC_IO);
+
+    // kvq (ABI 0.6) through kvc::Kvq: quantize two rows, read them back.
+    auto kvq = kvc::make_handle<kvc::Kvq>(kvc_kvq_new, "k4v2", 64u, 2u, 3u);
+    CHECK(kvq.ok());
+    std::vector<float> kv_rows(2 * 64);
+    for (std::size_t i = 0; i < kv_rows.size(); i++) kv_rows[i] = float(i % 7) - 3.0f;
+    auto packed = kvc::kvq_quantize_rows(kvq->get(), 1, KVC_TENSOR_K, kv_rows.data(), 2);
+    CHECK(packed.ok() && packed->size() == 2 * 34);
+    std::vector<float> kv_back(kv_rows.size());
+    CHECK(kvc_kvq_dequantize_rows(kvq->get(), 1, KVC_TENSOR_K, packed->data(), packed->size(),
+                                  kv_back.data(), 2) == KVC_OK);
+    double err = 0, sig = 0;
+    for (std::size_t i = 0; i < kv_rows.size(); i++) {
+        err += double(kv_back[i] - kv_rows[i]) * double(kv_back[i] - kv_rows[i]);
+        sig += double(kv_rows[i]) * double(kv_rows[i]);
+    }
+    CHECK(err < 0.05 * sig);
+    CHECK(kvc::kvq_quantize_rows(kvq->get(), 2, KVC_TENSOR_K, kv_rows.data(), 2).status() ==
+          KVC_INVALID_ARGUMENT);
+    CHECK(kvc::make_handle<kvc::Kvq>(kvc_kvq_new, "k4v4:bad", 64u, 2u, 3u).status() ==
+          KVC_INVALID_ARGUMENT);
 }
 
 int main() {

@@ -138,7 +138,7 @@
  * fields are added (only ever appended). A program built against minor `m` runs on any
  * library with the same major and a minor `>= m`.
  */
-#define KVC_ABI_VERSION_MINOR 5
+#define KVC_ABI_VERSION_MINOR 6
 
 /**
  * The ABI version this header describes, `(major << 16) | minor`. Pass it to
@@ -275,6 +275,13 @@ typedef struct kvc_codec kvc_codec;
  * `kvc_h2o_free`.
  */
 typedef struct kvc_h2o kvc_h2o;
+
+/**
+ * kvq codecs of every layer: opaque; create with `kvc_kvq_new` or
+ * `kvc_kvq_new_from_plan`, free with `kvc_kvq_free`. Read-only after creation: every
+ * other function takes `const kvc_kvq*` and may run concurrently on one handle.
+ */
+typedef struct kvc_kvq kvc_kvq;
 
 /**
  * A loaded compressor: opaque; create with `kvc_mlp_new` or `kvc_mlp_new_from_memory`,
@@ -1291,6 +1298,65 @@ typedef struct kvc_api {
      * See `kvc_quant_set_rope` (ABI 0.5).
      */
     enum kvc_status (*quant_set_rope)(struct kvc_quant *quant, size_t head_dim, kvc_rope_style style);
+    /**
+     * See `kvc_kvq_new` (ABI 0.6).
+     */
+    enum kvc_status (*kvq_new)(const char *config,
+                               uint32_t head_dim,
+                               uint32_t n_layer,
+                               uint32_t n_kv_head,
+                               struct kvc_kvq **out);
+    /**
+     * See `kvc_kvq_new_from_plan` (ABI 0.6).
+     */
+    enum kvc_status (*kvq_new_from_plan)(const char *json, size_t len, struct kvc_kvq **out);
+    /**
+     * See `kvc_kvq_row_bytes` (ABI 0.6).
+     */
+    enum kvc_status (*kvq_row_bytes)(const struct kvc_kvq *kvq,
+                                     uint32_t layer,
+                                     kvc_tensor tensor,
+                                     size_t *out);
+    /**
+     * See `kvc_kvq_quantize_rows` (ABI 0.6).
+     */
+    enum kvc_status (*kvq_quantize_rows)(const struct kvc_kvq *kvq,
+                                         uint32_t layer,
+                                         kvc_tensor tensor,
+                                         const float *src,
+                                         size_t n_rows,
+                                         uint8_t *dst,
+                                         size_t dst_len);
+    /**
+     * See `kvc_kvq_dequantize_rows` (ABI 0.6).
+     */
+    enum kvc_status (*kvq_dequantize_rows)(const struct kvc_kvq *kvq,
+                                           uint32_t layer,
+                                           kvc_tensor tensor,
+                                           const uint8_t *src,
+                                           size_t src_len,
+                                           float *dst,
+                                           size_t n_rows);
+    /**
+     * See `kvc_kvq_attend` (ABI 0.6).
+     */
+    enum kvc_status (*kvq_attend)(const struct kvc_kvq *kvq,
+                                  uint32_t layer,
+                                  const float *q,
+                                  uint32_t n_head,
+                                  const uint8_t *k,
+                                  size_t k_len,
+                                  const uint8_t *v,
+                                  size_t v_len,
+                                  size_t n_tokens,
+                                  float scale,
+                                  float *scores,
+                                  size_t scores_len,
+                                  float *out);
+    /**
+     * See `kvc_kvq_free` (ABI 0.6).
+     */
+    void (*kvq_free)(struct kvc_kvq *kvq);
 } kvc_api;
 
 /**
@@ -1835,6 +1901,125 @@ enum kvc_status kvc_h2o_get_layer_metrics(const struct kvc_h2o *h2o,
  * `h2o` must be NULL or a live handle from `kvc_h2o_new`, freed once.
  */
 void kvc_h2o_free(struct kvc_h2o *h2o);
+
+/**
+ * Creates codecs for `n_layer` layers of one kvq config string (`"k4v4"`, `"k4v2:u32"`,
+ * `"k3v3:lm"`, ... see `docs/formats/kvq.md`) at `head_dim` (64, 128 or 256) with
+ * `n_kv_head` KV heads, and stores the handle in `*out` (only on `KVC_OK`). A bad
+ * string, head_dim or count is `KVC_INVALID_ARGUMENT` or `KVC_UNSUPPORTED`.
+ *
+ * Ownership: `config` is only read; the caller frees the handle with `kvc_kvq_free`.
+ * Threads: safe from any thread.
+ *
+ * # Safety
+ * `config` must be a NUL-terminated string; `out` writable.
+ */
+KVC_NODISCARD
+enum kvc_status kvc_kvq_new(const char *config,
+                            uint32_t head_dim,
+                            uint32_t n_layer,
+                            uint32_t n_kv_head,
+                            struct kvc_kvq **out);
+
+/**
+ * Creates codecs from a kvq plan: `len` bytes of JSON at `json` (format
+ * `kvc-kvq-plan` version 1, per-layer K/V bits; `docs/formats/kvq.md`), and stores the
+ * handle in `*out` (only on `KVC_OK`). A malformed plan is `KVC_CORRUPT_DATA`; another
+ * version `KVC_UNSUPPORTED`. The bytes are copied.
+ *
+ * # Safety
+ * `json` readable for `len` bytes; `out` writable.
+ */
+KVC_NODISCARD
+enum kvc_status kvc_kvq_new_from_plan(const char *json,
+                                      size_t len,
+                                      struct kvc_kvq **out);
+
+/**
+ * Bytes of one packed row (one token of one KV head) of `tensor` (`KVC_TENSOR_K` or
+ * `KVC_TENSOR_V`) in `layer`, written to `*out`.
+ *
+ * # Safety
+ * `kvq` a live handle; `out` writable.
+ */
+KVC_NODISCARD
+enum kvc_status kvc_kvq_row_bytes(const struct kvc_kvq *kvq,
+                                  uint32_t layer,
+                                  kvc_tensor tensor,
+                                  size_t *out);
+
+/**
+ * Quantizes `n_rows` rows of `head_dim` floats at `src` (one row = one token of one KV
+ * head; llama.cpp's K/V rows of a layer are `n_tokens * n_kv_head` such rows) into
+ * `dst` (`dst_len` bytes, at least `n_rows * row_bytes`; only those are written). A
+ * non-finite value is `KVC_CORRUPT_DATA`; a short `dst` `KVC_BUFFER_TOO_SMALL`.
+ * No allocation.
+ *
+ * # Safety
+ * `kvq` a live handle; `src` readable for `n_rows * head_dim` floats; `dst` writable for
+ * `dst_len` bytes and not overlapping `src`.
+ */
+KVC_NODISCARD
+enum kvc_status kvc_kvq_quantize_rows(const struct kvc_kvq *kvq,
+                                      uint32_t layer,
+                                      kvc_tensor tensor,
+                                      const float *src,
+                                      size_t n_rows,
+                                      uint8_t *dst,
+                                      size_t dst_len);
+
+/**
+ * Dequantizes `n_rows` packed rows from `src` (`src_len` bytes, at least `n_rows *
+ * row_bytes`) into `n_rows * head_dim` floats at `dst`. A short `src` is
+ * `KVC_BUFFER_TOO_SMALL`; a row with a non-finite scale `KVC_CORRUPT_DATA`.
+ *
+ * # Safety
+ * `kvq` a live handle; `src` readable for `src_len` bytes; `dst` writable for
+ * `n_rows * head_dim` floats and not overlapping `src`.
+ */
+KVC_NODISCARD
+enum kvc_status kvc_kvq_dequantize_rows(const struct kvc_kvq *kvq,
+                                        uint32_t layer,
+                                        kvc_tensor tensor,
+                                        const uint8_t *src,
+                                        size_t src_len,
+                                        float *dst,
+                                        size_t n_rows);
+
+/**
+ * One decode step of every query head of `layer` on packed K and V: `q` holds `n_head *
+ * head_dim` floats (query head `i` reads KV head `i / (n_head / n_kv_head)`), `k` and `v`
+ * hold `n_tokens * n_kv_head` packed rows, token-major (`k_len`, `v_len` bytes, at least
+ * that), `scale` multiplies the scores (usually `1/sqrt(head_dim)`), `scores` is scratch of
+ * `scores_len >= n_head * n_tokens` floats, and `out` receives `n_head * head_dim`
+ * floats. Threads over heads; no allocation beyond the thread pool's.
+ *
+ * # Safety
+ * `kvq` a live handle; every pointer valid for the lengths stated; `scores` and `out`
+ * writable and not overlapping each other or the inputs.
+ */
+KVC_NODISCARD
+enum kvc_status kvc_kvq_attend(const struct kvc_kvq *kvq,
+                               uint32_t layer,
+                               const float *q,
+                               uint32_t n_head,
+                               const uint8_t *k,
+                               size_t k_len,
+                               const uint8_t *v,
+                               size_t v_len,
+                               size_t n_tokens,
+                               float scale,
+                               float *scores,
+                               size_t scores_len,
+                               float *out);
+
+/**
+ * Frees a handle from `kvc_kvq_new` / `kvc_kvq_new_from_plan`; NULL is a no-op.
+ *
+ * # Safety
+ * A non-NULL `kvq` must be a live handle not in use by another call; it is invalid after.
+ */
+void kvc_kvq_free(struct kvc_kvq *kvq);
 
 /**
  * Copies the message explaining this thread's last failed kvc call into `buf`.

@@ -224,6 +224,9 @@ using Quant = Handle<kvc_quant, kvc_quant_free>;
 /// A view of an engine's cache layout (kvc_cache_*, ABI 0.3):
 /// make_handle<Cache>(kvc_cache_new, &config).
 using Cache = Handle<kvc_cache, kvc_cache_free>;
+/// kvq packed-row codecs (kvc_kvq_*, ABI 0.6): make_handle<Kvq>(kvc_kvq_new, "k4v4",
+/// head_dim, n_layer, n_kv_head), or make_handle<Kvq>(kvc_kvq_new_from_plan, json, len).
+using Kvq = Handle<kvc_kvq, kvc_kvq_free>;
 
 /// kvc_codec_encode into a new vector sized by the worst-case query, trimmed to the blob.
 inline Result<std::vector<std::uint8_t>> encode(kvc_codec* codec, kvc_tensor tensor,
@@ -301,6 +304,20 @@ inline Result<std::vector<std::int8_t>> quantize_rows(const kvc_quant* quant, st
 inline Result<void> roundtrip_rows(const kvc_quant* quant, std::size_t layer, kvc_tensor tensor,
                                    kvc_dtype dtype, void* data, std::size_t n_rows) {
     return detail::check(kvc_quant_roundtrip_rows(quant, layer, tensor, dtype, data, n_rows));
+}
+
+/// kvc_kvq_quantize_rows into a new vector of n_rows * row_bytes packed bytes (`src` holds
+/// n_rows * head_dim floats).
+inline Result<std::vector<std::uint8_t>> kvq_quantize_rows(const kvc_kvq* kvq, std::uint32_t layer,
+                                                           kvc_tensor tensor, const float* src,
+                                                           std::size_t n_rows) {
+    std::size_t row = 0;
+    kvc_status st = kvc_kvq_row_bytes(kvq, layer, tensor, &row);
+    if (st != KVC_OK) return detail::error_from(st);
+    std::vector<std::uint8_t> out(row * n_rows);
+    st = kvc_kvq_quantize_rows(kvq, layer, tensor, src, n_rows, out.data(), out.size());
+    if (st != KVC_OK) return detail::error_from(st);
+    return out;
 }
 
 /// kvc_cache_get_info.

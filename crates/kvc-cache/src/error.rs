@@ -168,6 +168,8 @@ pub enum Error {
         /// Groups in the plan.
         groups: usize,
     },
+    /// A `kvc-quant` error with no `kvc-cache` counterpart.
+    Quant(kvc_quant::Error),
     /// The MLP compressor refused (layer out of range, factor or head_dim mismatch).
     Mlp(kvc_mlp::Error),
     /// mmap / madvise failed.
@@ -192,6 +194,12 @@ impl Error {
             | Error::Misaligned { .. }
             | Error::DuplicatePosition { .. } => ErrorKind::InvalidArgument,
             Error::SharedCell { .. } | Error::GroupedPlan { .. } => ErrorKind::Unsupported,
+            Error::Quant(e) => match e.kind() {
+                kvc_quant::ErrorKind::InvalidArgument => ErrorKind::InvalidArgument,
+                kvc_quant::ErrorKind::BufferTooSmall => ErrorKind::BufferTooSmall,
+                kvc_quant::ErrorKind::Unsupported => ErrorKind::Unsupported,
+                _ => ErrorKind::CorruptData,
+            },
             Error::Mlp(e) => match e.kind() {
                 kvc_mlp::ErrorKind::InvalidArgument => ErrorKind::InvalidArgument,
                 kvc_mlp::ErrorKind::BufferTooSmall => ErrorKind::BufferTooSmall,
@@ -292,6 +300,7 @@ impl fmt::Display for Error {
                 f,
                 "the kvc-h2o plan has {groups} groups (one per KV head); convert one group at a time"
             ),
+            Error::Quant(e) => write!(f, "quantization: {e}"),
             Error::Mlp(e) => write!(f, "MLP compression: {e}"),
             Error::Os { call, errno } => write!(f, "{call} failed: errno {errno}"),
         }
@@ -303,6 +312,7 @@ impl std::error::Error for Error {
         match self {
             Error::Io { source, .. } => Some(source),
             Error::Mlp(e) => Some(e),
+            Error::Quant(e) => Some(e),
             _ => None,
         }
     }
@@ -311,6 +321,39 @@ impl std::error::Error for Error {
 impl From<kvc_mlp::Error> for Error {
     fn from(e: kvc_mlp::Error) -> Error {
         Error::Mlp(e)
+    }
+}
+
+/// The `kvc-quant` errors C8 can give map onto the `kvc-cache` variants they were before
+/// C8 moved (callers match on those); any other is kept whole in [`Error::Quant`].
+impl From<kvc_quant::Error> for Error {
+    fn from(e: kvc_quant::Error) -> Error {
+        match e {
+            kvc_quant::Error::LayoutMismatch {
+                what,
+                expected,
+                found,
+            } => Error::LayoutMismatch {
+                what,
+                expected,
+                found,
+            },
+            kvc_quant::Error::NonFinite { what, index } => Error::NonFinite { what, index },
+            kvc_quant::Error::BufferTooSmall {
+                what,
+                needed,
+                found,
+            } => Error::BufferTooSmall {
+                what,
+                needed,
+                found,
+            },
+            kvc_quant::Error::SizeOverflow { what } => Error::SizeOverflow { what },
+            kvc_quant::Error::MissingLayer { layer, which } => {
+                Error::MissingTensor { layer, which }
+            }
+            other => Error::Quant(other),
+        }
     }
 }
 

@@ -20,6 +20,10 @@ use crate::h2o::{
     KvcH2o, KvcH2oCallShape, KvcH2oConfig, KvcH2oDecision, KvcH2oMetrics, KvcH2oPlanInfo,
     KvcReservePair,
 };
+use crate::kvq::{
+    kvc_kvq_attend, kvc_kvq_dequantize_rows, kvc_kvq_free, kvc_kvq_new, kvc_kvq_new_from_plan,
+    kvc_kvq_quantize_rows, kvc_kvq_row_bytes, KvcKvq,
+};
 use crate::last_error::{kvc_last_error_message, set_last_error};
 use crate::mlp::{
     kvc_mlp_compress_inplace, kvc_mlp_free, kvc_mlp_get_info, kvc_mlp_new, kvc_mlp_new_from_memory,
@@ -411,6 +415,63 @@ pub struct KvcApi {
         head_dim: usize,
         style: KvcRopeStyle,
     ) -> KvcStatus,
+    // --- kvq packed rows (ABI 0.6) ---
+    /// See `kvc_kvq_new` (ABI 0.6).
+    pub kvq_new: unsafe extern "C" fn(
+        config: *const c_char,
+        head_dim: u32,
+        n_layer: u32,
+        n_kv_head: u32,
+        out: *mut *mut KvcKvq,
+    ) -> KvcStatus,
+    /// See `kvc_kvq_new_from_plan` (ABI 0.6).
+    pub kvq_new_from_plan:
+        unsafe extern "C" fn(json: *const c_char, len: usize, out: *mut *mut KvcKvq) -> KvcStatus,
+    /// See `kvc_kvq_row_bytes` (ABI 0.6).
+    pub kvq_row_bytes: unsafe extern "C" fn(
+        kvq: *const KvcKvq,
+        layer: u32,
+        tensor: KvcTensor,
+        out: *mut usize,
+    ) -> KvcStatus,
+    /// See `kvc_kvq_quantize_rows` (ABI 0.6).
+    pub kvq_quantize_rows: unsafe extern "C" fn(
+        kvq: *const KvcKvq,
+        layer: u32,
+        tensor: KvcTensor,
+        src: *const f32,
+        n_rows: usize,
+        dst: *mut u8,
+        dst_len: usize,
+    ) -> KvcStatus,
+    /// See `kvc_kvq_dequantize_rows` (ABI 0.6).
+    pub kvq_dequantize_rows: unsafe extern "C" fn(
+        kvq: *const KvcKvq,
+        layer: u32,
+        tensor: KvcTensor,
+        src: *const u8,
+        src_len: usize,
+        dst: *mut f32,
+        n_rows: usize,
+    ) -> KvcStatus,
+    /// See `kvc_kvq_attend` (ABI 0.6).
+    pub kvq_attend: unsafe extern "C" fn(
+        kvq: *const KvcKvq,
+        layer: u32,
+        q: *const f32,
+        n_head: u32,
+        k: *const u8,
+        k_len: usize,
+        v: *const u8,
+        v_len: usize,
+        n_tokens: usize,
+        scale: f32,
+        scores: *mut f32,
+        scores_len: usize,
+        out: *mut f32,
+    ) -> KvcStatus,
+    /// See `kvc_kvq_free` (ABI 0.6).
+    pub kvq_free: unsafe extern "C" fn(kvq: *mut KvcKvq),
 }
 
 static API: KvcApi = KvcApi {
@@ -481,6 +542,14 @@ static API: KvcApi = KvcApi {
     store_free: kvc_store_free,
     // --- RoPE-aware C8 calibration (ABI 0.5) ---
     quant_set_rope: kvc_quant_set_rope,
+    // --- kvq packed rows (ABI 0.6) ---
+    kvq_new: kvc_kvq_new,
+    kvq_new_from_plan: kvc_kvq_new_from_plan,
+    kvq_row_bytes: kvc_kvq_row_bytes,
+    kvq_quantize_rows: kvc_kvq_quantize_rows,
+    kvq_dequantize_rows: kvc_kvq_dequantize_rows,
+    kvq_attend: kvc_kvq_attend,
+    kvq_free: kvc_kvq_free,
 };
 
 /// Whether a program built against ABI version `requested` can use this library.

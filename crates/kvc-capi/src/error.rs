@@ -148,3 +148,10 @@ wrap_crate_error!(kvc_cache, {
     Unsupported => KVC_UNSUPPORTED,
     Io => KVC_IO,
 });
+
+wrap_crate_error!(kvc_quant, {
+    InvalidArgument => KVC_INVALID_ARGUMENT,
+    CorruptData => KVC_CORRUPT_DATA,
+    BufferTooSmall => KVC_BUFFER_TOO_SMALL,
+    Unsupported => KVC_UNSUPPORTED,
+});

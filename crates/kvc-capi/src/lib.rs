@@ -33,6 +33,7 @@ mod elements;
 pub mod error;
 pub mod h2o;
 pub mod handle;
+pub mod kvq;
 pub mod last_error;
 pub mod mlp;
 pub mod quant;

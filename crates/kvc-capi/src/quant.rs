@@ -223,13 +223,15 @@ impl KvcQuant {
         let mut out = C8Params::new();
         for (i, [k, v]) in self.params.iter().enumerate() {
             match (k, v) {
-                (Some(k), Some(v)) => out.insert(
-                    i,
-                    LayerQuant {
-                        k: k.clone(),
-                        v: v.clone(),
-                    },
-                )?,
+                (Some(k), Some(v)) => out
+                    .insert(
+                        i,
+                        LayerQuant {
+                            k: k.clone(),
+                            v: v.clone(),
+                        },
+                    )
+                    .map_err(kvc_cache::Error::from)?,
                 (None, None) => {}
                 (Some(_), None) | (None, Some(_)) => {
                     return Err(invalid_state(format!(
@@ -606,7 +608,9 @@ pub unsafe extern "C" fn kvc_quant_set_params(
                 format!("element {i} is {}; offsets must be finite", offset[i]),
             ));
         }
-        q.params[l][t] = Some(ChannelQuant::new(scale.to_vec(), offset.to_vec())?);
+        q.params[l][t] = Some(
+            ChannelQuant::new(scale.to_vec(), offset.to_vec()).map_err(kvc_cache::Error::from)?,
+        );
         Ok(())
     })
 }

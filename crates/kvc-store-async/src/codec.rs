@@ -300,7 +300,10 @@ impl C8Codec {
     }
 
     fn quant(&self, info: &ChunkInfo) -> Result<&ChannelQuant> {
-        let l = self.params.require(info.layer)?;
+        let l = self
+            .params
+            .require(info.layer)
+            .map_err(kvc_cache::Error::from)?;
         Ok(match info.tensor {
             Tensor::K => &l.k,
             Tensor::V => &l.v,

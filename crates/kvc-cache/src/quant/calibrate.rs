@@ -103,7 +103,7 @@ impl ChannelStats {
                 offset.push((-lo / s).round_ties_even() - 128.0);
             }
         }
-        ChannelQuant::new(scale, offset)
+        Ok(ChannelQuant::new(scale, offset)?)
     }
 }
 
@@ -322,7 +322,7 @@ impl RopeStats {
             scale[a] = s;
             scale[b] = s;
         }
-        ChannelQuant::new(scale, vec![0.0; channels])
+        Ok(ChannelQuant::new(scale, vec![0.0; channels])?)
     }
 }
 

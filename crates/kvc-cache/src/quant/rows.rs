@@ -10,7 +10,8 @@
 //! Lengths are checked exactly: a source must hold `rows * channels` elements, a
 //! destination at least that many (only those are written).
 
-use super::kernel::Isa;
+use kvc_quant::c8::Isa;
+
 use super::ChannelQuant;
 use crate::dtype::{load_f32, store_f32, DType};
 use crate::error::{Error, Result};
@@ -320,7 +321,7 @@ mod tests {
                 let xs: Vec<f32> = (0..l.elem_count()).map(|_| r()).collect();
                 let mut src = vec![0u8; l.byte_len()];
                 store_f32(dt, &xs, &mut src);
-                for isa in [Isa::Portable, Isa::detect()] {
+                for isa in [Isa::PORTABLE, Isa::detect()] {
                     let mut want_q = vec![0u8; li.byte_len()];
                     quantize_with(isa, &src, &l, &mut want_q, &li, 0..rows, &q).unwrap();
                     let mut want_back = vec![0u8; l.byte_len()];

@@ -4,5 +4,6 @@
 pub mod bench;
 pub mod codec;
 pub mod h2o;
+pub mod kvq_inspect;
 pub mod mlp;
 pub mod quant;

@@ -1,5 +1,6 @@
 //! `kvc quant calibrate | apply | dequant`: int8 C8 quantization of raw KV caches laid
-//! out `[layer][token][kv_head][head_dim]`, with msmodelslim checkpoints.
+//! out `[layer][token][kv_head][head_dim]`, with msmodelslim checkpoints; `kvc quant
+//! inspect` shows a kvq plan.
 
 use std::path::{Path, PathBuf};
 
@@ -28,6 +29,8 @@ enum QuantCmd {
     Apply(ApplyArgs),
     /// Dequantize int8 K and V caches back to --dtype with an msmodelslim C8 checkpoint.
     Dequant(DequantArgs),
+    /// kvq: show a plan (JSON file) or config string: bits, bytes per row, ratio.
+    Inspect(super::kvq_inspect::InspectArgs),
 }
 
 /// Element type of the float caches.
@@ -190,7 +193,7 @@ fn layer_layout(
 
 fn check_params(p: &C8Params, layers: usize, channels: usize) -> Result<(), CliError> {
     for i in 0..layers {
-        let l = p.require(i).map_err(lib_err)?;
+        let l = p.require(i).map_err(|e| lib_err(e.into()))?;
         if l.k.channels() != channels || l.v.channels() != channels {
             return Err(CliError::input(format!(
                 "checkpoint layer {i} has {} K / {} V channels, the cache has {channels} (kv-heads x head-dim)",
@@ -208,6 +211,7 @@ pub fn run(args: QuantArgs) -> Result<(), CliError> {
         QuantCmd::Calibrate(a) => calibrate(a),
         QuantCmd::Apply(a) => apply(a),
         QuantCmd::Dequant(a) => dequant(a),
+        QuantCmd::Inspect(a) => super::kvq_inspect::run(a),
     }
 }
 
@@ -228,7 +232,9 @@ fn calibrate(a: CalibrateArgs) -> Result<(), CliError> {
         }
         let v = q.pop().ok_or_else(|| CliError::input("internal: no V"))?;
         let k = q.pop().ok_or_else(|| CliError::input("internal: no K"))?;
-        params.insert(i, LayerQuant { k, v }).map_err(lib_err)?;
+        params
+            .insert(i, LayerQuant { k, v })
+            .map_err(|e| lib_err(e.into()))?;
     }
     let sd = match a.scale_dtype {
         ScaleType::F16 => ScaleDType::F16,
@@ -267,7 +273,7 @@ fn apply(a: ApplyArgs) -> Result<(), CliError> {
     println!("layer  K max_abs   K rms       K SNR dB  V max_abs   V rms       V SNR dB");
     let (mut tk, mut tv) = (ErrorStats::default(), ErrorStats::default());
     for i in 0..a.shape.layers {
-        let p = params.require(i).map_err(lib_err)?;
+        let p = params.require(i).map_err(|e| lib_err(e.into()))?;
         let mut row = Vec::new();
         for (src, l, il, out, q, tot) in [
             (&k, &lk, &ik, &mut out_k, &p.k, &mut tk),
@@ -318,7 +324,7 @@ fn dequant(a: DequantArgs) -> Result<(), CliError> {
     let mut out_k = vec![0u8; lk.byte_len() * a.shape.layers];
     let mut out_v = vec![0u8; lv.byte_len() * a.shape.layers];
     for i in 0..a.shape.layers {
-        let p = params.require(i).map_err(lib_err)?;
+        let p = params.require(i).map_err(|e| lib_err(e.into()))?;
         for (src, il, l, out, q) in [
             (&k, &ik, &lk, &mut out_k, &p.k),
             (&v, &iv, &lv, &mut out_v, &p.v),

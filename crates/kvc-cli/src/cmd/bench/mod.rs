@@ -5,6 +5,7 @@
 pub mod cache;
 pub mod codec;
 pub mod dataset;
+pub mod quant;
 pub mod store;
 
 use clap::{Args, Subcommand};
@@ -30,6 +31,8 @@ enum BenchCommand {
     Cache(cache::BenchCacheArgs),
     /// kvc-store-async: simulated decode, bytes released, restore latency, C8 option.
     Store(store::BenchStoreArgs),
+    /// kvc-quant kvq: bits/value, SNR per layer, attention error, GB/s, packed attention time.
+    Quant(quant::BenchQuantArgs),
 }
 
 /// Runs `kvc bench`.
@@ -38,6 +41,7 @@ pub fn run(args: BenchArgs) -> Result<(), CliError> {
         Some(BenchCommand::Codec(a)) => codec::run(a),
         Some(BenchCommand::Cache(a)) => cache::run(&a),
         Some(BenchCommand::Store(a)) => store::run(&a),
+        Some(BenchCommand::Quant(a)) => quant::run(&a),
         None => codec::run(args.codec),
     }
 }

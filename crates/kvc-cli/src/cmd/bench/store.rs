@@ -159,7 +159,7 @@ fn c8_params(k: &Dump, v: &Dump, layout: &KvLayout) -> Result<C8Params, CliError
                 v: calibrate(&vb, &layout.v, 0..n, false).map_err(lib)?,
             },
         )
-        .map_err(lib)?;
+        .map_err(|e| lib(kvc_cache::Error::from(e)))?;
     }
     Ok(p)
 }

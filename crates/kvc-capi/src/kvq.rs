@@ -1,0 +1,335 @@
+//! `kvc_kvq`: kvq packed rows (`kvc-quant`, `docs/formats/kvq.md`) behind an opaque
+//! handle: per-layer K/V codecs from a config string or a plan, quantize / dequantize of
+//! row batches, and decode attention on the packed rows.
+
+use std::ffi::{c_char, CStr};
+
+use kvc_quant::kvq::attention::attend_heads;
+use kvc_quant::kvq::{KvqConfig, KvqPlan, LayerCodec, RowCodec};
+use kvc_quant::Isa;
+
+use crate::boundary::{in_ref, in_slice, out_ref, out_slice, status_boundary};
+use crate::codec::{KvcTensor, KVC_TENSOR_K, KVC_TENSOR_V};
+use crate::error::Error;
+use crate::handle::{free_handle, handle_ref, store_handle};
+use crate::status::KvcStatus;
+
+/// kvq codecs of every layer: opaque; create with `kvc_kvq_new` or
+/// `kvc_kvq_new_from_plan`, free with `kvc_kvq_free`. Read-only after creation: every
+/// other function takes `const kvc_kvq*` and may run concurrently on one handle.
+pub struct KvcKvq {
+    layers: Vec<LayerCodec>,
+    head_dim: usize,
+    n_kv_head: usize,
+}
+
+impl KvcKvq {
+    fn codec(&self, layer: u32, tensor: KvcTensor) -> Result<&RowCodec, Error> {
+        let l = self.layers.get(layer as usize).ok_or_else(|| {
+            Error::invalid(
+                "layer",
+                format!("{layer} is out of range ({} layers)", self.layers.len()),
+            )
+        })?;
+        match tensor {
+            KVC_TENSOR_K => Ok(&l.k),
+            KVC_TENSOR_V => Ok(&l.v),
+            t => Err(Error::invalid(
+                "tensor",
+                format!("{t} is neither KVC_TENSOR_K nor KVC_TENSOR_V"),
+            )),
+        }
+    }
+}
+
+/// Creates codecs for `n_layer` layers of one kvq config string (`"k4v4"`, `"k4v2:u32"`,
+/// `"k3v3:lm"`, ... see `docs/formats/kvq.md`) at `head_dim` (64, 128 or 256) with
+/// `n_kv_head` KV heads, and stores the handle in `*out` (only on `KVC_OK`). A bad
+/// string, head_dim or count is `KVC_INVALID_ARGUMENT` or `KVC_UNSUPPORTED`.
+///
+/// Ownership: `config` is only read; the caller frees the handle with `kvc_kvq_free`.
+/// Threads: safe from any thread.
+///
+/// # Safety
+/// `config` must be a NUL-terminated string; `out` writable.
+#[no_mangle]
+#[must_use = "a kvc_status reports failure"]
+pub unsafe extern "C" fn kvc_kvq_new(
+    config: *const c_char,
+    head_dim: u32,
+    n_layer: u32,
+    n_kv_head: u32,
+    out: *mut *mut KvcKvq,
+) -> KvcStatus {
+    status_boundary("kvc_kvq_new", || {
+        // SAFETY: caller contract (checked for NULL and alignment first).
+        let c = unsafe { in_ref(config, "config") }?;
+        // SAFETY: `c` points to a NUL-terminated string (contract).
+        let text = unsafe { CStr::from_ptr(c) }
+            .to_str()
+            .map_err(|_| Error::invalid("config", "is not valid UTF-8"))?;
+        // SAFETY: caller contract.
+        unsafe { out_ref(out, "out") }?;
+        let cfg = KvqConfig::parse(text)?;
+        if n_layer == 0 || n_layer as usize > kvc_quant::kvq::config::MAX_PLAN_LAYERS {
+            return Err(Error::invalid(
+                "n_layer",
+                format!("{n_layer} is not in 1..=4096"),
+            ));
+        }
+        let plan = KvqPlan::uniform(&cfg, head_dim, n_kv_head, n_layer as usize);
+        let h = from_plan(&plan)?;
+        // SAFETY: checked above.
+        unsafe { store_handle(out, h) }
+    })
+}
+
+fn from_plan(plan: &KvqPlan) -> Result<KvcKvq, Error> {
+    plan.validate()?;
+    let d = plan.head_dim as usize;
+    let layers = (0..plan.layers.len())
+        .map(|i| Ok(LayerCodec::new(&plan.layer_config(i)?, d)?))
+        .collect::<Result<Vec<_>, Error>>()?;
+    Ok(KvcKvq {
+        layers,
+        head_dim: d,
+        n_kv_head: plan.n_kv_head as usize,
+    })
+}
+
+/// Creates codecs from a kvq plan: `len` bytes of JSON at `json` (format
+/// `kvc-kvq-plan` version 1, per-layer K/V bits; `docs/formats/kvq.md`), and stores the
+/// handle in `*out` (only on `KVC_OK`). A malformed plan is `KVC_CORRUPT_DATA`; another
+/// version `KVC_UNSUPPORTED`. The bytes are copied.
+///
+/// # Safety
+/// `json` readable for `len` bytes; `out` writable.
+#[no_mangle]
+#[must_use = "a kvc_status reports failure"]
+pub unsafe extern "C" fn kvc_kvq_new_from_plan(
+    json: *const c_char,
+    len: usize,
+    out: *mut *mut KvcKvq,
+) -> KvcStatus {
+    status_boundary("kvc_kvq_new_from_plan", || {
+        // SAFETY: caller contract.
+        let bytes = unsafe { in_slice(json.cast::<u8>(), len, "json") }?;
+        // SAFETY: caller contract.
+        unsafe { out_ref(out, "out") }?;
+        let text =
+            std::str::from_utf8(bytes).map_err(|_| Error::invalid("json", "is not valid UTF-8"))?;
+        let h = from_plan(&KvqPlan::from_json(text)?)?;
+        // SAFETY: checked above.
+        unsafe { store_handle(out, h) }
+    })
+}
+
+/// Bytes of one packed row (one token of one KV head) of `tensor` (`KVC_TENSOR_K` or
+/// `KVC_TENSOR_V`) in `layer`, written to `*out`.
+///
+/// # Safety
+/// `kvq` a live handle; `out` writable.
+#[no_mangle]
+#[must_use = "a kvc_status reports failure"]
+pub unsafe extern "C" fn kvc_kvq_row_bytes(
+    kvq: *const KvcKvq,
+    layer: u32,
+    tensor: KvcTensor,
+    out: *mut usize,
+) -> KvcStatus {
+    status_boundary("kvc_kvq_row_bytes", || {
+        // SAFETY: caller contract.
+        let h = unsafe { handle_ref(kvq, "kvq") }?;
+        // SAFETY: caller contract.
+        let o = unsafe { out_ref(out, "out") }?;
+        *o = h.codec(layer, tensor)?.row_bytes();
+        Ok(())
+    })
+}
+
+/// Quantizes `n_rows` rows of `head_dim` floats at `src` (one row = one token of one KV
+/// head; llama.cpp's K/V rows of a layer are `n_tokens * n_kv_head` such rows) into
+/// `dst` (`dst_len` bytes, at least `n_rows * row_bytes`; only those are written). A
+/// non-finite value is `KVC_CORRUPT_DATA`; a short `dst` `KVC_BUFFER_TOO_SMALL`.
+/// No allocation.
+///
+/// # Safety
+/// `kvq` a live handle; `src` readable for `n_rows * head_dim` floats; `dst` writable for
+/// `dst_len` bytes and not overlapping `src`.
+#[no_mangle]
+#[must_use = "a kvc_status reports failure"]
+pub unsafe extern "C" fn kvc_kvq_quantize_rows(
+    kvq: *const KvcKvq,
+    layer: u32,
+    tensor: KvcTensor,
+    src: *const f32,
+    n_rows: usize,
+    dst: *mut u8,
+    dst_len: usize,
+) -> KvcStatus {
+    status_boundary("kvc_kvq_quantize_rows", || {
+        // SAFETY: caller contract.
+        let h = unsafe { handle_ref(kvq, "kvq") }?;
+        let c = h.codec(layer, tensor)?;
+        let n = n_rows
+            .checked_mul(h.head_dim)
+            .ok_or_else(|| Error::invalid("n_rows", "n_rows * head_dim overflows"))?;
+        let need = n_rows
+            .checked_mul(c.row_bytes())
+            .ok_or_else(|| Error::invalid("n_rows", "n_rows * row_bytes overflows"))?;
+        if dst_len < need {
+            return Err(kvc_quant::Error::BufferTooSmall {
+                what: "dst (n_rows * row_bytes)",
+                needed: need,
+                found: dst_len,
+            }
+            .into());
+        }
+        crate::boundary::check_disjoint(
+            src.cast(),
+            n.saturating_mul(4),
+            dst.cast_const(),
+            need,
+            "dst",
+        )?;
+        // SAFETY: caller contract; NULL, alignment and size are checked.
+        let x = unsafe { in_slice(src, n, "src") }?;
+        // SAFETY: as above; disjoint from `src` (checked).
+        let d = unsafe { out_slice(dst, need, "dst") }?;
+        Ok(c.quantize_rows(x, d)?)
+    })
+}
+
+/// Dequantizes `n_rows` packed rows from `src` (`src_len` bytes, at least `n_rows *
+/// row_bytes`) into `n_rows * head_dim` floats at `dst`. A short `src` is
+/// `KVC_BUFFER_TOO_SMALL`; a row with a non-finite scale `KVC_CORRUPT_DATA`.
+///
+/// # Safety
+/// `kvq` a live handle; `src` readable for `src_len` bytes; `dst` writable for
+/// `n_rows * head_dim` floats and not overlapping `src`.
+#[no_mangle]
+#[must_use = "a kvc_status reports failure"]
+pub unsafe extern "C" fn kvc_kvq_dequantize_rows(
+    kvq: *const KvcKvq,
+    layer: u32,
+    tensor: KvcTensor,
+    src: *const u8,
+    src_len: usize,
+    dst: *mut f32,
+    n_rows: usize,
+) -> KvcStatus {
+    status_boundary("kvc_kvq_dequantize_rows", || {
+        // SAFETY: caller contract.
+        let h = unsafe { handle_ref(kvq, "kvq") }?;
+        let c = h.codec(layer, tensor)?;
+        let n = n_rows
+            .checked_mul(h.head_dim)
+            .ok_or_else(|| Error::invalid("n_rows", "n_rows * head_dim overflows"))?;
+        let need = n_rows
+            .checked_mul(c.row_bytes())
+            .ok_or_else(|| Error::invalid("n_rows", "n_rows * row_bytes overflows"))?;
+        if src_len < need {
+            return Err(kvc_quant::Error::BufferTooSmall {
+                what: "src (n_rows * row_bytes)",
+                needed: need,
+                found: src_len,
+            }
+            .into());
+        }
+        crate::boundary::check_disjoint(
+            src,
+            need,
+            dst.cast_const().cast(),
+            n.saturating_mul(4),
+            "dst",
+        )?;
+        // SAFETY: caller contract; NULL, alignment and size are checked.
+        let p = unsafe { in_slice(src, need, "src") }?;
+        // SAFETY: as above; disjoint from `src` (checked).
+        let y = unsafe { out_slice(dst, n, "dst") }?;
+        Ok(c.dequantize_rows(p, y)?)
+    })
+}
+
+/// One decode step of every query head of `layer` on packed K and V: `q` holds `n_head *
+/// head_dim` floats (query head `i` reads KV head `i / (n_head / n_kv_head)`), `k` and `v`
+/// hold `n_tokens * n_kv_head` packed rows, token-major (`k_len`, `v_len` bytes, at least
+/// that), `scale` multiplies the scores (usually `1/sqrt(head_dim)`), `scores` is scratch of
+/// `scores_len >= n_head * n_tokens` floats, and `out` receives `n_head * head_dim`
+/// floats. Threads over heads; no allocation beyond the thread pool's.
+///
+/// # Safety
+/// `kvq` a live handle; every pointer valid for the lengths stated; `scores` and `out`
+/// writable and not overlapping each other or the inputs.
+#[no_mangle]
+#[must_use = "a kvc_status reports failure"]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn kvc_kvq_attend(
+    kvq: *const KvcKvq,
+    layer: u32,
+    q: *const f32,
+    n_head: u32,
+    k: *const u8,
+    k_len: usize,
+    v: *const u8,
+    v_len: usize,
+    n_tokens: usize,
+    scale: f32,
+    scores: *mut f32,
+    scores_len: usize,
+    out: *mut f32,
+) -> KvcStatus {
+    status_boundary("kvc_kvq_attend", || {
+        // SAFETY: caller contract.
+        let h = unsafe { handle_ref(kvq, "kvq") }?;
+        let lc = h.layers.get(layer as usize).ok_or_else(|| {
+            Error::invalid(
+                "layer",
+                format!("{layer} is out of range ({} layers)", h.layers.len()),
+            )
+        })?;
+        let nq = (n_head as usize)
+            .checked_mul(h.head_dim)
+            .ok_or_else(|| Error::invalid("n_head", "overflows"))?;
+        crate::boundary::check_disjoint(
+            scores.cast_const().cast(),
+            scores_len.saturating_mul(4),
+            out.cast_const().cast(),
+            nq.saturating_mul(4),
+            "out",
+        )?;
+        // SAFETY: caller contract; NULL, alignment and size are checked.
+        let qs = unsafe { in_slice(q, nq, "q") }?;
+        // SAFETY: as above.
+        let ks = unsafe { in_slice(k, k_len, "k") }?;
+        // SAFETY: as above.
+        let vs = unsafe { in_slice(v, v_len, "v") }?;
+        // SAFETY: as above; `scores` and `out` are disjoint (checked); that they do not
+        // overlap the inputs is the caller's contract.
+        let sc = unsafe { out_slice(scores, scores_len, "scores") }?;
+        // SAFETY: as above.
+        let o = unsafe { out_slice(out, nq, "out") }?;
+        Ok(attend_heads(
+            Isa::detect(),
+            lc,
+            qs,
+            ks,
+            vs,
+            n_tokens,
+            h.n_kv_head,
+            scale,
+            sc,
+            o,
+        )?)
+    })
+}
+
+/// Frees a handle from `kvc_kvq_new` / `kvc_kvq_new_from_plan`; NULL is a no-op.
+///
+/// # Safety
+/// A non-NULL `kvq` must be a live handle not in use by another call; it is invalid after.
+#[no_mangle]
+pub unsafe extern "C" fn kvc_kvq_free(kvq: *mut KvcKvq) {
+    // SAFETY: caller contract.
+    unsafe { free_handle(kvq) }
+}

@@ -1,0 +1,480 @@
+//! `kvc bench quant`: kvq configurations on real KV. Per configuration: bits/value with
+//! metadata (and the ratio to f16), SNR of K and V per layer, attention-output error
+//! against f64 attention on the unquantized cache, quantize / dequantize GB/s, and one-core
+//! packed decode attention time against the same kernel on an f16 cache at 4k and 32k
+//! tokens, all measured in the same run.
+//!
+//! The dumps hold no queries: the attention error uses the layer's own K rows of sampled
+//! positions as queries (each attending to every earlier token of its head, scale
+//! `1/sqrt(head_dim)`), a stand-in that is reported as such.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use clap::Args;
+use half::f16;
+use kvc_quant::kvq::attention::{attend_head, attend_head_f16, HeadRows};
+use kvc_quant::kvq::{KvqConfig, LayerCodec};
+use kvc_quant::Isa;
+use serde_json::{json, Value};
+
+use super::cache::default_data_dir;
+use super::dataset::{embedded, load_dir, Dump};
+use crate::cli_error::CliError;
+
+/// The configurations measured when none are given: Lloyd-Max at every K/V mix that
+/// lands near ratios 2, 3.5, 5 and 8, and uniform codes for comparison.
+pub const DEFAULT_CONFIGS: &str = "k8v8,k8v4,k6v4,k5v4,k5v3,k4v4,k4v3,k4v2,k3v3,k3v2,k2v2,\
+k8v4:u32,k4v4:u32,k4v4:u64,k4v2:u32,k3v3:u32,k3v3:u64,k2v2:u64";
+
+/// `kvc bench quant` arguments.
+#[derive(Args, Clone, Debug)]
+pub struct BenchQuantArgs {
+    /// KV dumps (`*.{K,V}.f16.bin` + `.json`); default `KVC_REALKV_DIR`, then
+    /// `../shared/data/realkv`, then the embedded sample.
+    #[arg(long)]
+    pub data: Option<PathBuf>,
+    /// Comma-separated kvq configs (`k4v4`, `k4v2:u32`, ...).
+    #[arg(long, default_value = DEFAULT_CONFIGS)]
+    pub configs: String,
+    /// Query positions sampled per layer and head for the attention error.
+    #[arg(long, default_value_t = 24)]
+    pub queries: usize,
+    /// Token counts for the attention timing (comma-separated).
+    #[arg(long, default_value = "4096,32768")]
+    pub tokens: String,
+    /// Repetitions per timing (the best is reported).
+    #[arg(long, default_value_t = 5)]
+    pub reps: usize,
+    /// Skip the timings (quality only).
+    #[arg(long)]
+    pub no_speed: bool,
+    /// Also write the results as JSON here.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+}
+
+fn lib(e: kvc_quant::Error) -> CliError {
+    CliError::input(e)
+}
+
+/// f32 values of an f16 dump.
+fn values(d: &Dump) -> Vec<f32> {
+    d.bytes
+        .chunks_exact(2)
+        .map(|b| f16::from_le_bytes([b[0], b[1]]).to_f32())
+        .collect()
+}
+
+struct Kv {
+    n_layer: usize,
+    n_tokens: usize,
+    n_kv_head: usize,
+    head_dim: usize,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    source: String,
+}
+
+fn load(a: &BenchQuantArgs) -> Result<Kv, CliError> {
+    let ds = match &a.data {
+        Some(d) => load_dir(d)?,
+        None => {
+            let d = default_data_dir();
+            if d.join("textA.K.f16.json").is_file() {
+                load_dir(&d)?
+            } else {
+                embedded()?
+            }
+        }
+    };
+    let pick = |t: &str| {
+        ds.dumps
+            .iter()
+            .find(|d| d.tensor == t && d.dtype == kvc_codec::Dtype::F16)
+            .ok_or_else(|| CliError::input(format!("{}: no f16 {t} dump", ds.source)))
+    };
+    let (k, v) = (pick("K")?, pick("V")?);
+    if (k.n_layer, k.n_tokens, k.n_kv_head, k.head_dim)
+        != (v.n_layer, v.n_tokens, v.n_kv_head, v.head_dim)
+    {
+        return Err(CliError::input("K and V dumps have different shapes"));
+    }
+    Ok(Kv {
+        n_layer: k.n_layer,
+        n_tokens: k.n_tokens,
+        n_kv_head: k.n_kv_head,
+        head_dim: k.head_dim,
+        k: values(k),
+        v: values(v),
+        source: ds.source.clone(),
+    })
+}
+
+fn snr_db(x: &[f32], y: &[f32]) -> f64 {
+    let (mut s, mut e) = (0f64, 0f64);
+    for (a, b) in x.iter().zip(y) {
+        s += f64::from(*a) * f64::from(*a);
+        e += (f64::from(*a) - f64::from(*b)).powi(2);
+    }
+    10.0 * (s / e).log10()
+}
+
+/// Rows `[t][h]` of head `h` of one layer, contiguous (`n_tokens * head_dim`).
+fn head_rows(layer: &[f32], n_tokens: usize, n_kv: usize, h: usize, d: usize) -> Vec<f32> {
+    let mut out = Vec::with_capacity(n_tokens * d);
+    for t in 0..n_tokens {
+        let o = (t * n_kv + h) * d;
+        out.extend_from_slice(&layer[o..o + d]);
+    }
+    out
+}
+
+/// f64 attention of `q` over the first `n` rows of `k` / `v` (`d` values each).
+fn attention_f64(q: &[f32], k: &[f32], v: &[f32], n: usize, d: usize) -> Vec<f64> {
+    let scale = 1.0 / (d as f64).sqrt();
+    let s: Vec<f64> = (0..n)
+        .map(|t| {
+            scale
+                * (0..d)
+                    .map(|i| f64::from(q[i]) * f64::from(k[t * d + i]))
+                    .sum::<f64>()
+        })
+        .collect();
+    let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    let p: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+    let z: f64 = p.iter().sum();
+    let mut o = vec![0f64; d];
+    for t in 0..n {
+        let w = p[t] / z;
+        for i in 0..d {
+            o[i] += w * f64::from(v[t * d + i]);
+        }
+    }
+    o
+}
+
+/// Query positions: evenly spread over the second half of the tokens (at least 16).
+fn query_positions(n_tokens: usize, count: usize) -> Vec<usize> {
+    let lo = (n_tokens / 2).max(16).min(n_tokens.saturating_sub(1));
+    let span = n_tokens - lo;
+    (0..count.max(1))
+        .map(|i| lo + i * span / count.max(1))
+        .filter(|&t| t >= 1 && t < n_tokens)
+        .collect()
+}
+
+/// The f64 attention output for one query position.
+type QueryRef = (usize, Vec<f64>);
+
+struct Reference {
+    /// Per layer, per head: the sampled queries.
+    outs: Vec<Vec<Vec<QueryRef>>>,
+}
+
+fn reference(kv: &Kv, positions: &[usize]) -> Reference {
+    let d = kv.head_dim;
+    let ln = kv.n_tokens * kv.n_kv_head * d;
+    let outs = (0..kv.n_layer)
+        .map(|l| {
+            let (kl, vl) = (&kv.k[l * ln..(l + 1) * ln], &kv.v[l * ln..(l + 1) * ln]);
+            (0..kv.n_kv_head)
+                .map(|h| {
+                    let kh = head_rows(kl, kv.n_tokens, kv.n_kv_head, h, d);
+                    let vh = head_rows(vl, kv.n_tokens, kv.n_kv_head, h, d);
+                    positions
+                        .iter()
+                        .map(|&t| (t, attention_f64(&kh[t * d..(t + 1) * d], &kh, &vh, t, d)))
+                        .collect()
+                })
+                .collect()
+        })
+        .collect();
+    Reference { outs }
+}
+
+fn rel_l2(a: &[f32], b: &[f64]) -> f64 {
+    let e: f64 = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| (f64::from(*x) - y).powi(2))
+        .sum();
+    let s: f64 = b.iter().map(|y| y * y).sum();
+    (e / s).sqrt()
+}
+
+/// Quality of one config: SNR per layer, attention error per layer, GB/s.
+fn quality(kv: &Kv, cfg: &KvqConfig, refs: &Reference, reps: usize) -> Result<Value, CliError> {
+    let d = kv.head_dim;
+    let codec = LayerCodec::new(cfg, d).map_err(lib)?;
+    let ln = kv.n_tokens * kv.n_kv_head * d;
+    let rows = kv.n_tokens * kv.n_kv_head;
+    let mut layers = Vec::new();
+    let (mut qsecs, mut dsecs, mut bytes) = (0f64, 0f64, 0usize);
+    let isa = Isa::detect();
+    for l in 0..kv.n_layer {
+        let (kl, vl) = (&kv.k[l * ln..(l + 1) * ln], &kv.v[l * ln..(l + 1) * ln]);
+        let mut pk = vec![0u8; rows * codec.k.row_bytes()];
+        let mut pv = vec![0u8; rows * codec.v.row_bytes()];
+        let mut best_q = f64::INFINITY;
+        for _ in 0..reps.max(1) {
+            let t = Instant::now();
+            codec.k.quantize_rows(kl, &mut pk).map_err(lib)?;
+            codec.v.quantize_rows(vl, &mut pv).map_err(lib)?;
+            best_q = best_q.min(t.elapsed().as_secs_f64());
+        }
+        let mut dk = vec![0f32; ln];
+        let mut dv = vec![0f32; ln];
+        let mut best_d = f64::INFINITY;
+        for _ in 0..reps.max(1) {
+            let t = Instant::now();
+            codec.k.dequantize_rows(&pk, &mut dk).map_err(lib)?;
+            codec.v.dequantize_rows(&pv, &mut dv).map_err(lib)?;
+            best_d = best_d.min(t.elapsed().as_secs_f64());
+        }
+        qsecs += best_q;
+        dsecs += best_d;
+        bytes += 2 * ln * 2;
+        // Attention error over the sampled queries of every head.
+        let (mut err_sum, mut err_max, mut count) = (0f64, 0f64, 0usize);
+        let (kb, vb) = (codec.k.row_bytes(), codec.v.row_bytes());
+        for h in 0..kv.n_kv_head {
+            for (t, want) in &refs.outs[l][h] {
+                let o = (t * kv.n_kv_head + h) * d;
+                let q = &kl[o..o + d];
+                let mut sc = vec![0f32; *t];
+                let mut out = vec![0f32; d];
+                attend_head(
+                    isa,
+                    &codec,
+                    q,
+                    HeadRows {
+                        bytes: &pk[h * kb..],
+                        stride: kv.n_kv_head * kb,
+                    },
+                    HeadRows {
+                        bytes: &pv[h * vb..],
+                        stride: kv.n_kv_head * vb,
+                    },
+                    *t,
+                    1.0 / (d as f32).sqrt(),
+                    &mut sc,
+                    &mut out,
+                )
+                .map_err(lib)?;
+                let e = rel_l2(&out, want);
+                err_sum += e;
+                err_max = err_max.max(e);
+                count += 1;
+            }
+        }
+        layers.push(json!({
+            "layer": l,
+            "k_snr_db": snr_db(kl, &dk),
+            "v_snr_db": snr_db(vl, &dv),
+            "attn_rel_err_mean": err_sum / count.max(1) as f64,
+            "attn_rel_err_max": err_max,
+        }));
+    }
+    let mean = |key: &str| {
+        layers.iter().filter_map(|l| l[key].as_f64()).sum::<f64>() / layers.len().max(1) as f64
+    };
+    let bpv = codec.bits_per_value();
+    Ok(json!({
+        "config": cfg.to_string(),
+        "k_bits_per_value": codec.k.bits_per_value(),
+        "v_bits_per_value": codec.v.bits_per_value(),
+        "bits_per_value": bpv,
+        "ratio_vs_f16": 16.0 / bpv,
+        "k_snr_db_mean": mean("k_snr_db"),
+        "v_snr_db_mean": mean("v_snr_db"),
+        "k_snr_db_min": layers.iter().filter_map(|l| l["k_snr_db"].as_f64()).fold(f64::INFINITY, f64::min),
+        "attn_rel_err_mean": mean("attn_rel_err_mean"),
+        "attn_rel_err_max": layers.iter().filter_map(|l| l["attn_rel_err_max"].as_f64()).fold(0.0, f64::max),
+        "quantize_gb_per_s": bytes as f64 / qsecs / 1e9,
+        "dequantize_gb_per_s": bytes as f64 / dsecs / 1e9,
+        "layers": layers,
+    }))
+}
+
+/// One-core decode attention time for one head at `n` tokens, packed vs f16, on rows
+/// tiled from layer 0 head 0 of the data.
+fn speed(kv: &Kv, cfg: &KvqConfig, n: usize, reps: usize) -> Result<Value, CliError> {
+    let d = kv.head_dim;
+    let codec = LayerCodec::new(cfg, d).map_err(lib)?;
+    let ln = kv.n_tokens * kv.n_kv_head * d;
+    let kh = head_rows(&kv.k[..ln], kv.n_tokens, kv.n_kv_head, 0, d);
+    let vh = head_rows(&kv.v[..ln], kv.n_tokens, kv.n_kv_head, 0, d);
+    let tile = |src: &[f32]| -> Vec<f32> { src.iter().cycle().take(n * d).copied().collect() };
+    let (k, v) = (tile(&kh), tile(&vh));
+    let k16: Vec<f16> = k.iter().map(|&x| f16::from_f32(x)).collect();
+    let v16: Vec<f16> = v.iter().map(|&x| f16::from_f32(x)).collect();
+    let mut pk = vec![0u8; n * codec.k.row_bytes()];
+    let mut pv = vec![0u8; n * codec.v.row_bytes()];
+    codec.k.quantize_rows(&k, &mut pk).map_err(lib)?;
+    codec.v.quantize_rows(&v, &mut pv).map_err(lib)?;
+    let q: Vec<f32> = kh[(kv.n_tokens - 1) * d..kv.n_tokens * d].to_vec();
+    let mut sc = vec![0f32; n];
+    let mut out = vec![0f32; d];
+    let isa = Isa::detect();
+    let scale = 1.0 / (d as f32).sqrt();
+    let (mut t_packed, mut t_f16) = (f64::INFINITY, f64::INFINITY);
+    // Interleaved, so both see the same machine load.
+    for _ in 0..reps.max(1) {
+        let t = Instant::now();
+        attend_head_f16(isa, &q, &k16, &v16, n, d, scale, &mut sc, &mut out).map_err(lib)?;
+        t_f16 = t_f16.min(t.elapsed().as_secs_f64());
+        let t = Instant::now();
+        attend_head(
+            isa,
+            &codec,
+            &q,
+            HeadRows {
+                bytes: &pk,
+                stride: codec.k.row_bytes(),
+            },
+            HeadRows {
+                bytes: &pv,
+                stride: codec.v.row_bytes(),
+            },
+            n,
+            scale,
+            &mut sc,
+            &mut out,
+        )
+        .map_err(lib)?;
+        t_packed = t_packed.min(t.elapsed().as_secs_f64());
+    }
+    Ok(json!({
+        "config": cfg.to_string(), "tokens": n, "head_dim": d, "isa": if isa.is_avx2() { "avx2" } else { "portable" },
+        "packed_us": t_packed * 1e6, "f16_us": t_f16 * 1e6, "speedup_vs_f16": t_f16 / t_packed,
+    }))
+}
+
+/// Everything as JSON.
+pub fn measure(a: &BenchQuantArgs) -> Result<Value, CliError> {
+    let kv = load(a)?;
+    let configs = a
+        .configs
+        .split(',')
+        .map(|s| KvqConfig::parse(s.trim()).map_err(lib))
+        .collect::<Result<Vec<_>, _>>()?;
+    let positions = query_positions(kv.n_tokens, a.queries);
+    let refs = reference(&kv, &positions);
+    let mut q = Vec::new();
+    for c in &configs {
+        q.push(quality(&kv, c, &refs, a.reps.min(2))?);
+    }
+    let mut s = Vec::new();
+    if !a.no_speed {
+        let tokens = a
+            .tokens
+            .split(',')
+            .map(|t| {
+                t.trim()
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|&n| n > 0 && n <= 1 << 22)
+                    .ok_or_else(|| CliError::input(format!("bad --tokens entry {t:?}")))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        for c in &configs {
+            for &n in &tokens {
+                s.push(speed(&kv, c, n, a.reps)?);
+            }
+        }
+    }
+    Ok(json!({
+        "data": kv.source,
+        "shape": [kv.n_layer, kv.n_tokens, kv.n_kv_head, kv.head_dim],
+        "queries": "K rows of sampled positions as queries (the dumps hold no Q), causal, scale 1/sqrt(head_dim)",
+        "query_positions": positions,
+        "quality": q,
+        "attention_speed": s,
+    }))
+}
+
+/// Runs `kvc bench quant`: prints tables, optionally writes JSON.
+pub fn run(a: &BenchQuantArgs) -> Result<(), CliError> {
+    let r = measure(a)?;
+    println!(
+        "kvq on {} (shape {}), attention error vs f64 on the f16 cache ({} queries/head/layer, K rows as queries):",
+        r["data"].as_str().unwrap_or(""),
+        r["shape"],
+        r["query_positions"].as_array().map_or(0, |v| v.len())
+    );
+    println!(
+        "  {:<14} {:>6} {:>6} {:>8} {:>8} {:>8} {:>10} {:>10} {:>7} {:>7}",
+        "config",
+        "bits",
+        "ratio",
+        "K SNR",
+        "K min",
+        "V SNR",
+        "attn err",
+        "attn max",
+        "q GB/s",
+        "dq GB/s"
+    );
+    for c in r["quality"].as_array().into_iter().flatten() {
+        let f = |k: &str| c[k].as_f64().unwrap_or(f64::NAN);
+        println!(
+            "  {:<14} {:>6.3} {:>6.2} {:>8.2} {:>8.2} {:>8.2} {:>10.3e} {:>10.3e} {:>7.2} {:>7.2}",
+            c["config"].as_str().unwrap_or(""),
+            f("bits_per_value"),
+            f("ratio_vs_f16"),
+            f("k_snr_db_mean"),
+            f("k_snr_db_min"),
+            f("v_snr_db_mean"),
+            f("attn_rel_err_mean"),
+            f("attn_rel_err_max"),
+            f("quantize_gb_per_s"),
+            f("dequantize_gb_per_s"),
+        );
+    }
+    println!("  per layer (K SNR / V SNR dB):");
+    for c in r["quality"].as_array().into_iter().flatten() {
+        let per: Vec<String> = c["layers"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|l| {
+                format!(
+                    "{:.1}/{:.1}",
+                    l["k_snr_db"].as_f64().unwrap_or(f64::NAN),
+                    l["v_snr_db"].as_f64().unwrap_or(f64::NAN)
+                )
+            })
+            .collect();
+        println!(
+            "  {:<14} {}",
+            c["config"].as_str().unwrap_or(""),
+            per.join(" ")
+        );
+    }
+    if let Some(s) = r["attention_speed"].as_array().filter(|s| !s.is_empty()) {
+        println!(
+            "decode attention, one head, one core (best of {}; packed vs the same kernel on f16):",
+            a.reps
+        );
+        println!(
+            "  {:<14} {:>7} {:>10} {:>10} {:>8}",
+            "config", "tokens", "packed us", "f16 us", "speedup"
+        );
+        for c in s {
+            println!(
+                "  {:<14} {:>7} {:>10.1} {:>10.1} {:>8.2}",
+                c["config"].as_str().unwrap_or(""),
+                c["tokens"],
+                c["packed_us"].as_f64().unwrap_or(f64::NAN),
+                c["f16_us"].as_f64().unwrap_or(f64::NAN),
+                c["speedup_vs_f16"].as_f64().unwrap_or(f64::NAN)
+            );
+        }
+    }
+    if let Some(p) = &a.json {
+        let s = serde_json::to_string_pretty(&r).map_err(CliError::input)?;
+        std::fs::write(p, s).map_err(|e| CliError::io(p, e))?;
+    }
+    Ok(())
+}

@@ -1,0 +1,73 @@
+//! `kvc bench quant` and `kvc quant inspect` as a user runs them, on the sample.
+
+use std::path::Path;
+use std::process::Command;
+
+fn kvc() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_kvc"))
+}
+
+#[test]
+fn bench_quant_reports_bits_snr_and_attention_error() {
+    let dir = std::env::temp_dir().join(format!("kvc-kvq-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let json = dir.join("q.json");
+    let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/sample");
+    let o = kvc()
+        .args([
+            "bench",
+            "quant",
+            "--configs",
+            "k8v8,k4v2:u32",
+            "--queries",
+            "3",
+        ])
+        .args(["--tokens", "300", "--reps", "1", "--data"])
+        .arg(&data)
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let q = r["quality"].as_array().unwrap();
+    assert_eq!(q.len(), 2);
+    // Exact byte accounting: 8 bits + one f16 per 64 values; 4/2 bits + one f16 per 32.
+    assert_eq!(q[0]["bits_per_value"].as_f64(), Some(8.25));
+    assert_eq!(q[1]["bits_per_value"].as_f64(), Some(3.5));
+    let f = |c: &serde_json::Value, k: &str| c[k].as_f64().unwrap();
+    // 8-bit Lloyd-Max is ~44 dB on rotated data; 4-bit uniform K ~21 dB, 2-bit V ~10 dB.
+    assert!(f(&q[0], "k_snr_db_mean") > 40.0);
+    assert!(f(&q[1], "k_snr_db_mean") > 18.0 && f(&q[1], "k_snr_db_mean") < 30.0);
+    assert!(f(&q[1], "v_snr_db_mean") > 7.0 && f(&q[1], "v_snr_db_mean") < 15.0);
+    let e8 = f(&q[0], "attn_rel_err_mean");
+    let e4 = f(&q[1], "attn_rel_err_mean");
+    assert!(e8.is_finite() && e8 > 0.0 && e8 < e4, "{e8} {e4}");
+    assert_eq!(q[0]["layers"].as_array().unwrap().len(), 4);
+    assert_eq!(r["attention_speed"].as_array().unwrap().len(), 2);
+    // Bad config: one line, status 2.
+    let o = kvc()
+        .args(["bench", "quant", "--configs", "k4v4:zz", "--data"])
+        .arg(&data)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn quant_inspect_shows_bytes_and_refuses_bad_plans() {
+    let o = kvc()
+        .args(["quant", "inspect", "k4v3", "--layers", "2"])
+        .output()
+        .unwrap();
+    assert!(o.status.success());
+    let out = String::from_utf8(o.stdout).unwrap();
+    assert!(out.contains("360 bytes per token"), "{out}");
+    assert!(out.contains("ratio 4.267"), "{out}");
+    for bad in ["k1v4", "k4v4:u7", "nonsense"] {
+        let o = kvc().args(["quant", "inspect", bad]).output().unwrap();
+        assert_eq!(o.status.code(), Some(2), "{bad}");
+    }
+}

@@ -1,0 +1,390 @@
+//! Decode attention on packed rows: one query against every cached token of a head.
+//!
+//! `out = sum_t softmax_t(scale * q.k_t) v_t` where `k_t` and `v_t` are read from packed
+//! rows. The query is rotated once (`q.k = (Rq).(Rk)`), the weighted sum of V is formed in
+//! the rotated domain and un-rotated once (`sum p_t v_t = R^T sum p_t (R v_t)`). The caller
+//! gives `scores` (one `f32` per token); nothing is allocated. The loop is compiled twice,
+//! portable and with AVX2+FMA enabled, and [`Isa`] picks one at run time; on AVX2, rows of
+//! 2-4-bit codes go through table kernels (eight codes to values with `vpermps`, FMA),
+//! which agree with the portable path to rounding, not bit for bit.
+//!
+//! [`attend_head_f16`] is the same kernel on an f16 cache, the baseline `kvc bench quant`
+//! measures packed attention against.
+
+use half::f16;
+use half::slice::HalfFloatSliceExt;
+use rayon::prelude::*;
+
+use super::rotation::MAX_HEAD_DIM;
+use super::row::{dot8, RowCodec};
+use super::LayerCodec;
+use crate::c8::{Isa, IsaKind};
+use crate::error::{Error, Result};
+
+/// Where one head's packed rows are: row `t` starts at byte `t * stride` of the slice.
+#[derive(Debug, Clone, Copy)]
+pub struct HeadRows<'a> {
+    /// The bytes (row 0 at offset 0).
+    pub bytes: &'a [u8],
+    /// Bytes from one token's row to the next (`row_bytes` for a head-major cache,
+    /// `n_kv_head * row_bytes` for a token-major one).
+    pub stride: usize,
+}
+
+fn check_rows(what: &'static str, rows: &HeadRows, n: usize, row_bytes: usize) -> Result<()> {
+    if n == 0 {
+        return Ok(());
+    }
+    if rows.stride < row_bytes {
+        return Err(Error::InvalidValue {
+            what: "row stride",
+            value: rows.stride as i64,
+            reason: "smaller than row_bytes",
+        });
+    }
+    let need = (n - 1)
+        .checked_mul(rows.stride)
+        .and_then(|v| v.checked_add(row_bytes))
+        .ok_or(Error::SizeOverflow {
+            what: "packed rows extent",
+        })?;
+    if rows.bytes.len() < need {
+        return Err(Error::BufferTooSmall {
+            what,
+            needed: need,
+            found: rows.bytes.len(),
+        });
+    }
+    Ok(())
+}
+
+fn check_len(what: &'static str, expected: usize, found: usize) -> Result<()> {
+    if expected != found {
+        return Err(Error::LayoutMismatch {
+            what,
+            expected,
+            found,
+        });
+    }
+    Ok(())
+}
+
+/// One decode step of one head on packed K and V: `n_tokens` rows each, `q` and `out` of
+/// `head_dim` values, `scale` the score factor (usually `1/sqrt(head_dim)`), `scores` at
+/// least `n_tokens` long (scratch). With no tokens the output is zeros.
+///
+/// Errors: K and V codecs of different head_dim, wrong `q`/`out` lengths, short scratch,
+/// rows that do not fit their buffers, a non-finite `q` or scale, or a packed row with a
+/// non-finite scale ([`Error::CorruptRow`], naming the token).
+#[allow(clippy::too_many_arguments)]
+pub fn attend_head(
+    isa: Isa,
+    layer: &LayerCodec,
+    q: &[f32],
+    k: HeadRows,
+    v: HeadRows,
+    n_tokens: usize,
+    scale: f32,
+    scores: &mut [f32],
+    out: &mut [f32],
+) -> Result<()> {
+    let d = layer.k.dim();
+    check_len("V head_dim", d, layer.v.dim())?;
+    check_len("query (head_dim)", d, q.len())?;
+    check_len("output (head_dim)", d, out.len())?;
+    if scores.len() < n_tokens {
+        return Err(Error::BufferTooSmall {
+            what: "scores scratch (f32 per token)",
+            needed: n_tokens,
+            found: scores.len(),
+        });
+    }
+    check_rows("packed K rows", &k, n_tokens, layer.k.row_bytes())?;
+    check_rows("packed V rows", &v, n_tokens, layer.v.row_bytes())?;
+    if !scale.is_finite() {
+        return Err(Error::NonFinite {
+            what: "attention scale",
+            index: 0,
+        });
+    }
+    if let Some(i) = q.iter().position(|x| !x.is_finite()) {
+        return Err(Error::NonFinite {
+            what: "query",
+            index: i,
+        });
+    }
+    let scores = &mut scores[..n_tokens];
+    match isa.0 {
+        IsaKind::Portable => attend_body(
+            layer,
+            q,
+            k,
+            v,
+            scale,
+            scores,
+            out,
+            |qr, row, t| layer.k.dot_rotated(qr, row, t),
+            |row, w, acc, t| layer.v.accumulate_rotated(row, w, acc, t),
+        ),
+        // SAFETY: `IsaKind::Avx2` is only made by `Isa::detect` after the CPU reported AVX2.
+        #[cfg(target_arch = "x86_64")]
+        IsaKind::Avx2 => unsafe { avx2::attend(layer, q, k, v, scale, scores, out) },
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::*;
+
+    /// [`attend_body`] compiled with AVX2 and FMA, 2-4-bit rows through the table
+    /// kernels.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn attend(
+        layer: &LayerCodec,
+        q: &[f32],
+        k: HeadRows,
+        v: HeadRows,
+        scale: f32,
+        scores: &mut [f32],
+        out: &mut [f32],
+    ) -> Result<()> {
+        // SAFETY: this function is only called after `Isa::detect` saw AVX2 and FMA.
+        let dot =
+            |qr: &[f32], row: &[u8], t: usize| unsafe { layer.k.dot_rotated_avx2(qr, row, t) };
+        // SAFETY: as above.
+        let axpy = |row: &[u8], w: f32, acc: &mut [f32], t: usize| unsafe {
+            layer.v.accumulate_rotated_avx2(row, w, acc, t)
+        };
+        attend_body(layer, q, k, v, scale, scores, out, dot, axpy)
+    }
+
+    /// [`f16_body`] compiled with AVX2.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn attend_f16(
+        q: &[f32],
+        k: &[f16],
+        v: &[f16],
+        stride: usize,
+        scale: f32,
+        scores: &mut [f32],
+        out: &mut [f32],
+    ) {
+        f16_body(q, k, v, stride, scale, scores, out)
+    }
+}
+
+/// Softmax of `scores` in place (max subtracted); returns `1 / sum`.
+#[inline(always)]
+fn softmax(scores: &mut [f32]) -> f32 {
+    let m = scores.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+    let mut sum = 0f32;
+    for s in scores.iter_mut() {
+        *s = (*s - m).exp();
+        sum += *s;
+    }
+    1.0 / sum
+}
+
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn attend_body(
+    layer: &LayerCodec,
+    q: &[f32],
+    k: HeadRows,
+    v: HeadRows,
+    scale: f32,
+    scores: &mut [f32],
+    out: &mut [f32],
+    dot: impl Fn(&[f32], &[u8], usize) -> Result<f32>,
+    axpy: impl Fn(&[u8], f32, &mut [f32], usize) -> Result<()>,
+) -> Result<()> {
+    let d = layer.k.dim();
+    let mut qr = [0f32; MAX_HEAD_DIM];
+    let qr = &mut qr[..d];
+    qr.copy_from_slice(q);
+    layer.k.rotation().rotate(qr);
+    for (t, s) in scores.iter_mut().enumerate() {
+        let row = &k.bytes[t * k.stride..];
+        *s = scale * dot(qr, row, t)?;
+    }
+    let mut acc = [0f32; MAX_HEAD_DIM];
+    let acc = &mut acc[..d];
+    if !scores.is_empty() {
+        let inv = softmax(scores);
+        for (t, &p) in scores.iter().enumerate() {
+            let row = &v.bytes[t * v.stride..];
+            axpy(row, p * inv, acc, t)?;
+        }
+        layer.v.rotation().unrotate(acc);
+    }
+    out.copy_from_slice(acc);
+    Ok(())
+}
+
+/// The same decode step on an f16 cache (`k`, `v`: row `t` at element `t * stride`,
+/// `head_dim = q.len()` values): the baseline for packed attention. Rows are converted to
+/// `f32` one at a time on the stack, as the packed kernel decodes its rows.
+#[allow(clippy::too_many_arguments)]
+pub fn attend_head_f16(
+    isa: Isa,
+    q: &[f32],
+    k: &[f16],
+    v: &[f16],
+    n_tokens: usize,
+    stride: usize,
+    scale: f32,
+    scores: &mut [f32],
+    out: &mut [f32],
+) -> Result<()> {
+    let d = q.len();
+    super::rotation::check_head_dim(d)?;
+    check_len("output (head_dim)", d, out.len())?;
+    if scores.len() < n_tokens {
+        return Err(Error::BufferTooSmall {
+            what: "scores scratch (f32 per token)",
+            needed: n_tokens,
+            found: scores.len(),
+        });
+    }
+    for (what, buf) in [("f16 K rows", k), ("f16 V rows", v)] {
+        let rows = HeadRows {
+            bytes: bytemuck_len(buf),
+            stride: stride.saturating_mul(2),
+        };
+        check_rows(what, &rows, n_tokens, 2 * d)?;
+    }
+    let scores = &mut scores[..n_tokens];
+    match isa.0 {
+        IsaKind::Portable => f16_body(q, k, v, stride, scale, scores, out),
+        // SAFETY: `IsaKind::Avx2` is only made by `Isa::detect` after the CPU reported AVX2.
+        #[cfg(target_arch = "x86_64")]
+        IsaKind::Avx2 => unsafe { avx2::attend_f16(q, k, v, stride, scale, scores, out) },
+    }
+    Ok(())
+}
+
+/// A zero-copy byte view for the length check only (never read).
+fn bytemuck_len(x: &[f16]) -> &[u8] {
+    // SAFETY: f16 is 2 plain bytes with no padding; the view covers exactly the same memory
+    // and lives as long as `x`.
+    unsafe { std::slice::from_raw_parts(x.as_ptr().cast::<u8>(), std::mem::size_of_val(x)) }
+}
+
+#[inline(always)]
+fn f16_body(
+    q: &[f32],
+    k: &[f16],
+    v: &[f16],
+    stride: usize,
+    scale: f32,
+    scores: &mut [f32],
+    out: &mut [f32],
+) {
+    let d = q.len();
+    let mut row = [0f32; MAX_HEAD_DIM];
+    let row = &mut row[..d];
+    for (t, s) in scores.iter_mut().enumerate() {
+        k[t * stride..t * stride + d].convert_to_f32_slice(row);
+        *s = scale * dot8(q, row);
+    }
+    let mut acc = [0f32; MAX_HEAD_DIM];
+    let acc = &mut acc[..d];
+    if !scores.is_empty() {
+        let inv = softmax(scores);
+        for (t, &p) in scores.iter().enumerate() {
+            v[t * stride..t * stride + d].convert_to_f32_slice(row);
+            let w = p * inv;
+            for (a, &x) in acc.iter_mut().zip(row.iter()) {
+                *a += w * x;
+            }
+        }
+    }
+    out.copy_from_slice(acc);
+}
+
+/// One decode step of every query head of a layer, threads over heads (rayon).
+///
+/// The cache is token-major, as llama.cpp keeps it: row `(t, h)` of K is at byte
+/// `(t * n_kv_head + h) * k.row_bytes()` of `k_rows` (likewise V). `q` and `out` hold
+/// `n_head * head_dim` values; query head `i` reads KV head `i / (n_head / n_kv_head)`
+/// (grouped-query attention). `scores` is scratch of at least `n_head * n_tokens`.
+#[allow(clippy::too_many_arguments)]
+pub fn attend_heads(
+    isa: Isa,
+    layer: &LayerCodec,
+    q: &[f32],
+    k_rows: &[u8],
+    v_rows: &[u8],
+    n_tokens: usize,
+    n_kv_head: usize,
+    scale: f32,
+    scores: &mut [f32],
+    out: &mut [f32],
+) -> Result<()> {
+    let d = layer.k.dim();
+    if n_kv_head == 0 || q.len() % d != 0 || (q.len() / d) % n_kv_head != 0 || q.is_empty() {
+        return Err(Error::InvalidValue {
+            what: "query heads / n_kv_head",
+            value: n_kv_head as i64,
+            reason: "q must hold n_head * head_dim values, n_head a non-zero multiple of n_kv_head",
+        });
+    }
+    let n_head = q.len() / d;
+    check_len("output (n_head x head_dim)", q.len(), out.len())?;
+    let need = n_head.checked_mul(n_tokens).ok_or(Error::SizeOverflow {
+        what: "scores scratch",
+    })?;
+    if scores.len() < need {
+        return Err(Error::BufferTooSmall {
+            what: "scores scratch (n_head x n_tokens f32)",
+            needed: need,
+            found: scores.len(),
+        });
+    }
+    let group = n_head / n_kv_head;
+    let rows = |buf: &'_ [u8], c: &RowCodec| -> Result<()> {
+        let extent = n_tokens
+            .checked_mul(n_kv_head)
+            .and_then(|r| r.checked_mul(c.row_bytes()))
+            .ok_or(Error::SizeOverflow {
+                what: "packed cache bytes",
+            })?;
+        if buf.len() < extent {
+            return Err(Error::BufferTooSmall {
+                what: "packed cache (n_tokens x n_kv_head rows)",
+                needed: extent,
+                found: buf.len(),
+            });
+        }
+        Ok(())
+    };
+    rows(k_rows, &layer.k)?;
+    rows(v_rows, &layer.v)?;
+    if let Some(i) = q.iter().position(|x| !x.is_finite()) {
+        return Err(Error::NonFinite {
+            what: "query",
+            index: i,
+        });
+    }
+    if n_tokens == 0 {
+        out.fill(0.0);
+        return Ok(());
+    }
+    let (kb, vb) = (layer.k.row_bytes(), layer.v.row_bytes());
+    out.par_chunks_mut(d)
+        .zip(q.par_chunks(d))
+        .zip(scores[..need].par_chunks_mut(n_tokens))
+        .enumerate()
+        .try_for_each(|(h, ((o, qh), sc))| {
+            let kvh = h / group;
+            let k = HeadRows {
+                bytes: k_rows.get(kvh * kb..).unwrap_or(&[]),
+                stride: n_kv_head * kb,
+            };
+            let v = HeadRows {
+                bytes: v_rows.get(kvh * vb..).unwrap_or(&[]),
+                stride: n_kv_head * vb,
+            };
+            attend_head(isa, layer, qh, k, v, n_tokens, scale, sc, o)
+        })
+}

@@ -1,0 +1,669 @@
+//! [`RowCodec`]: one (token, KV head) row of `head_dim` values to a packed row of fixed
+//! size and back, and the dot product of a rotated query with a packed row.
+//!
+//! Packed row, format version 1 (`docs/formats/kvq.md`): `n_scales` little-endian f16
+//! scales, then the codes as one little-endian bit stream, code `i` in bits
+//! `i*bits .. (i+1)*bits` (least significant bit first). `n_scales` is 1 for Lloyd-Max and
+//! `head_dim / group` for uniform codes; `head_dim * bits` is a multiple of 8, so the row
+//! is `2 * n_scales + head_dim * bits / 8` bytes with no padding.
+
+use half::f16;
+
+use super::codebook::{boundaries, lloyd_max};
+use super::config::{check_bits, Method};
+use super::rotation::{check_head_dim, Rotation, MAX_HEAD_DIM};
+use crate::c8::{Isa, IsaKind};
+use crate::error::{Error, Result};
+
+/// The packed format version this crate writes and reads.
+pub const FORMAT_VERSION: u32 = 1;
+
+/// Scales in one row.
+fn n_scales(method: Method, d: usize) -> Result<usize> {
+    match method {
+        Method::LloydMax => Ok(1),
+        Method::Uniform { group } => {
+            let g = group as usize;
+            if g == 0 || g > d || d % g != 0 {
+                return Err(Error::InvalidValue {
+                    what: "uniform group",
+                    value: i64::from(group),
+                    reason: "must divide head_dim",
+                });
+            }
+            Ok(d / g)
+        }
+    }
+}
+
+/// Bytes of one packed row.
+pub fn row_bytes(method: Method, bits: u8, d: usize) -> Result<usize> {
+    check_head_dim(d)?;
+    check_bits("bits", bits)?;
+    Ok(2 * n_scales(method, d)? + d * bits as usize / 8)
+}
+
+/// Bits per value of a packed row, scales included: `8 * row_bytes / head_dim`.
+pub fn row_bits_per_value(method: Method, bits: u8, d: usize) -> Result<f64> {
+    Ok(8.0 * row_bytes(method, bits, d)? as f64 / d as f64)
+}
+
+/// Quantizer of rows of one head size, method and bit width (K and V each have one).
+#[derive(Debug, Clone)]
+pub struct RowCodec {
+    method: Method,
+    bits: u8,
+    dim: usize,
+    group: usize,
+    scales: usize,
+    row_bytes: usize,
+    rot: Rotation,
+    /// Lloyd-Max levels (`2^bits`), in units of `norm / sqrt(d)`; empty for uniform.
+    levels: Vec<f32>,
+    /// Midpoints between levels.
+    bounds: Vec<f32>,
+    /// Value of each code before the scale, for the table kernels (lm: the level; uniform:
+    /// `code - (2^bits - 1) / 2`), zero-padded to 16.
+    table: [f32; 16],
+    /// Which compiled row loops to run (bytes are identical either way).
+    isa: Isa,
+}
+
+/// Writes codes `codes[..n]` of `bits` bits into `out` as an LSB-first bit stream.
+#[inline(always)]
+fn pack(codes: &[u8], bits: u32, out: &mut [u8]) {
+    match bits {
+        8 => {
+            out[..codes.len()].copy_from_slice(codes);
+            return;
+        }
+        4 => {
+            for (o, p) in out.iter_mut().zip(codes.chunks_exact(2)) {
+                *o = p[0] | (p[1] << 4);
+            }
+            return;
+        }
+        2 => {
+            for (o, p) in out.iter_mut().zip(codes.chunks_exact(4)) {
+                *o = p[0] | (p[1] << 2) | (p[2] << 4) | (p[3] << 6);
+            }
+            return;
+        }
+        _ => {}
+    }
+    let mut acc: u64 = 0;
+    let mut nb = 0u32;
+    let mut o = 0;
+    for &c in codes {
+        acc |= u64::from(c) << nb;
+        nb += bits;
+        while nb >= 8 {
+            out[o] = acc as u8;
+            acc >>= 8;
+            nb -= 8;
+            o += 1;
+        }
+    }
+}
+
+/// Reads `out.len()` codes of `bits` bits from an LSB-first bit stream.
+#[inline(always)]
+pub(crate) fn unpack(src: &[u8], bits: u32, out: &mut [u8]) {
+    match bits {
+        8 => out.copy_from_slice(&src[..out.len()]),
+        4 => {
+            for (pair, &b) in out.chunks_exact_mut(2).zip(src) {
+                pair[0] = b & 15;
+                pair[1] = b >> 4;
+            }
+        }
+        2 => {
+            for (quad, &b) in out.chunks_exact_mut(4).zip(src) {
+                quad[0] = b & 3;
+                quad[1] = (b >> 2) & 3;
+                quad[2] = (b >> 4) & 3;
+                quad[3] = b >> 6;
+            }
+        }
+        _ => {
+            // Eight codes are exactly `bits` bytes.
+            let mask = (1u64 << bits) - 1;
+            let nbytes = bits as usize;
+            for (oct, chunk) in out.chunks_exact_mut(8).zip(src.chunks_exact(nbytes)) {
+                let mut w = 0u64;
+                for (i, &b) in chunk.iter().enumerate() {
+                    w |= u64::from(b) << (8 * i);
+                }
+                for (j, c) in oct.iter_mut().enumerate() {
+                    *c = ((w >> (bits as usize * j)) & mask) as u8;
+                }
+            }
+        }
+    }
+}
+
+impl RowCodec {
+    /// A codec for rows of `dim` values (64, 128, 256), `bits` 2..=8, rotation `seed`.
+    pub fn new(method: Method, bits: u8, dim: usize, seed: u64) -> Result<RowCodec> {
+        let row_bytes = row_bytes(method, bits, dim)?;
+        let scales = n_scales(method, dim)?;
+        let rot = Rotation::new(dim, seed)?;
+        let (levels, bounds) = match method {
+            Method::LloydMax => {
+                let l = lloyd_max(bits, dim)?;
+                let b = boundaries(&l);
+                (l, b)
+            }
+            Method::Uniform { .. } => (Vec::new(), Vec::new()),
+        };
+        let mut table = [0f32; 16];
+        let half = 0.5 * ((1u32 << bits) - 1) as f32;
+        for (k, t) in table.iter_mut().enumerate().take(1 << bits.min(4)) {
+            *t = match method {
+                Method::LloydMax => levels[k],
+                Method::Uniform { .. } => k as f32 - half,
+            };
+        }
+        Ok(RowCodec {
+            method,
+            bits,
+            dim,
+            group: dim / scales,
+            scales,
+            row_bytes,
+            rot,
+            levels,
+            bounds,
+            table,
+            isa: Isa::detect(),
+        })
+    }
+
+    /// The method.
+    pub fn method(&self) -> Method {
+        self.method
+    }
+    /// Bits per code.
+    pub fn bits(&self) -> u8 {
+        self.bits
+    }
+    /// Values per row (head_dim).
+    pub fn dim(&self) -> usize {
+        self.dim
+    }
+    /// Bytes per packed row.
+    pub fn row_bytes(&self) -> usize {
+        self.row_bytes
+    }
+    /// Bits per value, scales included.
+    pub fn bits_per_value(&self) -> f64 {
+        8.0 * self.row_bytes as f64 / self.dim as f64
+    }
+    /// The rotation.
+    pub fn rotation(&self) -> &Rotation {
+        &self.rot
+    }
+    /// Lloyd-Max levels (empty for uniform codes).
+    pub fn levels(&self) -> &[f32] {
+        &self.levels
+    }
+
+    fn check_row_in(&self, x: &[f32]) -> Result<()> {
+        if x.len() != self.dim {
+            return Err(Error::LayoutMismatch {
+                what: "row values (head_dim)",
+                expected: self.dim,
+                found: x.len(),
+            });
+        }
+        Ok(())
+    }
+
+    fn check_packed(&self, what: &'static str, len: usize) -> Result<()> {
+        if len < self.row_bytes {
+            return Err(Error::BufferTooSmall {
+                what,
+                needed: self.row_bytes,
+                found: len,
+            });
+        }
+        Ok(())
+    }
+
+    /// Quantizes one row of `head_dim` values into `out[..row_bytes]` (`out` may be
+    /// longer; nothing past `row_bytes` is written). No allocation.
+    ///
+    /// Errors: a row of another length, a short `out`, a non-finite value, or a scale
+    /// beyond the f16 range (a row norm above about `65504 * sqrt(head_dim)`); nothing is
+    /// written on error.
+    pub fn quantize_row(&self, x: &[f32], out: &mut [u8]) -> Result<()> {
+        match self.isa.0 {
+            IsaKind::Portable => self.quantize_body(x, out),
+            // SAFETY: `IsaKind::Avx2` is only made by `Isa::detect` after the CPU reported
+            // AVX2 and FMA.
+            #[cfg(target_arch = "x86_64")]
+            IsaKind::Avx2 => unsafe { self.quantize_avx2(x, out) },
+        }
+    }
+
+    /// [`quantize_body`](Self::quantize_body) compiled for AVX2 (wider vectors; Rust
+    /// does not contract or reorder float operations, so the bytes are identical).
+    ///
+    /// # Safety
+    /// The CPU must have AVX2 and FMA.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn quantize_avx2(&self, x: &[f32], out: &mut [u8]) -> Result<()> {
+        self.quantize_body(x, out)
+    }
+
+    /// [`dequantize_body`](Self::dequantize_body) compiled for AVX2.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2 and FMA.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn dequantize_avx2(&self, row: &[u8], out: &mut [f32]) -> Result<()> {
+        self.dequantize_body(row, out)
+    }
+
+    /// The same codec running the portable loops only (for tests and comparisons).
+    pub fn portable(&self) -> RowCodec {
+        RowCodec {
+            isa: Isa::PORTABLE,
+            ..self.clone()
+        }
+    }
+
+    #[inline(always)]
+    fn quantize_body(&self, x: &[f32], out: &mut [u8]) -> Result<()> {
+        self.check_row_in(x)?;
+        self.check_packed("packed row", out.len())?;
+        if let Some(i) = x.iter().position(|v| !v.is_finite()) {
+            return Err(Error::NonFinite {
+                what: "kvq row",
+                index: i,
+            });
+        }
+        let d = self.dim;
+        let mut y = [0f32; MAX_HEAD_DIM];
+        let y = &mut y[..d];
+        y.copy_from_slice(x);
+        self.rot.rotate(y);
+        let mut codes = [0u8; MAX_HEAD_DIM];
+        let codes = &mut codes[..d];
+        let mut sc = [f16::ZERO; MAX_HEAD_DIM / 8];
+        let sc = &mut sc[..self.scales];
+        match self.method {
+            Method::LloydMax => sc[0] = self.code_lloyd(y, codes)?,
+            Method::Uniform { .. } => {
+                for ((s, yg), cg) in sc
+                    .iter_mut()
+                    .zip(y.chunks_exact(self.group))
+                    .zip(codes.chunks_exact_mut(self.group))
+                {
+                    *s = self.code_uniform(yg, cg)?;
+                }
+            }
+        }
+        let (head, body) = out[..self.row_bytes].split_at_mut(2 * self.scales);
+        for (h, s) in head.chunks_exact_mut(2).zip(sc.iter()) {
+            h.copy_from_slice(&s.to_le_bytes());
+        }
+        pack(codes, u32::from(self.bits), body);
+        Ok(())
+    }
+
+    /// Lloyd-Max codes of rotated `y`; returns the least-squares scale
+    /// `sum(y_i c_i) / sum(c_i^2)` as f16.
+    fn code_lloyd(&self, y: &[f32], codes: &mut [u8]) -> Result<f16> {
+        let norm2: f32 = y.iter().map(|v| v * v).sum();
+        if norm2 == 0.0 {
+            // Every value is 0: scale 0 (the codes do not matter; the middle one is used).
+            codes.fill((self.levels.len() / 2) as u8);
+            return Ok(f16::ZERO);
+        }
+        let inv = (self.dim as f32).sqrt() / norm2.sqrt();
+        if self.bits <= 5 {
+            // Code = how many boundaries lie below the value: one compare per boundary and
+            // value, in loops over the values that vectorize (no search, no branches).
+            let mut u = [0f32; MAX_HEAD_DIM];
+            let u = &mut u[..y.len()];
+            for (a, &v) in u.iter_mut().zip(y) {
+                *a = v * inv;
+            }
+            codes.fill(0);
+            for &b in &self.bounds {
+                for (c, &a) in codes.iter_mut().zip(u.iter()) {
+                    *c += u8::from(b < a);
+                }
+            }
+        } else {
+            for (c, &v) in codes.iter_mut().zip(y) {
+                let s = v * inv;
+                *c = self.bounds.partition_point(|&b| b < s) as u8;
+            }
+        }
+        let (mut num, mut den) = (0f32, 0f32);
+        for (&c, &v) in codes.iter().zip(y) {
+            let l = self.levels[c as usize];
+            num += v * l;
+            den += l * l;
+        }
+        let s = f16::from_f32(num / den);
+        if !s.is_finite() {
+            return Err(Error::InvalidValue {
+                what: "kvq row scale (beyond f16)",
+                value: (num / den) as i64,
+                reason: "row norm too large for an f16 scale",
+            });
+        }
+        Ok(s)
+    }
+
+    /// Uniform codes of one group: scale `absmax / ((2^bits - 1) / 2)` as f16, codes
+    /// `clamp(round_ties_even(y / scale + (2^bits - 1) / 2), 0, 2^bits - 1)`.
+    fn code_uniform(&self, y: &[f32], codes: &mut [u8]) -> Result<f16> {
+        let top = ((1u32 << self.bits) - 1) as f32;
+        let half = 0.5 * top;
+        let m = y.iter().fold(0f32, |a, v| a.max(v.abs()));
+        let s = f16::from_f32(m / half);
+        if !s.is_finite() {
+            return Err(Error::InvalidValue {
+                what: "kvq group scale (beyond f16)",
+                value: (m / half) as i64,
+                reason: "group absmax too large for an f16 scale",
+            });
+        }
+        let sf = s.to_f32();
+        if sf == 0.0 {
+            codes.fill((1u32 << (self.bits - 1)) as u8);
+            return Ok(s);
+        }
+        let inv = 1.0 / sf;
+        for (c, &v) in codes.iter_mut().zip(y) {
+            *c = (v * inv + half).round_ties_even().clamp(0.0, top) as u8;
+        }
+        Ok(s)
+    }
+
+    /// Reads the scales of a packed row (`row` holds at least `row_bytes`); `row_index`
+    /// only names the row in the error.
+    #[inline(always)]
+    fn read_scales(&self, row: &[u8], sc: &mut [f32], row_index: usize) -> Result<()> {
+        for (s, b) in sc.iter_mut().zip(row.chunks_exact(2)) {
+            let v = f16::from_le_bytes([b[0], b[1]]).to_f32();
+            if !v.is_finite() {
+                return Err(Error::CorruptRow {
+                    what: "f16 scale",
+                    row: row_index,
+                });
+            }
+            *s = v;
+        }
+        Ok(())
+    }
+
+    /// The rotated-domain values of a packed row, times `w`, added to `acc` (`acc.len()
+    /// == dim`, `row.len() >= row_bytes`).
+    #[inline(always)]
+    pub(crate) fn accumulate_rotated(
+        &self,
+        row: &[u8],
+        w: f32,
+        acc: &mut [f32],
+        row_index: usize,
+    ) -> Result<()> {
+        let mut sc = [0f32; MAX_HEAD_DIM / 8];
+        let sc = &mut sc[..self.scales];
+        self.read_scales(row, sc, row_index)?;
+        self.accumulate_scaled(row, w, sc, acc);
+        Ok(())
+    }
+
+    /// [`accumulate_rotated`](Self::accumulate_rotated) with the table kernels (2-4 bits).
+    ///
+    /// # Safety
+    /// The CPU must have AVX2 and FMA.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    pub(crate) unsafe fn accumulate_rotated_avx2(
+        &self,
+        row: &[u8],
+        w: f32,
+        acc: &mut [f32],
+        row_index: usize,
+    ) -> Result<()> {
+        use super::simd::avx2;
+        let mut sc = [0f32; MAX_HEAD_DIM / 8];
+        let sc = &mut sc[..self.scales];
+        self.read_scales(row, sc, row_index)?;
+        let bits = u32::from(self.bits);
+        if !avx2::handles(bits) {
+            self.accumulate_scaled(row, w, sc, acc);
+            return Ok(());
+        }
+        let codes = &row[2 * self.scales..self.row_bytes];
+        let gbytes = self.group * self.bits as usize / 8;
+        for ((ag, cg), &s) in acc
+            .chunks_exact_mut(self.group)
+            .zip(codes.chunks_exact(gbytes))
+            .zip(sc.iter())
+        {
+            // SAFETY: the caller guarantees AVX2 and FMA; `bits` is 2..=4; `ag` holds
+            // `group` values (a multiple of 8) and `cg` their `group * bits / 8` bytes.
+            unsafe { avx2::axpy_lut(ag, cg, bits, &self.table, w * s) };
+        }
+        Ok(())
+    }
+
+    #[inline(always)]
+    fn accumulate_scaled(&self, row: &[u8], w: f32, sc: &[f32], acc: &mut [f32]) {
+        let mut codes = [0u8; MAX_HEAD_DIM];
+        let codes = &mut codes[..self.dim];
+        unpack(&row[2 * self.scales..], u32::from(self.bits), codes);
+        match self.method {
+            Method::LloydMax => {
+                let ws = w * sc[0];
+                for (a, &c) in acc.iter_mut().zip(codes.iter()) {
+                    *a += ws * self.levels[c as usize];
+                }
+            }
+            Method::Uniform { .. } => {
+                let half = 0.5 * ((1u32 << self.bits) - 1) as f32;
+                for ((ag, cg), &s) in acc
+                    .chunks_exact_mut(self.group)
+                    .zip(codes.chunks_exact(self.group))
+                    .zip(sc.iter())
+                {
+                    let ws = w * s;
+                    for (a, &c) in ag.iter_mut().zip(cg) {
+                        *a += ws * (f32::from(c) - half);
+                    }
+                }
+            }
+        }
+    }
+
+    /// [`dot_rotated`](Self::dot_rotated) with the table kernels (2-4 bits).
+    ///
+    /// # Safety
+    /// The CPU must have AVX2 and FMA.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    pub(crate) unsafe fn dot_rotated_avx2(
+        &self,
+        q_rot: &[f32],
+        row: &[u8],
+        row_index: usize,
+    ) -> Result<f32> {
+        use super::simd::avx2;
+        let bits = u32::from(self.bits);
+        if !avx2::handles(bits) {
+            return self.dot_rotated(q_rot, row, row_index);
+        }
+        let mut sc = [0f32; MAX_HEAD_DIM / 8];
+        let sc = &mut sc[..self.scales];
+        self.read_scales(row, sc, row_index)?;
+        let codes = &row[2 * self.scales..self.row_bytes];
+        let gbytes = self.group * self.bits as usize / 8;
+        let mut s = 0f32;
+        for ((qg, cg), &g) in q_rot
+            .chunks_exact(self.group)
+            .zip(codes.chunks_exact(gbytes))
+            .zip(sc.iter())
+        {
+            // SAFETY: the caller guarantees AVX2 and FMA; `bits` is 2..=4; `qg` holds
+            // `group` values (a multiple of 8) and `cg` their `group * bits / 8` bytes.
+            s += g * unsafe { avx2::dot_lut(qg, cg, bits, &self.table) };
+        }
+        Ok(s)
+    }
+
+    /// `q_rot . (rotated row)`: the dot product of a query already rotated by this
+    /// codec's rotation with a packed row, equal to `q . dequantize(row)` up to rounding.
+    #[inline(always)]
+    pub(crate) fn dot_rotated(&self, q_rot: &[f32], row: &[u8], row_index: usize) -> Result<f32> {
+        let mut sc = [0f32; MAX_HEAD_DIM / 8];
+        let sc = &mut sc[..self.scales];
+        self.read_scales(row, sc, row_index)?;
+        let mut codes = [0u8; MAX_HEAD_DIM];
+        let codes = &mut codes[..self.dim];
+        unpack(&row[2 * self.scales..], u32::from(self.bits), codes);
+        let mut vals = [0f32; MAX_HEAD_DIM];
+        let vals = &mut vals[..self.dim];
+        match self.method {
+            Method::LloydMax => {
+                for (v, &c) in vals.iter_mut().zip(codes.iter()) {
+                    *v = self.levels[c as usize];
+                }
+                Ok(sc[0] * dot8(q_rot, vals))
+            }
+            Method::Uniform { .. } => {
+                let half = 0.5 * ((1u32 << self.bits) - 1) as f32;
+                for (v, &c) in vals.iter_mut().zip(codes.iter()) {
+                    *v = f32::from(c) - half;
+                }
+                let mut s = 0f32;
+                for ((qg, vg), &g) in q_rot
+                    .chunks_exact(self.group)
+                    .zip(vals.chunks_exact(self.group))
+                    .zip(sc.iter())
+                {
+                    s += g * dot8(qg, vg);
+                }
+                Ok(s)
+            }
+        }
+    }
+
+    /// Dequantizes one packed row (`row.len() >= row_bytes`) into `out` (`head_dim`
+    /// values). No allocation. A short row, a wrong `out` length or a non-finite scale is
+    /// an error.
+    pub fn dequantize_row(&self, row: &[u8], out: &mut [f32]) -> Result<()> {
+        match self.isa.0 {
+            IsaKind::Portable => self.dequantize_body(row, out),
+            // SAFETY: `IsaKind::Avx2` is only made by `Isa::detect` after the CPU reported
+            // AVX2 and FMA.
+            #[cfg(target_arch = "x86_64")]
+            IsaKind::Avx2 => unsafe { self.dequantize_avx2(row, out) },
+        }
+    }
+
+    #[inline(always)]
+    fn dequantize_body(&self, row: &[u8], out: &mut [f32]) -> Result<()> {
+        self.check_row_in(out)?;
+        self.check_packed("packed row", row.len())?;
+        let mut acc = [0f32; MAX_HEAD_DIM];
+        let acc = &mut acc[..self.dim];
+        self.accumulate_rotated(row, 1.0, acc, 0)?;
+        self.rot.unrotate(acc);
+        out.copy_from_slice(acc);
+        Ok(())
+    }
+
+    /// `q . dequantize_row(row)` for one query of `head_dim` values (rotates `q` on the
+    /// stack; the attention kernel rotates once per query instead).
+    pub fn dot_row(&self, q: &[f32], row: &[u8]) -> Result<f32> {
+        self.check_row_in(q)?;
+        self.check_packed("packed row", row.len())?;
+        let mut qr = [0f32; MAX_HEAD_DIM];
+        let qr = &mut qr[..self.dim];
+        qr.copy_from_slice(q);
+        self.rot.rotate(qr);
+        self.dot_rotated(qr, row, 0)
+    }
+
+    /// Quantizes `x.len() / head_dim` rows into `out` (exactly that many rows' bytes).
+    pub fn quantize_rows(&self, x: &[f32], out: &mut [u8]) -> Result<()> {
+        let n = self.rows_of(x.len(), out.len())?;
+        for (xr, o) in x
+            .chunks_exact(self.dim)
+            .zip(out.chunks_exact_mut(self.row_bytes))
+            .take(n)
+        {
+            self.quantize_row(xr, o)?;
+        }
+        Ok(())
+    }
+
+    /// Dequantizes `out.len() / head_dim` rows from `packed` (exactly that many rows).
+    pub fn dequantize_rows(&self, packed: &[u8], out: &mut [f32]) -> Result<()> {
+        let n = self.rows_of(out.len(), packed.len())?;
+        for (i, (r, o)) in packed
+            .chunks_exact(self.row_bytes)
+            .zip(out.chunks_exact_mut(self.dim))
+            .take(n)
+            .enumerate()
+        {
+            self.dequantize_row(r, o).map_err(|e| match e {
+                Error::CorruptRow { what, .. } => Error::CorruptRow { what, row: i },
+                e => e,
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Rows in `values` values, checked against `bytes` packed bytes.
+    fn rows_of(&self, values: usize, bytes: usize) -> Result<usize> {
+        if values % self.dim != 0 {
+            return Err(Error::LayoutMismatch {
+                what: "values (a multiple of head_dim)",
+                expected: values / self.dim * self.dim,
+                found: values,
+            });
+        }
+        let n = values / self.dim;
+        let need = n.checked_mul(self.row_bytes).ok_or(Error::SizeOverflow {
+            what: "packed rows bytes",
+        })?;
+        if bytes != need {
+            return Err(Error::LayoutMismatch {
+                what: "packed bytes (rows x row_bytes)",
+                expected: need,
+                found: bytes,
+            });
+        }
+        Ok(n)
+    }
+}
+
+/// Dot product in eight independent lanes (so the loop vectorizes without reassociating
+/// a single sum), lanes added pairwise at the end.
+#[inline(always)]
+pub(crate) fn dot8(a: &[f32], b: &[f32]) -> f32 {
+    let mut l = [0f32; 8];
+    let ca = a.chunks_exact(8);
+    let cb = b.chunks_exact(8);
+    let (ra, rb) = (ca.remainder(), cb.remainder());
+    for (x, y) in ca.zip(cb) {
+        for j in 0..8 {
+            l[j] += x[j] * y[j];
+        }
+    }
+    let mut tail = 0f32;
+    for (x, y) in ra.iter().zip(rb) {
+        tail += x * y;
+    }
+    ((l[0] + l[4]) + (l[1] + l[5])) + ((l[2] + l[6]) + (l[3] + l[7])) + tail
+}

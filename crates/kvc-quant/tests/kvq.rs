@@ -1,0 +1,578 @@
+//! kvq: round-trip error bounds, attention against an f64 reference, both ISA paths,
+//! and errors (never panics) on every truncation and bad argument.
+
+mod common;
+
+use common::{fnv1a, Rng};
+use kvc_quant::kvq::attention::{attend_head, attend_heads, HeadRows};
+use kvc_quant::kvq::{KvqConfig, LayerCodec, Method, RowCodec};
+use kvc_quant::{ErrorKind, Isa};
+use proptest::prelude::*;
+
+const METHODS: [Method; 3] = [
+    Method::LloydMax,
+    Method::Uniform { group: 32 },
+    Method::Uniform { group: 64 },
+];
+
+fn isas() -> Vec<Isa> {
+    let mut v = vec![Isa::PORTABLE];
+    if Isa::detect().is_avx2() {
+        v.push(Isa::detect());
+    }
+    v
+}
+
+fn rel_err(x: &[f32], y: &[f32]) -> f64 {
+    let e: f64 = x
+        .iter()
+        .zip(y)
+        .map(|(a, b)| (f64::from(*a) - f64::from(*b)).powi(2))
+        .sum();
+    let s: f64 = x.iter().map(|a| f64::from(*a).powi(2)).sum();
+    e / s
+}
+
+/// Lloyd-Max MSE of N(0, 1) per bit width 1..=8 (Max 1960 and its extensions).
+const GAUSS_D: [f64; 9] = [
+    1.0, 0.3634, 0.1175, 0.03454, 0.009497, 0.002499, 0.0006642, 0.000170, 0.0000433,
+];
+
+#[test]
+fn lloyd_max_error_is_near_the_gaussian_optimum() {
+    // Over many KV-like rows, the mean relative squared error of the rotated Lloyd-Max
+    // codes is within 25% of the N(0,1) Lloyd-Max distortion (the LS scale can only help;
+    // f16 scale rounding adds ~1e-7).
+    let mut r = Rng(11);
+    for d in [64, 128, 256] {
+        let rows = 400;
+        let x = r.kv_like(rows, d);
+        for b in 2..=8u8 {
+            let c = RowCodec::new(Method::LloydMax, b, d, 5).unwrap();
+            let mut p = vec![0u8; rows * c.row_bytes()];
+            c.quantize_rows(&x, &mut p).unwrap();
+            let mut y = vec![0f32; x.len()];
+            c.dequantize_rows(&p, &mut y).unwrap();
+            let e = rel_err(&x, &y);
+            let want = GAUSS_D[b as usize];
+            assert!(e < 1.25 * want + 1e-6, "d {d} b {b}: {e} vs {want}");
+            assert!(e > 0.5 * want, "d {d} b {b}: {e} suspiciously below {want}");
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// Uniform codes: every rotated value is within half a step of its level (plus what
+    /// the f16 scale rounding moves the clamp), so the error is bounded row by row.
+    #[test]
+    fn uniform_round_trip_is_bounded(
+        vals in prop::collection::vec(-1.0f32..1.0, 64),
+        amp in 1e-3f32..300.0,
+        bias in -50.0f32..50.0,
+        bits in 2u8..=8,
+        gi in 0usize..3,
+    ) {
+        let group = [16u16, 32, 64][gi];
+        let x: Vec<f32> = vals.iter().map(|v| v * amp + bias).collect();
+        let c = RowCodec::new(Method::Uniform { group }, bits, 64, 9).unwrap();
+        let mut p = vec![0u8; c.row_bytes()];
+        c.quantize_row(&x, &mut p).unwrap();
+        let mut y = vec![0f32; 64];
+        c.dequantize_row(&p, &mut y).unwrap();
+        let mut rx = x.clone();
+        c.rotation().rotate(&mut rx);
+        let half = 0.5 * ((1u32 << bits) - 1) as f64;
+        let mut bound = 0.0;
+        for (gk, g) in rx.chunks(group as usize).enumerate() {
+            let m = g.iter().fold(0f64, |a, v| a.max(f64::from(v.abs())));
+            let sf = f64::from(half::f16::from_le_bytes([p[2 * gk], p[2 * gk + 1]]).to_f32());
+            let per = sf / 2.0 + (m - half * sf).abs();
+            bound += group as f64 * per * per;
+        }
+        let err: f64 = x.iter().zip(&y).map(|(a, b)| (f64::from(*a) - f64::from(*b)).powi(2)).sum();
+        let norm2: f64 = x.iter().map(|a| f64::from(*a).powi(2)).sum();
+        prop_assert!(err <= bound * 1.001 + 1e-9 * norm2, "err {err} bound {bound}");
+    }
+
+    /// Lloyd-Max codes, on any row: every rotated, normalized coordinate gets its nearest
+    /// level, so with the norm scale `s0 = |x| / sqrt(d)` the error is
+    /// `s0 * |dist to nearest level|` per coordinate; the stored least-squares scale can
+    /// only lower that, and its f16 rounding adds at most `2^-11 * s * |levels|`.
+    #[test]
+    fn lloyd_max_round_trip_is_bounded(
+        vals in prop::collection::vec(-1.0f32..1.0, 128),
+        amp in 1e-3f32..300.0,
+        bits in 2u8..=8,
+        seed in any::<u64>(),
+    ) {
+        let x: Vec<f32> = vals.iter().map(|v| v * amp).collect();
+        let c = RowCodec::new(Method::LloydMax, bits, 128, seed).unwrap();
+        let mut p = vec![0u8; c.row_bytes()];
+        c.quantize_row(&x, &mut p).unwrap();
+        let mut y = vec![0f32; 128];
+        c.dequantize_row(&p, &mut y).unwrap();
+        let mut rx = x.clone();
+        c.rotation().rotate(&mut rx);
+        let norm: f64 = rx.iter().map(|v| f64::from(*v).powi(2)).sum::<f64>().sqrt();
+        let s0 = norm / (128f64).sqrt();
+        let lv: Vec<f64> = c.levels().iter().map(|v| f64::from(*v)).collect();
+        let mut w2 = 0.0;
+        let mut c2 = 0.0;
+        for &v in &rx {
+            let u = if norm > 0.0 { f64::from(v) / s0 } else { 0.0 };
+            let (dist, lev) = lv.iter().map(|l| ((u - l).abs(), *l)).fold((f64::MAX, 0.0), |a, b| if b.0 < a.0 { b } else { a });
+            w2 += dist * dist;
+            c2 += lev * lev;
+        }
+        let s = f64::from(half::f16::from_le_bytes([p[0], p[1]]).to_f32());
+        let bound = s0 * w2.sqrt() + s.abs() * c2.sqrt() * 2f64.powi(-11) + 1e-5 * norm;
+        let err: f64 = x.iter().zip(&y).map(|(a, b)| (f64::from(*a) - f64::from(*b)).powi(2)).sum::<f64>().sqrt();
+        prop_assert!(err <= bound, "bits {bits}: err {err} bound {bound}");
+    }
+}
+
+#[test]
+fn zero_rows_round_trip_exactly() {
+    for m in METHODS {
+        for b in 2..=8 {
+            let c = RowCodec::new(m, b, 64, 1).unwrap();
+            let mut p = vec![0u8; c.row_bytes()];
+            c.quantize_row(&[0.0; 64], &mut p).unwrap();
+            let mut y = vec![1f32; 64];
+            c.dequantize_row(&p, &mut y).unwrap();
+            assert!(y.iter().all(|v| *v == 0.0), "{m:?} {b}");
+        }
+    }
+}
+
+/// Attention in f64 from f32 K / V rows.
+fn attention_f64(q: &[f32], k: &[f32], v: &[f32], d: usize, scale: f64) -> Vec<f64> {
+    let n = k.len() / d;
+    let s: Vec<f64> = (0..n)
+        .map(|t| {
+            scale
+                * (0..d)
+                    .map(|i| f64::from(q[i]) * f64::from(k[t * d + i]))
+                    .sum::<f64>()
+        })
+        .collect();
+    let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    let p: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+    let z: f64 = p.iter().sum();
+    (0..d)
+        .map(|i| (0..n).map(|t| p[t] / z * f64::from(v[t * d + i])).sum())
+        .collect()
+}
+
+fn max_rel(a: &[f32], b: &[f64]) -> f64 {
+    let scale = b.iter().fold(0f64, |m, v| m.max(v.abs()));
+    a.iter()
+        .zip(b)
+        .fold(0f64, |m, (x, y)| m.max((f64::from(*x) - y).abs() / scale))
+}
+
+/// Packed attention equals the f64 attention over the dequantized rows within 1e-4 of
+/// the output's largest magnitude (f32 accumulation over up to 1000 tokens), on both ISA
+/// paths, which agree within 1e-5.
+#[test]
+fn packed_attention_matches_f64_reference_on_both_paths() {
+    let mut r = Rng(3);
+    for d in [64, 128, 256] {
+        for cfg in ["k4v4", "k4v2:u32", "k3v3", "k8v4:u64", "k2v2", "k5v7:u16"] {
+            let cfg = KvqConfig::parse(cfg).unwrap();
+            let layer = LayerCodec::new(&cfg, d).unwrap();
+            let n = 1000;
+            let k = r.kv_like(n, d);
+            let v = r.kv_like(n, d);
+            let q: Vec<f32> = (0..d).map(|_| r.gauss()).collect();
+            let mut pk = vec![0u8; n * layer.k.row_bytes()];
+            let mut pv = vec![0u8; n * layer.v.row_bytes()];
+            layer.k.quantize_rows(&k, &mut pk).unwrap();
+            layer.v.quantize_rows(&v, &mut pv).unwrap();
+            let mut dk = vec![0f32; n * d];
+            let mut dv = vec![0f32; n * d];
+            layer.k.dequantize_rows(&pk, &mut dk).unwrap();
+            layer.v.dequantize_rows(&pv, &mut dv).unwrap();
+            let scale = 1.0 / (d as f32).sqrt();
+            let want = attention_f64(&q, &dk, &dv, d, f64::from(scale));
+            let exact = attention_f64(&q, &k, &v, d, f64::from(scale));
+            let mut outs = Vec::new();
+            for isa in isas() {
+                let mut sc = vec![0f32; n];
+                let mut out = vec![0f32; d];
+                attend_head(
+                    isa,
+                    &layer,
+                    &q,
+                    HeadRows {
+                        bytes: &pk,
+                        stride: layer.k.row_bytes(),
+                    },
+                    HeadRows {
+                        bytes: &pv,
+                        stride: layer.v.row_bytes(),
+                    },
+                    n,
+                    scale,
+                    &mut sc,
+                    &mut out,
+                )
+                .unwrap();
+                let e = max_rel(&out, &want);
+                assert!(e < 1e-4, "d {d} {cfg}: {e}");
+                outs.push(out);
+            }
+            // The AVX2 table kernels sum in another order (and with FMA): equal to rounding.
+            for o in &outs[1..] {
+                let e = max_rel(
+                    o,
+                    &outs[0].iter().map(|v| f64::from(*v)).collect::<Vec<_>>(),
+                );
+                assert!(e < 1e-5, "paths differ by {e}: {cfg}");
+            }
+            // And the quantization error itself is sane (finite, below 100% of the scale).
+            let e = max_rel(&outs[0], &exact);
+            assert!(e.is_finite() && e < 1.0, "d {d} {cfg}: vs unquantized {e}");
+        }
+    }
+}
+
+#[test]
+fn multi_head_attention_equals_per_head_calls() {
+    let mut r = Rng(8);
+    let (d, n_kv, n_head, n) = (64, 3, 9, 257);
+    let layer = LayerCodec::new(&KvqConfig::parse("k4v3").unwrap(), d).unwrap();
+    let k = r.kv_like(n * n_kv, d);
+    let v = r.kv_like(n * n_kv, d);
+    let q: Vec<f32> = (0..n_head * d).map(|_| r.gauss()).collect();
+    let mut pk = vec![0u8; n * n_kv * layer.k.row_bytes()];
+    let mut pv = vec![0u8; n * n_kv * layer.v.row_bytes()];
+    layer.k.quantize_rows(&k, &mut pk).unwrap();
+    layer.v.quantize_rows(&v, &mut pv).unwrap();
+    let mut sc = vec![0f32; n_head * n];
+    let mut out = vec![0f32; n_head * d];
+    attend_heads(
+        Isa::detect(),
+        &layer,
+        &q,
+        &pk,
+        &pv,
+        n,
+        n_kv,
+        0.125,
+        &mut sc,
+        &mut out,
+    )
+    .unwrap();
+    for h in 0..n_head {
+        let kvh = h / (n_head / n_kv);
+        let mut s1 = vec![0f32; n];
+        let mut o1 = vec![0f32; d];
+        attend_head(
+            Isa::detect(),
+            &layer,
+            &q[h * d..(h + 1) * d],
+            HeadRows {
+                bytes: &pk[kvh * layer.k.row_bytes()..],
+                stride: n_kv * layer.k.row_bytes(),
+            },
+            HeadRows {
+                bytes: &pv[kvh * layer.v.row_bytes()..],
+                stride: n_kv * layer.v.row_bytes(),
+            },
+            n,
+            0.125,
+            &mut s1,
+            &mut o1,
+        )
+        .unwrap();
+        assert_eq!(&out[h * d..(h + 1) * d], &o1[..], "head {h}");
+    }
+    // Bad shapes are errors.
+    for (qlen, nkv, sclen, outlen) in [
+        (n_head * d, 0, n_head * n, n_head * d),
+        (n_head * d, 2, n_head * n, n_head * d),
+        (n_head * d - 1, 3, n_head * n, n_head * d),
+        (n_head * d, 3, n_head * n - 1, n_head * d),
+        (n_head * d, 3, n_head * n, n_head * d - 64),
+    ] {
+        let mut sc = vec![0f32; sclen];
+        let mut out = vec![0f32; outlen];
+        assert!(attend_heads(
+            Isa::detect(),
+            &layer,
+            &q[..qlen],
+            &pk,
+            &pv,
+            n,
+            nkv,
+            0.1,
+            &mut sc,
+            &mut out
+        )
+        .is_err());
+    }
+    for cut in [0, 1, pk.len() / 2, pk.len() - 1] {
+        let mut sc = vec![0f32; n_head * n];
+        let mut out = vec![0f32; n_head * d];
+        let e = attend_heads(
+            Isa::detect(),
+            &layer,
+            &q,
+            &pk[..cut],
+            &pv,
+            n,
+            n_kv,
+            0.1,
+            &mut sc,
+            &mut out,
+        )
+        .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::BufferTooSmall);
+        let cut = cut * pv.len() / pk.len();
+        let e = attend_heads(
+            Isa::detect(),
+            &layer,
+            &q,
+            &pk,
+            &pv[..cut],
+            n,
+            n_kv,
+            0.1,
+            &mut sc,
+            &mut out,
+        )
+        .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::BufferTooSmall);
+    }
+}
+
+#[test]
+fn every_truncation_and_bad_argument_is_an_error() {
+    let mut r = Rng(5);
+    for m in METHODS {
+        for b in 2..=8 {
+            let c = RowCodec::new(m, b, 64, 2).unwrap();
+            let x = r.kv_like(3, 64);
+            let mut p = vec![0u8; 3 * c.row_bytes()];
+            c.quantize_rows(&x, &mut p).unwrap();
+            let mut y = vec![0f32; 64];
+            for cut in 0..c.row_bytes() {
+                let e = c.dequantize_row(&p[..cut], &mut y).unwrap_err();
+                assert_eq!(e.kind(), ErrorKind::BufferTooSmall);
+                assert!(c.dot_row(&x[..64], &p[..cut]).is_err());
+                let mut o = vec![0u8; cut];
+                assert!(c.quantize_row(&x[..64], &mut o).is_err());
+            }
+            let mut y3 = vec![0f32; 3 * 64];
+            for cut in 0..p.len() {
+                assert!(c.dequantize_rows(&p[..cut], &mut y3).is_err(), "{cut}");
+            }
+            assert!(c.dequantize_rows(&p, &mut y3[..100]).is_err());
+            assert!(c.quantize_rows(&x[..100], &mut p).is_err());
+            assert!(c.quantize_row(&x[..63], &mut p).is_err());
+            assert!(c.dequantize_row(&p, &mut y[..63]).is_err());
+            // Non-finite input and corrupt scales.
+            let mut bad = x[..64].to_vec();
+            bad[7] = f32::NAN;
+            assert_eq!(
+                c.quantize_row(&bad, &mut p).unwrap_err().kind(),
+                ErrorKind::CorruptData
+            );
+            bad[7] = f32::INFINITY;
+            assert!(c.quantize_row(&bad, &mut p).is_err());
+            let mut q = p.clone();
+            q[c.row_bytes()] = 0x00;
+            q[c.row_bytes() + 1] = 0x7e; // f16 NaN in row 1's first scale
+            let e = c.dequantize_rows(&q, &mut y3).unwrap_err();
+            assert_eq!(
+                e,
+                kvc_quant::Error::CorruptRow {
+                    what: "f16 scale",
+                    row: 1
+                }
+            );
+            let layer = LayerCodec {
+                k: c.clone(),
+                v: c.clone(),
+            };
+            let mut sc = vec![0f32; 3];
+            let rb = c.row_bytes();
+            fn hr(b: &[u8], stride: usize) -> HeadRows<'_> {
+                HeadRows { bytes: b, stride }
+            }
+            let h = |b| hr(b, rb);
+            let e = attend_head(
+                Isa::PORTABLE,
+                &layer,
+                &x[..64],
+                h(&q),
+                h(&p),
+                3,
+                0.1,
+                &mut sc,
+                &mut y,
+            )
+            .unwrap_err();
+            assert_eq!(
+                e,
+                kvc_quant::Error::CorruptRow {
+                    what: "f16 scale",
+                    row: 1
+                }
+            );
+            for cut in 0..p.len() {
+                assert!(attend_head(
+                    Isa::PORTABLE,
+                    &layer,
+                    &x[..64],
+                    h(&p[..cut]),
+                    h(&p),
+                    3,
+                    0.1,
+                    &mut sc,
+                    &mut y
+                )
+                .is_err());
+                assert!(attend_head(
+                    Isa::PORTABLE,
+                    &layer,
+                    &x[..64],
+                    h(&p),
+                    h(&p[..cut]),
+                    3,
+                    0.1,
+                    &mut sc,
+                    &mut y
+                )
+                .is_err());
+            }
+            assert!(attend_head(
+                Isa::PORTABLE,
+                &layer,
+                &x[..64],
+                h(&p),
+                h(&p),
+                3,
+                0.1,
+                &mut sc[..2],
+                &mut y
+            )
+            .is_err());
+            assert!(attend_head(
+                Isa::PORTABLE,
+                &layer,
+                &x[..64],
+                HeadRows {
+                    bytes: &p,
+                    stride: 1
+                },
+                h(&p),
+                3,
+                0.1,
+                &mut sc,
+                &mut y
+            )
+            .is_err());
+            assert!(attend_head(
+                Isa::PORTABLE,
+                &layer,
+                &x[..64],
+                HeadRows {
+                    bytes: &p,
+                    stride: usize::MAX
+                },
+                h(&p),
+                3,
+                0.1,
+                &mut sc,
+                &mut y
+            )
+            .is_err());
+            assert!(attend_head(
+                Isa::PORTABLE,
+                &layer,
+                &x[..64],
+                h(&p),
+                h(&p),
+                3,
+                f32::NAN,
+                &mut sc,
+                &mut y
+            )
+            .is_err());
+            // No tokens: zeros, no error.
+            attend_head(
+                Isa::PORTABLE,
+                &layer,
+                &x[..64],
+                h(&[]),
+                h(&[]),
+                0,
+                0.1,
+                &mut [],
+                &mut y,
+            )
+            .unwrap();
+            assert!(y.iter().all(|v| *v == 0.0));
+        }
+    }
+    for (m, b, d) in [
+        (Method::LloydMax, 1, 64),
+        (Method::LloydMax, 9, 64),
+        (Method::LloydMax, 4, 96),
+        (Method::LloydMax, 4, 0),
+        (Method::Uniform { group: 0 }, 4, 64),
+        (Method::Uniform { group: 48 }, 4, 64),
+        (Method::Uniform { group: 128 }, 4, 64),
+    ] {
+        assert!(RowCodec::new(m, b, d, 0).is_err(), "{m:?} {b} {d}");
+    }
+    // A row too large for an f16 scale.
+    let c = RowCodec::new(Method::LloydMax, 4, 64, 0).unwrap();
+    let mut p = vec![0u8; c.row_bytes()];
+    assert!(c.quantize_row(&[1e30; 64], &mut p).is_err());
+}
+
+/// Golden vectors: the packed bytes of fixed rows (xorshift seed 2024, KV-like) for every
+/// method and bit width at head_dim 64 and 128, fingerprinted with FNV-1a. A change of the
+/// format, the rotation, the codebooks or the rounding fails here; update the table only
+/// with a new format version (docs/formats/kvq.md).
+#[test]
+fn golden_packed_rows() {
+    let mut got = Vec::new();
+    for d in [64usize, 128] {
+        let x = Rng(2024).kv_like(16, d);
+        for m in [Method::LloydMax, Method::Uniform { group: 32 }] {
+            for b in 2..=8u8 {
+                let c = RowCodec::new(m, b, d, kvc_quant::kvq::config::DEFAULT_SEED).unwrap();
+                let mut p = vec![0u8; 16 * c.row_bytes()];
+                c.quantize_rows(&x, &mut p).unwrap();
+                // The portable and the AVX2-compiled row loops write the same bytes and
+                // read them back the same.
+                let mut pp = vec![0u8; 16 * c.row_bytes()];
+                c.portable().quantize_rows(&x, &mut pp).unwrap();
+                assert_eq!(p, pp, "{d} {m:?} {b}");
+                let mut y = vec![0f32; 16 * d];
+                let mut yp = vec![0f32; 16 * d];
+                c.dequantize_rows(&p, &mut y).unwrap();
+                c.portable().dequantize_rows(&p, &mut yp).unwrap();
+                assert_eq!(y, yp, "{d} {m:?} {b}");
+                got.push(format!(
+                    "{d} {} {b} {} {:016x}",
+                    m.tag(),
+                    p.len(),
+                    fnv1a(&p)
+                ));
+            }
+        }
+    }
+    let got = got.join("\n");
+    let want = include_str!("golden/kvq_v1.txt").trim();
+    if got != want {
+        eprintln!("{got}");
+    }
+    assert_eq!(got, want);
+}
