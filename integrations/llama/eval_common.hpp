@@ -41,8 +41,10 @@ struct UsageError : std::runtime_error {
 struct Options {
     std::string model;
     std::vector<std::string> texts;
-    std::vector<std::string> modes = {"full", "streaming", "kvc-streaming", "h2o",   "h2o-fa", "c8",
-                                      "c8-h2o", "q8_0",    "q4_0",          "probe", "state",  "dump"};
+    std::vector<std::string> modes = {"full",  "streaming", "kvc-streaming", "h2o",      "h2o-fa",   "c8",
+                                      "c8-h2o", "q8_0",      "q4_0",          "q8_0-q4_0", "kvq:k4v4", "kvq:k4v2",
+                                      "probe", "state",     "dump"};
+    int kvq_sink = 0;  // kvq modes: tokens at positions below this stay as the f16 cache holds them
     std::vector<double> kv_ratios = {3.5};  // whole-model KV ratios the kvc eviction modes aim at
     int block = 16;                          // kvc_h2o block_tokens in the llama.cpp modes
     int c8_calib = 0;                        // tokens calibrating the C8 scales; 0: ppl_from - 1
@@ -69,8 +71,11 @@ struct Options {
 const char * kUsage =
     "usage: kvc_llama_eval --model GGUF --text FILE [--text FILE ...] [options]\n"
     "  --modes LIST        comma list of full,streaming,kvc-streaming,h2o,h2o-fa,c8,c8-h2o,\n"
-    "                      q8_0,q4_0,probe,state,dump\n"
-    "                      (default: all; full always runs first as the reference)\n"
+    "                      q8_0,q4_0,q8_0-q4_0,kvq:CONFIG,probe,state,dump\n"
+    "                      (default: all, kvq as kvq:k4v4,kvq:k4v2; full always runs first as\n"
+    "                      the reference). kvq:CONFIG is a kvc_kvq config string, e.g.\n"
+    "                      kvq:k4v4, kvq:k3v3:lm, kvq:k8v4:u32 (docs/formats/kvq.md)\n"
+    "  --kvq-sink N        kvq modes: the first N tokens stay f16 (counted at f16 bytes) [0]\n"
     "  --n-tokens N        tokens of each text to decode [2048]\n"
     "  --ppl-from P        first target position scored [513]\n"
     "  --prompt N          tokens decoded as one batch first [0]\n"
@@ -149,6 +154,7 @@ Options parse_options(int argc, char ** argv) {
         else if (a == "--block") o.block = parse_int(a, val(), 1, 1 << 16);
         else if (a == "--c8-calib") o.c8_calib = parse_int(a, val(), 1, 1 << 20);
         else if (a == "--c8-rule") o.c8_rule = val();
+        else if (a == "--kvq-sink") o.kvq_sink = parse_int(a, val(), 0, 1 << 20);
         else if (a == "--kv-ratios") {
             o.kv_ratios.clear();
             for (const auto & r : split_commas(val())) o.kv_ratios.push_back(parse_double(a, r, 1.0, 1e6));
@@ -171,9 +177,13 @@ Options parse_options(int argc, char ** argv) {
     if (o.positions != "shift" && o.positions != "keep") throw UsageError("--positions: shift or keep");
     if (o.ppl_from >= o.n_tokens) throw UsageError("--ppl-from must be below --n-tokens");
     if (o.prompt >= o.n_tokens) throw UsageError("--prompt must be below --n-tokens");
-    static const char * known[] = {"full", "streaming", "kvc-streaming", "h2o",   "h2o-fa", "c8",
-                                   "c8-h2o", "q8_0",    "q4_0",          "probe", "state",  "dump"};
+    static const char * known[] = {"full", "streaming", "kvc-streaming", "h2o",       "h2o-fa", "c8",  "c8-h2o",
+                                   "q8_0", "q4_0",      "q8_0-q4_0",     "probe",     "state",  "dump"};
     for (const auto & m : o.modes) {
+        if (m.rfind("kvq:", 0) == 0) {
+            if (m.size() == 4) throw UsageError("--modes: kvq: needs a config, e.g. kvq:k4v4");
+            continue;  // the config itself is checked by kvc_kvq_new
+        }
         if (std::find_if(std::begin(known), std::end(known), [&](const char * k) { return m == k; }) ==
             std::end(known)) {
             throw UsageError("--modes: unknown mode '" + m + "'");

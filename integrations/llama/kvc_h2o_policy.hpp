@@ -3,7 +3,7 @@
 // every part in this order; each part includes the one before it).
 #pragma once
 
-#include "c8_hooks.hpp"
+#include "kvq_hooks.hpp"
 
 namespace {
 

@@ -8,7 +8,9 @@
 //   streaming  sink + recent window eviction through llama_memory_seq_rm, positions shifted
 //              (llama_memory_seq_add) or kept; the policy is an EvictionPolicy object so that
 //              kvc's policy plugs in through the C API later
-//   q8_0 q4_0  llama.cpp's own quantized cache types (flash attention on), comparison rows
+//   q8_0 q4_0  llama.cpp's own quantized cache types (flash attention on), comparison rows;
+//              q8_0-q4_0 is q8_0 K with q4_0 V
+//   kvq:CFG    kvc's kvq rows (rotation, 2-8-bit codes) at the SET_ROWS write path
 //   probe      the eval-callback plumbing the kvc modes need: kq_soft_max-<il> column sums per
 //              cell, the SET_ROWS index (cell) of every new token, and a hook on Kcur-<il> /
 //              Vcur-<il> before SET_ROWS writes them (identity for now); checks what it sees and
@@ -27,6 +29,7 @@
 //                        recompute checked with fattn_bound.hpp), row hooks, SET_ROWS checks
 //   kvc_api.hpp          kvc through include/kvc.h: status checks, H2O budgets
 //   c8_hooks.hpp         C8 through kvc_quant
+//   kvq_hooks.hpp        kvq (rotated 2-8-bit packed rows) through kvc_kvq
 //   kvc_h2o_policy.hpp   kvc's H2O / StreamingLLM as an EvictionPolicy
 //   decode.hpp           contexts and the decode loop of every PPL/KL mode
 //   dump_mode.hpp        the realkv-format dump and its comparison
@@ -263,15 +266,67 @@ int run(int argc, char ** argv) {
                 rep.rows.push_back(r);
             }
         }
-        for (const char * q : {"q8_0", "q4_0"}) {
+        for (const char * q : {"q8_0", "q4_0", "q8_0-q4_0"}) {
             if (!has_mode(o, q)) continue;
+            const std::string m = q;
             DecodeSpec s;
             s.mode = q;
             s.cfg.n_ctx = o.n_tokens;
-            s.cfg.type_k = s.cfg.type_v = std::string(q) == "q8_0" ? GGML_TYPE_Q8_0 : GGML_TYPE_Q4_0;
+            s.cfg.type_k = m == "q4_0" ? GGML_TYPE_Q4_0 : GGML_TYPE_Q8_0;
+            s.cfg.type_v = m == "q8_0" ? GGML_TYPE_Q8_0 : GGML_TYPE_Q4_0;
             s.cfg.flash_attn = true;
             RunResult r = run_decode(model, mi, o, toks, ref, s);
-            r.detail = "llama.cpp cache type, flash attention on";
+            r.detail = m == "q8_0-q4_0" ? "llama.cpp cache types, q8_0 K and q4_0 V, flash attention on"
+                                        : "llama.cpp cache type, flash attention on";
+            rep.rows.push_back(r);
+        }
+        for (const auto & m : o.modes) {
+            if (m.rfind("kvq:", 0) != 0) continue;
+            const std::string config = m.substr(4);
+            KvqPtr kvq(config, mi);
+            double k_bits = 0, v_bits = 0;
+            const double kvq_cell = kvq_cell_bytes(kvq.q, mi, &k_bits, &v_bits);
+            const double f16_cell = (double) mi.cell_bytes(GGML_TYPE_F16, GGML_TYPE_F16);
+            const int sink = std::min(o.kvq_sink, o.n_tokens);
+            KvqRoundTripHook hook(kvq.q, mi, sink);
+            EvalTap tap;
+            tap.n_layer = mi.n_layer;
+            tap.n_head = mi.n_head;
+            tap.n_head_kv = mi.n_head_kv;
+            tap.head_dim = mi.head_dim;
+            tap.want_rows = true;
+            tap.want_set_rows = true;
+            tap.hook = &hook;
+            DecodeSpec s;
+            s.mode = m;
+            s.cfg.n_ctx = o.n_tokens;
+            s.cfg.tap = &tap;
+            // memory as a kvq cache holds it: packed rows per cell; the protected sink cells at f16
+            s.cell_bytes = kvq_cell;
+            s.fixed_bytes = (double) sink * (f16_cell - kvq_cell);
+            RunResult r = run_decode(model, mi, o, toks, ref, s);
+            if (!tap.stats.set_rows_reads_hooked_tensor) fail(m + ": a SET_ROWS node reads rows the hook did not see");
+            for (int v = 0; v < 2; ++v) {
+                const auto & e = hook.err(v == 1);
+                const std::string k = v ? "kvq_v_" : "kvq_k_";
+                if (e.n == 0) fail(m + ": the kvq hook saw no rows");
+                r.extra.push_back({k + "rel_rms_err", json_num(std::sqrt(e.sq / std::max(1e-30, e.ref)))});
+                r.extra.push_back({k + "max_abs_err", json_num(e.max)});
+                r.extra.push_back({k + "rows", std::to_string(e.rows)});
+                r.extra.push_back({k + "packed_bytes", json_num(e.bytes)});
+                r.extra.push_back({k + "bits_per_value", json_num(v ? v_bits : k_bits)});
+            }
+            r.extra.push_back({"kvq_config", "\"" + json_escape(config) + "\""});
+            r.extra.push_back({"kvq_sink", std::to_string(sink)});
+            r.extra.push_back({"kvq_cell_bytes", json_num(kvq_cell)});
+            r.extra.push_back({"kv_accounting", "\"kvq: packed rows per cell (kvc_kvq_row_bytes, scales included), sink cells at f16 (llama.cpp holds f16: kvc dequantizes)\""});
+            char buf[240];
+            const auto & ek = hook.err(false);
+            const auto & ev = hook.err(true);
+            std::snprintf(buf, sizeof buf, "kvc kvq %s, %.3g+%.3g bits/value (K+V, scales included), sink %d f16; rel RMS err K %.4f V %.4f",
+                          config.c_str(), k_bits, v_bits, sink, std::sqrt(ek.sq / std::max(1e-30, ek.ref)),
+                          std::sqrt(ev.sq / std::max(1e-30, ev.ref)));
+            r.detail = buf;
             rep.rows.push_back(r);
         }
         if (has_mode(o, "probe")) {

@@ -37,7 +37,7 @@ assert len(res["texts"]) == 2, "two texts"
 for t in res["texts"]:
     rows = {r["mode"]: r for r in t["results"]}
     for m in ("full", "streaming", "kvc-streaming@3.5", "h2o@3.5", "h2o-fa@3.5", "c8", "c8-h2o@3.5", "q8_0",
-              "q4_0", "probe", "state", "dump"):
+              "q4_0", "q8_0-q4_0", "kvq:k4v4", "kvq:k4v2", "probe", "state", "dump"):
         assert m in rows, f"{t['text']}: no {m} row"
     full = rows["full"]
     assert 1.0 < full["ppl"] < 1000.0, full
@@ -76,8 +76,22 @@ for t in res["texts"]:
     assert 1.9 < rows["c8"]["kv_ratio_end"] < 2.0, rows["c8"]
     ch = rows["c8-h2o@3.5"]
     assert ch["kv_ratio_end"] > 3.0 and ch["kvc_plans_applied"] == ch["evictions"] > 0 and ch["kvc_plans_dropped"] == 0, ch
-    for q in ("q8_0", "q4_0"):
+    for q in ("q8_0", "q4_0", "q8_0-q4_0"):
         assert rows[q]["kv_ratio_end"] > 1.8 and rows[q]["kl"] > 0.0, rows[q]
+    # kvq through kvc_kvq: every K/V row packed and unpacked (30 layers x 320 tokens x 3 KV
+    # heads each), the bytes held exactly the packed rows' (f16 cell 23040 B / kvq cell), the
+    # error finite and bounded, the run usable
+    f16_cell = 30 * 2 * 192 * 2
+    for m in ("kvq:k4v4", "kvq:k4v2"):
+        k = rows[m]
+        for kv in ("k", "v"):
+            assert k[f"kvq_{kv}_rows"] == 30 * 320 * 3, k
+            assert 0.0 < k[f"kvq_{kv}_rel_rms_err"] < 0.5 and math.isfinite(k[f"kvq_{kv}_max_abs_err"]), k
+            assert k[f"kvq_{kv}_packed_bytes"] == k[f"kvq_{kv}_rows"] * k[f"kvq_{kv}_bits_per_value"] * 64 / 8, k
+        assert k["kvq_sink"] == 0 and abs(k["kv_ratio_end"] / (f16_cell / k["kvq_cell_bytes"]) - 1) < 1e-8, k
+        assert k["kl"] > 0.0 and math.isfinite(k["ppl"]) and k["ppl"] < 4.0 * full["ppl"], k
+    assert abs(rows["kvq:k4v4"]["kvq_cell_bytes"] - 30 * 2 * 3 * (2 + 64 * 4 / 8)) < 1e-9, rows["kvq:k4v4"]
+    assert rows["kvq:k4v2"]["kv_ratio_end"] > rows["kvq:k4v4"]["kv_ratio_end"], "k4v2 holds fewer bytes than k4v4"
     assert rows["q8_0"]["kl"] < rows["q4_0"]["kl"], "q8_0 should be closer to f16 than q4_0"
     assert rows["probe"]["ppl_identical_to_full"] is True, rows["probe"]
     s = rows["state"]

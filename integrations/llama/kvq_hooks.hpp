@@ -1,0 +1,104 @@
+// kvc_llama_eval, kvq through kvc_kvq: rotated 2-8-bit packed rows at the SET_ROWS write path.
+// Part of the one kvc_llama_eval program (one translation unit: kvc_llama_eval.cpp includes
+// every part in this order; each part includes the one before it).
+#pragma once
+
+#include "c8_hooks.hpp"
+
+namespace {
+
+// ------------------------------------------------------------------------------------------
+// kvq through kvc_kvq: every K/V row the model writes (one token of one KV head, head_dim
+// values) is packed by kvc exactly as a kvq cache would store it and unpacked again before
+// llama.cpp writes it, so the cache holds kvq's values with the packed format's numerics,
+// rotation included; memory is counted from kvc_kvq_row_bytes. Tokens at positions below
+// --kvq-sink are kept as the f16 cache holds them (protected attention sinks) and counted at
+// f16 bytes.
+
+struct KvqPtr {
+    kvc_kvq * q = nullptr;
+    KvqPtr(const std::string & config, const ModelInfo & mi) {
+        kvc_ok(kvc_kvq_new(config.c_str(), (uint32_t) mi.head_dim, (uint32_t) mi.n_layer, (uint32_t) mi.n_head_kv, &q),
+               ("kvc_kvq_new(\"" + config + "\")").c_str());
+    }
+    ~KvqPtr() { kvc_kvq_free(q); }
+    KvqPtr(const KvqPtr &) = delete;
+    KvqPtr & operator=(const KvqPtr &) = delete;
+};
+
+// Bytes of one cell (one token, every layer, K and V, every KV head) in kvq's packed rows.
+double kvq_cell_bytes(const kvc_kvq * q, const ModelInfo & mi, double * k_bits = nullptr, double * v_bits = nullptr) {
+    double cell = 0.0, kb = 0.0, vb = 0.0;
+    for (int l = 0; l < mi.n_layer; ++l) {
+        size_t rk = 0, rv = 0;
+        kvc_ok(kvc_kvq_row_bytes(q, (uint32_t) l, KVC_TENSOR_K, &rk), "kvc_kvq_row_bytes");
+        kvc_ok(kvc_kvq_row_bytes(q, (uint32_t) l, KVC_TENSOR_V, &rv), "kvc_kvq_row_bytes");
+        cell += (double) (rk + rv) * mi.n_head_kv;
+        kb += 8.0 * (double) rk / mi.head_dim;
+        vb += 8.0 * (double) rv / mi.head_dim;
+    }
+    if (k_bits) *k_bits = kb / mi.n_layer;
+    if (v_bits) *v_bits = vb / mi.n_layer;
+    return cell;
+}
+
+class KvqRoundTripHook : public RowHook {
+public:
+    KvqRoundTripHook(const kvc_kvq * q, const ModelInfo & mi, int sink) : q_(q), mi_(mi), sink_(sink) {
+        written_[0].assign(mi.n_layer, 0);
+        written_[1].assign(mi.n_layer, 0);
+    }
+    void on_rows(int il, bool is_v, ggml_tensor * t) override {
+        const int64_t D = mi_.head_dim, H = mi_.n_head_kv, n_tok = t->ne[2];
+        if (t->type != GGML_TYPE_F32 || !ggml_is_contiguous(t) || t->ne[0] != D || t->ne[1] != H) {
+            fail("kvq: unexpected K/V rows " + shape_str(t));
+        }
+        // the tokens of this call, in the order they were written: the first `sink_` positions
+        // stay as the f16 cache would hold them
+        long & seen = written_[is_v ? 1 : 0][il];
+        const int64_t keep = std::max<int64_t>(0, std::min<int64_t>(n_tok, sink_ - seen));
+        seen += n_tok;
+        float * rows = (float *) t->data;
+        const size_t n_rows = (size_t) ((n_tok - keep) * H);
+        if (n_rows == 0) return;
+        float * first = rows + keep * H * D;
+        const kvc_tensor which = is_v ? KVC_TENSOR_V : KVC_TENSOR_K;
+        size_t row_bytes = 0;
+        kvc_ok(kvc_kvq_row_bytes(q_, (uint32_t) il, which, &row_bytes), "kvc_kvq_row_bytes");
+        packed_.resize(n_rows * row_bytes);
+        // the reference: the row as the f16 cache would have held it
+        ref_.resize(n_rows * D);
+        for (size_t i = 0; i < ref_.size(); ++i) ref_[i] = ggml_fp16_to_fp32(ggml_fp32_to_fp16(first[i]));
+        kvc_ok(kvc_kvq_quantize_rows(q_, (uint32_t) il, which, first, n_rows, packed_.data(), packed_.size()),
+               "kvc_kvq_quantize_rows");
+        kvc_ok(kvc_kvq_dequantize_rows(q_, (uint32_t) il, which, packed_.data(), packed_.size(), first, n_rows),
+               "kvc_kvq_dequantize_rows");
+        Err & e = err_[is_v ? 1 : 0];
+        for (size_t i = 0; i < ref_.size(); ++i) {
+            const double a = ref_[i], b = first[i];
+            if (!std::isfinite(b)) fail("kvq: a dequantized value is not finite");
+            e.sq += (a - b) * (a - b);
+            e.ref += a * a;
+            e.max = std::max(e.max, std::fabs(a - b));
+            e.n++;
+        }
+        e.rows += (long) n_rows;
+        e.bytes += (double) packed_.size();
+    }
+    struct Err {
+        double sq = 0, ref = 0, max = 0, bytes = 0;
+        long n = 0, rows = 0;
+    };
+    const Err & err(bool v) const { return err_[v ? 1 : 0]; }
+
+private:
+    const kvc_kvq * q_;
+    const ModelInfo & mi_;
+    int sink_;
+    std::vector<long> written_[2];
+    std::vector<uint8_t> packed_;
+    std::vector<float> ref_;
+    Err err_[2];
+};
+
+}  // namespace
