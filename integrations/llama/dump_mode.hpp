@@ -241,12 +241,8 @@ RunResult run_dump(llama_model * model, const ModelInfo & mi, const Options & o,
                    const std::string & text_path, const std::string & text, const std::string & tag) {
     const int n = std::min<int>(o.dump_tokens > 0 ? o.dump_tokens : o.n_tokens, (int) toks.size());
     if (n > 4096) fail("dump: at most 4096 tokens (the realkv setup uses n_ctx 4096)");
-    EvalTap tap;
+    EvalTap tap(mi);
     tap.capture_f32 = true;
-    tap.n_layer = mi.n_layer;
-    tap.n_head = mi.n_head;
-    tap.n_head_kv = mi.n_head_kv;
-    tap.head_dim = mi.head_dim;
     tap.capture_q = true;
     tap.k_rows.resize(mi.n_layer);
     tap.v_rows.resize(mi.n_layer);

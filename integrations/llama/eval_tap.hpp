@@ -44,6 +44,8 @@ struct TapStats {
 };
 
 struct EvalTap {
+    explicit EvalTap(const ModelInfo & mi)
+        : n_layer(mi.n_layer), n_head(mi.n_head), n_head_kv(mi.n_head_kv), head_dim(mi.head_dim) {}
     bool want_kq = false;
     bool want_rows = false;
     bool want_set_rows = false;

@@ -110,11 +110,7 @@ int run(int argc, char ** argv) {
                 const bool fa = mode == "h2o-fa";
                 const KvcBudget bud = kvc_budget(R, o);
                 KvcH2oPolicy pol(mi, o, mode == "kvc-streaming", bud);
-                EvalTap tap;
-                tap.n_layer = mi.n_layer;
-                tap.n_head = mi.n_head;
-                tap.n_head_kv = mi.n_head_kv;
-                tap.head_dim = mi.head_dim;
+                EvalTap tap(mi);
                 tap.want_set_rows = true;
                 tap.want_kq = !fa;
                 tap.want_fattn = fa;
@@ -180,11 +176,7 @@ int run(int argc, char ** argv) {
             }
             {
                 C8ObserveHook obs(quant.q, mi.n_embd_kv());
-                EvalTap tap;
-                tap.n_layer = mi.n_layer;
-                tap.n_head = mi.n_head;
-                tap.n_head_kv = mi.n_head_kv;
-                tap.head_dim = mi.head_dim;
+                EvalTap tap(mi);
                 tap.want_rows = true;
                 tap.hook = &obs;
                 CtxConfig cc;
@@ -211,11 +203,7 @@ int run(int argc, char ** argv) {
             if (has_mode(o, "c8-h2o")) rs.insert(rs.end(), o.kv_ratios.begin(), o.kv_ratios.end());
             for (double R : rs) {
                 C8RoundTripHook hook(quant.q, mi.n_embd_kv());
-                EvalTap tap;
-                tap.n_layer = mi.n_layer;
-                tap.n_head = mi.n_head;
-                tap.n_head_kv = mi.n_head_kv;
-                tap.head_dim = mi.head_dim;
+                EvalTap tap(mi);
                 tap.want_rows = true;
                 tap.want_set_rows = true;
                 tap.hook = &hook;
@@ -289,11 +277,7 @@ int run(int argc, char ** argv) {
             const double f16_cell = (double) mi.cell_bytes(GGML_TYPE_F16, GGML_TYPE_F16);
             const int sink = std::min(o.kvq_sink, o.n_tokens);
             KvqRoundTripHook hook(kvq.q, mi, sink);
-            EvalTap tap;
-            tap.n_layer = mi.n_layer;
-            tap.n_head = mi.n_head;
-            tap.n_head_kv = mi.n_head_kv;
-            tap.head_dim = mi.head_dim;
+            EvalTap tap(mi);
             tap.want_rows = true;
             tap.want_set_rows = true;
             tap.hook = &hook;
@@ -330,13 +314,9 @@ int run(int argc, char ** argv) {
             rep.rows.push_back(r);
         }
         if (has_mode(o, "probe")) {
-            EvalTap tap;
+            EvalTap tap(mi);
             IdentityRowHook hook;
             tap.want_kq = tap.want_rows = tap.want_set_rows = true;
-            tap.n_layer = mi.n_layer;
-            tap.n_head = mi.n_head;
-            tap.n_head_kv = mi.n_head_kv;
-            tap.head_dim = mi.head_dim;
             tap.hook = &hook;
             DecodeSpec s;
             s.mode = "probe";
