@@ -208,6 +208,7 @@ impl RowCodec {
         &self.levels
     }
 
+    #[inline(always)]
     fn check_row_in(&self, x: &[f32]) -> Result<()> {
         if x.len() != self.dim {
             return Err(Error::LayoutMismatch {
@@ -219,6 +220,7 @@ impl RowCodec {
         Ok(())
     }
 
+    #[inline(always)]
     fn check_packed(&self, what: &'static str, len: usize) -> Result<()> {
         if len < self.row_bytes {
             return Err(Error::BufferTooSmall {
@@ -316,6 +318,7 @@ impl RowCodec {
 
     /// Lloyd-Max codes of rotated `y`; returns the least-squares scale
     /// `sum(y_i c_i) / sum(c_i^2)` as f16.
+    #[inline(always)]
     fn code_lloyd(&self, y: &[f32], codes: &mut [u8]) -> Result<f16> {
         let norm2: f32 = y.iter().map(|v| v * v).sum();
         if norm2 == 0.0 {
@@ -332,11 +335,16 @@ impl RowCodec {
             for (a, &v) in u.iter_mut().zip(y) {
                 *a = v * inv;
             }
-            codes.fill(0);
+            // 32-bit counters: the compares and adds stay in one lane width.
+            let mut cnt = [0u32; MAX_HEAD_DIM];
+            let cnt = &mut cnt[..y.len()];
             for &b in &self.bounds {
-                for (c, &a) in codes.iter_mut().zip(u.iter()) {
-                    *c += u8::from(b < a);
+                for (c, &a) in cnt.iter_mut().zip(u.iter()) {
+                    *c += u32::from(b < a);
                 }
+            }
+            for (c, &n) in codes.iter_mut().zip(cnt.iter()) {
+                *c = n as u8;
             }
         } else {
             for (c, &v) in codes.iter_mut().zip(y) {
@@ -363,6 +371,7 @@ impl RowCodec {
 
     /// Uniform codes of one group: scale `absmax / ((2^bits - 1) / 2)` as f16, codes
     /// `clamp(round_ties_even(y / scale + (2^bits - 1) / 2), 0, 2^bits - 1)`.
+    #[inline(always)]
     fn code_uniform(&self, y: &[f32], codes: &mut [u8]) -> Result<f16> {
         let top = ((1u32 << self.bits) - 1) as f32;
         let half = 0.5 * top;
