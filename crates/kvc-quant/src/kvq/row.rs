@@ -65,6 +65,8 @@ pub struct RowCodec {
     /// Value of each code before the scale, for the table kernels (lm: the level; uniform:
     /// `code - (2^bits - 1) / 2`), zero-padded to 16.
     table: [f32; 16],
+    /// The same values for every code (`2^bits` entries), for the gather kernels.
+    full_table: Vec<f32>,
     /// Which compiled row loops to run (bytes are identical either way).
     isa: Isa,
 }
@@ -164,7 +166,14 @@ impl RowCodec {
                 Method::Uniform { .. } => k as f32 - half,
             };
         }
+        let full_table: Vec<f32> = (0..1usize << bits)
+            .map(|k| match method {
+                Method::LloydMax => levels[k],
+                Method::Uniform { .. } => k as f32 - half,
+            })
+            .collect();
         Ok(RowCodec {
+            full_table,
             method,
             bits,
             dim,
@@ -449,7 +458,19 @@ impl RowCodec {
         self.read_scales(row, sc, row_index)?;
         let bits = u32::from(self.bits);
         if !avx2::handles(bits) {
-            self.accumulate_scaled(row, w, sc, acc);
+            let mut codes = [0u8; MAX_HEAD_DIM];
+            let codes = &mut codes[..self.dim];
+            unpack(&row[2 * self.scales..], bits, codes);
+            for ((ag, cg), &s) in acc
+                .chunks_exact_mut(self.group)
+                .zip(codes.chunks_exact(self.group))
+                .zip(sc.iter())
+            {
+                // SAFETY: the caller guarantees AVX2 and FMA; `ag` and `cg` hold `group`
+                // values (a multiple of 8); every code has `bits` bits, so it indexes the
+                // `2^bits`-entry `full_table`.
+                unsafe { avx2::axpy_gather(ag, cg, &self.full_table, w * s) };
+            }
             return Ok(());
         }
         let codes = &row[2 * self.scales..self.row_bytes];
@@ -508,12 +529,26 @@ impl RowCodec {
     ) -> Result<f32> {
         use super::simd::avx2;
         let bits = u32::from(self.bits);
-        if !avx2::handles(bits) {
-            return self.dot_rotated(q_rot, row, row_index);
-        }
         let mut sc = [0f32; MAX_HEAD_DIM / 8];
         let sc = &mut sc[..self.scales];
         self.read_scales(row, sc, row_index)?;
+        if !avx2::handles(bits) {
+            let mut codes = [0u8; MAX_HEAD_DIM];
+            let codes = &mut codes[..self.dim];
+            unpack(&row[2 * self.scales..], bits, codes);
+            let mut s = 0f32;
+            for ((qg, cg), &g) in q_rot
+                .chunks_exact(self.group)
+                .zip(codes.chunks_exact(self.group))
+                .zip(sc.iter())
+            {
+                // SAFETY: the caller guarantees AVX2 and FMA; `qg` and `cg` hold `group`
+                // values (a multiple of 8); every code has `bits` bits, so it indexes the
+                // `2^bits`-entry `full_table`.
+                s += g * unsafe { avx2::dot_gather(qg, cg, &self.full_table) };
+            }
+            return Ok(s);
+        }
         let codes = &row[2 * self.scales..self.row_bytes];
         let gbytes = self.group * self.bits as usize / 8;
         let mut s = 0f32;
