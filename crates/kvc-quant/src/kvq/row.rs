@@ -290,7 +290,9 @@ impl RowCodec {
     fn quantize_body(&self, x: &[f32], out: &mut [u8]) -> Result<()> {
         self.check_row_in(x)?;
         self.check_packed("packed row", out.len())?;
-        if let Some(i) = x.iter().position(|v| !v.is_finite()) {
+        // One branch-free pass (vectorizes); the index is looked up only on error.
+        if !x.iter().fold(true, |a, v| a & v.is_finite()) {
+            let i = x.iter().position(|v| !v.is_finite()).unwrap_or(0);
             return Err(Error::NonFinite {
                 what: "kvq row",
                 index: i,
@@ -329,7 +331,7 @@ impl RowCodec {
     /// `sum(y_i c_i) / sum(c_i^2)` as f16.
     #[inline(always)]
     fn code_lloyd(&self, y: &[f32], codes: &mut [u8]) -> Result<f16> {
-        let norm2: f32 = y.iter().map(|v| v * v).sum();
+        let norm2 = lane_sum(y, |_, v| v * v);
         if norm2 == 0.0 {
             // Every value is 0: scale 0 (the codes do not matter; the middle one is used).
             codes.fill((self.levels.len() / 2) as u8);
@@ -361,12 +363,13 @@ impl RowCodec {
                 *c = self.bounds.partition_point(|&b| b < s) as u8;
             }
         }
-        let (mut num, mut den) = (0f32, 0f32);
-        for (&c, &v) in codes.iter().zip(y) {
-            let l = self.levels[c as usize];
-            num += v * l;
-            den += l * l;
+        let mut lv = [0f32; MAX_HEAD_DIM];
+        let lv = &mut lv[..y.len()];
+        for (l, &c) in lv.iter_mut().zip(codes.iter()) {
+            *l = self.levels[c as usize];
         }
+        let num = lane_sum(y, |i, v| v * lv[i]);
+        let den = lane_sum(lv, |_, l| l * l);
         let s = f16::from_f32(num / den);
         if !s.is_finite() {
             return Err(Error::InvalidValue {
@@ -690,6 +693,20 @@ impl RowCodec {
         }
         Ok(n)
     }
+}
+
+/// `sum f(i, x[i])` in eight lanes, as the format specifies (docs/formats/kvq.md): lane
+/// `j` adds the terms of `i = j, j + 8, ...` in order, then the lanes combine as
+/// `((l0 + l4) + (l1 + l5)) + ((l2 + l6) + (l3 + l7))`. `x.len()` is a multiple of 8.
+#[inline(always)]
+fn lane_sum(x: &[f32], f: impl Fn(usize, f32) -> f32) -> f32 {
+    let mut l = [0f32; 8];
+    for (k, c) in x.chunks_exact(8).enumerate() {
+        for j in 0..8 {
+            l[j] += f(8 * k + j, c[j]);
+        }
+    }
+    ((l[0] + l[4]) + (l[1] + l[5])) + ((l[2] + l[6]) + (l[3] + l[7]))
 }
 
 /// Dot product in eight independent lanes (so the loop vectorizes without reassociating
