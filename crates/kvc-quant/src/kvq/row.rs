@@ -15,6 +15,9 @@ use super::rotation::{check_head_dim, Rotation, MAX_HEAD_DIM};
 use crate::c8::{Isa, IsaKind};
 use crate::error::{Error, Result};
 
+/// Buckets of the Lloyd-Max coding start table (6-8 bits).
+const BUCKETS: usize = 2048;
+
 /// The packed format version this crate writes and reads.
 pub const FORMAT_VERSION: u32 = 1;
 
@@ -67,6 +70,11 @@ pub struct RowCodec {
     table: [f32; 16],
     /// The same values for every code (`2^bits` entries), for the gather kernels.
     full_table: Vec<f32>,
+    /// Lloyd-Max coding of 6-8 bits: `buckets[b]` = boundaries below the start of bucket
+    /// `b` of [`BUCKETS`] equal buckets over `[-bucket_range, bucket_range]`.
+    buckets: Vec<u8>,
+    bucket_range: f32,
+    bucket_scale: f32,
     /// Which compiled row loops to run (bytes are identical either way).
     isa: Isa,
 }
@@ -172,7 +180,20 @@ impl RowCodec {
                 Method::Uniform { .. } => k as f32 - half,
             })
             .collect();
+        // Buckets cover the boundaries; values beyond clamp into the end buckets, whose
+        // forward scan then runs to the right count.
+        let bucket_range = bounds.last().map_or(1.0, |b| 2.0 * b.abs()).max(1e-3);
+        let bucket_scale = BUCKETS as f32 / (2.0 * bucket_range);
+        let buckets: Vec<u8> = (0..BUCKETS)
+            .map(|b| {
+                let lo = b as f32 / bucket_scale - bucket_range;
+                bounds.partition_point(|&x| x < lo) as u8
+            })
+            .collect();
         Ok(RowCodec {
+            buckets,
+            bucket_range,
+            bucket_scale,
             full_table,
             method,
             bits,
@@ -358,9 +379,19 @@ impl RowCodec {
                 *c = n as u8;
             }
         } else {
+            // A start from the bucket table, then forward over the few boundaries in the
+            // bucket: exactly `#{boundaries < s}`, as the binary search would give.
+            let (r, scale) = (self.bucket_range, self.bucket_scale);
             for (c, &v) in codes.iter_mut().zip(y) {
                 let s = v * inv;
-                *c = self.bounds.partition_point(|&b| b < s) as u8;
+                let b = ((s.clamp(-r, r) + r) * scale) as usize;
+                // The bucket before: its start is a whole bucket below `s`, so rounding in
+                // the bucket index can never start the scan past a boundary above `s`.
+                let mut k = self.buckets[b.min(BUCKETS - 1).saturating_sub(1)] as usize;
+                while k < self.bounds.len() && self.bounds[k] < s {
+                    k += 1;
+                }
+                *c = k as u8;
             }
         }
         let mut lv = [0f32; MAX_HEAD_DIM];
