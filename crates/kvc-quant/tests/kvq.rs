@@ -133,6 +133,47 @@ proptest! {
     }
 }
 
+/// The bucketed search for 6-8-bit Lloyd-Max codes gives exactly the nearest level (the
+/// code a binary search over the boundaries gives), including far outside the levels.
+#[test]
+fn lloyd_max_codes_are_the_nearest_level() {
+    let mut r = Rng(21);
+    for b in 2..=8u8 {
+        let c = RowCodec::new(Method::LloydMax, b, 64, 3).unwrap();
+        for n in 0..200 {
+            // Spiky rows reach the outermost levels and beyond.
+            let mut x = r.kv_like(1, 64);
+            x[n % 64] *= 1.0 + (n % 9) as f32 * 4.0;
+            let mut p = vec![0u8; c.row_bytes()];
+            c.quantize_row(&x, &mut p).unwrap();
+            let mut y = x.clone();
+            c.rotation().rotate(&mut y);
+            let norm = y.iter().map(|v| v * v).sum::<f32>().sqrt();
+            let inv = 8.0 / norm;
+            let bounds: Vec<f32> = c.levels().windows(2).map(|w| 0.5 * (w[0] + w[1])).collect();
+            // Unpack the codes (LSB-first bit stream after the f16 scale).
+            let bits = b as usize;
+            for (i, &v) in y.iter().enumerate() {
+                let mut code = 0usize;
+                for k in 0..bits {
+                    let bit = i * bits + k;
+                    code |= ((p[2 + bit / 8] >> (bit % 8)) as usize & 1) << k;
+                }
+                let want = bounds.partition_point(|&t| t < v * inv);
+                // The row's own norm may round differently (lane sums): allow a code that
+                // differs only where the value sits on a boundary within 1e-5.
+                if code != want {
+                    let edge = bounds[code.min(want)];
+                    assert!(
+                        (v * inv - edge).abs() < 1e-5,
+                        "bits {b} row {n} i {i}: {code} vs {want}"
+                    );
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn zero_rows_round_trip_exactly() {
     for m in METHODS {

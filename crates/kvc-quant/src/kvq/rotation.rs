@@ -75,7 +75,7 @@ impl Rotation {
 
     /// `x <- R x`. `x.len()` must be [`dim`](Self::dim) (checked by the callers; a
     /// shorter slice is left unchanged).
-    #[inline]
+    #[inline(always)]
     pub fn rotate(&self, x: &mut [f32]) {
         if x.len() != self.dim {
             return;
@@ -90,7 +90,7 @@ impl Rotation {
     }
 
     /// `x <- R^T x`, the inverse of [`rotate`](Self::rotate).
-    #[inline]
+    #[inline(always)]
     pub fn unrotate(&self, x: &mut [f32]) {
         if x.len() != self.dim {
             return;
@@ -104,7 +104,7 @@ impl Rotation {
 
 /// In-place unnormalized Walsh-Hadamard transform (Sylvester order) of a power-of-two
 /// length: `x <- H x`.
-#[inline]
+#[inline(always)]
 pub fn fwht(x: &mut [f32]) {
     let n = x.len();
     let mut h = 1;

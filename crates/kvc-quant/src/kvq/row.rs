@@ -15,6 +15,9 @@ use super::rotation::{check_head_dim, Rotation, MAX_HEAD_DIM};
 use crate::c8::{Isa, IsaKind};
 use crate::error::{Error, Result};
 
+/// Buckets of the Lloyd-Max coding start table (6-8 bits).
+const BUCKETS: usize = 2048;
+
 /// The packed format version this crate writes and reads.
 pub const FORMAT_VERSION: u32 = 1;
 
@@ -65,6 +68,13 @@ pub struct RowCodec {
     /// Value of each code before the scale, for the table kernels (lm: the level; uniform:
     /// `code - (2^bits - 1) / 2`), zero-padded to 16.
     table: [f32; 16],
+    /// The same values for every code (`2^bits` entries), for the gather kernels.
+    full_table: Vec<f32>,
+    /// Lloyd-Max coding of 6-8 bits: `buckets[b]` = boundaries below the start of bucket
+    /// `b` of [`BUCKETS`] equal buckets over `[-bucket_range, bucket_range]`.
+    buckets: Vec<u8>,
+    bucket_range: f32,
+    bucket_scale: f32,
     /// Which compiled row loops to run (bytes are identical either way).
     isa: Isa,
 }
@@ -164,7 +174,27 @@ impl RowCodec {
                 Method::Uniform { .. } => k as f32 - half,
             };
         }
+        let full_table: Vec<f32> = (0..1usize << bits)
+            .map(|k| match method {
+                Method::LloydMax => levels[k],
+                Method::Uniform { .. } => k as f32 - half,
+            })
+            .collect();
+        // Buckets cover the boundaries; values beyond clamp into the end buckets, whose
+        // forward scan then runs to the right count.
+        let bucket_range = bounds.last().map_or(1.0, |b| 2.0 * b.abs()).max(1e-3);
+        let bucket_scale = BUCKETS as f32 / (2.0 * bucket_range);
+        let buckets: Vec<u8> = (0..BUCKETS)
+            .map(|b| {
+                let lo = b as f32 / bucket_scale - bucket_range;
+                bounds.partition_point(|&x| x < lo) as u8
+            })
+            .collect();
         Ok(RowCodec {
+            buckets,
+            bucket_range,
+            bucket_scale,
+            full_table,
             method,
             bits,
             dim,
@@ -208,6 +238,7 @@ impl RowCodec {
         &self.levels
     }
 
+    #[inline(always)]
     fn check_row_in(&self, x: &[f32]) -> Result<()> {
         if x.len() != self.dim {
             return Err(Error::LayoutMismatch {
@@ -219,6 +250,7 @@ impl RowCodec {
         Ok(())
     }
 
+    #[inline(always)]
     fn check_packed(&self, what: &'static str, len: usize) -> Result<()> {
         if len < self.row_bytes {
             return Err(Error::BufferTooSmall {
@@ -279,7 +311,9 @@ impl RowCodec {
     fn quantize_body(&self, x: &[f32], out: &mut [u8]) -> Result<()> {
         self.check_row_in(x)?;
         self.check_packed("packed row", out.len())?;
-        if let Some(i) = x.iter().position(|v| !v.is_finite()) {
+        // One branch-free pass (vectorizes); the index is looked up only on error.
+        if !x.iter().fold(true, |a, v| a & v.is_finite()) {
+            let i = x.iter().position(|v| !v.is_finite()).unwrap_or(0);
             return Err(Error::NonFinite {
                 what: "kvq row",
                 index: i,
@@ -316,8 +350,9 @@ impl RowCodec {
 
     /// Lloyd-Max codes of rotated `y`; returns the least-squares scale
     /// `sum(y_i c_i) / sum(c_i^2)` as f16.
+    #[inline(always)]
     fn code_lloyd(&self, y: &[f32], codes: &mut [u8]) -> Result<f16> {
-        let norm2: f32 = y.iter().map(|v| v * v).sum();
+        let norm2 = lane_sum(y, |_, v| v * v);
         if norm2 == 0.0 {
             // Every value is 0: scale 0 (the codes do not matter; the middle one is used).
             codes.fill((self.levels.len() / 2) as u8);
@@ -332,24 +367,40 @@ impl RowCodec {
             for (a, &v) in u.iter_mut().zip(y) {
                 *a = v * inv;
             }
-            codes.fill(0);
+            // 32-bit counters: the compares and adds stay in one lane width.
+            let mut cnt = [0u32; MAX_HEAD_DIM];
+            let cnt = &mut cnt[..y.len()];
             for &b in &self.bounds {
-                for (c, &a) in codes.iter_mut().zip(u.iter()) {
-                    *c += u8::from(b < a);
+                for (c, &a) in cnt.iter_mut().zip(u.iter()) {
+                    *c += u32::from(b < a);
                 }
             }
+            for (c, &n) in codes.iter_mut().zip(cnt.iter()) {
+                *c = n as u8;
+            }
         } else {
+            // A start from the bucket table, then forward over the few boundaries in the
+            // bucket: exactly `#{boundaries < s}`, as the binary search would give.
+            let (r, scale) = (self.bucket_range, self.bucket_scale);
             for (c, &v) in codes.iter_mut().zip(y) {
                 let s = v * inv;
-                *c = self.bounds.partition_point(|&b| b < s) as u8;
+                let b = ((s.clamp(-r, r) + r) * scale) as usize;
+                // The bucket before: its start is a whole bucket below `s`, so rounding in
+                // the bucket index can never start the scan past a boundary above `s`.
+                let mut k = self.buckets[b.min(BUCKETS - 1).saturating_sub(1)] as usize;
+                while k < self.bounds.len() && self.bounds[k] < s {
+                    k += 1;
+                }
+                *c = k as u8;
             }
         }
-        let (mut num, mut den) = (0f32, 0f32);
-        for (&c, &v) in codes.iter().zip(y) {
-            let l = self.levels[c as usize];
-            num += v * l;
-            den += l * l;
+        let mut lv = [0f32; MAX_HEAD_DIM];
+        let lv = &mut lv[..y.len()];
+        for (l, &c) in lv.iter_mut().zip(codes.iter()) {
+            *l = self.levels[c as usize];
         }
+        let num = lane_sum(y, |i, v| v * lv[i]);
+        let den = lane_sum(lv, |_, l| l * l);
         let s = f16::from_f32(num / den);
         if !s.is_finite() {
             return Err(Error::InvalidValue {
@@ -363,6 +414,7 @@ impl RowCodec {
 
     /// Uniform codes of one group: scale `absmax / ((2^bits - 1) / 2)` as f16, codes
     /// `clamp(round_ties_even(y / scale + (2^bits - 1) / 2), 0, 2^bits - 1)`.
+    #[inline(always)]
     fn code_uniform(&self, y: &[f32], codes: &mut [u8]) -> Result<f16> {
         let top = ((1u32 << self.bits) - 1) as f32;
         let half = 0.5 * top;
@@ -440,7 +492,19 @@ impl RowCodec {
         self.read_scales(row, sc, row_index)?;
         let bits = u32::from(self.bits);
         if !avx2::handles(bits) {
-            self.accumulate_scaled(row, w, sc, acc);
+            let mut codes = [0u8; MAX_HEAD_DIM];
+            let codes = &mut codes[..self.dim];
+            unpack(&row[2 * self.scales..], bits, codes);
+            for ((ag, cg), &s) in acc
+                .chunks_exact_mut(self.group)
+                .zip(codes.chunks_exact(self.group))
+                .zip(sc.iter())
+            {
+                // SAFETY: the caller guarantees AVX2 and FMA; `ag` and `cg` hold `group`
+                // values (a multiple of 8); every code has `bits` bits, so it indexes the
+                // `2^bits`-entry `full_table`.
+                unsafe { avx2::axpy_gather(ag, cg, &self.full_table, w * s) };
+            }
             return Ok(());
         }
         let codes = &row[2 * self.scales..self.row_bytes];
@@ -499,12 +563,26 @@ impl RowCodec {
     ) -> Result<f32> {
         use super::simd::avx2;
         let bits = u32::from(self.bits);
-        if !avx2::handles(bits) {
-            return self.dot_rotated(q_rot, row, row_index);
-        }
         let mut sc = [0f32; MAX_HEAD_DIM / 8];
         let sc = &mut sc[..self.scales];
         self.read_scales(row, sc, row_index)?;
+        if !avx2::handles(bits) {
+            let mut codes = [0u8; MAX_HEAD_DIM];
+            let codes = &mut codes[..self.dim];
+            unpack(&row[2 * self.scales..], bits, codes);
+            let mut s = 0f32;
+            for ((qg, cg), &g) in q_rot
+                .chunks_exact(self.group)
+                .zip(codes.chunks_exact(self.group))
+                .zip(sc.iter())
+            {
+                // SAFETY: the caller guarantees AVX2 and FMA; `qg` and `cg` hold `group`
+                // values (a multiple of 8); every code has `bits` bits, so it indexes the
+                // `2^bits`-entry `full_table`.
+                s += g * unsafe { avx2::dot_gather(qg, cg, &self.full_table) };
+            }
+            return Ok(s);
+        }
         let codes = &row[2 * self.scales..self.row_bytes];
         let gbytes = self.group * self.bits as usize / 8;
         let mut s = 0f32;
@@ -646,6 +724,20 @@ impl RowCodec {
         }
         Ok(n)
     }
+}
+
+/// `sum f(i, x[i])` in eight lanes, as the format specifies (docs/formats/kvq.md): lane
+/// `j` adds the terms of `i = j, j + 8, ...` in order, then the lanes combine as
+/// `((l0 + l4) + (l1 + l5)) + ((l2 + l6) + (l3 + l7))`. `x.len()` is a multiple of 8.
+#[inline(always)]
+fn lane_sum(x: &[f32], f: impl Fn(usize, f32) -> f32) -> f32 {
+    let mut l = [0f32; 8];
+    for (k, c) in x.chunks_exact(8).enumerate() {
+        for j in 0..8 {
+            l[j] += f(8 * k + j, c[j]);
+        }
+    }
+    ((l[0] + l[4]) + (l[1] + l[5])) + ((l[2] + l[6]) + (l[3] + l[7]))
 }
 
 /// Dot product in eight independent lanes (so the loop vectorizes without reassociating

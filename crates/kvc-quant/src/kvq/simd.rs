@@ -1,8 +1,9 @@
 //! AVX2 + FMA kernels for codes of 2, 3 and 4 bits: eight codes at a time are pulled out
 //! of the bit stream with one variable shift, mapped to their values through an 8- or
 //! 16-entry table held in registers (`vpermps`, plus a blend on bit 3 for 16 entries), and
-//! multiplied into the query (scores) or added into the accumulator (V). Wider codes use
-//! the portable loops compiled for AVX2. Sums are in a different order than the portable
+//! multiplied into the query (scores) or added into the accumulator (V). Wider codes (5-8
+//! bits) are unpacked to bytes and their values fetched with `vgatherdps` from the full
+//! table. Sums are in a different order than the portable
 //! path (eight lanes, FMA), so results agree to rounding, not bit for bit.
 
 #[cfg(target_arch = "x86_64")]
@@ -129,6 +130,47 @@ pub(crate) mod avx2 {
             let wv = _mm256_set1_ps(w);
             for (j, ac) in acc.chunks_exact_mut(8).enumerate() {
                 let vals = lookup(word(codes, j, bits as usize), shifts, mask, lo, hi, bits);
+                let a = _mm256_loadu_ps(ac.as_ptr());
+                _mm256_storeu_ps(ac.as_mut_ptr(), _mm256_fmadd_ps(wv, vals, a));
+            }
+        }
+    }
+
+    /// `sum_i q[i] * table[codes[i]]` over `q.len()` codes (a multiple of 8), one code per
+    /// byte (already unpacked), values fetched with `vgatherdps`.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2 and FMA; `codes.len() >= q.len()`; every code must be a
+    /// valid index of `table`.
+    #[target_feature(enable = "avx2,fma")]
+    pub(crate) unsafe fn dot_gather(q: &[f32], codes: &[u8], table: &[f32]) -> f32 {
+        // SAFETY: AVX2 and FMA are guaranteed by the caller; each `qc` is 8 f32 and each
+        // `cc` 8 bytes, read with unaligned loads; every gathered index is a code, which
+        // the caller guarantees is within `table`.
+        unsafe {
+            let mut acc = _mm256_setzero_ps();
+            for (qc, cc) in q.chunks_exact(8).zip(codes.chunks_exact(8)) {
+                let idx = _mm256_cvtepu8_epi32(_mm_loadl_epi64(cc.as_ptr().cast()));
+                let vals = _mm256_i32gather_ps::<4>(table.as_ptr(), idx);
+                acc = _mm256_fmadd_ps(_mm256_loadu_ps(qc.as_ptr()), vals, acc);
+            }
+            hsum(acc)
+        }
+    }
+
+    /// `acc[i] += w * table[codes[i]]` over `acc.len()` codes (a multiple of 8), one code
+    /// per byte.
+    ///
+    /// # Safety
+    /// As [`dot_gather`].
+    #[target_feature(enable = "avx2,fma")]
+    pub(crate) unsafe fn axpy_gather(acc: &mut [f32], codes: &[u8], table: &[f32], w: f32) {
+        // SAFETY: as in `dot_gather`; each `ac` is 8 f32, loaded and stored in place.
+        unsafe {
+            let wv = _mm256_set1_ps(w);
+            for (ac, cc) in acc.chunks_exact_mut(8).zip(codes.chunks_exact(8)) {
+                let idx = _mm256_cvtepu8_epi32(_mm_loadl_epi64(cc.as_ptr().cast()));
+                let vals = _mm256_i32gather_ps::<4>(table.as_ptr(), idx);
                 let a = _mm256_loadu_ps(ac.as_ptr());
                 _mm256_storeu_ps(ac.as_mut_ptr(), _mm256_fmadd_ps(wv, vals, a));
             }
