@@ -74,7 +74,8 @@ const char * kUsage =
     "                      q8_0,q4_0,q8_0-q4_0,kvq:CONFIG,probe,state,dump\n"
     "                      (default: all, kvq as kvq:k4v4,kvq:k4v2; full always runs first as\n"
     "                      the reference). kvq:CONFIG is a kvc_kvq config string, e.g.\n"
-    "                      kvq:k4v4, kvq:k3v3:lm, kvq:k8v4:u32 (docs/formats/kvq.md)\n"
+    "                      kvq:k4v4, kvq:k3v3:lm, kvq:k8v4:u32 (docs/formats/kvq.md);\n"
+    "                      kvq-plan:FILE takes per-layer bits from a kvq plan (kvc quant plan)\n"
     "  --kvq-sink N        kvq modes: the first N tokens stay f16 (counted at f16 bytes) [0]\n"
     "  --n-tokens N        tokens of each text to decode [2048]\n"
     "  --ppl-from P        first target position scored [513]\n"
@@ -128,6 +129,8 @@ std::vector<std::string> split_commas(const std::string & s) {
     }
     return out;
 }
+
+std::string read_file(const std::string & path);  // below, with the small helpers
 
 Options parse_options(int argc, char ** argv) {
     Options o;
@@ -183,6 +186,17 @@ Options parse_options(int argc, char ** argv) {
         if (m.rfind("kvq:", 0) == 0) {
             if (m.size() == 4) throw UsageError("--modes: kvq: needs a config, e.g. kvq:k4v4");
             continue;  // the config itself is checked by kvc_kvq_new
+        }
+        if (m.rfind("kvq-plan:", 0) == 0) {
+            if (m.size() == 9) throw UsageError("--modes: kvq-plan: needs a plan file");
+            // a missing or malformed plan is a usage error before anything runs
+            const std::string json = read_file(m.substr(9));
+            kvc_kvq * probe = nullptr;
+            if (kvc_kvq_new_from_plan(json.data(), json.size(), &probe) != KVC_OK) {
+                throw UsageError("--modes: " + m.substr(9) + " is not a kvq plan kvc can read");
+            }
+            kvc_kvq_free(probe);
+            continue;
         }
         if (std::find_if(std::begin(known), std::end(known), [&](const char * k) { return m == k; }) ==
             std::end(known)) {

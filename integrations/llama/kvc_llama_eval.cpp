@@ -10,7 +10,8 @@
 //              kvc's policy plugs in through the C API later
 //   q8_0 q4_0  llama.cpp's own quantized cache types (flash attention on), comparison rows;
 //              q8_0-q4_0 is q8_0 K with q4_0 V
-//   kvq:CFG    kvc's kvq rows (rotation, 2-8-bit codes) at the SET_ROWS write path
+//   kvq:CFG    kvc's kvq rows (rotation, 2-8-bit codes) at the SET_ROWS write path;
+//              kvq-plan:FILE the same with per-layer bits from a kvq plan (kvc quant plan)
 //   probe      the eval-callback plumbing the kvc modes need: kq_soft_max-<il> column sums per
 //              cell, the SET_ROWS index (cell) of every new token, and a hook on Kcur-<il> /
 //              Vcur-<il> before SET_ROWS writes them (identity for now); checks what it sees and
@@ -269,9 +270,11 @@ int run(int argc, char ** argv) {
             rep.rows.push_back(r);
         }
         for (const auto & m : o.modes) {
-            if (m.rfind("kvq:", 0) != 0) continue;
-            const std::string config = m.substr(4);
-            KvqPtr kvq(config, mi);
+            const bool from_plan = m.rfind("kvq-plan:", 0) == 0;
+            if (m.rfind("kvq:", 0) != 0 && !from_plan) continue;
+            const std::string config = m.substr(from_plan ? 9 : 4);
+            const std::string plan_json = from_plan ? read_file(config) : std::string();
+            KvqPtr kvq(config, mi, from_plan ? &plan_json : nullptr);
             double k_bits = 0, v_bits = 0;
             const double kvq_cell = kvq_cell_bytes(kvq.q, mi, &k_bits, &v_bits);
             const double f16_cell = (double) mi.cell_bytes(GGML_TYPE_F16, GGML_TYPE_F16);

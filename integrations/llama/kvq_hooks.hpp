@@ -17,7 +17,20 @@ namespace {
 
 struct KvqPtr {
     kvc_kvq * q = nullptr;
-    KvqPtr(const std::string & config, const ModelInfo & mi) {
+    // from a config string ("k4v4", ...) or, with plan_json, from a kvq plan's JSON
+    KvqPtr(const std::string & config, const ModelInfo & mi, const std::string * plan_json = nullptr) {
+        if (plan_json) {
+            kvc_ok(kvc_kvq_new_from_plan(plan_json->data(), plan_json->size(), &q),
+                   ("kvc_kvq_new_from_plan(" + config + ")").c_str());
+            // a plan for another model is refused here, never run
+            size_t rb = 0;
+            if (kvc_kvq_row_bytes(q, (uint32_t) (mi.n_layer - 1), KVC_TENSOR_K, &rb) != KVC_OK ||
+                kvc_kvq_row_bytes(q, (uint32_t) mi.n_layer, KVC_TENSOR_K, &rb) == KVC_OK) {
+                kvc_kvq_free(q);
+                throw UsageError("kvq plan " + config + " is not for a model of " + std::to_string(mi.n_layer) + " layers");
+            }
+            return;
+        }
         kvc_ok(kvc_kvq_new(config.c_str(), (uint32_t) mi.head_dim, (uint32_t) mi.n_layer, (uint32_t) mi.n_head_kv, &q),
                ("kvc_kvq_new(\"" + config + "\")").c_str());
     }

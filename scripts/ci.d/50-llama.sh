@@ -133,12 +133,20 @@ set +e
 "$EVAL" --model "$MODEL" --text "$TEXT_A" --n-tokens 100000 2>"$out/err2.txt"; rc2=$?
 "$EVAL" --model "$MODEL" --text "$TEXT_A" --ratio abc 2>"$out/err3.txt"; rc3=$?
 "$EVAL" --model "$MODEL" --text "$TEXT_A" --kv-ratios 3.5,x 2>"$out/err4.txt"; rc4=$?
+echo '{"format": "kvc-kvq-plan", "version": 1, "layers": "not a list"}' >"$out/bad-plan.json"
+"$EVAL" --model "$MODEL" --text "$TEXT_A" --modes "full,kvq-plan:$out/bad-plan.json" 2>"$out/err5.txt"; rc5=$?
+"$EVAL" --model "$MODEL" --text "$TEXT_A" --modes kvq:k9v4 --n-tokens 200 --ppl-from 100 2>"$out/err6.txt"; rc6=$?
 set -e
-for r in "$rc:$out/err.txt" "$rc2:$out/err2.txt" "$rc3:$out/err3.txt" "$rc4:$out/err4.txt"; do
+for r in "$rc:$out/err.txt" "$rc2:$out/err2.txt" "$rc3:$out/err3.txt" "$rc4:$out/err4.txt" "$rc5:$out/err5.txt"; do
     code="${r%%:*}"; file="${r#*:}"
     if [ "$code" -ne 2 ] || [ "$(wc -l <"$file")" -ne 1 ]; then
         echo "50-llama: bad input gave status $code with: $(cat "$file")" >&2
         exit 1
     fi
 done
+# a kvq config kvc refuses ends the run with an error naming it, never with garbage output
+if [ "$rc6" -eq 0 ] || ! grep -q "k9v4" "$out/err6.txt"; then
+    echo "50-llama: kvq:k9v4 gave status $rc6 with: $(cat "$out/err6.txt")" >&2
+    exit 1
+fi
 echo "50-llama: passed"
