@@ -6,6 +6,7 @@ pub mod cache;
 pub mod codec;
 pub mod dataset;
 pub mod store;
+pub mod tiers;
 
 use clap::{Args, Subcommand};
 
@@ -30,6 +31,8 @@ enum BenchCommand {
     Cache(cache::BenchCacheArgs),
     /// kvc-store-async: simulated decode, bytes released, restore latency, C8 option.
     Store(store::BenchStoreArgs),
+    /// kvc-store-tiers: store/restore GB/s per tier and codec against raw Redis.
+    Tiers(tiers::BenchTiersArgs),
 }
 
 /// Runs `kvc bench`.
@@ -38,6 +41,7 @@ pub fn run(args: BenchArgs) -> Result<(), CliError> {
         Some(BenchCommand::Codec(a)) => codec::run(a),
         Some(BenchCommand::Cache(a)) => cache::run(&a),
         Some(BenchCommand::Store(a)) => store::run(&a),
+        Some(BenchCommand::Tiers(a)) => tiers::run(&a),
         None => codec::run(args.codec),
     }
 }
