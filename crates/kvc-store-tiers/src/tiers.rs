@@ -294,7 +294,18 @@ impl Tiers {
     pub fn restore(&self, tokens: &[u32]) -> Restored {
         add(&self.restores, 1);
         let keys = self.keys(tokens);
-        let chunks = self.fetch(&keys);
+        // Batches of chunks are fetched and decoded concurrently on the rayon pool, so one
+        // batch's transfer overlaps another's checksum and decode (the codec must not be
+        // the bottleneck of a restore from Redis). A batch past the first miss is wasted
+        // work, never a wrong result: only the leading run of valid chunks is returned.
+        let batch = keys
+            .len()
+            .div_ceil(2 * rayon::current_num_threads())
+            .clamp(1, 8);
+        let chunks: Vec<Option<ChunkKv>> = keys
+            .par_chunks(batch)
+            .flat_map_iter(|ks| self.fetch(ks))
+            .collect();
         let n = chunks.iter().take_while(|c| c.is_some()).count();
         add(&self.chunks_restored, n as u64);
         let sec = self.shape.section_bytes();
