@@ -323,6 +323,24 @@ impl Tiers {
         Restored { tokens, k, v }
     }
 
+    /// Starts [`Tiers::restore`] of `tokens` on a background thread (an engine prefetches
+    /// while it tokenizes or schedules); join the handle for the result.
+    pub fn restore_async(self: &Arc<Self>, tokens: Vec<u32>) -> std::thread::JoinHandle<Restored> {
+        let me = Arc::clone(self);
+        std::thread::spawn(move || me.restore(&tokens))
+    }
+
+    /// Prefetches the cached prefix of `tokens` into the faster tiers on a background
+    /// thread: its chunks are fetched, validated and promoted (a later restore finds them
+    /// in memory) without building a result. The handle gives the leading chunks found.
+    pub fn prefetch(self: &Arc<Self>, tokens: Vec<u32>) -> std::thread::JoinHandle<usize> {
+        let me = Arc::clone(self);
+        std::thread::spawn(move || {
+            let keys = me.keys(&tokens);
+            me.fetch(&keys).iter().take_while(|c| c.is_some()).count()
+        })
+    }
+
     /// Stores every full chunk of the first `kv_tokens` tokens of `tokens`. `k` and `v` are
     /// `[n_layer][kv_tokens][n_kv_head][head_dim]` in the cache's dtype. Chunks every tier
     /// holds are skipped; the others are encoded once and written to every tier that

@@ -379,3 +379,34 @@ fn bad_arguments_are_errors() {
         ChunkCodec::GearV2
     );
 }
+
+#[test]
+fn prefetch_promotes_into_memory_in_the_background() {
+    let dir = TempDir(temp_dir("prefetch"));
+    let a = Tiers::new(
+        config(ChunkCodec::GearV2),
+        vec![Box::new(DiskTier::open(&dir.0, 64 << 20).unwrap())],
+    )
+    .unwrap();
+    store_sample(&a, 8);
+    let mem = Arc::new(MemoryTier::new(64 << 20));
+    let b = Arc::new(
+        Tiers::new(
+            config(ChunkCodec::GearV2),
+            vec![
+                Box::new(mem.clone()),
+                Box::new(DiskTier::open(&dir.0, 64 << 20).unwrap()),
+            ],
+        )
+        .unwrap(),
+    );
+    let mut half = tokens(8);
+    half[300] ^= 1; // chunks 0..4 are cached for this prompt
+    assert_eq!(b.prefetch(half).join().unwrap(), 4);
+    assert_eq!(mem.stats().entries, 4);
+    let r = b.restore_async(tokens(8)).join().unwrap();
+    assert_eq!(r.tokens, 512);
+    assert_exact(&r);
+    let m = b.metrics();
+    assert_eq!((m.tiers[0].hits, m.tiers[1].hits), (4, 8));
+}
