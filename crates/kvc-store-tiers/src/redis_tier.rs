@@ -177,6 +177,9 @@ impl RedisTier {
                 Ok(v)
             }
             Err(e) => {
+                // Every pooled connection to a server that failed is suspect (a killed
+                // server leaves them all broken): reconnect after the pause.
+                self.pool.lock().clear();
                 *self.down_until.lock() = Some(Instant::now() + self.cfg.retry_after);
                 Err(e)
             }

@@ -156,6 +156,20 @@ fn kill_9_mid_run_is_counted_fallbacks_and_no_wrong_restore() {
     let m = t.metrics();
     assert!(m.tiers[0].errors >= 15, "{m:?}");
     assert_eq!(m.fallbacks, m.tiers[0].errors);
+    // Redis comes back (empty: it kept nothing): after the retry pause the tier is used
+    // again, a store writes everything and restores are complete.
+    let port = server.port;
+    drop(server);
+    let _back = RedisServer::restart_on(port);
+    std::thread::sleep(Duration::from_millis(250));
+    assert_eq!(t.restore(&tokens(300)).tokens, 0);
+    let s = t
+        .store(&tokens(300), SAMPLE_K, SAMPLE_V, SAMPLE_TOKENS)
+        .unwrap();
+    assert_eq!((s.chunks_encoded, s.failures), (8, 0));
+    let r = t.restore(&tokens(300));
+    assert_eq!(r.tokens, 512);
+    assert_exact(&r);
 }
 
 #[test]

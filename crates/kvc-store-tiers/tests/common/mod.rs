@@ -112,9 +112,18 @@ pub struct RedisServer {
 impl RedisServer {
     /// Starts a standalone server (or a cluster-enabled node) and waits until it answers.
     pub fn start(cluster: bool) -> RedisServer {
+        Self::start_at(cluster, None)
+    }
+
+    /// Starts a standalone server on `port` (a restart after a kill).
+    pub fn restart_on(port: u16) -> RedisServer {
+        Self::start_at(false, Some(port))
+    }
+
+    fn start_at(cluster: bool, fixed: Option<u16>) -> RedisServer {
         let dir = temp_dir("redis");
         for _ in 0..5 {
-            let port = free_port();
+            let port = fixed.unwrap_or_else(free_port);
             let mut cmd = Command::new("redis-server");
             cmd.args(["--bind", "127.0.0.1", "--port", &port.to_string()])
                 .args([
