@@ -114,15 +114,6 @@ impl BlobHeader {
     }
 }
 
-/// One chunk's K and V, uncompressed: each `[n_layer][chunk_tokens][n_kv_head][head_dim]`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ChunkKv {
-    /// Keys, layer-major.
-    pub k: Vec<u8>,
-    /// Values, layer-major.
-    pub v: Vec<u8>,
-}
-
 /// Encodes one chunk. `k` and `v` are `[n_layer][..][row]` with `layer_stride` bytes from
 /// one layer to the next; the chunk's tokens start `offset` bytes into each layer.
 #[allow(clippy::too_many_arguments)]
@@ -195,15 +186,16 @@ pub(crate) fn encode_chunk(
     Ok(out)
 }
 
-/// Validates `blob` completely (length, magic, version, checksum, fingerprint, key,
-/// codec, dtype, shape, section table) and decodes it into `out`.
-pub(crate) fn decode_chunk(
+/// Validates `blob` completely without decoding it: length, magic, version, checksum,
+/// fingerprint, key, codec, dtype, shape and the section table (lengths that tile the
+/// payload exactly). Returns the section lengths, `[K, V]` per layer.
+pub(crate) fn check_chunk(
     coder: &SectionCoder,
     shape: &ChunkShape,
     key: &ChunkKey,
     fp: &Fingerprint,
     blob: &[u8],
-) -> Result<ChunkKv> {
+) -> Result<Vec<[usize; 2]>> {
     let h = verify(blob)?;
     if h.fingerprint != *fp {
         return Err(Error::ForeignBlob {
@@ -232,35 +224,59 @@ pub(crate) fn decode_chunk(
     expect("n_tokens", shape.chunk_tokens as u64, h.n_tokens.into())?;
     debug_assert!(shape.n_layer <= MAX_DIM);
     let table = 8 * shape.n_layer;
-    let payload = &blob[HEADER_LEN..blob.len() - CHECKSUM_LEN];
-    if payload.len() < table {
+    let payload_len = blob.len() - HEADER_LEN - CHECKSUM_LEN;
+    if payload_len < table {
         return Err(Error::BadField {
             field: "payload_len",
             expected: table as u64,
-            found: payload.len() as u64,
+            found: payload_len as u64,
         });
     }
-    let (tab, mut rest) = payload.split_at(table);
-    let sec = shape.section_bytes();
-    let mut kv = ChunkKv {
-        k: vec![0; shape.n_layer * sec],
-        v: vec![0; shape.n_layer * sec],
-    };
+    let tab = &blob[HEADER_LEN..HEADER_LEN + table];
+    let mut lens = Vec::with_capacity(shape.n_layer);
+    let mut rest = (payload_len - table) as u64;
     for layer in 0..shape.n_layer {
-        for (ti, tensor) in [Tensor::K, Tensor::V].into_iter().enumerate() {
-            let len = u32_at(tab, 8 * layer + 4 * ti) as usize;
-            if len > rest.len() {
+        let mut pair = [0usize; 2];
+        for (ti, p) in pair.iter_mut().enumerate() {
+            let len = u64::from(u32_at(tab, 8 * layer + 4 * ti));
+            if len > rest {
                 return Err(Error::BadField {
                     field: "section length",
-                    expected: rest.len() as u64,
-                    found: len as u64,
+                    expected: rest,
+                    found: len,
                 });
             }
-            let (s, r) = rest.split_at(len);
-            rest = r;
-            let dst = match tensor {
-                Tensor::K => &mut kv.k,
-                Tensor::V => &mut kv.v,
+            rest -= len;
+            *p = len as usize;
+        }
+        lens.push(pair);
+    }
+    if rest != 0 {
+        return Err(Error::BadField {
+            field: "bytes after the last section",
+            expected: 0,
+            found: rest,
+        });
+    }
+    Ok(lens)
+}
+
+/// Decodes a blob that passed [`check_chunk`] (with its section lengths) into one piece
+/// per layer of K and of V, each exactly one section's bytes.
+pub(crate) fn decode_checked(
+    coder: &SectionCoder,
+    shape: &ChunkShape,
+    blob: &[u8],
+    lens: &[[usize; 2]],
+    k: &mut [&mut [u8]],
+    v: &mut [&mut [u8]],
+) -> Result<()> {
+    let mut at = HEADER_LEN + 8 * shape.n_layer;
+    for (layer, pair) in lens.iter().enumerate() {
+        for (ti, tensor) in [Tensor::K, Tensor::V].into_iter().enumerate() {
+            let dst: &mut [u8] = match tensor {
+                Tensor::K => k[layer],
+                Tensor::V => v[layer],
             };
             coder.decode(
                 layer,
@@ -269,19 +285,13 @@ pub(crate) fn decode_chunk(
                 shape.n_kv_head,
                 shape.head_dim,
                 shape.chunk_tokens,
-                s,
-                &mut dst[layer * sec..(layer + 1) * sec],
+                &blob[at..at + pair[ti]],
+                dst,
             )?;
+            at += pair[ti];
         }
     }
-    if !rest.is_empty() {
-        return Err(Error::BadField {
-            field: "bytes after the last section",
-            expected: 0,
-            found: rest.len() as u64,
-        });
-    }
-    Ok(kv)
+    Ok(())
 }
 
 /// Checks what a blob says about itself: header, exact length and checksum. Tiers use it

@@ -42,7 +42,7 @@ pub mod redis_tier;
 pub mod tier;
 pub mod tiers;
 
-pub use blob::{verify, BlobHeader, ChunkKv};
+pub use blob::{verify, BlobHeader};
 pub use codec::ChunkCodec;
 pub use disk::DiskTier;
 pub use error::{Error, ErrorKind, Result};

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use rayon::prelude::*;
 
-use crate::blob::{decode_chunk, encode_chunk, ChunkKv};
+use crate::blob::{check_chunk, decode_checked, encode_chunk};
 use crate::codec::{ChunkCodec, SectionCoder};
 use crate::error::{Error, ErrorKind, Result};
 use crate::key::{chain_keys, ChunkKey, ChunkShape, Fingerprint};
@@ -91,6 +91,24 @@ struct Counters {
 
 fn add(a: &AtomicU64, n: u64) {
     a.fetch_add(n, Ordering::Relaxed);
+}
+
+/// Splits `[n_layer][n chunks][sec]` into, per chunk, its piece of every layer.
+fn pieces(buf: &mut [u8], n: usize, sec: usize, nl: usize) -> Vec<Vec<&mut [u8]>> {
+    let mut per: Vec<Vec<&mut [u8]>> = (0..n).map(|_| Vec::with_capacity(nl)).collect();
+    for layer in buf.chunks_exact_mut(n * sec) {
+        for (c, piece) in layer.chunks_exact_mut(sec).enumerate() {
+            per[c].push(piece);
+        }
+    }
+    per
+}
+
+/// A blob that passed every check, with the tier it came from and its section lengths.
+struct Checked {
+    tier: usize,
+    blob: Blob,
+    lens: Vec<[usize; 2]>,
 }
 
 /// A restored prefix: `tokens` tokens of K and V, each `[n_layer][tokens][n_kv_head][head_dim]`.
@@ -198,15 +216,26 @@ impl Tiers {
         found.iter().take_while(|&&f| f).count() * self.shape.chunk_tokens
     }
 
-    fn decode(&self, key: &ChunkKey, blob: &[u8]) -> Result<ChunkKv> {
-        decode_chunk(&self.coder, &self.shape, key, &self.fp, blob)
+    fn check(&self, key: &ChunkKey, blob: &[u8]) -> Result<Vec<[usize; 2]>> {
+        check_chunk(&self.coder, &self.shape, key, &self.fp, blob)
+    }
+
+    fn count_bad(&self, ti: usize, key: &ChunkKey, e: &Error) {
+        let c = &self.counters[ti];
+        if e.kind() == ErrorKind::Foreign {
+            add(&c.foreign, 1);
+        } else {
+            add(&c.corrupt, 1);
+        }
+        if self.tiers[ti].remove(key).is_err() {
+            add(&c.errors, 1);
+        }
     }
 
     /// Fetches and validates the chunks of `keys` through the tiers; `None` where no tier
     /// had a valid blob.
-    fn fetch(&self, keys: &[ChunkKey]) -> Vec<Option<ChunkKv>> {
-        let mut out: Vec<Option<ChunkKv>> = (0..keys.len()).map(|_| None).collect();
-        let mut from: Vec<Option<(usize, Blob)>> = (0..keys.len()).map(|_| None).collect();
+    fn fetch(&self, keys: &[ChunkKey]) -> Vec<Option<Checked>> {
+        let mut out: Vec<Option<Checked>> = (0..keys.len()).map(|_| None).collect();
         for (ti, tier) in self.tiers.iter().enumerate() {
             let c = &self.counters[ti];
             let ask: Vec<usize> = (0..keys.len()).filter(|&i| out[i].is_none()).collect();
@@ -221,35 +250,29 @@ impl Tiers {
                     continue;
                 }
             };
-            let decoded: Vec<(usize, Option<Result<ChunkKv>>, Option<Blob>)> = ask
+            let checked: Vec<(usize, Option<Result<Checked>>)> = ask
                 .par_iter()
                 .zip(blobs.into_par_iter())
-                .map(|(&i, b)| match b {
-                    Some(b) => (i, Some(self.decode(&keys[i], &b)), Some(b)),
-                    None => (i, None, None),
+                .map(|(&i, b)| {
+                    let r = b.map(|blob| {
+                        self.check(&keys[i], &blob).map(|lens| Checked {
+                            tier: ti,
+                            blob,
+                            lens,
+                        })
+                    });
+                    (i, r)
                 })
                 .collect();
-            for (i, r, b) in decoded {
-                match (r, b) {
-                    (Some(Ok(kv)), Some(b)) => {
+            for (i, r) in checked {
+                match r {
+                    Some(Ok(ch)) => {
                         add(&c.hits, 1);
-                        add(&c.bytes_read, b.len() as u64);
-                        out[i] = Some(kv);
-                        if ti > 0 {
-                            from[i] = Some((ti, b));
-                        }
+                        add(&c.bytes_read, ch.blob.len() as u64);
+                        out[i] = Some(ch);
                     }
-                    (Some(Err(e)), _) => {
-                        if e.kind() == ErrorKind::Foreign {
-                            add(&c.foreign, 1);
-                        } else {
-                            add(&c.corrupt, 1);
-                        }
-                        if tier.remove(&keys[i]).is_err() {
-                            add(&c.errors, 1);
-                        }
-                    }
-                    _ => add(&c.misses, 1),
+                    Some(Err(e)) => self.count_bad(ti, &keys[i], &e),
+                    None => add(&c.misses, 1),
                 }
             }
         }
@@ -257,9 +280,9 @@ impl Tiers {
         for up in 0..self.tiers.len() {
             let items: Vec<(ChunkKey, Blob)> = keys
                 .iter()
-                .zip(&from)
+                .zip(&out)
                 .filter_map(|(k, f)| match f {
-                    Some((ti, b)) if *ti > up => Some((*k, b.clone())),
+                    Some(ch) if ch.tier > up => Some((*k, ch.blob.clone())),
                     _ => None,
                 })
                 .collect();
@@ -294,33 +317,65 @@ impl Tiers {
     pub fn restore(&self, tokens: &[u32]) -> Restored {
         add(&self.restores, 1);
         let keys = self.keys(tokens);
-        // Batches of chunks are fetched and decoded concurrently on the rayon pool, so one
-        // batch's transfer overlaps another's checksum and decode (the codec must not be
-        // the bottleneck of a restore from Redis). A batch past the first miss is wasted
-        // work, never a wrong result: only the leading run of valid chunks is returned.
+        // Batches of chunks are fetched and checked (checksum, key, shape) concurrently on
+        // the rayon pool, so one batch's transfer overlaps another's checksum; then every
+        // chunk of the prefix decodes in parallel straight into the output (no per-chunk
+        // buffer, no second copy). A batch past the first miss is wasted work, never a
+        // wrong result: only the leading run of valid chunks is returned.
         let batch = keys
             .len()
             .div_ceil(2 * rayon::current_num_threads())
             .clamp(1, 8);
-        let chunks: Vec<Option<ChunkKv>> = keys
+        let found: Vec<Option<Checked>> = keys
             .par_chunks(batch)
             .flat_map_iter(|ks| self.fetch(ks))
             .collect();
-        let n = chunks.iter().take_while(|c| c.is_some()).count();
-        add(&self.chunks_restored, n as u64);
+        let mut n = found.iter().take_while(|c| c.is_some()).count();
         let sec = self.shape.section_bytes();
-        let tokens = n * self.shape.chunk_tokens;
-        let mut k = vec![0u8; self.shape.n_layer * n * sec];
-        let mut v = vec![0u8; self.shape.n_layer * n * sec];
-        for (c, kv) in chunks.iter().take(n).enumerate() {
-            let Some(kv) = kv else { break };
-            for l in 0..self.shape.n_layer {
-                let dst = l * n * sec + c * sec;
-                k[dst..dst + sec].copy_from_slice(&kv.k[l * sec..(l + 1) * sec]);
-                v[dst..dst + sec].copy_from_slice(&kv.v[l * sec..(l + 1) * sec]);
+        let nl = self.shape.n_layer;
+        loop {
+            let mut k = vec![0u8; nl * n * sec];
+            let mut v = vec![0u8; nl * n * sec];
+            if n == 0 {
+                return Restored { tokens: 0, k, v };
             }
+            // Each chunk decodes straight into its piece of every layer of the output.
+            let (kp, vp) = (pieces(&mut k, n, sec, nl), pieces(&mut v, n, sec, nl));
+            let failed: Vec<(usize, Error)> = kp
+                .into_par_iter()
+                .zip(vp)
+                .enumerate()
+                .filter_map(|(c, (mut kp, mut vp))| {
+                    let ch = found[c].as_ref()?;
+                    decode_checked(
+                        &self.coder,
+                        &self.shape,
+                        &ch.blob,
+                        &ch.lens,
+                        &mut kp,
+                        &mut vp,
+                    )
+                    .err()
+                    .map(|e| (c, e))
+                })
+                .collect();
+            let Some(first) = failed.iter().map(|(c, _)| *c).min() else {
+                add(&self.chunks_restored, n as u64);
+                return Restored {
+                    tokens: n * self.shape.chunk_tokens,
+                    k,
+                    v,
+                };
+            };
+            // A blob whose checksum held but whose sections do not decode (a codec bug or
+            // a crafted value): counted, removed, and the prefix ends before it.
+            for (c, e) in &failed {
+                if let Some(ch) = &found[*c] {
+                    self.count_bad(ch.tier, &keys[*c], e);
+                }
+            }
+            n = first;
         }
-        Restored { tokens, k, v }
     }
 
     /// Starts [`Tiers::restore`] of `tokens` on a background thread (an engine prefetches

@@ -410,3 +410,32 @@ fn prefetch_promotes_into_memory_in_the_background() {
     let m = b.metrics();
     assert_eq!((m.tiers[0].hits, m.tiers[1].hits), (4, 8));
 }
+
+#[test]
+fn a_blob_with_a_valid_checksum_but_a_broken_section_ends_the_prefix() {
+    let mem = Arc::new(MemoryTier::new(64 << 20));
+    let t = Tiers::new(config(ChunkCodec::GearV2), vec![Box::new(mem.clone())]).unwrap();
+    store_sample(&t, 9);
+    let keys = t.keys(&tokens(9));
+    // Chunk 2: layer 1's K section zeroed (its length kept), the checksum recomputed, as
+    // a writer with a codec bug would leave it. Only the section decode can see it.
+    let mut b = mem.get(&keys[2..3]).unwrap()[0].as_deref().unwrap().clone();
+    let u32_at = |b: &[u8], o: usize| u32::from_le_bytes(b[o..o + 4].try_into().unwrap()) as usize;
+    let (l0k, l0v, l1k) = (u32_at(&b, 112), u32_at(&b, 116), u32_at(&b, 120));
+    let start = 112 + 8 * 4 + l0k + l0v;
+    b[start..start + l1k].fill(0);
+    let n = b.len();
+    let sum = *blake3::hash(&b[..n - 32]).as_bytes();
+    b[n - 32..].copy_from_slice(&sum);
+    assert!(verify(&b).is_ok());
+    plant(&t, &*mem, 9, 2, b);
+    let r = t.restore(&tokens(9));
+    assert_eq!(r.tokens, 128);
+    assert_exact(&r);
+    let m = t.metrics();
+    assert_eq!(
+        (m.tiers[0].corrupt, m.fallbacks, m.chunks_restored),
+        (1, 1, 2)
+    );
+    assert!(!mem.contains(&keys[2..3]).unwrap()[0]);
+}
