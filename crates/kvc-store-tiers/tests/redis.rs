@@ -255,11 +255,19 @@ fn cluster_spreads_chunks_and_survives_a_node_down() {
     // One node down: restores stay correct (shorter or empty), failures are counted.
     cluster.nodes[1].kill();
     let t3 = Tiers::new(config(ChunkCodec::GearV2), vec![Box::new(redis(&url))]).unwrap();
+    let mut shorter = 0;
     for seed in 500..504 {
         let r = t3.restore(&tokens(seed));
-        assert!(r.tokens < 512);
         assert_exact(&r);
+        shorter += usize::from(r.tokens < 512);
     }
+    // 32 chunks over three nodes: some prompts lose chunks (which ones depends on slots).
+    assert!(shorter >= 1);
     let m = t3.metrics();
     assert!(m.fallbacks >= 1, "{m:?}");
+    // Stores with a node down are counted failures, not errors.
+    let s = t3
+        .store(&tokens(510), SAMPLE_K, SAMPLE_V, SAMPLE_TOKENS)
+        .unwrap();
+    assert_eq!(s.chunks, 8);
 }
