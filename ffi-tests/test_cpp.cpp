@@ -4,6 +4,7 @@
 #include "kvc.hpp"
 #include "kvc.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -213,10 +214,44 @@ static void test_library_handles() {
           KVC_INVALID_ARGUMENT);
 }
 
+// kvc::Tiers (ABI 0.7): RAII handle, store then restore through the helpers.
+static void test_tiers() {
+    kvc_tiers_config c{};
+    CHECK(kvc_tiers_config_default(&c) == KVC_OK);
+    c.n_layer = 2;
+    c.n_kv_head = 1;
+    c.head_dim = 8;
+    c.chunk_tokens = 4;
+    c.codec = KVC_TIERS_CODEC_GEAR_V2;
+    auto tiers = kvc::make_handle<kvc::Tiers>(kvc_tiers_new, &c);
+    CHECK(tiers.ok());
+    std::vector<std::uint32_t> tokens{5, 6, 7, 8, 9, 10, 11, 12, 13, 14};
+    const std::size_t row = 8 * 2;
+    std::vector<std::uint8_t> k(2 * tokens.size() * row), v(k.size());
+    for (std::size_t i = 0; i < k.size(); i++) {
+        k[i] = static_cast<std::uint8_t>(i * 7);
+        v[i] = static_cast<std::uint8_t>(i * 13);
+    }
+    auto rep = kvc::tiers_store(tiers->get(), tokens, tokens.size(), k, v);
+    CHECK(rep && rep->chunks == 2 && rep->chunks_encoded == 2);
+    auto found = kvc::tiers_lookup(tiers->get(), tokens);
+    CHECK(found && *found == 8);
+    auto p = kvc::tiers_restore(tiers->get(), tokens, 2, row);
+    CHECK(p && p->tokens == 8 && p->k.size() == 2 * 8 * row);
+    for (std::size_t l = 0; l < 2; l++)
+        CHECK(std::equal(p->k.begin() + l * 8 * row, p->k.begin() + (l + 1) * 8 * row,
+                         k.begin() + l * tokens.size() * row));
+    auto m = kvc::tiers_metrics(tiers->get());
+    CHECK(m && m->chunks_restored == 2 && m->fallbacks == 0 && m->tiers[KVC_TIERS_MEMORY].present);
+    auto bad = kvc::tiers_store(tiers->get(), tokens, tokens.size(), k, std::vector<std::uint8_t>(3));
+    CHECK(bad.status() == KVC_INVALID_ARGUMENT);
+}
+
 int main() {
     test_basics();
     test_results();
     test_library_handles();
+    test_tiers();
 #ifdef KVC_TEST_HOOKS
     test_handles();
 #endif

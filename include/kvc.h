@@ -138,7 +138,7 @@
  * fields are added (only ever appended). A program built against minor `m` runs on any
  * library with the same major and a minor `>= m`.
  */
-#define KVC_ABI_VERSION_MINOR 6
+#define KVC_ABI_VERSION_MINOR 7
 
 /**
  * The ABI version this header describes, `(major << 16) | minor`. Pass it to
@@ -195,6 +195,36 @@
  * `kvc_store_evict_decoded`'s `layer` meaning "every layer".
  */
 #define KVC_STORE_ALL_LAYERS -1
+
+/**
+ * `kvc_tiers_config.codec`: the cache's bytes as they are.
+ */
+#define KVC_TIERS_CODEC_RAW 0
+
+/**
+ * `kvc_tiers_config.codec`: gear-v1 (lossless).
+ */
+#define KVC_TIERS_CODEC_GEAR_V1 1
+
+/**
+ * `kvc_tiers_config.codec`: gear-v2 (lossless).
+ */
+#define KVC_TIERS_CODEC_GEAR_V2 2
+
+/**
+ * Index of the memory tier in `kvc_tiers_metrics.tiers`.
+ */
+#define KVC_TIERS_MEMORY 0
+
+/**
+ * Index of the disk tier in `kvc_tiers_metrics.tiers`.
+ */
+#define KVC_TIERS_DISK 1
+
+/**
+ * Index of the Redis tier in `kvc_tiers_metrics.tiers`.
+ */
+#define KVC_TIERS_REDIS 2
 
 /**
  * Result of a kvc call. `KVC_OK` (zero) is success; every other value is a failure
@@ -307,6 +337,11 @@ typedef struct kvc_store kvc_store;
  */
 typedef struct kvc_test_counter kvc_test_counter;
 #endif
+
+/**
+ * Shared KV tiers: opaque; create with `kvc_tiers_new`, free with `kvc_tiers_free`.
+ */
+typedef struct kvc_tiers kvc_tiers;
 
 /**
  * An element type, passed from C as a plain integer (one of the `KVC_DTYPE_*` values;
@@ -886,6 +921,190 @@ typedef struct kvc_store_metrics {
 typedef uint32_t kvc_rope_style;
 
 /**
+ * Tiers settings. Fill it with `kvc_tiers_config_default` (defaults in brackets), then
+ * set the model's layout and hash and the tiers wanted. The strings are only read
+ * during `kvc_tiers_new`.
+ */
+typedef struct kvc_tiers_config {
+    /**
+     * `KVC_DTYPE_F16`, `_BF16` or `_F32` [f16].
+     */
+    kvc_dtype dtype;
+    /**
+     * `KVC_TIERS_CODEC_RAW`, `_GEAR_V1` or `_GEAR_V2` [gear-v2].
+     */
+    uint32_t codec;
+    /**
+     * Layers [0: must be set].
+     */
+    size_t n_layer;
+    /**
+     * KV heads per layer [0: must be set].
+     */
+    size_t n_kv_head;
+    /**
+     * Values per head [0: must be set].
+     */
+    size_t head_dim;
+    /**
+     * Tokens per chunk [256].
+     */
+    size_t chunk_tokens;
+    /**
+     * BLAKE3 of the model file (`kvc_tiers_hash_model_file`) [zeros].
+     */
+    uint8_t model_hash[32];
+    /**
+     * Byte budget of the in-process memory tier; 0: no memory tier [256 MiB].
+     */
+    uint64_t memory_budget_bytes;
+    /**
+     * Directory of the disk tier (NUL-terminated); NULL: no disk tier [NULL].
+     */
+    const char *disk_dir;
+    /**
+     * Byte budget of the disk tier [1 GiB].
+     */
+    uint64_t disk_budget_bytes;
+    /**
+     * `redis://host:port` or `redis+cluster://host:port,host:port,...`; NULL: no Redis
+     * tier [NULL].
+     */
+    const char *redis_url;
+    /**
+     * Expiry of values stored in Redis in seconds; 0: none (Redis's maxmemory LRU
+     * evicts) [0].
+     */
+    uint32_t redis_ttl_s;
+    /**
+     * Redis connect and command timeout in milliseconds [1000].
+     */
+    uint32_t redis_timeout_ms;
+} kvc_tiers_config;
+
+/**
+ * What a `kvc_tiers_store` did.
+ */
+typedef struct kvc_tiers_store_report {
+    /**
+     * Full chunks the tokens and KV cover.
+     */
+    size_t chunks;
+    /**
+     * Chunks encoded (the others every tier already held).
+     */
+    size_t chunks_encoded;
+    /**
+     * Blob bytes of the encoded chunks.
+     */
+    uint64_t bytes_stored;
+    /**
+     * Their bytes in the cache's dtype.
+     */
+    uint64_t bytes_raw;
+    /**
+     * Tier writes that failed (counted in the metrics as errors).
+     */
+    size_t failures;
+} kvc_tiers_store_report;
+
+/**
+ * Counters of one tier.
+ */
+typedef struct kvc_tier_metrics {
+    /**
+     * 1 when the tier is configured.
+     */
+    uint32_t present;
+    /**
+     * Chunks read from it that passed validation.
+     */
+    uint64_t hits;
+    /**
+     * Chunks asked of it that it did not hold.
+     */
+    uint64_t misses;
+    /**
+     * Failed operations (server down, timeout, I/O error).
+     */
+    uint64_t errors;
+    /**
+     * Blobs that failed the checksum or format checks (removed).
+     */
+    uint64_t corrupt;
+    /**
+     * Valid blobs of another key or model (removed).
+     */
+    uint64_t foreign;
+    /**
+     * Chunks written (stores and promotions).
+     */
+    uint64_t chunks_written;
+    /**
+     * Blob bytes written.
+     */
+    uint64_t bytes_written;
+    /**
+     * Blob bytes read.
+     */
+    uint64_t bytes_read;
+    /**
+     * Blobs held (memory and disk; 0 for Redis).
+     */
+    uint64_t entries;
+    /**
+     * Bytes held (memory and disk; 0 for Redis).
+     */
+    uint64_t bytes;
+    /**
+     * Blobs evicted for the byte budget.
+     */
+    uint64_t evictions;
+} kvc_tier_metrics;
+
+/**
+ * What a `kvc_tiers` did.
+ */
+typedef struct kvc_tiers_metrics {
+    /**
+     * `kvc_tiers_lookup` calls.
+     */
+    uint64_t lookups;
+    /**
+     * `kvc_tiers_restore` calls.
+     */
+    uint64_t restores;
+    /**
+     * Chunks restored.
+     */
+    uint64_t chunks_restored;
+    /**
+     * Chunks encoded by stores.
+     */
+    uint64_t chunks_encoded;
+    /**
+     * Their uncompressed bytes.
+     */
+    uint64_t raw_bytes_encoded;
+    /**
+     * Their blob bytes.
+     */
+    uint64_t blob_bytes_encoded;
+    /**
+     * Chunks copied from a lower tier into the tiers above.
+     */
+    uint64_t promotions;
+    /**
+     * Every failure that became a miss: the sum of the tiers' errors, corrupt, foreign.
+     */
+    uint64_t fallbacks;
+    /**
+     * Indexed by `KVC_TIERS_MEMORY`, `_DISK`, `_REDIS`.
+     */
+    struct kvc_tier_metrics tiers[3];
+} kvc_tiers_metrics;
+
+/**
  * The C API as function pointers; each field behaves exactly as the function of the
  * same name with the `kvc_` prefix (see there for ownership and threads).
  *
@@ -1357,6 +1576,58 @@ typedef struct kvc_api {
      * See `kvc_kvq_free` (ABI 0.6).
      */
     void (*kvq_free)(struct kvc_kvq *kvq);
+    /**
+     * See `kvc_tiers_config_default` (ABI 0.7).
+     */
+    enum kvc_status (*tiers_config_default)(struct kvc_tiers_config *out);
+    /**
+     * See `kvc_tiers_hash_model_file` (ABI 0.7).
+     */
+    enum kvc_status (*tiers_hash_model_file)(const char *path, uint8_t *out_hash);
+    /**
+     * See `kvc_tiers_new` (ABI 0.7).
+     */
+    enum kvc_status (*tiers_new)(const struct kvc_tiers_config *config, struct kvc_tiers **out);
+    /**
+     * See `kvc_tiers_lookup` (ABI 0.7).
+     */
+    enum kvc_status (*tiers_lookup)(const struct kvc_tiers *tiers,
+                                    const uint32_t *tokens,
+                                    size_t n_tokens,
+                                    size_t *out_tokens);
+    /**
+     * See `kvc_tiers_restore` (ABI 0.7).
+     */
+    enum kvc_status (*tiers_restore)(const struct kvc_tiers *tiers,
+                                     const uint32_t *tokens,
+                                     size_t n_tokens,
+                                     size_t kv_tokens,
+                                     void *k,
+                                     size_t k_len,
+                                     void *v,
+                                     size_t v_len,
+                                     size_t *out_tokens);
+    /**
+     * See `kvc_tiers_store` (ABI 0.7).
+     */
+    enum kvc_status (*tiers_store)(const struct kvc_tiers *tiers,
+                                   const uint32_t *tokens,
+                                   size_t n_tokens,
+                                   size_t kv_tokens,
+                                   const void *k,
+                                   size_t k_len,
+                                   const void *v,
+                                   size_t v_len,
+                                   struct kvc_tiers_store_report *out_report);
+    /**
+     * See `kvc_tiers_get_metrics` (ABI 0.7).
+     */
+    enum kvc_status (*tiers_get_metrics)(const struct kvc_tiers *tiers,
+                                         struct kvc_tiers_metrics *out);
+    /**
+     * See `kvc_tiers_free` (ABI 0.7).
+     */
+    void (*tiers_free)(struct kvc_tiers *tiers);
 } kvc_api;
 
 /**
@@ -2683,6 +2954,133 @@ enum kvc_status kvc_store_get_metrics(const struct kvc_store *store,
  * `store` must be NULL or a live handle from `kvc_store_new`, freed once.
  */
 void kvc_store_free(struct kvc_store *store);
+
+/**
+ * Writes the default tiers settings into `*out` (see `kvc_tiers_config`).
+ *
+ * Ownership: `out` is caller-owned. Threads: safe from any thread.
+ *
+ * # Safety
+ * `out` must be NULL or point to a writable `kvc_tiers_config`.
+ */
+KVC_NODISCARD enum kvc_status kvc_tiers_config_default(struct kvc_tiers_config *out);
+
+/**
+ * Hashes the model file at `path` (NUL-terminated) with BLAKE3 into `out_hash`
+ * (32 bytes), for `kvc_tiers_config.model_hash`. An unreadable file: `KVC_IO`.
+ *
+ * Ownership: both caller-owned. Threads: safe from any thread.
+ *
+ * # Safety
+ * `path` NUL-terminated; `out_hash` writable for 32 bytes.
+ */
+KVC_NODISCARD enum kvc_status kvc_tiers_hash_model_file(const char *path, uint8_t *out_hash);
+
+/**
+ * Creates tiers with `config` and stores them in `*out` (only on `KVC_OK`). At least
+ * one tier (memory, disk or Redis) must be configured. A bad layout, codec or dtype,
+ * a Redis URL that does not parse, no tier: `KVC_INVALID_ARGUMENT`; a disk directory
+ * that cannot be created or listed: `KVC_IO`. A Redis server that is down is not an
+ * error: it is a miss (counted) until it answers.
+ *
+ * Ownership: `config` and its strings are only read; the caller owns the handle and
+ * frees it with `kvc_tiers_free`. Threads: safe from any thread.
+ *
+ * # Safety
+ * `config` readable, its strings NULL or NUL-terminated; `out` writable.
+ */
+KVC_NODISCARD
+enum kvc_status kvc_tiers_new(const struct kvc_tiers_config *config,
+                              struct kvc_tiers **out);
+
+/**
+ * Stores in `*out_tokens` the tokens of the longest prefix of `tokens` (`n_tokens` token
+ * ids) whose chunks some tier holds: a multiple of the chunk size, 0 when none. A hint:
+ * `kvc_tiers_restore` validates and may restore fewer.
+ *
+ * Ownership: all caller-owned. Threads: safe, concurrently on one handle.
+ *
+ * # Safety
+ * `tiers` live; `tokens` readable for `n_tokens`; `out_tokens` writable.
+ */
+KVC_NODISCARD
+enum kvc_status kvc_tiers_lookup(const struct kvc_tiers *tiers,
+                                 const uint32_t *tokens,
+                                 size_t n_tokens,
+                                 size_t *out_tokens);
+
+/**
+ * Restores the longest valid cached prefix of `tokens` into `k` and `v`, each
+ * `[n_layer][kv_tokens][n_kv_head][head_dim]` in the config's dtype (`k_len`/`v_len`
+ * bytes, at least `n_layer * kv_tokens * row`), tokens `[0, *out_tokens)` of every
+ * layer; stores the tokens restored (a multiple of the chunk size, at most `kv_tokens`)
+ * in `*out_tokens`. Bytes past them are untouched. Nothing found or every tier failing
+ * is `KVC_OK` with 0 tokens (failures are counted in the metrics). Buffers too small:
+ * `KVC_BUFFER_TOO_SMALL`.
+ *
+ * Ownership: all caller-owned. Threads: safe, concurrently on one handle.
+ *
+ * # Safety
+ * `tiers` live; `tokens` readable for `n_tokens`; `k`/`v` writable for `k_len`/`v_len`
+ * bytes and not overlapping; `out_tokens` writable.
+ */
+KVC_NODISCARD
+enum kvc_status kvc_tiers_restore(const struct kvc_tiers *tiers,
+                                  const uint32_t *tokens,
+                                  size_t n_tokens,
+                                  size_t kv_tokens,
+                                  void *k,
+                                  size_t k_len,
+                                  void *v,
+                                  size_t v_len,
+                                  size_t *out_tokens);
+
+/**
+ * Stores every full chunk of the first `min(n_tokens, kv_tokens)` tokens; `k` and `v`
+ * are `[n_layer][kv_tokens][n_kv_head][head_dim]` in the config's dtype (`k_len`/`v_len`
+ * bytes, exactly `n_layer * kv_tokens * row`). Chunks every tier holds are skipped.
+ * Tier failures (Redis down, disk full) are not errors: they are counted and reported in
+ * `*out_report` (may be NULL). Wrong sizes: `KVC_INVALID_ARGUMENT`.
+ *
+ * Ownership: all caller-owned. Threads: safe, concurrently on one handle.
+ *
+ * # Safety
+ * `tiers` live; `tokens` readable for `n_tokens`; `k`/`v` readable for `k_len`/`v_len`
+ * bytes; `out_report` NULL or writable.
+ */
+KVC_NODISCARD
+enum kvc_status kvc_tiers_store(const struct kvc_tiers *tiers,
+                                const uint32_t *tokens,
+                                size_t n_tokens,
+                                size_t kv_tokens,
+                                const void *k,
+                                size_t k_len,
+                                const void *v,
+                                size_t v_len,
+                                struct kvc_tiers_store_report *out_report);
+
+/**
+ * Writes the counters into `*out`.
+ *
+ * Ownership: `out` caller-owned. Threads: safe, concurrently on one handle.
+ *
+ * # Safety
+ * `tiers` live; `out` writable.
+ */
+KVC_NODISCARD
+enum kvc_status kvc_tiers_get_metrics(const struct kvc_tiers *tiers,
+                                      struct kvc_tiers_metrics *out);
+
+/**
+ * Frees tiers (closes Redis connections; files on disk and values in Redis stay); NULL
+ * is a no-op.
+ *
+ * Ownership: the handle is invalid afterwards. Threads: no other call may be using it.
+ *
+ * # Safety
+ * `tiers` must be NULL or a live handle from `kvc_tiers_new`, freed once.
+ */
+void kvc_tiers_free(struct kvc_tiers *tiers);
 
 #ifdef __cplusplus
 }  // extern "C"

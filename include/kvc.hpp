@@ -399,6 +399,74 @@ inline Result<StoreTokens> read_tokens(const kvc_store* store, std::size_t layer
     return out;
 }
 
+// --- kvc_tiers (ABI 0.7) ---
+
+/// Shared KV tiers (kvc_tiers_*): make_handle<Tiers>(kvc_tiers_new, &config). Every call
+/// but free may run concurrently on one handle.
+using Tiers = Handle<kvc_tiers, kvc_tiers_free>;
+
+/// A restored prefix: `tokens` tokens of K and V, each [n_layer][tokens][n_kv_head][head_dim].
+struct TiersPrefix {
+    std::size_t tokens = 0;
+    std::vector<std::uint8_t> k;
+    std::vector<std::uint8_t> v;
+};
+
+/// kvc_tiers_lookup: tokens of the longest cached prefix of `tokens`.
+inline Result<std::size_t> tiers_lookup(const kvc_tiers* tiers,
+                                        const std::vector<std::uint32_t>& tokens) {
+    std::size_t n = 0;
+    kvc_status st = kvc_tiers_lookup(tiers, tokens.data(), tokens.size(), &n);
+    if (st != KVC_OK) return detail::error_from(st);
+    return n;
+}
+
+/// kvc_tiers_restore into new vectors with layer stride = the restored token count
+/// (`row_bytes` = n_kv_head * head_dim * dtype size, `n_layer` as configured).
+inline Result<TiersPrefix> tiers_restore(const kvc_tiers* tiers,
+                                         const std::vector<std::uint32_t>& tokens,
+                                         std::size_t n_layer, std::size_t row_bytes) {
+    auto found = tiers_lookup(tiers, tokens);
+    if (!found) return found.error();
+    std::size_t cap = *found;
+    std::vector<std::uint8_t> k(n_layer * cap * row_bytes), v(n_layer * cap * row_bytes);
+    std::size_t got = 0;
+    kvc_status st = kvc_tiers_restore(tiers, tokens.data(), tokens.size(), cap, k.data(),
+                                      k.size(), v.data(), v.size(), &got);
+    if (st != KVC_OK) return detail::error_from(st);
+    TiersPrefix out;
+    out.tokens = got;
+    // Compact the layer stride from `cap` to `got` tokens (fewer when a chunk failed).
+    for (std::size_t l = 0; l < n_layer; l++) {
+        out.k.insert(out.k.end(), k.begin() + l * cap * row_bytes,
+                     k.begin() + (l * cap + got) * row_bytes);
+        out.v.insert(out.v.end(), v.begin() + l * cap * row_bytes,
+                     v.begin() + (l * cap + got) * row_bytes);
+    }
+    return out;
+}
+
+/// kvc_tiers_store of `kv_tokens` tokens of K and V ([n_layer][kv_tokens][row]).
+inline Result<kvc_tiers_store_report> tiers_store(const kvc_tiers* tiers,
+                                                  const std::vector<std::uint32_t>& tokens,
+                                                  std::size_t kv_tokens,
+                                                  const std::vector<std::uint8_t>& k,
+                                                  const std::vector<std::uint8_t>& v) {
+    kvc_tiers_store_report r{};
+    kvc_status st = kvc_tiers_store(tiers, tokens.data(), tokens.size(), kv_tokens, k.data(),
+                                    k.size(), v.data(), v.size(), &r);
+    if (st != KVC_OK) return detail::error_from(st);
+    return r;
+}
+
+/// kvc_tiers_get_metrics.
+inline Result<kvc_tiers_metrics> tiers_metrics(const kvc_tiers* tiers) {
+    kvc_tiers_metrics m{};
+    kvc_status st = kvc_tiers_get_metrics(tiers, &m);
+    if (st != KVC_OK) return detail::error_from(st);
+    return m;
+}
+
 }  // namespace kvc
 
 #endif  // KVC_HPP

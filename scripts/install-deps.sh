@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what a fresh Debian machine with only the Rust toolchain lacks for kvc's tests:
 # cmake and C/C++ compilers (ffi-tests, the llama.cpp client), clang's sanitizer runtime, valgrind,
-# and the Python packages the fixture scripts use. Installs nothing that is already there.
+# redis-server and redis-cli (kvc-store-tiers' tests), and the Python packages the fixture
+# scripts use. Installs nothing that is already there.
 set -euo pipefail
 
 need_apt=()
@@ -13,6 +14,9 @@ command -v ninja >/dev/null 2>&1 || need_apt+=(ninja-build)
 command -v pkg-config >/dev/null 2>&1 || need_apt+=(pkg-config)
 command -v valgrind >/dev/null 2>&1 || need_apt+=(valgrind)
 command -v python3 >/dev/null 2>&1 || need_apt+=(python3 python3-pip)
+# kvc-store-tiers' tests start their own Redis servers and cluster on 127.0.0.1.
+command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
+command -v redis-cli >/dev/null 2>&1 || need_apt+=(redis-tools)
 
 if ((${#need_apt[@]})); then
     sudo=""

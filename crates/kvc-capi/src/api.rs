@@ -51,6 +51,12 @@ use crate::store::{
     kvc_store_restore_layer, kvc_store_schedule, kvc_store_wait_idle,
 };
 use crate::store::{KvcStore, KvcStoreConfig, KvcStoreLayer, KvcStoreMetrics};
+// --- kvc_tiers (ABI 0.7) ---
+use crate::tiers::{
+    kvc_tiers_config_default, kvc_tiers_free, kvc_tiers_get_metrics, kvc_tiers_hash_model_file,
+    kvc_tiers_lookup, kvc_tiers_new, kvc_tiers_restore, kvc_tiers_store,
+};
+use crate::tiers::{KvcTiers, KvcTiersConfig, KvcTiersMetrics, KvcTiersStoreReport};
 
 /// The C API as function pointers; each field behaves exactly as the function of the
 /// same name with the `kvc_` prefix (see there for ownership and threads).
@@ -472,6 +478,51 @@ pub struct KvcApi {
     ) -> KvcStatus,
     /// See `kvc_kvq_free` (ABI 0.6).
     pub kvq_free: unsafe extern "C" fn(kvq: *mut KvcKvq),
+    // --- kvc_tiers (ABI 0.7) ---
+    /// See `kvc_tiers_config_default` (ABI 0.7).
+    pub tiers_config_default: unsafe extern "C" fn(out: *mut KvcTiersConfig) -> KvcStatus,
+    /// See `kvc_tiers_hash_model_file` (ABI 0.7).
+    pub tiers_hash_model_file:
+        unsafe extern "C" fn(path: *const c_char, out_hash: *mut u8) -> KvcStatus,
+    /// See `kvc_tiers_new` (ABI 0.7).
+    pub tiers_new:
+        unsafe extern "C" fn(config: *const KvcTiersConfig, out: *mut *mut KvcTiers) -> KvcStatus,
+    /// See `kvc_tiers_lookup` (ABI 0.7).
+    pub tiers_lookup: unsafe extern "C" fn(
+        tiers: *const KvcTiers,
+        tokens: *const u32,
+        n_tokens: usize,
+        out_tokens: *mut usize,
+    ) -> KvcStatus,
+    /// See `kvc_tiers_restore` (ABI 0.7).
+    pub tiers_restore: unsafe extern "C" fn(
+        tiers: *const KvcTiers,
+        tokens: *const u32,
+        n_tokens: usize,
+        kv_tokens: usize,
+        k: *mut c_void,
+        k_len: usize,
+        v: *mut c_void,
+        v_len: usize,
+        out_tokens: *mut usize,
+    ) -> KvcStatus,
+    /// See `kvc_tiers_store` (ABI 0.7).
+    pub tiers_store: unsafe extern "C" fn(
+        tiers: *const KvcTiers,
+        tokens: *const u32,
+        n_tokens: usize,
+        kv_tokens: usize,
+        k: *const c_void,
+        k_len: usize,
+        v: *const c_void,
+        v_len: usize,
+        out_report: *mut KvcTiersStoreReport,
+    ) -> KvcStatus,
+    /// See `kvc_tiers_get_metrics` (ABI 0.7).
+    pub tiers_get_metrics:
+        unsafe extern "C" fn(tiers: *const KvcTiers, out: *mut KvcTiersMetrics) -> KvcStatus,
+    /// See `kvc_tiers_free` (ABI 0.7).
+    pub tiers_free: unsafe extern "C" fn(tiers: *mut KvcTiers),
 }
 
 static API: KvcApi = KvcApi {
@@ -550,6 +601,15 @@ static API: KvcApi = KvcApi {
     kvq_dequantize_rows: kvc_kvq_dequantize_rows,
     kvq_attend: kvc_kvq_attend,
     kvq_free: kvc_kvq_free,
+    // --- kvc_tiers (ABI 0.7) ---
+    tiers_config_default: kvc_tiers_config_default,
+    tiers_hash_model_file: kvc_tiers_hash_model_file,
+    tiers_new: kvc_tiers_new,
+    tiers_lookup: kvc_tiers_lookup,
+    tiers_restore: kvc_tiers_restore,
+    tiers_store: kvc_tiers_store,
+    tiers_get_metrics: kvc_tiers_get_metrics,
+    tiers_free: kvc_tiers_free,
 };
 
 /// Whether a program built against ABI version `requested` can use this library.

@@ -51,3 +51,6 @@ pub use version::{kvc_abi_version, kvc_version, KVC_ABI_VERSION};
 
 // kvc_store (ABI 0.3): the asynchronous compressed store.
 pub mod store;
+
+// kvc_tiers (ABI 0.7): shared KV tiers (memory, disk, Redis).
+pub mod tiers;

@@ -7,6 +7,7 @@ pub mod codec;
 pub mod dataset;
 pub mod quant;
 pub mod store;
+pub mod tiers;
 
 use clap::{Args, Subcommand};
 
@@ -33,6 +34,8 @@ enum BenchCommand {
     Store(store::BenchStoreArgs),
     /// kvc-quant kvq: bits/value, SNR per layer, attention error, GB/s, packed attention time.
     Quant(quant::BenchQuantArgs),
+    /// kvc-store-tiers: store/restore GB/s per tier and codec against raw Redis.
+    Tiers(tiers::BenchTiersArgs),
 }
 
 /// Runs `kvc bench`.
@@ -42,6 +45,7 @@ pub fn run(args: BenchArgs) -> Result<(), CliError> {
         Some(BenchCommand::Cache(a)) => cache::run(&a),
         Some(BenchCommand::Store(a)) => store::run(&a),
         Some(BenchCommand::Quant(a)) => quant::run(&a),
+        Some(BenchCommand::Tiers(a)) => tiers::run(&a),
         None => codec::run(args.codec),
     }
 }

@@ -1,0 +1,551 @@
+//! `kvc_tiers`: shared KV tiers (`kvc-store-tiers`) behind an opaque handle. Content-
+//! addressed prefix chunks in memory, in a disk directory and in Redis (standalone or
+//! Cluster); an engine stores a prefix's KV after prefill and a second engine instance
+//! looks it up and restores it. Every tier failure is a counted fallback, never an error
+//! of `lookup`/`restore`/`store` and never a wrong restore.
+//!
+//! The handle is thread-safe: every call but `kvc_tiers_free` takes a
+//! `const kvc_tiers *` and may run concurrently with any other call on the same handle.
+
+use std::ffi::{c_char, c_void, CStr};
+use std::time::Duration;
+
+use kvc_cache::DType;
+use kvc_store_tiers::{
+    ChunkCodec, ChunkShape, DiskTier, MemoryTier, RedisConfig, RedisTier, Tier, Tiers, TiersConfig,
+    TiersMetrics,
+};
+
+use crate::boundary::{
+    check_disjoint, in_ref, in_slice, out_ref, out_slice, status_boundary, value_boundary,
+};
+use crate::convert::{KvcDtype, KVC_DTYPE_BF16, KVC_DTYPE_F16, KVC_DTYPE_F32};
+use crate::error::Error;
+use crate::handle::{free_handle, handle_ref, store_handle};
+use crate::status::KvcStatus;
+
+impl From<kvc_store_tiers::Error> for Error {
+    fn from(err: kvc_store_tiers::Error) -> Error {
+        use kvc_store_tiers::ErrorKind as K;
+        let status = match err.kind() {
+            K::InvalidArgument => KvcStatus::KVC_INVALID_ARGUMENT,
+            K::CorruptData | K::Foreign => KvcStatus::KVC_CORRUPT_DATA,
+            K::Io => KvcStatus::KVC_IO,
+            _ => KvcStatus::KVC_INTERNAL,
+        };
+        Error::Wrapped {
+            status,
+            message: err.to_string(),
+        }
+    }
+}
+
+/// `kvc_tiers_config.codec`: the cache's bytes as they are.
+pub const KVC_TIERS_CODEC_RAW: u32 = 0;
+/// `kvc_tiers_config.codec`: gear-v1 (lossless).
+pub const KVC_TIERS_CODEC_GEAR_V1: u32 = 1;
+/// `kvc_tiers_config.codec`: gear-v2 (lossless).
+pub const KVC_TIERS_CODEC_GEAR_V2: u32 = 2;
+/// Index of the memory tier in `kvc_tiers_metrics.tiers`.
+pub const KVC_TIERS_MEMORY: usize = 0;
+/// Index of the disk tier in `kvc_tiers_metrics.tiers`.
+pub const KVC_TIERS_DISK: usize = 1;
+/// Index of the Redis tier in `kvc_tiers_metrics.tiers`.
+pub const KVC_TIERS_REDIS: usize = 2;
+
+/// Tiers settings. Fill it with `kvc_tiers_config_default` (defaults in brackets), then
+/// set the model's layout and hash and the tiers wanted. The strings are only read
+/// during `kvc_tiers_new`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvcTiersConfig {
+    /// `KVC_DTYPE_F16`, `_BF16` or `_F32` [f16].
+    pub dtype: KvcDtype,
+    /// `KVC_TIERS_CODEC_RAW`, `_GEAR_V1` or `_GEAR_V2` [gear-v2].
+    pub codec: u32,
+    /// Layers [0: must be set].
+    pub n_layer: usize,
+    /// KV heads per layer [0: must be set].
+    pub n_kv_head: usize,
+    /// Values per head [0: must be set].
+    pub head_dim: usize,
+    /// Tokens per chunk [256].
+    pub chunk_tokens: usize,
+    /// BLAKE3 of the model file (`kvc_tiers_hash_model_file`) [zeros].
+    pub model_hash: [u8; 32],
+    /// Byte budget of the in-process memory tier; 0: no memory tier [256 MiB].
+    pub memory_budget_bytes: u64,
+    /// Directory of the disk tier (NUL-terminated); NULL: no disk tier [NULL].
+    pub disk_dir: *const c_char,
+    /// Byte budget of the disk tier [1 GiB].
+    pub disk_budget_bytes: u64,
+    /// `redis://host:port` or `redis+cluster://host:port,host:port,...`; NULL: no Redis
+    /// tier [NULL].
+    pub redis_url: *const c_char,
+    /// Expiry of values stored in Redis in seconds; 0: none (Redis's maxmemory LRU
+    /// evicts) [0].
+    pub redis_ttl_s: u32,
+    /// Redis connect and command timeout in milliseconds [1000].
+    pub redis_timeout_ms: u32,
+}
+
+impl Default for KvcTiersConfig {
+    fn default() -> Self {
+        KvcTiersConfig {
+            dtype: KVC_DTYPE_F16,
+            codec: KVC_TIERS_CODEC_GEAR_V2,
+            n_layer: 0,
+            n_kv_head: 0,
+            head_dim: 0,
+            chunk_tokens: 256,
+            model_hash: [0; 32],
+            memory_budget_bytes: 256 << 20,
+            disk_dir: std::ptr::null(),
+            disk_budget_bytes: 1 << 30,
+            redis_url: std::ptr::null(),
+            redis_ttl_s: 0,
+            redis_timeout_ms: 1000,
+        }
+    }
+}
+
+/// Counters of one tier.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KvcTierMetrics {
+    /// 1 when the tier is configured.
+    pub present: u32,
+    /// Chunks read from it that passed validation.
+    pub hits: u64,
+    /// Chunks asked of it that it did not hold.
+    pub misses: u64,
+    /// Failed operations (server down, timeout, I/O error).
+    pub errors: u64,
+    /// Blobs that failed the checksum or format checks (removed).
+    pub corrupt: u64,
+    /// Valid blobs of another key or model (removed).
+    pub foreign: u64,
+    /// Chunks written (stores and promotions).
+    pub chunks_written: u64,
+    /// Blob bytes written.
+    pub bytes_written: u64,
+    /// Blob bytes read.
+    pub bytes_read: u64,
+    /// Blobs held (memory and disk; 0 for Redis).
+    pub entries: u64,
+    /// Bytes held (memory and disk; 0 for Redis).
+    pub bytes: u64,
+    /// Blobs evicted for the byte budget.
+    pub evictions: u64,
+}
+
+/// What a `kvc_tiers` did.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KvcTiersMetrics {
+    /// `kvc_tiers_lookup` calls.
+    pub lookups: u64,
+    /// `kvc_tiers_restore` calls.
+    pub restores: u64,
+    /// Chunks restored.
+    pub chunks_restored: u64,
+    /// Chunks encoded by stores.
+    pub chunks_encoded: u64,
+    /// Their uncompressed bytes.
+    pub raw_bytes_encoded: u64,
+    /// Their blob bytes.
+    pub blob_bytes_encoded: u64,
+    /// Chunks copied from a lower tier into the tiers above.
+    pub promotions: u64,
+    /// Every failure that became a miss: the sum of the tiers' errors, corrupt, foreign.
+    pub fallbacks: u64,
+    /// Indexed by `KVC_TIERS_MEMORY`, `_DISK`, `_REDIS`.
+    pub tiers: [KvcTierMetrics; 3],
+}
+
+/// What a `kvc_tiers_store` did.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KvcTiersStoreReport {
+    /// Full chunks the tokens and KV cover.
+    pub chunks: usize,
+    /// Chunks encoded (the others every tier already held).
+    pub chunks_encoded: usize,
+    /// Blob bytes of the encoded chunks.
+    pub bytes_stored: u64,
+    /// Their bytes in the cache's dtype.
+    pub bytes_raw: u64,
+    /// Tier writes that failed (counted in the metrics as errors).
+    pub failures: usize,
+}
+
+/// Shared KV tiers: opaque; create with `kvc_tiers_new`, free with `kvc_tiers_free`.
+pub struct KvcTiers {
+    tiers: Tiers,
+    /// Which of memory, disk, Redis are configured, and their index in `tiers`.
+    slots: [Option<usize>; 3],
+}
+
+/// A NUL-terminated UTF-8 string, or `None` for NULL.
+///
+/// # Safety
+/// `p` must be NULL or point to a NUL-terminated string.
+unsafe fn opt_str(p: *const c_char, argument: &'static str) -> Result<Option<String>, Error> {
+    if p.is_null() {
+        return Ok(None);
+    }
+    // SAFETY: non-NULL and NUL-terminated (contract).
+    let s = unsafe { CStr::from_ptr(p) };
+    s.to_str()
+        .map(|s| Some(s.to_string()))
+        .map_err(|_| Error::invalid(argument, "is not valid UTF-8"))
+}
+
+/// Writes the default tiers settings into `*out` (see `kvc_tiers_config`).
+///
+/// Ownership: `out` is caller-owned. Threads: safe from any thread.
+///
+/// # Safety
+/// `out` must be NULL or point to a writable `kvc_tiers_config`.
+#[no_mangle]
+#[must_use = "a kvc_status reports failure"]
+pub unsafe extern "C" fn kvc_tiers_config_default(out: *mut KvcTiersConfig) -> KvcStatus {
+    status_boundary("kvc_tiers_config_default", || {
+        // SAFETY: caller contract.
+        *unsafe { out_ref(out, "out") }? = KvcTiersConfig::default();
+        Ok(())
+    })
+}
+
+/// Hashes the model file at `path` (NUL-terminated) with BLAKE3 into `out_hash`
+/// (32 bytes), for `kvc_tiers_config.model_hash`. An unreadable file: `KVC_IO`.
+///
+/// Ownership: both caller-owned. Threads: safe from any thread.
+///
+/// # Safety
+/// `path` NUL-terminated; `out_hash` writable for 32 bytes.
+#[no_mangle]
+#[must_use = "a kvc_status reports failure"]
+pub unsafe extern "C" fn kvc_tiers_hash_model_file(
+    path: *const c_char,
+    out_hash: *mut u8,
+) -> KvcStatus {
+    status_boundary("kvc_tiers_hash_model_file", || {
+        // SAFETY: caller contract (NULL checked first).
+        unsafe { in_ref(path, "path") }?;
+        // SAFETY: non-NULL and NUL-terminated (contract).
+        let path = unsafe { opt_str(path, "path") }?.unwrap_or_default();
+        // SAFETY: caller contract.
+        let out = unsafe { out_slice(out_hash, 32, "out_hash") }?;
+        let h = kvc_store_tiers::hash_model_file(std::path::Path::new(&path))?;
+        out.copy_from_slice(&h);
+        Ok(())
+    })
+}
+
+/// Creates tiers with `config` and stores them in `*out` (only on `KVC_OK`). At least
+/// one tier (memory, disk or Redis) must be configured. A bad layout, codec or dtype,
+/// a Redis URL that does not parse, no tier: `KVC_INVALID_ARGUMENT`; a disk directory
+/// that cannot be created or listed: `KVC_IO`. A Redis server that is down is not an
+/// error: it is a miss (counted) until it answers.
+///
+/// Ownership: `config` and its strings are only read; the caller owns the handle and
+/// frees it with `kvc_tiers_free`. Threads: safe from any thread.
+///
+/// # Safety
+/// `config` readable, its strings NULL or NUL-terminated; `out` writable.
+#[no_mangle]
+#[must_use = "a kvc_status reports failure"]
+pub unsafe extern "C" fn kvc_tiers_new(
+    config: *const KvcTiersConfig,
+    out: *mut *mut KvcTiers,
+) -> KvcStatus {
+    status_boundary("kvc_tiers_new", || {
+        // SAFETY: caller contract.
+        let c = unsafe { in_ref(config, "config") }?;
+        // SAFETY: caller contract.
+        unsafe { out_ref(out, "out") }?;
+        let dtype = match c.dtype {
+            KVC_DTYPE_F16 => DType::F16,
+            KVC_DTYPE_BF16 => DType::BF16,
+            KVC_DTYPE_F32 => DType::F32,
+            d => {
+                return Err(Error::invalid(
+                    "config.dtype",
+                    format!("{d} is not KVC_DTYPE_F16, _BF16 or _F32"),
+                ))
+            }
+        };
+        let codec = match c.codec {
+            KVC_TIERS_CODEC_RAW => ChunkCodec::Raw,
+            KVC_TIERS_CODEC_GEAR_V1 => ChunkCodec::GearV1,
+            KVC_TIERS_CODEC_GEAR_V2 => ChunkCodec::GearV2,
+            x => {
+                return Err(Error::invalid(
+                    "config.codec",
+                    format!("{x} is not KVC_TIERS_CODEC_RAW (0), _GEAR_V1 (1) or _GEAR_V2 (2)"),
+                ))
+            }
+        };
+        // SAFETY: caller contract.
+        let disk_dir = unsafe { opt_str(c.disk_dir, "config.disk_dir") }?;
+        // SAFETY: caller contract.
+        let redis_url = unsafe { opt_str(c.redis_url, "config.redis_url") }?;
+        let mut list: Vec<Box<dyn Tier>> = Vec::new();
+        let mut slots = [None; 3];
+        if c.memory_budget_bytes > 0 {
+            slots[KVC_TIERS_MEMORY] = Some(list.len());
+            list.push(Box::new(MemoryTier::new(c.memory_budget_bytes)));
+        }
+        if let Some(dir) = disk_dir {
+            slots[KVC_TIERS_DISK] = Some(list.len());
+            list.push(Box::new(DiskTier::open(dir, c.disk_budget_bytes)?));
+        }
+        if let Some(url) = redis_url {
+            if c.redis_timeout_ms == 0 {
+                return Err(Error::invalid(
+                    "config.redis_timeout_ms",
+                    "must be at least 1",
+                ));
+            }
+            let mut rc = RedisConfig::new(url);
+            rc.ttl = (c.redis_ttl_s > 0).then(|| Duration::from_secs(c.redis_ttl_s.into()));
+            rc.connect_timeout = Duration::from_millis(c.redis_timeout_ms.into());
+            rc.io_timeout = rc.connect_timeout;
+            slots[KVC_TIERS_REDIS] = Some(list.len());
+            list.push(Box::new(RedisTier::new(rc)?));
+        }
+        let cfg = TiersConfig {
+            shape: ChunkShape {
+                n_layer: c.n_layer,
+                n_kv_head: c.n_kv_head,
+                head_dim: c.head_dim,
+                dtype,
+                chunk_tokens: c.chunk_tokens,
+            },
+            codec,
+            model_hash: c.model_hash,
+        };
+        let tiers = Tiers::new(cfg, list)?;
+        // SAFETY: checked above.
+        unsafe { store_handle(out, KvcTiers { tiers, slots }) }
+    })
+}
+
+/// Stores in `*out_tokens` the tokens of the longest prefix of `tokens` (`n_tokens` token
+/// ids) whose chunks some tier holds: a multiple of the chunk size, 0 when none. A hint:
+/// `kvc_tiers_restore` validates and may restore fewer.
+///
+/// Ownership: all caller-owned. Threads: safe, concurrently on one handle.
+///
+/// # Safety
+/// `tiers` live; `tokens` readable for `n_tokens`; `out_tokens` writable.
+#[no_mangle]
+#[must_use = "a kvc_status reports failure"]
+pub unsafe extern "C" fn kvc_tiers_lookup(
+    tiers: *const KvcTiers,
+    tokens: *const u32,
+    n_tokens: usize,
+    out_tokens: *mut usize,
+) -> KvcStatus {
+    status_boundary("kvc_tiers_lookup", || {
+        // SAFETY: caller contract.
+        let t = unsafe { handle_ref(tiers, "tiers") }?;
+        // SAFETY: caller contract.
+        let tokens = unsafe { in_slice(tokens, n_tokens, "tokens") }?;
+        // SAFETY: caller contract.
+        let out = unsafe { out_ref(out_tokens, "out_tokens") }?;
+        *out = t.tiers.lookup(tokens);
+        Ok(())
+    })
+}
+
+fn kv_bytes(t: &Tiers, kv_tokens: usize) -> Result<usize, Error> {
+    let s = t.shape();
+    s.n_layer
+        .checked_mul(kv_tokens)
+        .and_then(|x| x.checked_mul(s.row_bytes()))
+        .ok_or_else(|| Error::invalid("kv_tokens", format!("{kv_tokens} overflows")))
+}
+
+/// Restores the longest valid cached prefix of `tokens` into `k` and `v`, each
+/// `[n_layer][kv_tokens][n_kv_head][head_dim]` in the config's dtype (`k_len`/`v_len`
+/// bytes, at least `n_layer * kv_tokens * row`), tokens `[0, *out_tokens)` of every
+/// layer; stores the tokens restored (a multiple of the chunk size, at most `kv_tokens`)
+/// in `*out_tokens`. Bytes past them are untouched. Nothing found or every tier failing
+/// is `KVC_OK` with 0 tokens (failures are counted in the metrics). Buffers too small:
+/// `KVC_BUFFER_TOO_SMALL`.
+///
+/// Ownership: all caller-owned. Threads: safe, concurrently on one handle.
+///
+/// # Safety
+/// `tiers` live; `tokens` readable for `n_tokens`; `k`/`v` writable for `k_len`/`v_len`
+/// bytes and not overlapping; `out_tokens` writable.
+#[no_mangle]
+#[must_use = "a kvc_status reports failure"]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn kvc_tiers_restore(
+    tiers: *const KvcTiers,
+    tokens: *const u32,
+    n_tokens: usize,
+    kv_tokens: usize,
+    k: *mut c_void,
+    k_len: usize,
+    v: *mut c_void,
+    v_len: usize,
+    out_tokens: *mut usize,
+) -> KvcStatus {
+    status_boundary("kvc_tiers_restore", || {
+        // SAFETY: caller contract.
+        let t = unsafe { handle_ref(tiers, "tiers") }?;
+        // SAFETY: caller contract.
+        let tokens = unsafe { in_slice(tokens, n_tokens, "tokens") }?;
+        check_disjoint(k.cast::<u8>(), k_len, v.cast::<u8>(), v_len, "v")?;
+        // SAFETY: caller contract.
+        let k = unsafe { out_slice(k.cast::<u8>(), k_len, "k") }?;
+        // SAFETY: caller contract.
+        let v = unsafe { out_slice(v.cast::<u8>(), v_len, "v") }?;
+        // SAFETY: caller contract.
+        let out = unsafe { out_ref(out_tokens, "out_tokens") }?;
+        let need = kv_bytes(&t.tiers, kv_tokens)?;
+        if k.len() < need || v.len() < need {
+            return Err(Error::BufferTooSmall {
+                argument: if k.len() < need { "k_len" } else { "v_len" },
+                needed: need,
+                capacity: k.len().min(v.len()),
+            });
+        }
+        let r = t.tiers.restore(&tokens[..n_tokens.min(kv_tokens)]);
+        let row = t.tiers.shape().row_bytes();
+        let n = r.tokens * row;
+        for l in 0..t.tiers.shape().n_layer {
+            let dst = l * kv_tokens * row;
+            k[dst..dst + n].copy_from_slice(&r.k[l * n..(l + 1) * n]);
+            v[dst..dst + n].copy_from_slice(&r.v[l * n..(l + 1) * n]);
+        }
+        *out = r.tokens;
+        Ok(())
+    })
+}
+
+/// Stores every full chunk of the first `min(n_tokens, kv_tokens)` tokens; `k` and `v`
+/// are `[n_layer][kv_tokens][n_kv_head][head_dim]` in the config's dtype (`k_len`/`v_len`
+/// bytes, exactly `n_layer * kv_tokens * row`). Chunks every tier holds are skipped.
+/// Tier failures (Redis down, disk full) are not errors: they are counted and reported in
+/// `*out_report` (may be NULL). Wrong sizes: `KVC_INVALID_ARGUMENT`.
+///
+/// Ownership: all caller-owned. Threads: safe, concurrently on one handle.
+///
+/// # Safety
+/// `tiers` live; `tokens` readable for `n_tokens`; `k`/`v` readable for `k_len`/`v_len`
+/// bytes; `out_report` NULL or writable.
+#[no_mangle]
+#[must_use = "a kvc_status reports failure"]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn kvc_tiers_store(
+    tiers: *const KvcTiers,
+    tokens: *const u32,
+    n_tokens: usize,
+    kv_tokens: usize,
+    k: *const c_void,
+    k_len: usize,
+    v: *const c_void,
+    v_len: usize,
+    out_report: *mut KvcTiersStoreReport,
+) -> KvcStatus {
+    status_boundary("kvc_tiers_store", || {
+        // SAFETY: caller contract.
+        let t = unsafe { handle_ref(tiers, "tiers") }?;
+        // SAFETY: caller contract.
+        let tokens = unsafe { in_slice(tokens, n_tokens, "tokens") }?;
+        // SAFETY: caller contract.
+        let k = unsafe { in_slice(k.cast::<u8>(), k_len, "k") }?;
+        // SAFETY: caller contract.
+        let v = unsafe { in_slice(v.cast::<u8>(), v_len, "v") }?;
+        let report = if out_report.is_null() {
+            None
+        } else {
+            // SAFETY: caller contract (non-NULL here).
+            Some(unsafe { out_ref(out_report, "out_report") }?)
+        };
+        let r = t.tiers.store(tokens, k, v, kv_tokens)?;
+        if let Some(out) = report {
+            *out = KvcTiersStoreReport {
+                chunks: r.chunks,
+                chunks_encoded: r.chunks_encoded,
+                bytes_stored: r.bytes_stored,
+                bytes_raw: r.bytes_raw,
+                failures: r.failures,
+            };
+        }
+        Ok(())
+    })
+}
+
+fn to_c(t: &KvcTiers, m: &TiersMetrics) -> KvcTiersMetrics {
+    let mut out = KvcTiersMetrics {
+        lookups: m.lookups,
+        restores: m.restores,
+        chunks_restored: m.chunks_restored,
+        chunks_encoded: m.chunks_encoded,
+        raw_bytes_encoded: m.raw_bytes_encoded,
+        blob_bytes_encoded: m.blob_bytes_encoded,
+        promotions: m.promotions,
+        fallbacks: m.fallbacks,
+        tiers: [KvcTierMetrics::default(); 3],
+    };
+    for (slot, idx) in t.slots.iter().enumerate() {
+        if let Some(tm) = idx.and_then(|i| m.tiers.get(i)) {
+            out.tiers[slot] = KvcTierMetrics {
+                present: 1,
+                hits: tm.hits,
+                misses: tm.misses,
+                errors: tm.errors,
+                corrupt: tm.corrupt,
+                foreign: tm.foreign,
+                chunks_written: tm.chunks_written,
+                bytes_written: tm.bytes_written,
+                bytes_read: tm.bytes_read,
+                entries: tm.stats.entries,
+                bytes: tm.stats.bytes,
+                evictions: tm.stats.evictions,
+            };
+        }
+    }
+    out
+}
+
+/// Writes the counters into `*out`.
+///
+/// Ownership: `out` caller-owned. Threads: safe, concurrently on one handle.
+///
+/// # Safety
+/// `tiers` live; `out` writable.
+#[no_mangle]
+#[must_use = "a kvc_status reports failure"]
+pub unsafe extern "C" fn kvc_tiers_get_metrics(
+    tiers: *const KvcTiers,
+    out: *mut KvcTiersMetrics,
+) -> KvcStatus {
+    status_boundary("kvc_tiers_get_metrics", || {
+        // SAFETY: caller contract.
+        let t = unsafe { handle_ref(tiers, "tiers") }?;
+        // SAFETY: caller contract.
+        let out = unsafe { out_ref(out, "out") }?;
+        *out = to_c(t, &t.tiers.metrics());
+        Ok(())
+    })
+}
+
+/// Frees tiers (closes Redis connections; files on disk and values in Redis stay); NULL
+/// is a no-op.
+///
+/// Ownership: the handle is invalid afterwards. Threads: no other call may be using it.
+///
+/// # Safety
+/// `tiers` must be NULL or a live handle from `kvc_tiers_new`, freed once.
+#[no_mangle]
+pub unsafe extern "C" fn kvc_tiers_free(tiers: *mut KvcTiers) {
+    // SAFETY: forwarded contract.
+    value_boundary((), || unsafe { free_handle(tiers) })
+}

@@ -1,0 +1,162 @@
+//! The one error type of `kvc-store-tiers` and its coarse kind.
+
+use std::fmt;
+
+/// What class of failure an [`Error`] is; `kvc-capi` maps each kind to one C status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// The caller passed something unusable (a config value, a shape, a length).
+    InvalidArgument,
+    /// Stored bytes are not a valid chunk blob (magic, version, length, checksum, shape).
+    CorruptData,
+    /// A valid blob that belongs to another key or another model and layout.
+    Foreign,
+    /// A tier's medium failed: a file system error, Redis down, a timeout.
+    Io,
+    /// A failure inside a codec that valid input should not cause.
+    Internal,
+}
+
+/// Everything that can go wrong in `kvc-store-tiers`. Each variant names what is wrong.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Error {
+    /// A configuration or argument value the tiers cannot work with.
+    InvalidArgument {
+        /// The field or argument.
+        field: &'static str,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A blob shorter than its fixed header and trailer, or whose length is not the one
+    /// its header declares.
+    BadLength {
+        /// Bytes the blob must have.
+        expected: u64,
+        /// Bytes it has.
+        found: u64,
+    },
+    /// A blob that does not start with the kv-chunk magic.
+    BadMagic {
+        /// The first 8 bytes found.
+        found: [u8; 8],
+    },
+    /// A blob of a format version this build does not read.
+    BadVersion {
+        /// The version found.
+        found: u16,
+    },
+    /// The BLAKE3 checksum over the blob does not match its trailer.
+    ChecksumMismatch,
+    /// A header field (codec, dtype, shape, token count, section length) that is not what
+    /// the reader expects or is not valid.
+    BadField {
+        /// The field.
+        field: &'static str,
+        /// The value expected.
+        expected: u64,
+        /// The value found.
+        found: u64,
+    },
+    /// A valid blob stored under another key, or made for another model/layout/codec.
+    ForeignBlob {
+        /// `"key"` or `"fingerprint"`.
+        what: &'static str,
+    },
+    /// A codec failed to encode, or a section did not decode to its expected bytes.
+    Codec {
+        /// The layer.
+        layer: usize,
+        /// `"K"` or `"V"`.
+        tensor: &'static str,
+        /// What the codec said.
+        reason: String,
+    },
+    /// A file system operation of the disk tier failed.
+    Io {
+        /// What was being done, with the path.
+        op: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// A Redis command or connection failed (including timeouts and a server that is down).
+    Redis {
+        /// What was being done.
+        op: &'static str,
+        /// What the client said.
+        reason: String,
+    },
+}
+
+impl Error {
+    /// The coarse kind of this error.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Error::InvalidArgument { .. } => ErrorKind::InvalidArgument,
+            Error::BadLength { .. }
+            | Error::BadMagic { .. }
+            | Error::BadVersion { .. }
+            | Error::ChecksumMismatch
+            | Error::BadField { .. } => ErrorKind::CorruptData,
+            Error::ForeignBlob { .. } => ErrorKind::Foreign,
+            Error::Codec { .. } => ErrorKind::Internal,
+            Error::Io { .. } | Error::Redis { .. } => ErrorKind::Io,
+        }
+    }
+
+    pub(crate) fn invalid(field: &'static str, reason: impl Into<String>) -> Error {
+        Error::InvalidArgument {
+            field,
+            reason: reason.into(),
+        }
+    }
+
+    pub(crate) fn io(op: impl Into<String>, source: std::io::Error) -> Error {
+        Error::Io {
+            op: op.into(),
+            source,
+        }
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::InvalidArgument { field, reason } => write!(f, "invalid {field}: {reason}"),
+            Error::BadLength { expected, found } => {
+                write!(f, "kv-chunk blob has {found} bytes, expected {expected}")
+            }
+            Error::BadMagic { found } => write!(f, "not a kv-chunk blob (magic {found:02x?})"),
+            Error::BadVersion { found } => write!(f, "kv-chunk version {found} is not supported"),
+            Error::ChecksumMismatch => write!(f, "kv-chunk checksum mismatch"),
+            Error::BadField {
+                field,
+                expected,
+                found,
+            } => write!(f, "kv-chunk field {field} is {found}, expected {expected}"),
+            Error::ForeignBlob { what } => {
+                write!(f, "kv-chunk blob belongs to another {what}")
+            }
+            Error::Codec {
+                layer,
+                tensor,
+                reason,
+            } => write!(f, "codec failed on layer {layer} {tensor}: {reason}"),
+            Error::Io { op, source } => write!(f, "{op}: {source}"),
+            Error::Redis { op, reason } => write!(f, "redis {op}: {reason}"),
+        }
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Error::Io { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+}
+
+/// `Result` with this crate's [`Error`].
+pub type Result<T> = std::result::Result<T, Error>;

@@ -1,0 +1,519 @@
+//! [`Tiers`]: the front over an ordered list of tiers (fastest first). Lookup walks the
+//! chunk keys in order and stops at the first chunk no tier holds; restore fetches with
+//! fallthrough (each tier is asked only for what the tiers above it lacked), validates
+//! every blob, and promotes what a lower tier had into the tiers above it; store encodes
+//! once and writes through to every tier that lacks the chunk. Every tier failure is
+//! counted in [`TiersMetrics`] and treated as a miss: a restore returns only chunks whose
+//! blob passed every check, so a fault costs recomputation, never a wrong restore.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use rayon::prelude::*;
+
+use crate::blob::{check_chunk, decode_checked, encode_chunk};
+use crate::codec::{ChunkCodec, SectionCoder};
+use crate::error::{Error, ErrorKind, Result};
+use crate::key::{chain_keys, ChunkKey, ChunkShape, Fingerprint};
+use crate::tier::{Blob, Tier, TierStats};
+
+/// What a [`Tiers`] stores: the model's layout, the chunk size, the codec and the model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TiersConfig {
+    /// Layout and chunk size.
+    pub shape: ChunkShape,
+    /// Codec of stored chunks.
+    pub codec: ChunkCodec,
+    /// BLAKE3 of the model file (see [`crate::hash_model_file`]).
+    pub model_hash: [u8; 32],
+}
+
+/// Counters of one tier as seen by the front.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TierMetrics {
+    /// The tier's name.
+    pub name: &'static str,
+    /// Chunks read from it that passed validation.
+    pub hits: u64,
+    /// Chunks asked of it that it did not hold.
+    pub misses: u64,
+    /// Operations that failed (server down, timeout, I/O error): each one a fallback.
+    pub errors: u64,
+    /// Blobs read from it that failed the checksum or the format checks (removed).
+    pub corrupt: u64,
+    /// Valid blobs of another key or model found under a key (removed).
+    pub foreign: u64,
+    /// Chunks written to it (stores and promotions).
+    pub chunks_written: u64,
+    /// Blob bytes written to it.
+    pub bytes_written: u64,
+    /// Blob bytes read from it.
+    pub bytes_read: u64,
+    /// The tier's own counters (entries, bytes, evictions).
+    pub stats: TierStats,
+}
+
+/// Counters of a [`Tiers`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TiersMetrics {
+    /// `lookup` calls.
+    pub lookups: u64,
+    /// `restore` calls.
+    pub restores: u64,
+    /// Chunks returned by restores.
+    pub chunks_restored: u64,
+    /// Chunks encoded by stores.
+    pub chunks_encoded: u64,
+    /// Raw (uncompressed) bytes of the chunks encoded.
+    pub raw_bytes_encoded: u64,
+    /// Blob bytes of the chunks encoded.
+    pub blob_bytes_encoded: u64,
+    /// Chunks copied from a lower tier into the tiers above it.
+    pub promotions: u64,
+    /// Failures that made an operation fall back to a lower tier or to recomputation:
+    /// the sum of every tier's `errors`, `corrupt` and `foreign`.
+    pub fallbacks: u64,
+    /// Per tier, in order.
+    pub tiers: Vec<TierMetrics>,
+}
+
+#[derive(Default)]
+struct Counters {
+    hits: AtomicU64,
+    misses: AtomicU64,
+    errors: AtomicU64,
+    corrupt: AtomicU64,
+    foreign: AtomicU64,
+    chunks_written: AtomicU64,
+    bytes_written: AtomicU64,
+    bytes_read: AtomicU64,
+}
+
+fn add(a: &AtomicU64, n: u64) {
+    a.fetch_add(n, Ordering::Relaxed);
+}
+
+/// Splits `[n_layer][n chunks][sec]` into, per chunk, its piece of every layer.
+fn pieces(buf: &mut [u8], n: usize, sec: usize, nl: usize) -> Vec<Vec<&mut [u8]>> {
+    let mut per: Vec<Vec<&mut [u8]>> = (0..n).map(|_| Vec::with_capacity(nl)).collect();
+    for layer in buf.chunks_exact_mut(n * sec) {
+        for (c, piece) in layer.chunks_exact_mut(sec).enumerate() {
+            per[c].push(piece);
+        }
+    }
+    per
+}
+
+/// A blob that passed every check, with the tier it came from and its section lengths.
+struct Checked {
+    tier: usize,
+    blob: Blob,
+    lens: Vec<[usize; 2]>,
+}
+
+/// A restored prefix: `tokens` tokens of K and V, each `[n_layer][tokens][n_kv_head][head_dim]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Restored {
+    /// Tokens restored (a multiple of the chunk size; 0 when nothing was found).
+    pub tokens: usize,
+    /// Keys, layer-major.
+    pub k: Vec<u8>,
+    /// Values, layer-major.
+    pub v: Vec<u8>,
+}
+
+/// What a [`Tiers::store`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StoreReport {
+    /// Full chunks the tokens and KV cover.
+    pub chunks: usize,
+    /// Chunks encoded (the others every tier already held).
+    pub chunks_encoded: usize,
+    /// Blob bytes of the encoded chunks.
+    pub bytes_stored: u64,
+    /// Their bytes in the cache's dtype.
+    pub bytes_raw: u64,
+    /// Tier writes that failed (counted in the metrics too).
+    pub failures: usize,
+}
+
+/// The front over the tiers. Shared by threads.
+pub struct Tiers {
+    shape: ChunkShape,
+    fp: Fingerprint,
+    coder: SectionCoder,
+    tiers: Vec<Box<dyn Tier>>,
+    counters: Vec<Counters>,
+    lookups: AtomicU64,
+    restores: AtomicU64,
+    chunks_restored: AtomicU64,
+    chunks_encoded: AtomicU64,
+    raw_bytes_encoded: AtomicU64,
+    blob_bytes_encoded: AtomicU64,
+    promotions: AtomicU64,
+}
+
+impl Tiers {
+    /// A front over `tiers` (fastest first; at least one).
+    pub fn new(cfg: TiersConfig, tiers: Vec<Box<dyn Tier>>) -> Result<Tiers> {
+        cfg.shape.validate()?;
+        if tiers.is_empty() {
+            return Err(Error::invalid("tiers", "at least one tier is needed"));
+        }
+        Ok(Tiers {
+            shape: cfg.shape,
+            fp: Fingerprint::new(&cfg.model_hash, &cfg.shape, &cfg.codec),
+            coder: SectionCoder::new(cfg.codec)?,
+            counters: tiers.iter().map(|_| Counters::default()).collect(),
+            tiers,
+            lookups: AtomicU64::new(0),
+            restores: AtomicU64::new(0),
+            chunks_restored: AtomicU64::new(0),
+            chunks_encoded: AtomicU64::new(0),
+            raw_bytes_encoded: AtomicU64::new(0),
+            blob_bytes_encoded: AtomicU64::new(0),
+            promotions: AtomicU64::new(0),
+        })
+    }
+
+    /// The layout and chunk size.
+    pub fn shape(&self) -> &ChunkShape {
+        &self.shape
+    }
+
+    /// The fingerprint every key is made with.
+    pub fn fingerprint(&self) -> &Fingerprint {
+        &self.fp
+    }
+
+    /// The keys of the full chunks of `tokens`.
+    pub fn keys(&self, tokens: &[u32]) -> Vec<ChunkKey> {
+        chain_keys(&self.fp, self.shape.chunk_tokens, tokens)
+    }
+
+    /// Tokens of the longest prefix of `tokens` whose chunks some tier holds (a multiple
+    /// of the chunk size). A hint: a chunk may still fail validation on restore.
+    pub fn lookup(&self, tokens: &[u32]) -> usize {
+        add(&self.lookups, 1);
+        let keys = self.keys(tokens);
+        let mut found = vec![false; keys.len()];
+        for (ti, tier) in self.tiers.iter().enumerate() {
+            let bound = found.iter().position(|f| !f).unwrap_or(found.len());
+            let ask: Vec<usize> = (bound..keys.len()).filter(|&i| !found[i]).collect();
+            if ask.is_empty() {
+                break;
+            }
+            let ks: Vec<ChunkKey> = ask.iter().map(|&i| keys[i]).collect();
+            match tier.contains(&ks) {
+                Ok(has) => {
+                    for (&i, h) in ask.iter().zip(has) {
+                        found[i] |= h;
+                    }
+                }
+                Err(_) => add(&self.counters[ti].errors, 1),
+            }
+        }
+        found.iter().take_while(|&&f| f).count() * self.shape.chunk_tokens
+    }
+
+    fn check(&self, key: &ChunkKey, blob: &[u8]) -> Result<Vec<[usize; 2]>> {
+        check_chunk(&self.coder, &self.shape, key, &self.fp, blob)
+    }
+
+    fn count_bad(&self, ti: usize, key: &ChunkKey, e: &Error) {
+        let c = &self.counters[ti];
+        if e.kind() == ErrorKind::Foreign {
+            add(&c.foreign, 1);
+        } else {
+            add(&c.corrupt, 1);
+        }
+        if self.tiers[ti].remove(key).is_err() {
+            add(&c.errors, 1);
+        }
+    }
+
+    /// Fetches and validates the chunks of `keys` through the tiers; `None` where no tier
+    /// had a valid blob.
+    fn fetch(&self, keys: &[ChunkKey]) -> Vec<Option<Checked>> {
+        let mut out: Vec<Option<Checked>> = (0..keys.len()).map(|_| None).collect();
+        for (ti, tier) in self.tiers.iter().enumerate() {
+            let c = &self.counters[ti];
+            let ask: Vec<usize> = (0..keys.len()).filter(|&i| out[i].is_none()).collect();
+            if ask.is_empty() {
+                break;
+            }
+            let ks: Vec<ChunkKey> = ask.iter().map(|&i| keys[i]).collect();
+            let blobs = match tier.get(&ks) {
+                Ok(b) => b,
+                Err(_) => {
+                    add(&c.errors, 1);
+                    continue;
+                }
+            };
+            let checked: Vec<(usize, Option<Result<Checked>>)> = ask
+                .par_iter()
+                .zip(blobs.into_par_iter())
+                .map(|(&i, b)| {
+                    let r = b.map(|blob| {
+                        self.check(&keys[i], &blob).map(|lens| Checked {
+                            tier: ti,
+                            blob,
+                            lens,
+                        })
+                    });
+                    (i, r)
+                })
+                .collect();
+            for (i, r) in checked {
+                match r {
+                    Some(Ok(ch)) => {
+                        add(&c.hits, 1);
+                        add(&c.bytes_read, ch.blob.len() as u64);
+                        out[i] = Some(ch);
+                    }
+                    Some(Err(e)) => self.count_bad(ti, &keys[i], &e),
+                    None => add(&c.misses, 1),
+                }
+            }
+        }
+        // Promote what lower tiers had into the tiers above them.
+        for up in 0..self.tiers.len() {
+            let items: Vec<(ChunkKey, Blob)> = keys
+                .iter()
+                .zip(&out)
+                .filter_map(|(k, f)| match f {
+                    Some(ch) if ch.tier > up => Some((*k, ch.blob.clone())),
+                    _ => None,
+                })
+                .collect();
+            if items.is_empty() {
+                continue;
+            }
+            self.write(up, &items);
+            add(&self.promotions, items.len() as u64);
+        }
+        out
+    }
+
+    fn write(&self, ti: usize, items: &[(ChunkKey, Blob)]) -> bool {
+        let c = &self.counters[ti];
+        match self.tiers[ti].put(items) {
+            Ok(()) => {
+                add(&c.chunks_written, items.len() as u64);
+                add(
+                    &c.bytes_written,
+                    items.iter().map(|(_, b)| b.len() as u64).sum(),
+                );
+                true
+            }
+            Err(_) => {
+                add(&c.errors, 1);
+                false
+            }
+        }
+    }
+
+    /// Restores the longest prefix of `tokens`'s full chunks that the tiers hold valid.
+    pub fn restore(&self, tokens: &[u32]) -> Restored {
+        add(&self.restores, 1);
+        let keys = self.keys(tokens);
+        // Batches of chunks are fetched and checked (checksum, key, shape) concurrently on
+        // the rayon pool, so one batch's transfer overlaps another's checksum; then every
+        // chunk of the prefix decodes in parallel straight into the output (no per-chunk
+        // buffer, no second copy). A batch past the first miss is wasted work, never a
+        // wrong result: only the leading run of valid chunks is returned.
+        let batch = keys
+            .len()
+            .div_ceil(2 * rayon::current_num_threads())
+            .clamp(1, 8);
+        let found: Vec<Option<Checked>> = keys
+            .par_chunks(batch)
+            .flat_map_iter(|ks| self.fetch(ks))
+            .collect();
+        let mut n = found.iter().take_while(|c| c.is_some()).count();
+        let sec = self.shape.section_bytes();
+        let nl = self.shape.n_layer;
+        loop {
+            let mut k = vec![0u8; nl * n * sec];
+            let mut v = vec![0u8; nl * n * sec];
+            if n == 0 {
+                return Restored { tokens: 0, k, v };
+            }
+            // Each chunk decodes straight into its piece of every layer of the output.
+            let (kp, vp) = (pieces(&mut k, n, sec, nl), pieces(&mut v, n, sec, nl));
+            let failed: Vec<(usize, Error)> = kp
+                .into_par_iter()
+                .zip(vp)
+                .enumerate()
+                .filter_map(|(c, (mut kp, mut vp))| {
+                    let ch = found[c].as_ref()?;
+                    decode_checked(
+                        &self.coder,
+                        &self.shape,
+                        &ch.blob,
+                        &ch.lens,
+                        &mut kp,
+                        &mut vp,
+                    )
+                    .err()
+                    .map(|e| (c, e))
+                })
+                .collect();
+            let Some(first) = failed.iter().map(|(c, _)| *c).min() else {
+                add(&self.chunks_restored, n as u64);
+                return Restored {
+                    tokens: n * self.shape.chunk_tokens,
+                    k,
+                    v,
+                };
+            };
+            // A blob whose checksum held but whose sections do not decode (a codec bug or
+            // a crafted value): counted, removed, and the prefix ends before it.
+            for (c, e) in &failed {
+                if let Some(ch) = &found[*c] {
+                    self.count_bad(ch.tier, &keys[*c], e);
+                }
+            }
+            n = first;
+        }
+    }
+
+    /// Starts [`Tiers::restore`] of `tokens` on a background thread (an engine prefetches
+    /// while it tokenizes or schedules); join the handle for the result.
+    pub fn restore_async(self: &Arc<Self>, tokens: Vec<u32>) -> std::thread::JoinHandle<Restored> {
+        let me = Arc::clone(self);
+        std::thread::spawn(move || me.restore(&tokens))
+    }
+
+    /// Prefetches the cached prefix of `tokens` into the faster tiers on a background
+    /// thread: its chunks are fetched, validated and promoted (a later restore finds them
+    /// in memory) without building a result. The handle gives the leading chunks found.
+    pub fn prefetch(self: &Arc<Self>, tokens: Vec<u32>) -> std::thread::JoinHandle<usize> {
+        let me = Arc::clone(self);
+        std::thread::spawn(move || {
+            let keys = me.keys(&tokens);
+            me.fetch(&keys).iter().take_while(|c| c.is_some()).count()
+        })
+    }
+
+    /// Stores every full chunk of the first `kv_tokens` tokens of `tokens`. `k` and `v` are
+    /// `[n_layer][kv_tokens][n_kv_head][head_dim]` in the cache's dtype. Chunks every tier
+    /// holds are skipped; the others are encoded once and written to every tier that
+    /// lacks them. Tier failures are counted and reported, not returned: only bad
+    /// arguments and codec failures are errors.
+    pub fn store(
+        &self,
+        tokens: &[u32],
+        k: &[u8],
+        v: &[u8],
+        kv_tokens: usize,
+    ) -> Result<StoreReport> {
+        let row = self.shape.row_bytes();
+        let need = self
+            .shape
+            .n_layer
+            .checked_mul(kv_tokens)
+            .and_then(|x| x.checked_mul(row));
+        for (name, t) in [("k", k), ("v", v)] {
+            if need != Some(t.len()) {
+                return Err(Error::invalid(
+                    if name == "k" { "k" } else { "v" },
+                    format!(
+                        "{} bytes, expected n_layer {} x kv_tokens {kv_tokens} x {row}",
+                        t.len(),
+                        self.shape.n_layer
+                    ),
+                ));
+            }
+        }
+        let n_tok = tokens.len().min(kv_tokens);
+        let keys = self.keys(&tokens[..n_tok]);
+        let mut report = StoreReport {
+            chunks: keys.len(),
+            ..StoreReport::default()
+        };
+        // Which tiers lack which chunk (a failing tier is treated as lacking all).
+        let mut lacks: Vec<Vec<bool>> = Vec::with_capacity(self.tiers.len());
+        for (ti, tier) in self.tiers.iter().enumerate() {
+            lacks.push(match tier.contains(&keys) {
+                Ok(h) => h.into_iter().map(|x| !x).collect(),
+                Err(_) => {
+                    add(&self.counters[ti].errors, 1);
+                    vec![true; keys.len()]
+                }
+            });
+        }
+        let todo: Vec<usize> = (0..keys.len())
+            .filter(|&i| lacks.iter().any(|l| l[i]))
+            .collect();
+        let stride = kv_tokens * row;
+        let sec = self.shape.section_bytes();
+        let blobs: Vec<Result<(usize, Blob)>> = todo
+            .par_iter()
+            .map(|&i| {
+                encode_chunk(
+                    &self.coder,
+                    &self.shape,
+                    &keys[i],
+                    &self.fp,
+                    k,
+                    v,
+                    stride,
+                    i * sec,
+                )
+                .map(|b| (i, Arc::new(b)))
+            })
+            .collect();
+        let blobs: Vec<(usize, Blob)> = blobs.into_iter().collect::<Result<_>>()?;
+        report.chunks_encoded = blobs.len();
+        report.bytes_stored = blobs.iter().map(|(_, b)| b.len() as u64).sum();
+        report.bytes_raw = (blobs.len() * self.shape.chunk_raw_bytes()) as u64;
+        add(&self.chunks_encoded, blobs.len() as u64);
+        add(&self.raw_bytes_encoded, report.bytes_raw);
+        add(&self.blob_bytes_encoded, report.bytes_stored);
+        for (ti, lack) in lacks.iter().enumerate() {
+            let items: Vec<(ChunkKey, Blob)> = blobs
+                .iter()
+                .filter(|(i, _)| lack[*i])
+                .map(|(i, b)| (keys[*i], b.clone()))
+                .collect();
+            if !items.is_empty() && !self.write(ti, &items) {
+                report.failures += 1;
+            }
+        }
+        Ok(report)
+    }
+
+    /// A snapshot of the counters.
+    pub fn metrics(&self) -> TiersMetrics {
+        let ld = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let tiers: Vec<TierMetrics> = self
+            .tiers
+            .iter()
+            .zip(&self.counters)
+            .map(|(t, c)| TierMetrics {
+                name: t.name(),
+                hits: ld(&c.hits),
+                misses: ld(&c.misses),
+                errors: ld(&c.errors),
+                corrupt: ld(&c.corrupt),
+                foreign: ld(&c.foreign),
+                chunks_written: ld(&c.chunks_written),
+                bytes_written: ld(&c.bytes_written),
+                bytes_read: ld(&c.bytes_read),
+                stats: t.stats(),
+            })
+            .collect();
+        TiersMetrics {
+            lookups: ld(&self.lookups),
+            restores: ld(&self.restores),
+            chunks_restored: ld(&self.chunks_restored),
+            chunks_encoded: ld(&self.chunks_encoded),
+            raw_bytes_encoded: ld(&self.raw_bytes_encoded),
+            blob_bytes_encoded: ld(&self.blob_bytes_encoded),
+            promotions: ld(&self.promotions),
+            fallbacks: tiers.iter().map(|t| t.errors + t.corrupt + t.foreign).sum(),
+            tiers,
+        }
+    }
+}

@@ -1,0 +1,270 @@
+//! Shared test helpers: the sample KV data and redis-server processes on loopback.
+#![allow(dead_code)]
+
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use kvc_cache::DType;
+use kvc_store_tiers::{ChunkCodec, ChunkShape, TiersConfig};
+
+/// The embedded sample: K and V, `[4][512][3][64]` f16, real llama.cpp values.
+pub const SAMPLE_K: &[u8] = include_bytes!("../../../../data/sample/textA.K.f16.bin");
+/// See [`SAMPLE_K`].
+pub const SAMPLE_V: &[u8] = include_bytes!("../../../../data/sample/textA.V.f16.bin");
+/// Tokens in the sample.
+pub const SAMPLE_TOKENS: usize = 512;
+
+/// 4 layers, 3 KV heads of 64, f16, chunks of 64 tokens: 8 chunks in the sample.
+pub fn shape() -> ChunkShape {
+    ChunkShape {
+        n_layer: 4,
+        n_kv_head: 3,
+        head_dim: 64,
+        dtype: DType::F16,
+        chunk_tokens: 64,
+    }
+}
+
+/// The config of the sample's model with `codec`.
+pub fn config(codec: ChunkCodec) -> TiersConfig {
+    TiersConfig {
+        shape: shape(),
+        codec,
+        model_hash: [0x5a; 32],
+    }
+}
+
+/// Token ids of the sample prompt, made distinct per `seed` so tests do not share keys.
+pub fn tokens(seed: u32) -> Vec<u32> {
+    (0..SAMPLE_TOKENS as u32)
+        .map(|i| i.wrapping_mul(2654435761) ^ seed)
+        .collect()
+}
+
+/// The first `tokens` tokens of each layer of `src` (`[4][512][row]`), layer-major.
+pub fn prefix(src: &[u8], tokens: usize) -> Vec<u8> {
+    let row = shape().row_bytes();
+    let mut out = Vec::new();
+    for l in 0..4 {
+        let base = l * SAMPLE_TOKENS * row;
+        out.extend_from_slice(&src[base..base + tokens * row]);
+    }
+    out
+}
+
+/// A fresh empty directory under the target dir's tmp.
+pub fn temp_dir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!(
+        "kvc-tiers-{name}-{}-{:?}",
+        std::process::id(),
+        Instant::now()
+    ));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// Removes a directory when dropped.
+pub struct TempDir(pub PathBuf);
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Whether redis-server is installed; without it Redis tests are skipped with a note,
+/// except under CI, where scripts/install-deps.sh installs it and its absence fails.
+pub fn have_redis() -> bool {
+    let ok = Command::new("redis-server")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    if !ok {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "redis-server is not installed (scripts/install-deps.sh installs it)"
+        );
+        eprintln!("SKIPPED: redis-server is not installed (scripts/install-deps.sh installs it)");
+    }
+    ok
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// One redis-server on 127.0.0.1, killed (and its directory removed) when dropped, also
+/// when the test fails.
+pub struct RedisServer {
+    pub port: u16,
+    child: Option<Child>,
+    dir: PathBuf,
+}
+
+impl RedisServer {
+    /// Starts a standalone server (or a cluster-enabled node) and waits until it answers.
+    pub fn start(cluster: bool) -> RedisServer {
+        Self::start_at(cluster, None)
+    }
+
+    /// Starts a standalone server on `port` (a restart after a kill).
+    pub fn restart_on(port: u16) -> RedisServer {
+        Self::start_at(false, Some(port))
+    }
+
+    fn start_at(cluster: bool, fixed: Option<u16>) -> RedisServer {
+        let dir = temp_dir("redis");
+        for _ in 0..5 {
+            let port = fixed.unwrap_or_else(free_port);
+            let mut cmd = Command::new("redis-server");
+            cmd.args(["--bind", "127.0.0.1", "--port", &port.to_string()])
+                .args([
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "no",
+                    "--protected-mode",
+                    "yes",
+                ])
+                .arg("--dir")
+                .arg(&dir)
+                .args(["--maxmemory", "256mb", "--maxmemory-policy", "allkeys-lru"]);
+            if cluster {
+                cmd.args(["--cluster-enabled", "yes", "--cluster-node-timeout", "2000"])
+                    .args(["--cluster-config-file", &format!("nodes-{port}.conf")]);
+            }
+            let child = cmd
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("spawn redis-server");
+            let mut s = RedisServer {
+                port,
+                child: Some(child),
+                dir: dir.clone(),
+            };
+            if s.wait_ready() {
+                return s;
+            }
+            s.kill();
+        }
+        panic!("redis-server did not start");
+    }
+
+    fn wait_ready(&mut self) -> bool {
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_secs(5) {
+            if let Some(c) = &mut self.child {
+                if let Ok(Some(_)) = c.try_wait() {
+                    return false; // exited: port taken
+                }
+            }
+            if TcpStream::connect(("127.0.0.1", self.port)).is_ok()
+                && cli(self.port, &["PING"]).trim() == "PONG"
+            {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        false
+    }
+
+    /// `redis://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// `kill -9`.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Runs redis-cli against a port; its stdout.
+pub fn cli(port: u16, args: &[&str]) -> String {
+    let out = Command::new("redis-cli")
+        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+        .args(args)
+        .output()
+        .expect("run redis-cli");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A 3-master cluster made with `redis-cli --cluster create`.
+pub struct RedisCluster {
+    pub nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    /// Starts 3 nodes and joins them; waits until every node says `cluster_state:ok`.
+    pub fn start() -> RedisCluster {
+        let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start(true)).collect();
+        let addrs: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect();
+        let out = Command::new("redis-cli")
+            .arg("--cluster")
+            .arg("create")
+            .args(&addrs)
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .output()
+            .expect("redis-cli --cluster create");
+        assert!(
+            out.status.success(),
+            "cluster create: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        let t = Instant::now();
+        loop {
+            let ok = nodes
+                .iter()
+                .all(|n| cli(n.port, &["CLUSTER", "INFO"]).contains("cluster_state:ok"));
+            if ok {
+                break;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(15),
+                "cluster did not become ok"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        RedisCluster { nodes }
+    }
+
+    /// `redis+cluster://` with every node.
+    pub fn url(&self) -> String {
+        let addrs: Vec<String> = self
+            .nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect();
+        format!("redis+cluster://{}", addrs.join(","))
+    }
+}
+
+/// Checks a restore against the sample: the tokens restored are a chunk multiple and
+/// every byte equals the original. Panics on any wrong byte (a wrong restore).
+pub fn assert_exact(r: &kvc_store_tiers::Restored) {
+    assert_eq!(r.tokens % shape().chunk_tokens, 0);
+    assert_eq!(r.k, prefix(SAMPLE_K, r.tokens), "wrong K restored");
+    assert_eq!(r.v, prefix(SAMPLE_V, r.tokens), "wrong V restored");
+}

@@ -1,0 +1,441 @@
+//! Memory and disk tiers, the blob's validation and the front's fallthrough, promotion
+//! and fault counting, on the embedded sample.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::*;
+use kvc_store_tiers::{
+    verify, Blob, ChunkCodec, DiskTier, Error, ErrorKind, MemoryTier, Tier, Tiers,
+};
+
+fn store_sample(t: &Tiers, seed: u32) {
+    let r = t
+        .store(&tokens(seed), SAMPLE_K, SAMPLE_V, SAMPLE_TOKENS)
+        .unwrap();
+    assert_eq!(r.chunks, 8);
+}
+
+#[test]
+fn every_codec_round_trips_through_memory_and_disk() {
+    for codec in ChunkCodec::ALL {
+        let dir = TempDir(temp_dir("rt"));
+        let mem = Arc::new(MemoryTier::new(64 << 20));
+        let disk = Arc::new(DiskTier::open(&dir.0, 64 << 20).unwrap());
+        let t = Tiers::new(
+            config(codec),
+            vec![Box::new(mem.clone()), Box::new(disk.clone())],
+        )
+        .unwrap();
+        assert_eq!(t.lookup(&tokens(1)), 0);
+        assert_eq!(t.restore(&tokens(1)).tokens, 0);
+        let r = t
+            .store(&tokens(1), SAMPLE_K, SAMPLE_V, SAMPLE_TOKENS)
+            .unwrap();
+        assert_eq!((r.chunks, r.chunks_encoded, r.failures), (8, 8, 0));
+        if codec != ChunkCodec::Raw {
+            assert!(
+                r.bytes_stored < r.bytes_raw,
+                "{codec:?}: {} >= {}",
+                r.bytes_stored,
+                r.bytes_raw
+            );
+        }
+        // Storing again encodes nothing.
+        assert_eq!(
+            t.store(&tokens(1), SAMPLE_K, SAMPLE_V, SAMPLE_TOKENS)
+                .unwrap()
+                .chunks_encoded,
+            0
+        );
+        assert_eq!(t.lookup(&tokens(1)), 512);
+        // A longer prompt with the same start: the cached prefix; another start: nothing.
+        let mut longer = tokens(1);
+        longer.extend(0..100);
+        assert_eq!(t.lookup(&longer), 512);
+        let mut diverge = tokens(1);
+        diverge[200] ^= 1;
+        assert_eq!(t.lookup(&diverge), 192);
+        assert_exact(&t.restore(&diverge));
+        assert_exact(&t.restore(&tokens(1)));
+        assert_eq!(t.restore(&tokens(1)).tokens, 512);
+        // Another instance over the same disk directory (fresh memory) finds it on disk
+        // and promotes it into its memory.
+        let mem2 = Arc::new(MemoryTier::new(64 << 20));
+        let t2 = Tiers::new(
+            config(codec),
+            vec![
+                Box::new(mem2.clone()),
+                Box::new(DiskTier::open(&dir.0, 64 << 20).unwrap()),
+            ],
+        )
+        .unwrap();
+        assert_exact(&t2.restore(&tokens(1)));
+        let m = t2.metrics();
+        assert_eq!((m.tiers[0].hits, m.tiers[1].hits, m.promotions), (0, 8, 8));
+        assert_eq!(mem2.stats().entries, 8);
+        assert_exact(&t2.restore(&tokens(1)));
+        assert_eq!(t2.metrics().tiers[0].hits, 8);
+        assert_eq!(t2.metrics().fallbacks, 0);
+        // Another codec is another fingerprint: nothing shared.
+        let other = if codec == ChunkCodec::Raw {
+            ChunkCodec::GearV1
+        } else {
+            ChunkCodec::Raw
+        };
+        let t3 = Tiers::new(config(other), vec![Box::new(disk.clone())]).unwrap();
+        assert_eq!(t3.lookup(&tokens(1)), 0);
+    }
+}
+
+/// Puts `blob` under the key of chunk `i` of `seed`'s tokens directly into a tier.
+fn plant(t: &Tiers, tier: &dyn Tier, seed: u32, i: usize, blob: Vec<u8>) {
+    let key = t.keys(&tokens(seed))[i];
+    tier.put(&[(key, Arc::new(blob))]).unwrap();
+}
+
+#[test]
+fn corrupt_and_foreign_blobs_are_counted_misses_never_restores() {
+    let mem = Arc::new(MemoryTier::new(64 << 20));
+    let t = Tiers::new(config(ChunkCodec::GearV2), vec![Box::new(mem.clone())]).unwrap();
+    store_sample(&t, 2);
+    let keys = t.keys(&tokens(2));
+    let good: Blob = mem.get(&keys[..1]).unwrap()[0].clone().unwrap();
+    assert!(verify(&good).is_ok());
+    // Another model's valid blob for the same tokens.
+    let other = Tiers::new(
+        kvc_store_tiers::TiersConfig {
+            model_hash: [1; 32],
+            ..config(ChunkCodec::GearV2)
+        },
+        vec![Box::new(MemoryTier::new(64 << 20))],
+    )
+    .unwrap();
+    store_sample(&other, 2);
+    // Chunk 5: a flipped payload byte; chunk 3: another model's blob; chunk 6: garbage.
+    let mut flipped = mem.get(&keys[5..6]).unwrap()[0].as_deref().unwrap().clone();
+    let n = flipped.len();
+    flipped[n / 2] ^= 0x10;
+    plant(&t, &*mem, 2, 5, flipped);
+    plant(&t, &*mem, 2, 6, b"not a blob at all".to_vec());
+    let foreign_key = other.keys(&tokens(2))[3];
+    let foreign = Arc::new(MemoryTier::new(1 << 30));
+    let o2 = Tiers::new(
+        kvc_store_tiers::TiersConfig {
+            model_hash: [1; 32],
+            ..config(ChunkCodec::GearV2)
+        },
+        vec![Box::new(foreign.clone())],
+    )
+    .unwrap();
+    store_sample(&o2, 2);
+    let fb = foreign.get(&[foreign_key]).unwrap()[0]
+        .as_deref()
+        .unwrap()
+        .clone();
+    plant(&t, &*mem, 2, 3, fb);
+    let r = t.restore(&tokens(2));
+    assert_eq!(r.tokens, 3 * 64);
+    assert_exact(&r);
+    let m = t.metrics();
+    assert_eq!(m.tiers[0].corrupt, 2);
+    assert_eq!(m.tiers[0].foreign, 1);
+    assert_eq!(m.fallbacks, 3);
+    // The bad values were removed; a store writes them again and all restores.
+    assert_eq!(
+        mem.contains(&keys).unwrap(),
+        [true, true, true, false, true, false, false, true]
+    );
+    assert_eq!(
+        t.store(&tokens(2), SAMPLE_K, SAMPLE_V, SAMPLE_TOKENS)
+            .unwrap()
+            .chunks_encoded,
+        3
+    );
+    assert_exact(&t.restore(&tokens(2)));
+    assert_eq!(t.restore(&tokens(2)).tokens, 512);
+}
+
+#[test]
+fn the_decoder_rejects_every_damaged_blob_with_a_typed_error() {
+    let mem = Arc::new(MemoryTier::new(64 << 20));
+    let t = Tiers::new(config(ChunkCodec::GearV1), vec![Box::new(mem.clone())]).unwrap();
+    store_sample(&t, 3);
+    let keys = t.keys(&tokens(3));
+    let good = mem.get(&keys[..1]).unwrap()[0].as_deref().unwrap().clone();
+    let h = verify(&good).unwrap();
+    assert_eq!(
+        (h.n_layer, h.n_kv_head, h.head_dim, h.n_tokens, h.codec),
+        (4, 3, 64, 64, 1)
+    );
+    assert_eq!(h.key, keys[0]);
+    // Every truncation.
+    for len in (0..good.len()).step_by(97).chain([good.len() - 1]) {
+        let e = verify(&good[..len]).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::CorruptData, "len {len}: {e}");
+    }
+    // Bit flips all over (header fields included): always an error, often the checksum.
+    for pos in (0..good.len()).step_by(131).chain(0..112) {
+        let mut b = good.clone();
+        b[pos] ^= 0x04;
+        let e = verify(&b).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::CorruptData, "byte {pos}: {e}");
+        // And through the front: a counted miss.
+        plant(&t, &*mem, 3, 0, b);
+        assert_eq!(t.restore(&tokens(3)).tokens, 0);
+        plant(&t, &*mem, 3, 0, good.clone());
+    }
+    let mut b = good.clone();
+    b[0] = b'X';
+    assert!(matches!(verify(&b), Err(Error::BadMagic { .. })));
+    let mut b = good.clone();
+    b[8] = 2;
+    assert!(matches!(verify(&b), Err(Error::BadVersion { found: 2 })));
+    let mut b = good.clone();
+    b.push(0);
+    assert!(matches!(verify(&b), Err(Error::BadLength { .. })));
+    // A blob moved to another key of the same model: valid, but foreign.
+    plant(&t, &*mem, 3, 1, good.clone());
+    let r = t.restore(&tokens(3));
+    assert_eq!(r.tokens, 64);
+    assert_exact(&r);
+    assert_eq!(t.metrics().tiers[0].foreign, 1);
+}
+
+#[test]
+fn disk_index_survives_a_restart_and_drops_bad_files() {
+    let dir = TempDir(temp_dir("restart"));
+    {
+        let t = Tiers::new(
+            config(ChunkCodec::GearV2),
+            vec![Box::new(DiskTier::open(&dir.0, 64 << 20).unwrap())],
+        )
+        .unwrap();
+        store_sample(&t, 4);
+    }
+    let files = || -> Vec<std::path::PathBuf> {
+        let mut v: Vec<_> = std::fs::read_dir(&dir.0)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(files().len(), 8);
+    // Damage: truncate one file, write a stray file with a key name, flip a payload byte
+    // of another (only the checksum at read time can see that one).
+    let t0 = Tiers::new(
+        config(ChunkCodec::GearV2),
+        vec![Box::new(MemoryTier::new(1))],
+    )
+    .unwrap();
+    let keys = t0.keys(&tokens(4));
+    let path = |i: usize| dir.0.join(format!("{}.kvc", keys[i].to_hex()));
+    let b = std::fs::read(path(6)).unwrap();
+    std::fs::write(path(6), &b[..b.len() / 2]).unwrap();
+    std::fs::write(dir.0.join(format!("{}.kvc", "ab".repeat(32))), b"junk").unwrap();
+    let mut b = std::fs::read(path(4)).unwrap();
+    let n = b.len();
+    b[n - 100] ^= 1;
+    std::fs::write(path(4), &b).unwrap();
+    let disk = Arc::new(DiskTier::open(&dir.0, 64 << 20).unwrap());
+    let s = disk.stats();
+    assert_eq!((s.entries, s.corrupt_removed), (7, 2));
+    let t = Tiers::new(config(ChunkCodec::GearV2), vec![Box::new(disk.clone())]).unwrap();
+    assert_eq!(t.lookup(&tokens(4)), 6 * 64);
+    let r = t.restore(&tokens(4));
+    assert_eq!(r.tokens, 4 * 64);
+    assert_exact(&r);
+    assert_eq!(t.metrics().tiers[0].corrupt, 1);
+    assert!(!path(4).exists());
+    assert_eq!(files().len(), 6);
+}
+
+#[test]
+fn disk_budget_evicts_lru_and_full_or_broken_disks_are_fallbacks() {
+    let dir = TempDir(temp_dir("budget"));
+    let probe = Arc::new(MemoryTier::new(1 << 30));
+    let tp = Tiers::new(config(ChunkCodec::GearV2), vec![Box::new(probe.clone())]).unwrap();
+    store_sample(&tp, 5);
+    let per = probe.stats().bytes / 8;
+    // Room for about three chunks.
+    let budget = per * 3 + per / 2;
+    let disk = Arc::new(DiskTier::open(&dir.0, budget).unwrap());
+    let t = Tiers::new(config(ChunkCodec::GearV2), vec![Box::new(disk.clone())]).unwrap();
+    store_sample(&t, 5);
+    let s = disk.stats();
+    assert!(s.bytes <= budget, "{} > {budget}", s.bytes);
+    assert!(s.evictions >= 4, "{s:?}");
+    let on_disk: u64 = std::fs::read_dir(&dir.0)
+        .unwrap()
+        .map(|e| e.unwrap().metadata().unwrap().len())
+        .sum();
+    assert_eq!(on_disk, s.bytes);
+    // The oldest (first) chunks went: the prefix is gone, and restore says so correctly.
+    assert_exact(&t.restore(&tokens(5)));
+    // A budget smaller than one blob: refused, counted, never an error.
+    let tiny = Arc::new(DiskTier::open(dir.0.join("tiny"), 10).unwrap());
+    let tt = Tiers::new(config(ChunkCodec::GearV2), vec![Box::new(tiny.clone())]).unwrap();
+    store_sample(&tt, 5);
+    assert_eq!(tiny.stats().over_budget, 8);
+    assert_eq!(tt.restore(&tokens(5)).tokens, 0);
+    // A disk that fails (its directory replaced by a file): writes fail, counted; the
+    // memory tier above still serves.
+    let bdir = dir.0.join("broken");
+    let broken = Arc::new(DiskTier::open(&bdir, 64 << 20).unwrap());
+    std::fs::remove_dir_all(&bdir).unwrap();
+    std::fs::write(&bdir, b"a file").unwrap();
+    let mem = Arc::new(MemoryTier::new(64 << 20));
+    let tb = Tiers::new(
+        config(ChunkCodec::GearV2),
+        vec![Box::new(mem), Box::new(broken)],
+    )
+    .unwrap();
+    let r = tb
+        .store(&tokens(5), SAMPLE_K, SAMPLE_V, SAMPLE_TOKENS)
+        .unwrap();
+    assert_eq!(r.failures, 1);
+    assert_exact(&tb.restore(&tokens(5)));
+    assert_eq!(tb.restore(&tokens(5)).tokens, 512);
+    assert!(tb.metrics().tiers[1].errors >= 1);
+}
+
+#[test]
+fn concurrent_writers_of_the_same_chunks_leave_valid_files() {
+    let dir = TempDir(temp_dir("race"));
+    let threads: Vec<_> = (0..4)
+        .map(|_| {
+            let d = dir.0.clone();
+            std::thread::spawn(move || {
+                // Each thread is its own instance over the shared directory.
+                let t = Tiers::new(
+                    config(ChunkCodec::GearV1),
+                    vec![Box::new(DiskTier::open(&d, 64 << 20).unwrap())],
+                )
+                .unwrap();
+                for _ in 0..3 {
+                    t.store(&tokens(6), SAMPLE_K, SAMPLE_V, SAMPLE_TOKENS)
+                        .unwrap();
+                    assert_exact(&t.restore(&tokens(6)));
+                }
+            })
+        })
+        .collect();
+    for th in threads {
+        th.join().unwrap();
+    }
+    let t = Tiers::new(
+        config(ChunkCodec::GearV1),
+        vec![Box::new(DiskTier::open(&dir.0, 64 << 20).unwrap())],
+    )
+    .unwrap();
+    let r = t.restore(&tokens(6));
+    assert_eq!(r.tokens, 512);
+    assert_exact(&r);
+    assert_eq!(t.metrics().fallbacks, 0);
+    assert_eq!(
+        std::fs::read_dir(&dir.0).unwrap().count(),
+        8,
+        "temporary files left"
+    );
+}
+
+#[test]
+fn bad_arguments_are_errors() {
+    let mk = |shape| {
+        Tiers::new(
+            kvc_store_tiers::TiersConfig {
+                shape,
+                ..config(ChunkCodec::Raw)
+            },
+            vec![Box::new(MemoryTier::new(1))],
+        )
+    };
+    assert!(mk(kvc_store_tiers::ChunkShape {
+        chunk_tokens: 0,
+        ..shape()
+    })
+    .is_err());
+    assert!(mk(kvc_store_tiers::ChunkShape {
+        n_layer: 1 << 21,
+        ..shape()
+    })
+    .is_err());
+    assert!(mk(kvc_store_tiers::ChunkShape {
+        dtype: kvc_cache::DType::I8,
+        ..shape()
+    })
+    .is_err());
+    assert!(Tiers::new(config(ChunkCodec::Raw), vec![]).is_err());
+    let t = mk(shape()).unwrap();
+    let e = t
+        .store(&tokens(7), &SAMPLE_K[1..], SAMPLE_V, SAMPLE_TOKENS)
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+    assert!(ChunkCodec::from_name("zstd").is_err());
+    assert_eq!(
+        ChunkCodec::from_name("gear-v2").unwrap(),
+        ChunkCodec::GearV2
+    );
+}
+
+#[test]
+fn prefetch_promotes_into_memory_in_the_background() {
+    let dir = TempDir(temp_dir("prefetch"));
+    let a = Tiers::new(
+        config(ChunkCodec::GearV2),
+        vec![Box::new(DiskTier::open(&dir.0, 64 << 20).unwrap())],
+    )
+    .unwrap();
+    store_sample(&a, 8);
+    let mem = Arc::new(MemoryTier::new(64 << 20));
+    let b = Arc::new(
+        Tiers::new(
+            config(ChunkCodec::GearV2),
+            vec![
+                Box::new(mem.clone()),
+                Box::new(DiskTier::open(&dir.0, 64 << 20).unwrap()),
+            ],
+        )
+        .unwrap(),
+    );
+    let mut half = tokens(8);
+    half[300] ^= 1; // chunks 0..4 are cached for this prompt
+    assert_eq!(b.prefetch(half).join().unwrap(), 4);
+    assert_eq!(mem.stats().entries, 4);
+    let r = b.restore_async(tokens(8)).join().unwrap();
+    assert_eq!(r.tokens, 512);
+    assert_exact(&r);
+    let m = b.metrics();
+    assert_eq!((m.tiers[0].hits, m.tiers[1].hits), (4, 8));
+}
+
+#[test]
+fn a_blob_with_a_valid_checksum_but_a_broken_section_ends_the_prefix() {
+    let mem = Arc::new(MemoryTier::new(64 << 20));
+    let t = Tiers::new(config(ChunkCodec::GearV2), vec![Box::new(mem.clone())]).unwrap();
+    store_sample(&t, 9);
+    let keys = t.keys(&tokens(9));
+    // Chunk 2: layer 1's K section zeroed (its length kept), the checksum recomputed, as
+    // a writer with a codec bug would leave it. Only the section decode can see it.
+    let mut b = mem.get(&keys[2..3]).unwrap()[0].as_deref().unwrap().clone();
+    let u32_at = |b: &[u8], o: usize| u32::from_le_bytes(b[o..o + 4].try_into().unwrap()) as usize;
+    let (l0k, l0v, l1k) = (u32_at(&b, 112), u32_at(&b, 116), u32_at(&b, 120));
+    let start = 112 + 8 * 4 + l0k + l0v;
+    b[start..start + l1k].fill(0);
+    let n = b.len();
+    let sum = *blake3::hash(&b[..n - 32]).as_bytes();
+    b[n - 32..].copy_from_slice(&sum);
+    assert!(verify(&b).is_ok());
+    plant(&t, &*mem, 9, 2, b);
+    let r = t.restore(&tokens(9));
+    assert_eq!(r.tokens, 128);
+    assert_exact(&r);
+    let m = t.metrics();
+    assert_eq!(
+        (m.tiers[0].corrupt, m.fallbacks, m.chunks_restored),
+        (1, 1, 2)
+    );
+    assert!(!mem.contains(&keys[2..3]).unwrap()[0]);
+}
