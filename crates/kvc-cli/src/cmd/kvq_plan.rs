@@ -148,7 +148,12 @@ pub fn run(a: PlanArgs) -> Result<(), CliError> {
     let sens =
         sensitivity(shape, &k.data, &v.data, &q.data, method, a.seed, sample).map_err(lib)?;
     let secs = t0.elapsed().as_secs_f64();
-    let alloc = allocate(&sens, method, head_dim, a.budget, a.k_weight).map_err(lib)?;
+    let alloc = allocate(&sens, method, head_dim, a.budget, a.k_weight).map_err(|e| {
+        CliError::input(format!(
+            "--budget {} --k-weight {}: {e}",
+            a.budget, a.k_weight
+        ))
+    })?;
     let src = CalibSource {
         source: a.dump.display().to_string(),
         tag: a.text_tag.clone(),

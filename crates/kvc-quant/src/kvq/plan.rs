@@ -764,8 +764,18 @@ mod tests {
         };
         let p = make_plan(SHAPE, Method::LloydMax, 5, SAMPLE, &src, 3.5, 1.0, &s, &a).unwrap();
         let back = KvqPlan::from_json(&p.to_json()).unwrap();
-        assert_eq!(back, p);
-        assert_eq!(back.version, 2);
+        assert_eq!((back.version, &back.layers), (2, &p.layers));
+        // serde_json's default float parsing may differ from the written value in the
+        // last bit.
+        let (x, y) = (
+            back.calibration.clone().unwrap(),
+            p.calibration.clone().unwrap(),
+        );
+        assert_eq!(
+            (&x.source, &x.tag, x.n_tokens),
+            (&y.source, &y.tag, y.n_tokens)
+        );
+        assert!((x.total_error - y.total_error).abs() <= 1e-15 * y.total_error);
         assert!((back.bits_per_value().unwrap() - a.bits_per_value).abs() < 1e-12);
         // A calibration record in a version-1 plan, or of the wrong length, is refused.
         let mut v1 = p.clone();
