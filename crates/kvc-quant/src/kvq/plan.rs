@@ -384,8 +384,9 @@ fn gcd(a: usize, b: usize) -> usize {
     }
 }
 
-/// Largest DP table (layers x byte states) [`allocate`] builds.
-pub const MAX_DP_CELLS: usize = 1 << 28;
+/// Largest DP table (layers x byte states, 2 bytes a cell) [`allocate`] builds: 128 MiB.
+/// A 128-layer model at head_dim 128 needs about 2 M cells.
+pub const MAX_DP_CELLS: usize = 1 << 26;
 
 /// Mean bits per value of `layers` (K and V rows), scales included.
 pub fn plan_bits_per_value(layers: &[LayerBits], method: Method, head_dim: usize) -> Result<f64> {
