@@ -84,6 +84,13 @@ fn plan_is_written_and_loads() {
         ("t", T as u32, HQ as u32)
     );
     assert!(c.achieved_ratio >= 4.0);
+    let o = kvc().args(["quant", "inspect"]).arg(&out).output().unwrap();
+    assert!(o.status.success());
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        text.contains("calibrated on") && text.contains("budget ratio 4"),
+        "{text}"
+    );
     // 8:1 is beyond 2 bits everywhere (2.25 bits/value with lm at head_dim 64).
     let o = plan(&dir, "8", None);
     assert_eq!(o.status.code(), Some(2));
