@@ -127,9 +127,25 @@ int main(void) {
     kvq = NULL;
     for (size_t cut = 0; cut < strlen(plan); cut += 3)
         CHECK(kvc_kvq_new_from_plan(plan, cut, &kvq) != KVC_OK && kvq == NULL);
-    const char* v2 = "{\"format\":\"kvc-kvq-plan\",\"version\":2,\"method\":\"lm\",\"seed\":1,"
+    const char* v3 = "{\"format\":\"kvc-kvq-plan\",\"version\":3,\"method\":\"lm\",\"seed\":1,"
                      "\"head_dim\":64,\"n_kv_head\":3,\"layers\":[{\"k_bits\":4,\"v_bits\":4}]}";
-    CHECK_STATUS(kvc_kvq_new_from_plan(v2, strlen(v2), &kvq), KVC_UNSUPPORTED);
+    CHECK_STATUS(kvc_kvq_new_from_plan(v3, strlen(v3), &kvq), KVC_UNSUPPORTED);
+    /* Version 2: a calibrated plan as `kvc quant plan` writes it. */
+    const char* v2 =
+        "{\"format\":\"kvc-kvq-plan\",\"version\":2,\"method\":\"lm\",\"seed\":1,"
+        "\"head_dim\":64,\"n_kv_head\":3,\"layers\":[{\"k_bits\":5,\"v_bits\":3},"
+        "{\"k_bits\":4,\"v_bits\":4}],\"calibration\":{\"source\":\"/tmp/calib\","
+        "\"tag\":\"textA\",\"n_tokens\":1024,\"n_head\":9,\"query_from\":64,"
+        "\"query_stride\":8,\"budget_ratio\":3.5,\"k_weight\":1.0,\"achieved_ratio\":3.765,"
+        "\"total_error\":0.03,\"layer_errors\":[{\"k_err\":0.01,\"v_err\":0.005},"
+        "{\"k_err\":0.01,\"v_err\":0.005}]}}";
+    CHECK_STATUS(kvc_kvq_new_from_plan(v2, strlen(v2), &kvq), KVC_OK);
+    CHECK_STATUS(kvc_kvq_row_bytes(kvq, 0, KVC_TENSOR_K, &kb), KVC_OK);
+    CHECK(kb == 2 + 40);
+    kvc_kvq_free(kvq);
+    kvq = NULL;
+    for (size_t cut = 0; cut < strlen(v2); cut += 7)
+        CHECK(kvc_kvq_new_from_plan(v2, cut, &kvq) != KVC_OK && kvq == NULL);
     puts("test_kvq: ok");
     return 0;
 }

@@ -98,7 +98,8 @@ fn from_plan(plan: &KvqPlan) -> Result<KvcKvq, Error> {
 }
 
 /// Creates codecs from a kvq plan: `len` bytes of JSON at `json` (format
-/// `kvc-kvq-plan` version 1, per-layer K/V bits; `docs/formats/kvq.md`), and stores the
+/// `kvc-kvq-plan` version 1 or 2, per-layer K/V bits, in version 2 optionally with the
+/// calibration record `kvc quant plan` writes; `docs/formats/kvq.md`), and stores the
 /// handle in `*out` (only on `KVC_OK`). A malformed plan is `KVC_CORRUPT_DATA`; another
 /// version `KVC_UNSUPPORTED`. The bytes are copied.
 ///

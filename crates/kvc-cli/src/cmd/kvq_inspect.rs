@@ -52,6 +52,20 @@ pub fn run(a: InspectArgs) -> Result<(), CliError> {
         plan.sink_tokens,
         plan.recent_tokens
     );
+    if let Some(c) = &plan.calibration {
+        println!(
+            "  calibrated on {} {:?} ({} tokens, queries {}.. step {}): budget ratio {}, reached {:.3}, K weight {}, predicted error {:.4e}",
+            c.source,
+            c.tag,
+            c.n_tokens,
+            c.query_from,
+            c.query_stride,
+            c.budget_ratio,
+            c.achieved_ratio,
+            c.k_weight,
+            c.total_error
+        );
+    }
     println!(
         "  {:>5} {:>6} {:>6} {:>9} {:>9} {:>8}",
         "layer", "K bits", "V bits", "K B/row", "V B/row", "bits/val"

@@ -1,6 +1,6 @@
 //! `kvc quant calibrate | apply | dequant`: int8 C8 quantization of raw KV caches laid
 //! out `[layer][token][kv_head][head_dim]`, with msmodelslim checkpoints; `kvc quant
-//! inspect` shows a kvq plan.
+//! inspect` shows a kvq plan; `kvc quant plan` makes one from a calibration dump.
 
 use std::path::{Path, PathBuf};
 
@@ -31,6 +31,9 @@ enum QuantCmd {
     Dequant(DequantArgs),
     /// kvq: show a plan (JSON file) or config string: bits, bytes per row, ratio.
     Inspect(super::kvq_inspect::InspectArgs),
+    /// kvq: per-layer K/V bits for a budget ratio, calibrated on a K/V/Q dump of the model
+    /// (the llama.cpp client's `--modes dump`); prints the table, writes the plan JSON.
+    Plan(super::kvq_plan::PlanArgs),
 }
 
 /// Element type of the float caches.
@@ -212,6 +215,7 @@ pub fn run(args: QuantArgs) -> Result<(), CliError> {
         QuantCmd::Apply(a) => apply(a),
         QuantCmd::Dequant(a) => dequant(a),
         QuantCmd::Inspect(a) => super::kvq_inspect::run(a),
+        QuantCmd::Plan(a) => super::kvq_plan::run(a),
     }
 }
 

@@ -160,8 +160,53 @@ impl fmt::Display for KvqConfig {
 
 /// The plan format name and version this crate reads and writes.
 pub const PLAN_FORMAT: &str = "kvc-kvq-plan";
-/// See [`PLAN_FORMAT`].
-pub const PLAN_VERSION: u32 = 1;
+/// The newest plan version this crate reads and writes (see [`PLAN_FORMAT`]). Version 2
+/// adds the optional `calibration` record (how `kvc quant plan` made the plan); a plan
+/// without one is written as version 1, which every reader of version 1 still loads.
+pub const PLAN_VERSION: u32 = 2;
+/// The oldest plan version this crate reads.
+pub const PLAN_VERSION_MIN: u32 = 1;
+
+/// Predicted attention-output errors of one layer at its planned bits (see
+/// [`super::plan`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LayerErrors {
+    /// Relative attention-output error with only K quantized at the layer's K bits.
+    pub k_err: f64,
+    /// Relative attention-output error with only V quantized at the layer's V bits.
+    pub v_err: f64,
+}
+
+/// How a plan was calibrated (plan version 2 and later): the data, the budget, what was
+/// reached, and the per-layer errors the allocation predicted.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PlanCalibration {
+    /// Where the calibration K/V/Q came from (a dump directory).
+    pub source: String,
+    /// The dump's file tag (`<tag>.K.f32.bin`, ...).
+    pub tag: String,
+    /// Tokens in the calibration dump.
+    pub n_tokens: u32,
+    /// Query heads of the model.
+    pub n_head: u32,
+    /// First sampled query position.
+    pub query_from: u32,
+    /// Every `query_stride`-th position from `query_from` on was sampled.
+    pub query_stride: u32,
+    /// The requested ratio to f16 (`16 / bits per value` must reach it).
+    pub budget_ratio: f64,
+    /// The weight of K errors in the objective (1: K and V alike).
+    pub k_weight: f64,
+    /// The ratio the plan reaches: 16 / mean bits per value, scales included.
+    pub achieved_ratio: f64,
+    /// The allocation's objective: sum over layers of the K errors times `k_weight` and
+    /// the V errors.
+    pub total_error: f64,
+    /// One entry per layer, in order.
+    pub layer_errors: Vec<LayerErrors>,
+}
 
 /// Bits of one layer (optionally per KV head).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -174,7 +219,7 @@ pub struct LayerBits {
 }
 
 /// A per-layer plan: versioned JSON (see `docs/formats/kvq.md`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct KvqPlan {
     /// Always [`PLAN_FORMAT`].
@@ -197,6 +242,9 @@ pub struct KvqPlan {
     pub recent_tokens: u32,
     /// One entry per layer, in order.
     pub layers: Vec<LayerBits>,
+    /// How the plan was calibrated (version 2 only; absent in hand-written plans).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub calibration: Option<PlanCalibration>,
 }
 
 /// Limits a plan's layer count (a guard against absurd files; models have < 1000 layers).
@@ -207,7 +255,7 @@ impl KvqPlan {
     pub fn uniform(cfg: &KvqConfig, head_dim: u32, n_kv_head: u32, n_layer: usize) -> KvqPlan {
         KvqPlan {
             format: PLAN_FORMAT.into(),
-            version: PLAN_VERSION,
+            version: PLAN_VERSION_MIN,
             method: cfg.method.tag(),
             seed: cfg.seed,
             head_dim,
@@ -221,6 +269,7 @@ impl KvqPlan {
                 };
                 n_layer
             ],
+            calibration: None,
         }
     }
 
@@ -248,7 +297,7 @@ impl KvqPlan {
                 self.format
             ));
         }
-        if self.version != PLAN_VERSION {
+        if !(PLAN_VERSION_MIN..=PLAN_VERSION).contains(&self.version) {
             return Err(Error::Unsupported {
                 what: "kvq plan version",
                 value: i64::from(self.version),
@@ -277,6 +326,37 @@ impl KvqPlan {
             for (what, b) in [("k_bits", l.k_bits), ("v_bits", l.v_bits)] {
                 if !(2..=8).contains(&b) {
                     return bad(format!("layer {i}: {what} {b} not in 2..=8"));
+                }
+            }
+        }
+        if let Some(c) = &self.calibration {
+            if self.version < 2 {
+                return bad("a calibration record needs plan version 2".into());
+            }
+            if c.layer_errors.len() != self.layers.len() {
+                return bad(format!(
+                    "calibration has {} layer errors for {} layers",
+                    c.layer_errors.len(),
+                    self.layers.len()
+                ));
+            }
+            let ok = |x: f64| x.is_finite() && x >= 0.0;
+            let pos = |x: f64| x.is_finite() && x > 0.0;
+            if !pos(c.budget_ratio)
+                || !pos(c.achieved_ratio)
+                || !pos(c.k_weight)
+                || !ok(c.total_error)
+            {
+                return bad(
+                    "calibration ratios must be finite and > 0, the total error finite and >= 0"
+                        .into(),
+                );
+            }
+            for (i, e) in c.layer_errors.iter().enumerate() {
+                if !ok(e.k_err) || !ok(e.v_err) {
+                    return bad(format!(
+                        "calibration layer {i}: errors must be finite and >= 0"
+                    ));
                 }
             }
         }
@@ -365,7 +445,8 @@ mod tests {
         let j = p.to_json();
         for (from, to) in [
             ("\"kvc-kvq-plan\"", "\"other\""),
-            ("\"version\": 1", "\"version\": 2"),
+            ("\"version\": 1", "\"version\": 3"),
+            ("\"version\": 1", "\"version\": 0"),
             ("\"lm\"", "\"u7\""),
             ("\"head_dim\": 64", "\"head_dim\": 96"),
             ("\"n_kv_head\": 3", "\"n_kv_head\": 0"),

@@ -14,12 +14,15 @@
 //! formed in the rotated domain and un-rotated once. No f16 copy of the cache is made and
 //! nothing is allocated per call; the caller gives the score scratch.
 //!
+//! [`plan`] makes per-layer K/V bits from calibration data (`kvc quant plan`).
+//!
 //! Sink and recent tokens kept in full precision are the engine's choice: it keeps those
 //! rows in f16 and passes only the others here.
 
 pub mod attention;
 pub mod codebook;
 pub mod config;
+pub mod plan;
 pub mod rotation;
 pub mod row;
 mod simd;

@@ -1,0 +1,248 @@
+//! `kvc quant plan`: a per-layer kvq plan (K and V bits) for a budget ratio, calibrated on
+//! a dump of the model's own K, V and Q (the llama.cpp client's `--modes dump`). This file
+//! reads and checks the dump and prints; the algorithm is `kvc_quant::kvq::plan`.
+
+use std::path::{Path, PathBuf};
+
+use clap::Args;
+use kvc_quant::kvq::config::DEFAULT_SEED;
+use kvc_quant::kvq::plan::{
+    allocate, make_plan, plan_bits_per_value, sensitivity, CalibShape, CalibSource, QuerySample,
+    BITS,
+};
+use kvc_quant::kvq::{KvqConfig, LayerBits, Method};
+
+use crate::cli_error::CliError;
+
+/// `kvc quant plan` arguments.
+#[derive(Args)]
+pub struct PlanArgs {
+    /// Target ratio to f16 (16 / mean bits per value, scales included), e.g. 3.5.
+    #[arg(long)]
+    budget: f64,
+    /// Dump directory with `<tag>.{K,V,Q}.f32.bin` and their `.json` sidecars.
+    #[arg(long)]
+    dump: PathBuf,
+    /// File tag of the dump.
+    #[arg(long = "text-tag", default_value = "textA")]
+    text_tag: String,
+    /// Method: `lm` (Lloyd-Max) or `u<group>` (uniform).
+    #[arg(long, default_value = "lm")]
+    method: String,
+    /// Rotation seed (default: kvq's).
+    #[arg(long, default_value_t = DEFAULT_SEED)]
+    seed: u64,
+    /// First sampled query position.
+    #[arg(long = "query-from", default_value_t = 64)]
+    query_from: usize,
+    /// Sample every n-th query position.
+    #[arg(long = "query-stride", default_value_t = 8)]
+    query_stride: usize,
+    /// Weight of K errors against V errors in the objective.
+    #[arg(long = "k-weight", default_value_t = 1.0)]
+    k_weight: f64,
+    /// Write the plan (JSON) here.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Write the full sensitivity table and allocation as JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+/// One tensor of the dump: its sidecar's shape and its values.
+struct Tensor {
+    shape: [usize; 4],
+    data: Vec<f32>,
+}
+
+fn read_tensor(dir: &Path, tag: &str, name: &str) -> Result<Tensor, CliError> {
+    let side = dir.join(format!("{tag}.{name}.f32.json"));
+    let bin = dir.join(format!("{tag}.{name}.f32.bin"));
+    let text = std::fs::read_to_string(&side).map_err(|e| CliError::io(&side, e))?;
+    let j: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| CliError::input(format!("{}: {e}", side.display())))?;
+    let bad = |why: &str| CliError::input(format!("{}: {why}", side.display()));
+    let dims = j["shape"]
+        .as_array()
+        .ok_or_else(|| bad("no \"shape\" array"))?;
+    if dims.len() != 4 {
+        return Err(bad("\"shape\" must have 4 dimensions"));
+    }
+    let mut shape = [0usize; 4];
+    for (s, d) in shape.iter_mut().zip(dims) {
+        *s = d
+            .as_u64()
+            .and_then(|x| usize::try_from(x).ok())
+            .filter(|&x| x > 0)
+            .ok_or_else(|| bad("\"shape\" entries must be positive integers"))?;
+    }
+    let n = shape
+        .iter()
+        .try_fold(4usize, |a, &b| a.checked_mul(b))
+        .ok_or_else(|| bad("\"shape\" too large"))?;
+    let len = std::fs::metadata(&bin)
+        .map_err(|e| CliError::io(&bin, e))?
+        .len();
+    if len != n as u64 {
+        return Err(CliError::input(format!(
+            "{}: {len} bytes, but its sidecar's shape {shape:?} of f32 needs {n}",
+            bin.display()
+        )));
+    }
+    let bytes = std::fs::read(&bin).map_err(|e| CliError::io(&bin, e))?;
+    if bytes.len() != n {
+        return Err(CliError::input(format!(
+            "{}: changed size while read",
+            bin.display()
+        )));
+    }
+    let data = bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    Ok(Tensor { shape, data })
+}
+
+fn method_of(s: &str) -> Result<Method, CliError> {
+    // The method parser lives with config strings: borrow one.
+    KvqConfig::parse(&format!("k4v4:{s}"))
+        .map(|c| c.method)
+        .map_err(|_| CliError::input(format!("--method {s:?}: expected lm or u<group>")))
+}
+
+/// Runs `kvc quant plan`.
+pub fn run(a: PlanArgs) -> Result<(), CliError> {
+    let method = method_of(&a.method)?;
+    let (k, v, q) = (
+        read_tensor(&a.dump, &a.text_tag, "K")?,
+        read_tensor(&a.dump, &a.text_tag, "V")?,
+        read_tensor(&a.dump, &a.text_tag, "Q")?,
+    );
+    if k.shape != v.shape {
+        return Err(CliError::input(format!(
+            "K shape {:?} and V shape {:?} differ",
+            k.shape, v.shape
+        )));
+    }
+    let [n_layer, n_tokens, n_kv_head, head_dim] = k.shape;
+    let [ql, qt, n_head, qd] = q.shape;
+    if (ql, qt, qd) != (n_layer, n_tokens, head_dim) {
+        return Err(CliError::input(format!(
+            "Q shape {:?} does not match K shape {:?} in layers, tokens or head_dim",
+            q.shape, k.shape
+        )));
+    }
+    let shape = CalibShape {
+        n_layer,
+        n_tokens,
+        n_head,
+        n_kv_head,
+        head_dim,
+    };
+    let sample = QuerySample {
+        from: a.query_from,
+        stride: a.query_stride,
+    };
+    let lib = |e: kvc_quant::Error| CliError::input(e);
+    let t0 = std::time::Instant::now();
+    let sens =
+        sensitivity(shape, &k.data, &v.data, &q.data, method, a.seed, sample).map_err(lib)?;
+    let secs = t0.elapsed().as_secs_f64();
+    let alloc = allocate(&sens, method, head_dim, a.budget, a.k_weight).map_err(|e| {
+        CliError::input(format!(
+            "--budget {} --k-weight {}: {e}",
+            a.budget, a.k_weight
+        ))
+    })?;
+    let src = CalibSource {
+        source: a.dump.display().to_string(),
+        tag: a.text_tag.clone(),
+    };
+    let plan = make_plan(
+        shape, method, a.seed, sample, &src, a.budget, a.k_weight, &sens, &alloc,
+    )
+    .map_err(lib)?;
+
+    println!(
+        "kvq plan for ratio {} ({:.4} bits/value max), method {}: calibrated on {} {:?}, {n_layer} layers x {n_tokens} tokens, {n_head} query / {n_kv_head} KV heads, head_dim {head_dim}; queries {}.. step {} ({secs:.1} s)",
+        a.budget,
+        16.0 / a.budget,
+        method.tag(),
+        a.dump.display(),
+        a.text_tag,
+        a.query_from,
+        a.query_stride
+    );
+    println!(
+        "  {:>5} {:>3} {:>3} {:>11} {:>11}",
+        "layer", "bk", "bv", "K err", "V err"
+    );
+    let cal = plan
+        .calibration
+        .as_ref()
+        .ok_or_else(|| CliError::input("internal: the plan has no calibration record"))?;
+    let (mut sk, mut sv) = (0.0, 0.0);
+    for (i, (l, e)) in plan.layers.iter().zip(&cal.layer_errors).enumerate() {
+        println!(
+            "  {i:>5} {:>3} {:>3} {:>11.4e} {:>11.4e}",
+            l.k_bits, l.v_bits, e.k_err, e.v_err
+        );
+        sk += e.k_err;
+        sv += e.v_err;
+    }
+    println!(
+        "  total: K {sk:.4e} x {} + V {sv:.4e} = {:.4e}; {:.4} bits/value, ratio {:.3}",
+        a.k_weight,
+        alloc.total_error,
+        alloc.bits_per_value,
+        alloc.ratio()
+    );
+    // Uniform configs for comparison: the best one within the same budget.
+    let mut uniform = Vec::new();
+    for bk in BITS {
+        for bv in BITS {
+            let u = vec![
+                LayerBits {
+                    k_bits: bk,
+                    v_bits: bv
+                };
+                n_layer
+            ];
+            let bpv = plan_bits_per_value(&u, method, head_dim).map_err(lib)?;
+            uniform.push((bk, bv, bpv, sens.uniform_error(bk, bv, a.k_weight)));
+        }
+    }
+    let best = uniform
+        .iter()
+        .filter(|u| u.2 <= 16.0 / a.budget)
+        .min_by(|x, y| x.3.total_cmp(&y.3));
+    match best {
+        Some(&(bk, bv, bpv, e)) => println!(
+            "  best uniform within budget: k{bk}v{bv} ({bpv:.4} bits/value, ratio {:.3}): total {e:.4e} ({:.2}x the plan's)",
+            16.0 / bpv,
+            e / alloc.total_error.max(f64::MIN_POSITIVE)
+        ),
+        None => println!("  no uniform config fits this budget"),
+    }
+    if let Some(out) = &a.out {
+        std::fs::write(out, plan.to_json() + "\n").map_err(|e| CliError::io(out, e))?;
+        println!("  plan written to {}", out.display());
+    }
+    if let Some(out) = &a.json {
+        let j = serde_json::json!({
+            "plan": serde_json::from_str::<serde_json::Value>(&plan.to_json()).unwrap_or_default(),
+            "sensitivity": {
+                "bits": BITS.collect::<Vec<_>>(),
+                "k": sens.k,
+                "v": sens.v,
+            },
+            "uniform": uniform.iter().map(|&(bk, bv, bpv, e)| serde_json::json!({
+                "k_bits": bk, "v_bits": bv, "bits_per_value": bpv, "ratio": 16.0 / bpv, "total_error": e
+            })).collect::<Vec<_>>(),
+            "seconds": secs,
+        });
+        let text = serde_json::to_string_pretty(&j).unwrap_or_default();
+        std::fs::write(out, text + "\n").map_err(|e| CliError::io(out, e))?;
+    }
+    Ok(())
+}

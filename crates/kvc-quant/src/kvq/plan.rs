@@ -1,0 +1,831 @@
+//! Calibrated mixed precision: per-layer K and V bits from the model's own KV.
+//!
+//! [`sensitivity`] measures, for every layer and every bit width 2..=8, the layer-local
+//! attention-output error when only K is quantized (V exact) and when only V is quantized
+//! (K exact), with kvq's real packed rows ([`RowCodec`] quantize then dequantize, so the
+//! numbers are those an engine gets). For a sample of query positions `t` (every
+//! `stride`-th from `from` on) and every query head `i` (KV head `i / (n_head /
+//! n_kv_head)`), causal attention over tokens `0..=t` with scale `1/sqrt(head_dim)` gives
+//! `o` (exact rows) and `o'` (dequantized rows); a layer's error is
+//! `sum ||o' - o||^2 / sum ||o||^2` over the sampled (query, head) pairs.
+//!
+//! [`allocate`] then picks per-layer `(k_bits, v_bits)` minimizing the sum of K and V
+//! errors over layers (treated as additive) under a byte budget: mean bits per value,
+//! scales included (`8 * row_bytes / head_dim` averaged over every layer's K and V row),
+//! at most `16 / ratio`. It is an exact dynamic program over layers whose state is the
+//! total bytes of one token (in units of the gcd of the row sizes), so it is never worse
+//! than any uniform choice that fits the same budget.
+//!
+//! Reading dump files is the caller's business (`kvc quant plan` does it); this module
+//! works on `f32` slices.
+
+use rayon::prelude::*;
+
+use super::config::{KvqPlan, LayerBits, LayerErrors, Method, PlanCalibration, PLAN_VERSION};
+use super::row::{row_bytes, RowCodec};
+use crate::error::{Error, Result};
+
+/// The bit widths a plan chooses from.
+pub const BITS: std::ops::RangeInclusive<u8> = 2..=8;
+const N_BITS: usize = 7;
+
+/// The shape of a calibration dump. K and V are `[n_layer][n_tokens][n_kv_head][head_dim]`,
+/// Q is `[n_layer][n_tokens][n_head][head_dim]` (post-RoPE, before the `1/sqrt(head_dim)`
+/// scale), all `f32`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CalibShape {
+    /// Layers.
+    pub n_layer: usize,
+    /// Tokens.
+    pub n_tokens: usize,
+    /// Query heads (a multiple of `n_kv_head`).
+    pub n_head: usize,
+    /// KV heads.
+    pub n_kv_head: usize,
+    /// Values per head.
+    pub head_dim: usize,
+}
+
+impl CalibShape {
+    /// Elements of K (or V).
+    pub fn kv_len(&self) -> Result<usize> {
+        mul(
+            &[self.n_layer, self.n_tokens, self.n_kv_head, self.head_dim],
+            "K/V elements",
+        )
+    }
+
+    /// Elements of Q.
+    pub fn q_len(&self) -> Result<usize> {
+        mul(
+            &[self.n_layer, self.n_tokens, self.n_head, self.head_dim],
+            "Q elements",
+        )
+    }
+
+    fn check(&self) -> Result<()> {
+        super::rotation::check_head_dim(self.head_dim)?;
+        for (what, v) in [
+            ("n_layer", self.n_layer),
+            ("n_tokens", self.n_tokens),
+            ("n_head", self.n_head),
+            ("n_kv_head", self.n_kv_head),
+        ] {
+            if v == 0 {
+                return Err(Error::InvalidValue {
+                    what,
+                    value: 0,
+                    reason: "must be > 0",
+                });
+            }
+        }
+        if self.n_head % self.n_kv_head != 0 {
+            return Err(Error::InvalidValue {
+                what: "n_head",
+                value: self.n_head as i64,
+                reason: "must be a multiple of n_kv_head",
+            });
+        }
+        Ok(())
+    }
+}
+
+fn mul(xs: &[usize], what: &'static str) -> Result<usize> {
+    xs.iter()
+        .try_fold(1usize, |a, &b| a.checked_mul(b))
+        .ok_or(Error::SizeOverflow { what })
+}
+
+/// Which query positions are sampled: `from, from + stride, ...` below `n_tokens`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QuerySample {
+    /// First position.
+    pub from: usize,
+    /// Step (> 0).
+    pub stride: usize,
+}
+
+impl Default for QuerySample {
+    fn default() -> Self {
+        QuerySample {
+            from: 64,
+            stride: 8,
+        }
+    }
+}
+
+/// Per-layer errors for every bit width: `k[l][b - 2]`, `v[l][b - 2]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sensitivity {
+    /// K-only errors, one row per layer, bits 2..=8.
+    pub k: Vec<[f64; N_BITS]>,
+    /// V-only errors, one row per layer, bits 2..=8.
+    pub v: Vec<[f64; N_BITS]>,
+}
+
+impl Sensitivity {
+    /// The K error of `layer` at `bits`.
+    pub fn k_err(&self, layer: usize, bits: u8) -> f64 {
+        self.k[layer][(bits - 2) as usize]
+    }
+    /// The V error of `layer` at `bits`.
+    pub fn v_err(&self, layer: usize, bits: u8) -> f64 {
+        self.v[layer][(bits - 2) as usize]
+    }
+    /// The objective of uniform `k_bits`/`v_bits`: sum over layers of the K error times
+    /// `k_weight` and the V error.
+    pub fn uniform_error(&self, k_bits: u8, v_bits: u8, k_weight: f64) -> f64 {
+        (0..self.k.len())
+            .map(|l| k_weight * self.k_err(l, k_bits) + self.v_err(l, v_bits))
+            .sum()
+    }
+}
+
+/// Measures every layer's K-only and V-only attention-output error at bits 2..=8 (see
+/// the module docs). `k`, `v`, `q` are laid out as [`CalibShape`] says. Layers run in
+/// parallel (rayon).
+pub fn sensitivity(
+    shape: CalibShape,
+    k: &[f32],
+    v: &[f32],
+    q: &[f32],
+    method: Method,
+    seed: u64,
+    sample: QuerySample,
+) -> Result<Sensitivity> {
+    shape.check()?;
+    let kv_len = shape.kv_len()?;
+    let q_len = shape.q_len()?;
+    for (what, s, n) in [("K", k, kv_len), ("V", v, kv_len), ("Q", q, q_len)] {
+        if s.len() != n {
+            return Err(Error::LayoutMismatch {
+                what,
+                expected: n,
+                found: s.len(),
+            });
+        }
+    }
+    if sample.stride == 0 {
+        return Err(Error::InvalidValue {
+            what: "query stride",
+            value: 0,
+            reason: "must be > 0",
+        });
+    }
+    if sample.from >= shape.n_tokens {
+        return Err(Error::InvalidValue {
+            what: "first sampled query",
+            value: sample.from as i64,
+            reason: "must be below the dump's token count",
+        });
+    }
+    if let Some(i) = q.iter().position(|x| !x.is_finite()) {
+        return Err(Error::NonFinite {
+            what: "Q",
+            index: i,
+        });
+    }
+    let d = shape.head_dim;
+    let codecs = BITS
+        .map(|b| RowCodec::new(method, b, d, seed))
+        .collect::<Result<Vec<_>>>()?;
+    let layer_kv = shape.n_tokens * shape.n_kv_head * d;
+    let layer_q = shape.n_tokens * shape.n_head * d;
+    let rows: Vec<(Vec<f64>, Vec<f64>)> = (0..shape.n_layer)
+        .into_par_iter()
+        .map(|l| {
+            let r = l * layer_kv..(l + 1) * layer_kv;
+            layer_errors(
+                &shape,
+                &k[r.clone()],
+                &v[r],
+                &q[l * layer_q..(l + 1) * layer_q],
+                &codecs,
+                sample,
+            )
+        })
+        .collect::<Result<_>>()?;
+    let to_arr = |x: &[f64]| {
+        let mut a = [0.0; N_BITS];
+        a.copy_from_slice(x);
+        a
+    };
+    Ok(Sensitivity {
+        k: rows.iter().map(|(k, _)| to_arr(k)).collect(),
+        v: rows.iter().map(|(_, v)| to_arr(v)).collect(),
+    })
+}
+
+#[inline]
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    // Eight lanes so the compiler vectorizes without reassociation.
+    let mut acc = [0f32; 8];
+    for (x, y) in a.chunks_exact(8).zip(b.chunks_exact(8)) {
+        for j in 0..8 {
+            acc[j] += x[j] * y[j];
+        }
+    }
+    let tail: f32 = a
+        .chunks_exact(8)
+        .remainder()
+        .iter()
+        .zip(b.chunks_exact(8).remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    acc.iter().sum::<f32>() + tail
+}
+
+/// KV heads, head_dim and score scale of a layer's rows.
+struct Geom {
+    n_kv_head: usize,
+    d: usize,
+    scale: f32,
+}
+
+/// Softmax of `q . k_j * scale` over tokens `0..=t` of KV head `h` into `p`.
+fn attention_weights(qv: &[f32], keys: &[f32], t: usize, h: usize, g: &Geom, p: &mut Vec<f32>) {
+    let (n_kv_head, d, scale) = (g.n_kv_head, g.d, g.scale);
+    p.clear();
+    let mut m = f32::NEG_INFINITY;
+    for j in 0..=t {
+        let kr = &keys[(j * n_kv_head + h) * d..][..d];
+        let s = dot(qv, kr) * scale;
+        m = m.max(s);
+        p.push(s);
+    }
+    let mut z = 0f64;
+    for x in p.iter_mut() {
+        *x = (*x - m).exp();
+        z += f64::from(*x);
+    }
+    let inv = (1.0 / z) as f32;
+    for x in p.iter_mut() {
+        *x *= inv;
+    }
+}
+
+/// `o = sum_j p_j * values[j, h]`.
+fn weighted_sum(p: &[f32], values: &[f32], h: usize, g: &Geom, o: &mut [f32]) {
+    let (n_kv_head, d) = (g.n_kv_head, g.d);
+    o.fill(0.0);
+    for (j, &w) in p.iter().enumerate() {
+        let vr = &values[(j * n_kv_head + h) * d..][..d];
+        for (a, &b) in o.iter_mut().zip(vr) {
+            *a += w * b;
+        }
+    }
+}
+
+fn sq_dist(a: &[f32], b: &[f32]) -> f64 {
+    a.iter()
+        .zip(b)
+        .map(|(&x, &y)| {
+            let e = f64::from(x) - f64::from(y);
+            e * e
+        })
+        .sum()
+}
+
+fn quant_dequant(codec: &RowCodec, x: &[f32], packed: &mut [u8], out: &mut [f32]) -> Result<()> {
+    codec.quantize_rows(x, packed)?;
+    codec.dequantize_rows(packed, out)
+}
+
+/// One layer: K-only and V-only errors at every bit width.
+fn layer_errors(
+    s: &CalibShape,
+    k: &[f32],
+    v: &[f32],
+    q: &[f32],
+    codecs: &[RowCodec],
+    sample: QuerySample,
+) -> Result<(Vec<f64>, Vec<f64>)> {
+    let (d, hk, hq) = (s.head_dim, s.n_kv_head, s.n_head);
+    let group = hq / hk;
+    let geo = Geom {
+        n_kv_head: hk,
+        d,
+        scale: 1.0 / (d as f32).sqrt(),
+    };
+    let queries: Vec<(usize, usize)> = (sample.from..s.n_tokens)
+        .step_by(sample.stride)
+        .flat_map(|t| (0..hq).map(move |i| (t, i)))
+        .collect();
+    // Exact attention: weights and outputs, kept for the V pass and the K reference.
+    let mut exact_p: Vec<Vec<f32>> = Vec::with_capacity(queries.len());
+    let mut exact_o = vec![0f32; queries.len() * d];
+    let mut norm = 0f64;
+    for (n, &(t, i)) in queries.iter().enumerate() {
+        let qv = &q[(t * hq + i) * d..][..d];
+        let mut p = Vec::with_capacity(t + 1);
+        attention_weights(qv, k, t, i / group, &geo, &mut p);
+        let o = &mut exact_o[n * d..][..d];
+        weighted_sum(&p, v, i / group, &geo, o);
+        norm += o.iter().map(|&x| f64::from(x) * f64::from(x)).sum::<f64>();
+        exact_p.push(p);
+    }
+    let mut packed = vec![0u8; s.n_tokens * hk * codecs[N_BITS - 1].row_bytes()];
+    let mut deq = vec![0f32; k.len()];
+    let mut p = Vec::with_capacity(s.n_tokens);
+    let mut o = vec![0f32; d];
+    let mut k_errs = Vec::with_capacity(N_BITS);
+    let mut v_errs = Vec::with_capacity(N_BITS);
+    let rel = |e: f64| if norm > 0.0 { e / norm } else { 0.0 };
+    for c in codecs {
+        let pk = &mut packed[..s.n_tokens * hk * c.row_bytes()];
+        // K only.
+        quant_dequant(c, k, pk, &mut deq)?;
+        let mut err = 0f64;
+        for (n, &(t, i)) in queries.iter().enumerate() {
+            let qv = &q[(t * hq + i) * d..][..d];
+            attention_weights(qv, &deq, t, i / group, &geo, &mut p);
+            weighted_sum(&p, v, i / group, &geo, &mut o);
+            err += sq_dist(&o, &exact_o[n * d..][..d]);
+        }
+        k_errs.push(rel(err));
+        // V only: o' - o = sum_j p_j (v'_j - v_j).
+        quant_dequant(c, v, pk, &mut deq)?;
+        for (a, &b) in deq.iter_mut().zip(v) {
+            *a -= b;
+        }
+        let mut err = 0f64;
+        for (n, &(_, i)) in queries.iter().enumerate() {
+            weighted_sum(&exact_p[n], &deq, i / group, &geo, &mut o);
+            err += o.iter().map(|&x| f64::from(x) * f64::from(x)).sum::<f64>();
+        }
+        v_errs.push(rel(err));
+    }
+    Ok((k_errs, v_errs))
+}
+
+/// The result of [`allocate`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct Allocation {
+    /// Bits per layer.
+    pub layers: Vec<LayerBits>,
+    /// Sum over layers of the chosen K errors (times the K weight) and V errors.
+    pub total_error: f64,
+    /// Mean bits per value over all layers' K and V rows, scales included.
+    pub bits_per_value: f64,
+}
+
+impl Allocation {
+    /// The ratio to f16: `16 / bits_per_value`.
+    pub fn ratio(&self) -> f64 {
+        16.0 / self.bits_per_value
+    }
+}
+
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}
+
+/// Largest DP table (layers x byte states, 2 bytes a cell) [`allocate`] builds: 128 MiB.
+/// A 128-layer model at head_dim 128 needs about 2 M cells.
+pub const MAX_DP_CELLS: usize = 1 << 26;
+
+/// Mean bits per value of `layers` (K and V rows), scales included.
+pub fn plan_bits_per_value(layers: &[LayerBits], method: Method, head_dim: usize) -> Result<f64> {
+    let mut bytes = 0usize;
+    for l in layers {
+        bytes += row_bytes(method, l.k_bits, head_dim)? + row_bytes(method, l.v_bits, head_dim)?;
+    }
+    Ok(8.0 * bytes as f64 / (2 * layers.len() * head_dim) as f64)
+}
+
+/// Per-layer `(k_bits, v_bits)` minimizing the summed error with mean bits per value
+/// (scales included) at most `16 / ratio`: an exact dynamic program over layers (see the
+/// module docs). Errors: a ratio that is not finite and > 0, a budget below 2 bits
+/// everywhere (it names the largest reachable ratio), non-finite or negative errors.
+///
+/// `k_weight` multiplies every K error in the objective (1 treats K and V alike; end to end,
+/// K errors cost more than their layer-local size says, see `data/kvq-plans/README.md`).
+pub fn allocate(
+    sens: &Sensitivity,
+    method: Method,
+    head_dim: usize,
+    ratio: f64,
+    k_weight: f64,
+) -> Result<Allocation> {
+    let n_layer = sens.k.len();
+    if n_layer == 0 || sens.v.len() != n_layer {
+        return Err(Error::LayoutMismatch {
+            what: "sensitivity layers (V vs K, > 0)",
+            expected: n_layer.max(1),
+            found: sens.v.len(),
+        });
+    }
+    if !(ratio.is_finite() && ratio > 0.0) {
+        return Err(Error::BadConfig {
+            input: format!("{ratio}"),
+            reason: "budget ratio must be finite and > 0".into(),
+        });
+    }
+    if !(k_weight.is_finite() && k_weight > 0.0) {
+        return Err(Error::BadConfig {
+            input: format!("{k_weight}"),
+            reason: "K weight must be finite and > 0".into(),
+        });
+    }
+    if sens
+        .k
+        .iter()
+        .chain(&sens.v)
+        .flatten()
+        .any(|e| !(e.is_finite() && *e >= 0.0))
+    {
+        return Err(Error::BadConfig {
+            input: "sensitivity".into(),
+            reason: "errors must be finite and >= 0".into(),
+        });
+    }
+    let rb: Vec<usize> = BITS
+        .map(|b| row_bytes(method, b, head_dim))
+        .collect::<Result<_>>()?;
+    let g = rb.iter().fold(0, |a, &b| gcd(a, b));
+    let units: Vec<usize> = rb.iter().map(|&b| b / g).collect();
+    // Largest total bytes per token (all layers, one K and one V row) within budget:
+    // 8 * bytes / (2 * n_layer * head_dim) <= 16 / ratio, checked the way it is reported.
+    let bpv = |bytes: usize| 8.0 * bytes as f64 / (2 * n_layer * head_dim) as f64;
+    let max_units_all = n_layer * 2 * units[N_BITS - 1];
+    let mut budget = None;
+    for u in (0..=max_units_all).rev() {
+        if bpv(u * g) <= 16.0 / ratio {
+            budget = Some(u);
+            break;
+        }
+    }
+    let min_units = n_layer * 2 * units[0];
+    let budget = match budget {
+        Some(u) if u >= min_units => u,
+        _ => {
+            return Err(Error::BadConfig {
+                input: format!("{ratio}"),
+                reason: format!(
+                    "budget below 2 bits everywhere: the largest ratio {} reaches is {:.3}",
+                    method.tag(),
+                    16.0 / bpv(min_units * g)
+                ),
+            })
+        }
+    };
+    let states = budget + 1;
+    if n_layer.saturating_mul(states) > MAX_DP_CELLS {
+        return Err(Error::SizeOverflow {
+            what: "plan allocation table (too many layers)",
+        });
+    }
+    // Per layer: for each per-token cost (units), the cheapest-error (bk, bv).
+    let pair_max = 2 * units[N_BITS - 1];
+    let mut choice = vec![u16::MAX; n_layer * states];
+    let mut dp = vec![f64::INFINITY; states];
+    dp[0] = 0.0;
+    let mut next = vec![f64::INFINITY; states];
+    for l in 0..n_layer {
+        let mut best = vec![(f64::INFINITY, 0u8, 0u8); pair_max + 1];
+        for bk in BITS {
+            for bv in BITS {
+                let c = units[(bk - 2) as usize] + units[(bv - 2) as usize];
+                let e = k_weight * sens.k_err(l, bk) + sens.v_err(l, bv);
+                if e < best[c].0 {
+                    best[c] = (e, bk, bv);
+                }
+            }
+        }
+        next.fill(f64::INFINITY);
+        let row = &mut choice[l * states..(l + 1) * states];
+        for (s, &base) in dp.iter().enumerate() {
+            if !base.is_finite() {
+                continue;
+            }
+            for (c, &(e, bk, bv)) in best.iter().enumerate() {
+                if !e.is_finite() || s + c >= states {
+                    continue;
+                }
+                let tot = base + e;
+                if tot < next[s + c] {
+                    next[s + c] = tot;
+                    row[s + c] = u16::from(bk) << 8 | u16::from(bv);
+                }
+            }
+        }
+        std::mem::swap(&mut dp, &mut next);
+    }
+    // The best end state (ties: fewer bytes).
+    let (mut s, total_error) = dp.iter().enumerate().filter(|(_, e)| e.is_finite()).fold(
+        (0, f64::INFINITY),
+        |a, (s, &e)| if e < a.1 { (s, e) } else { a },
+    );
+    let mut layers = vec![
+        LayerBits {
+            k_bits: 2,
+            v_bits: 2
+        };
+        n_layer
+    ];
+    for l in (0..n_layer).rev() {
+        let c = choice[l * states + s];
+        let (bk, bv) = ((c >> 8) as u8, (c & 0xff) as u8);
+        layers[l] = LayerBits {
+            k_bits: bk,
+            v_bits: bv,
+        };
+        s -= units[(bk - 2) as usize] + units[(bv - 2) as usize];
+    }
+    let bits_per_value = plan_bits_per_value(&layers, method, head_dim)?;
+    Ok(Allocation {
+        layers,
+        total_error,
+        bits_per_value,
+    })
+}
+
+/// Where the calibration data came from, for the plan's record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CalibSource {
+    /// Dump directory.
+    pub source: String,
+    /// File tag.
+    pub tag: String,
+}
+
+/// A version-2 plan for `alloc`, with its calibration record.
+#[allow(clippy::too_many_arguments)]
+pub fn make_plan(
+    shape: CalibShape,
+    method: Method,
+    seed: u64,
+    sample: QuerySample,
+    src: &CalibSource,
+    ratio: f64,
+    k_weight: f64,
+    sens: &Sensitivity,
+    alloc: &Allocation,
+) -> Result<KvqPlan> {
+    let u32_of =
+        |what: &'static str, x: usize| u32::try_from(x).map_err(|_| Error::SizeOverflow { what });
+    let plan = KvqPlan {
+        format: super::config::PLAN_FORMAT.into(),
+        version: PLAN_VERSION,
+        method: method.tag(),
+        seed,
+        head_dim: u32_of("head_dim", shape.head_dim)?,
+        n_kv_head: u32_of("n_kv_head", shape.n_kv_head)?,
+        sink_tokens: 0,
+        recent_tokens: 0,
+        layers: alloc.layers.clone(),
+        calibration: Some(PlanCalibration {
+            source: src.source.clone(),
+            tag: src.tag.clone(),
+            n_tokens: u32_of("n_tokens", shape.n_tokens)?,
+            n_head: u32_of("n_head", shape.n_head)?,
+            query_from: u32_of("query_from", sample.from)?,
+            query_stride: u32_of("query_stride", sample.stride)?,
+            budget_ratio: ratio,
+            k_weight,
+            achieved_ratio: alloc.ratio(),
+            total_error: alloc.total_error,
+            layer_errors: alloc
+                .layers
+                .iter()
+                .enumerate()
+                .map(|(l, b)| LayerErrors {
+                    k_err: sens.k_err(l, b.k_bits),
+                    v_err: sens.v_err(l, b.v_bits),
+                })
+                .collect(),
+        }),
+    };
+    plan.validate()?;
+    Ok(plan)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn lcg(seed: &mut u64) -> f32 {
+        *seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+
+    fn synth(shape: CalibShape, seed: u64) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+        let mut s = seed;
+        let kv = shape.kv_len().unwrap();
+        let k = (0..kv).map(|_| 2.0 * lcg(&mut s)).collect();
+        let v = (0..kv).map(|_| lcg(&mut s)).collect();
+        let q = (0..shape.q_len().unwrap())
+            .map(|_| 2.0 * lcg(&mut s))
+            .collect();
+        (k, v, q)
+    }
+
+    const SHAPE: CalibShape = CalibShape {
+        n_layer: 3,
+        n_tokens: 96,
+        n_head: 4,
+        n_kv_head: 2,
+        head_dim: 64,
+    };
+    const SAMPLE: QuerySample = QuerySample {
+        from: 16,
+        stride: 8,
+    };
+
+    #[test]
+    fn errors_fall_with_bits_and_zero_k_layer_is_insensitive() {
+        let (mut k, v, q) = synth(SHAPE, 1);
+        let layer = SHAPE.n_tokens * SHAPE.n_kv_head * SHAPE.head_dim;
+        k[layer..2 * layer].fill(0.0);
+        let s = sensitivity(SHAPE, &k, &v, &q, Method::LloydMax, 7, SAMPLE).unwrap();
+        for b in BITS {
+            assert_eq!(s.k_err(1, b), 0.0, "zero K, bits {b}");
+            assert!(s.v_err(1, b) > 0.0);
+        }
+        for l in [0, 2] {
+            for b in 2..8u8 {
+                assert!(s.k_err(l, b) > s.k_err(l, b + 1), "layer {l} K {b}: {s:?}");
+                assert!(s.v_err(l, b) > s.v_err(l, b + 1), "layer {l} V {b}: {s:?}");
+            }
+            // 2-bit is a real loss, 8-bit nearly none.
+            assert!(s.v_err(l, 2) > 0.01 && s.v_err(l, 8) < 1e-3, "{s:?}");
+        }
+    }
+
+    #[test]
+    fn sensitivity_matches_a_direct_f64_reference() {
+        // One layer, one KV head, two query heads: recompute the 3-bit K error in f64.
+        let shape = CalibShape {
+            n_layer: 1,
+            n_tokens: 40,
+            n_head: 2,
+            n_kv_head: 1,
+            head_dim: 64,
+        };
+        let (k, v, q) = synth(shape, 3);
+        let sample = QuerySample { from: 5, stride: 7 };
+        let s = sensitivity(shape, &k, &v, &q, Method::LloydMax, 9, sample).unwrap();
+        let c = RowCodec::new(Method::LloydMax, 3, 64, 9).unwrap();
+        let mut packed = vec![0u8; 40 * c.row_bytes()];
+        let mut kd = vec![0f32; k.len()];
+        c.quantize_rows(&k, &mut packed).unwrap();
+        c.dequantize_rows(&packed, &mut kd).unwrap();
+        let attn = |keys: &[f32], t: usize, i: usize| -> Vec<f64> {
+            let qv = &q[(t * 2 + i) * 64..][..64];
+            let sc: Vec<f64> = (0..=t)
+                .map(|j| {
+                    (0..64)
+                        .map(|x| f64::from(qv[x]) * f64::from(keys[j * 64 + x]))
+                        .sum::<f64>()
+                        / 8.0
+                })
+                .collect();
+            let m = sc.iter().cloned().fold(f64::MIN, f64::max);
+            let z: f64 = sc.iter().map(|x| (x - m).exp()).sum();
+            (0..64)
+                .map(|x| {
+                    (0..=t)
+                        .map(|j| (sc[j] - m).exp() / z * f64::from(v[j * 64 + x]))
+                        .sum()
+                })
+                .collect()
+        };
+        let (mut num, mut den) = (0.0, 0.0);
+        for t in (5..40).step_by(7) {
+            for i in 0..2 {
+                let (o, o2) = (attn(&k, t, i), attn(&kd, t, i));
+                num += o
+                    .iter()
+                    .zip(&o2)
+                    .map(|(a, b)| (a - b) * (a - b))
+                    .sum::<f64>();
+                den += o.iter().map(|a| a * a).sum::<f64>();
+            }
+        }
+        let want = num / den;
+        let got = s.k_err(0, 3);
+        assert!((got - want).abs() <= 1e-3 * want, "{got} vs {want}");
+    }
+
+    #[test]
+    fn bad_inputs_are_errors() {
+        let (k, v, q) = synth(SHAPE, 2);
+        let m = Method::LloydMax;
+        assert!(sensitivity(SHAPE, &k[1..], &v, &q, m, 1, SAMPLE).is_err());
+        assert!(sensitivity(SHAPE, &k, &v, &q[..q.len() - 1], m, 1, SAMPLE).is_err());
+        let mut bad = SHAPE;
+        bad.n_head = 3;
+        assert!(sensitivity(bad, &k, &v, &q, m, 1, SAMPLE).is_err());
+        bad = SHAPE;
+        bad.head_dim = 48;
+        assert!(sensitivity(bad, &k, &v, &q, m, 1, SAMPLE).is_err());
+        let far = QuerySample {
+            from: 96,
+            stride: 8,
+        };
+        assert!(sensitivity(SHAPE, &k, &v, &q, m, 1, far).is_err());
+        let zero = QuerySample { from: 0, stride: 0 };
+        assert!(sensitivity(SHAPE, &k, &v, &q, m, 1, zero).is_err());
+        let mut kn = k.clone();
+        kn[5] = f32::NAN;
+        assert!(sensitivity(SHAPE, &kn, &v, &q, m, 1, SAMPLE).is_err());
+        let s = Sensitivity {
+            k: vec![[0.1; N_BITS]],
+            v: vec![[0.1; N_BITS]],
+        };
+        // 2 bits everywhere is 2.25 bits/value with lm at d = 64: ratio 7.11 at most.
+        let e = allocate(&s, m, 64, 8.0, 1.0).unwrap_err();
+        assert!(e.to_string().contains("7.111"), "{e}");
+        assert!(allocate(&s, m, 64, 7.1, 1.0).is_ok());
+        assert!(allocate(&s, m, 64, f64::NAN, 1.0).is_err());
+        assert!(allocate(&s, m, 64, 0.0, 1.0).is_err());
+        let mut nan = s.clone();
+        nan.k[0][3] = f64::NAN;
+        assert!(allocate(&nan, m, 64, 4.0, 1.0).is_err());
+        assert!(allocate(&s, m, 64, 4.0, 0.0).is_err());
+        assert!(allocate(&s, m, 64, 4.0, f64::INFINITY).is_err());
+    }
+
+    #[test]
+    fn plan_from_calibration_round_trips() {
+        let (k, v, q) = synth(SHAPE, 4);
+        let s = sensitivity(SHAPE, &k, &v, &q, Method::LloydMax, 5, SAMPLE).unwrap();
+        let a = allocate(&s, Method::LloydMax, 64, 3.5, 1.0).unwrap();
+        assert!(a.ratio() >= 3.5);
+        let src = CalibSource {
+            source: "synthetic".into(),
+            tag: "t".into(),
+        };
+        let p = make_plan(SHAPE, Method::LloydMax, 5, SAMPLE, &src, 3.5, 1.0, &s, &a).unwrap();
+        let back = KvqPlan::from_json(&p.to_json()).unwrap();
+        assert_eq!((back.version, &back.layers), (2, &p.layers));
+        // serde_json's default float parsing may differ from the written value in the
+        // last bit.
+        let (x, y) = (
+            back.calibration.clone().unwrap(),
+            p.calibration.clone().unwrap(),
+        );
+        assert_eq!(
+            (&x.source, &x.tag, x.n_tokens),
+            (&y.source, &y.tag, y.n_tokens)
+        );
+        assert!((x.total_error - y.total_error).abs() <= 1e-15 * y.total_error);
+        assert!((back.bits_per_value().unwrap() - a.bits_per_value).abs() < 1e-12);
+        // A calibration record in a version-1 plan, or of the wrong length, is refused.
+        let mut v1 = p.clone();
+        v1.version = 1;
+        assert!(v1.validate().is_err());
+        let mut short = p.clone();
+        short.calibration.as_mut().unwrap().layer_errors.pop();
+        assert!(short.validate().is_err());
+    }
+
+    fn table() -> impl Strategy<Value = (Vec<[f64; N_BITS]>, Vec<[f64; N_BITS]>)> {
+        (1usize..12).prop_flat_map(|n| {
+            let row = proptest::array::uniform7(0.0f64..1.0);
+            (
+                proptest::collection::vec(row.clone(), n),
+                proptest::collection::vec(row, n),
+            )
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(200))]
+        #[test]
+        fn allocation_fits_budget_and_beats_every_uniform_choice(
+            (k, v) in table(),
+            ratio in 1.5f64..7.1,
+            k_weight in prop_oneof![Just(1.0f64), 0.25f64..8.0],
+            uniform_group in prop_oneof![Just(None), Just(Some(32u16))],
+        ) {
+            let s = Sensitivity { k, v };
+            let m = uniform_group.map_or(Method::LloydMax, |group| Method::Uniform { group });
+            let d = 64;
+            let min_bpv = 8.0 * row_bytes(m, 2, d).unwrap() as f64 / d as f64;
+            prop_assume!(16.0 / ratio >= min_bpv);
+            let a = allocate(&s, m, d, ratio, k_weight).unwrap();
+            prop_assert!(a.bits_per_value <= 16.0 / ratio, "{} > {}", a.bits_per_value, 16.0 / ratio);
+            let recomputed: f64 = a.layers.iter().enumerate()
+                .map(|(l, b)| k_weight * s.k_err(l, b.k_bits) + s.v_err(l, b.v_bits)).sum();
+            prop_assert!((recomputed - a.total_error).abs() <= 1e-9);
+            for bk in BITS {
+                for bv in BITS {
+                    let u = vec![LayerBits { k_bits: bk, v_bits: bv }; s.k.len()];
+                    if plan_bits_per_value(&u, m, d).unwrap() <= 16.0 / ratio {
+                        let ue = s.uniform_error(bk, bv, k_weight);
+                        prop_assert!(a.total_error <= ue + 1e-9,
+                            "k{bk}v{bv}: {} > {ue}", a.total_error);
+                    }
+                }
+            }
+        }
+    }
+}
