@@ -66,6 +66,11 @@ max_len() {
 
 [ -n "${FUZZ_BUILD_ONLY:-}" ] && exit 0
 
+# c8_checkpoint writes its two files per input here (tmpfs when there is one).
+scratch="$(mktemp -d -p /dev/shm kvc-fuzz.XXXXXX 2>/dev/null || mktemp -d)"
+trap 'rm -rf "$scratch"' EXIT
+export KVC_FUZZ_SCRATCH="$scratch"
+
 status=0
 summary=()
 for t in $targets; do

@@ -1,10 +1,11 @@
 //! Fuzz the msmodelslim C8 checkpoint reader (description JSON + safetensors scales)
 //! through the C entry point an engine calls, `kvc_quant_new_from_msmodelslim`. The input
 //! is `desc_len: u16 LE`, then that many bytes of `quant_model_description.json`, then
-//! `quant_model_weight.safetensors`; both are written into a private directory (tmpfs
-//! when there is one) before each call. Any input gives a typed status, never a panic,
-//! an out-of-bounds access or an allocation the files do not justify. A checkpoint that
-//! loads must report a shape within the documented limits and quantize a row cleanly.
+//! `quant_model_weight.safetensors`; both are written into a private directory
+//! (`$KVC_FUZZ_SCRATCH` when set, else tmpfs when there is one) before each call. Any
+//! input gives a typed status, never a panic, an out-of-bounds access or an allocation the
+//! files do not justify. A checkpoint that loads must report a shape within the
+//! documented limits and quantize a row cleanly.
 #![no_main]
 
 use std::ffi::CString;
@@ -23,7 +24,10 @@ use libfuzzer_sys::fuzz_target;
 fn dir() -> &'static (PathBuf, CString) {
     static DIR: OnceLock<(PathBuf, CString)> = OnceLock::new();
     DIR.get_or_init(|| {
-        let base = if std::path::Path::new("/dev/shm").is_dir() {
+        // scripts/fuzz-all.sh passes a directory it removes afterwards.
+        let base = if let Some(d) = std::env::var_os("KVC_FUZZ_SCRATCH") {
+            PathBuf::from(d)
+        } else if std::path::Path::new("/dev/shm").is_dir() {
             PathBuf::from("/dev/shm")
         } else {
             std::env::temp_dir()
