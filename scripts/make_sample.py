@@ -1,5 +1,7 @@
 #!/usr/bin/env python3
-"""Cut the embedded default sample out of the real KV dump in ../shared/data/realkv.
+"""Cut the embedded default sample out of a real KV dump (default: $KVC_REALKV_DIR, else
+the maintainers' ../shared/data/realkv; any directory the llama.cpp client's dump mode
+wrote works, see README.md "Real KV dumps of your own").
 
 The sample is layers 0..3 and tokens 0..511 of every `textA.{K,V}.{f16,bf16}.bin`, written
 in the same layout `[n_layer][n_tokens][n_kv_head][head_dim]` with a JSON sidecar that keeps
@@ -16,8 +18,14 @@ TOKENS = 512
 
 
 def main() -> None:
-    src = sys.argv[1] if len(sys.argv) > 1 else "../shared/data/realkv"
+    src = sys.argv[1] if len(sys.argv) > 1 else os.environ.get("KVC_REALKV_DIR", "../shared/data/realkv")
     dst = sys.argv[2] if len(sys.argv) > 2 else "data/sample"
+    if not os.path.isfile(os.path.join(src, "textA.K.f16.json")):
+        sys.exit(
+            f"make_sample: no KV dump in {src} (textA.K.f16.json). data/sample/ is already in "
+            "the repository; to cut a sample of your own, make a dump with the llama.cpp "
+            "client's dump mode (README.md) and pass its directory."
+        )
     os.makedirs(dst, exist_ok=True)
     for tensor in ("K", "V"):
         for dtype in ("f16", "bf16"):

@@ -641,6 +641,16 @@ fn validate_shape(s: &CallShape) -> Result<()> {
     if s.n_heads == 0 {
         return Err(shape_err("n_heads", "must be at least 1, found 0".into()));
     }
+    // The EMA divides by heads * queries: that product must exist.
+    if s.n_heads.checked_mul(s.n_queries).is_none() {
+        return Err(shape_err(
+            "n_heads",
+            format!(
+                "n_heads ({}) * n_queries ({}) overflows usize",
+                s.n_heads, s.n_queries
+            ),
+        ));
+    }
     if s.n_kv_heads == 0 || s.n_heads % s.n_kv_heads != 0 {
         return Err(shape_err(
             "n_kv_heads",

@@ -552,7 +552,10 @@ fn bad_input_is_a_typed_error() {
     assert!(p.scores(0).is_empty());
     // Overflowing shape products are errors, not wraps.
     let mut p = H2oPolicy::new(small_cfg(), 1).unwrap();
-    p.begin_call(0, shape(1 << 20, 1 << 20, 1 << 44, 1))
+    assert!(p
+        .begin_call(0, shape(1 << 20, 1 << 20, 1 << 44, 1))
+        .is_err());
+    p.begin_call(0, shape(1 << 20, 1 << 20, 1 << 30, 1))
         .unwrap();
     assert!(p.ingest_probabilities(0, &[0.0; 4]).is_err());
     // plan_reserve checks its arguments.
@@ -575,5 +578,23 @@ fn tile(
         rows,
         n_rows,
         row_stride,
+    }
+}
+
+/// Found by the h2o_replay fuzz target's allocation test (issue 25): a call whose
+/// `n_heads * n_queries` overflows made `end_call`'s normaliser overflow (a panic with
+/// overflow checks, a wrong EMA without). It is now refused when the call opens.
+#[test]
+fn heads_times_queries_overflow_is_refused() {
+    for (n_heads, n_kv_heads) in [(usize::MAX, 1), (usize::MAX, usize::MAX), (1 << 60, 1 << 8)] {
+        let mut p = H2oPolicy::new(small_cfg(), 1).unwrap();
+        let e = p
+            .begin_call(0, shape(64, 64, n_heads, n_kv_heads))
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
+        assert!(e.to_string().contains("overflows"), "{e}");
+        // The policy still works afterwards.
+        let d = call_blocks(&mut p, 0, shape(8, 1, 2, 1), &[1.0, 2.0]);
+        assert!(!d.triggered);
     }
 }
