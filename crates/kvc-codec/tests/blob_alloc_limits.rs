@@ -8,102 +8,18 @@
 //! here) once per decoder, at a fixed size: the one-shot `ZSTD_decompressDCtx` decodes
 //! straight into the output, with no window buffer sized by the frame.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
-
 use kvc_codec::gear_v1::{decoded_len, GearV1Decoder};
 use kvc_codec::gear_v2::Decoder;
 use kvc_codec::Dtype;
+use kvc_test_alloc::{measure, random_bytes};
 
 /// The stated bound (for the real blobs that are longer than 100 bytes too): bytes held at once per blob byte...
 const MAX_BYTES_PER_INPUT_BYTE: usize = 16;
 /// ...plus this much for any call (error messages, tables sized by constants).
 const FIXED_BYTES: usize = 16 * 1024;
 
-// A global allocator that counts, per thread and only while `measure` runs, the bytes
-// live above the starting point (their peak) and the largest single request.
-struct Counting;
-
-thread_local! {
-    static ON: Cell<bool> = const { Cell::new(false) };
-    static LIVE: Cell<i64> = const { Cell::new(0) };
-    static PEAK: Cell<i64> = const { Cell::new(0) };
-    static LARGEST: Cell<usize> = const { Cell::new(0) };
-}
-
-fn grow(n: usize) {
-    let _ = ON.try_with(|on| {
-        if on.get() {
-            let live = LIVE.with(|l| {
-                l.set(l.get() + n as i64);
-                l.get()
-            });
-            PEAK.with(|p| p.set(p.get().max(live)));
-            LARGEST.with(|m| m.set(m.get().max(n)));
-        }
-    });
-}
-
-fn shrink(n: usize) {
-    let _ = ON.try_with(|on| {
-        if on.get() {
-            LIVE.with(|l| l.set(l.get() - n as i64));
-        }
-    });
-}
-
-// SAFETY: forwards every call to the system allocator unchanged; the counters are
-// const-initialised thread-local `Cell`s without destructors, so touching them never
-// allocates or recurses.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        grow(layout.size());
-        // SAFETY: forwarded contract.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        grow(layout.size());
-        // SAFETY: forwarded contract.
-        unsafe { System.alloc_zeroed(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        shrink(layout.size());
-        // SAFETY: forwarded contract.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        shrink(layout.size());
-        grow(new_size);
-        // SAFETY: forwarded contract.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
 #[global_allocator]
-static GLOBAL: Counting = Counting;
-
-/// Runs `f` and returns the peak of the bytes it held at once (allocated during the call
-/// and not yet freed) and its largest single allocation.
-fn measure(f: impl FnOnce()) -> (usize, usize) {
-    LIVE.with(|l| l.set(0));
-    PEAK.with(|p| p.set(0));
-    LARGEST.with(|m| m.set(0));
-    ON.with(|on| on.set(true));
-    f();
-    ON.with(|on| on.set(false));
-    (PEAK.with(Cell::get) as usize, LARGEST.with(Cell::get))
-}
-
-/// xorshift64: deterministic bytes for the random inputs.
-fn random_bytes(seed: u64, out: &mut [u8]) {
-    let mut s = seed | 1;
-    for b in out {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        *b = s as u8;
-    }
-}
+static GLOBAL: kvc_test_alloc::Counting = kvc_test_alloc::Counting;
 
 fn blobs(dir: &str, skip: usize) -> Vec<Vec<u8>> {
     let mut out = Vec::new();
