@@ -76,6 +76,9 @@ inline CacheDump parse_f16_state(const std::vector<uint8_t> & blob, int n_layer_
     r.get<uint32_t>("n_rot_v");
     if ((int) n_layer != n_layer_model) fail("state: layer count differs from the model");
     const size_t ne = n_embd_kv;
+    // K and V hold 2 bytes per value: a blob too short for them is refused before they are
+    // allocated (else a 12-byte cell would size 4 * n_layer * n_embd_kv bytes of output).
+    if (ne == 0 || (size_t) n_layer * cells > (blob.size() - r.off) / ne / 4) fail("state: blob too short for its K and V");
     d.k.resize((size_t) n_layer * cells * ne);
     d.v.resize((size_t) n_layer * cells * ne);
     for (uint32_t l = 0; l < n_layer; ++l) {
