@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds every libFuzzer target under fuzz/ (AddressSanitizer, stable toolchain with
 # RUSTC_BOOTSTRAP=1 for the flags cargo-fuzz would pass on nightly) and runs each in turn.
+# llama_state is C++ (fuzz/cpp/): clang++ -fsanitize=fuzzer,address,undefined.
 #
 #   scripts/fuzz-all.sh N                 N executions per target (default 10000000)
 #   scripts/fuzz-all.sh --time S          S seconds per target (the CI mode)
