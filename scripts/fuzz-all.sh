@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds every libFuzzer target under fuzz/ (AddressSanitizer, stable toolchain with
 # RUSTC_BOOTSTRAP=1 for the flags cargo-fuzz would pass on nightly) and runs each in turn.
+# llama_state is C++ (fuzz/cpp/): clang++ -fsanitize=fuzzer,address,undefined.
 #
 #   scripts/fuzz-all.sh N                 N executions per target (default 10000000)
 #   scripts/fuzz-all.sh --time S          S seconds per target (the CI mode)
@@ -20,7 +21,7 @@ if [ "${1:-}" = "--time" ]; then
     mode=time
     limit="${2:?usage: fuzz-all.sh --time SECONDS}"
 fi
-all_targets="gear_v1_decode gear_v2_decode mlp_weights c8_checkpoint h2o_replay"
+all_targets="gear_v1_decode gear_v2_decode mlp_weights c8_checkpoint h2o_replay kvq_plan kvq_rows tier_blob llama_state"
 targets="${FUZZ_TARGETS:-$all_targets}"
 
 host="$(rustc -vV | sed -n 's/^host: //p')"
@@ -29,8 +30,18 @@ export RUSTFLAGS="-Cpasses=sancov-module -Cllvm-args=-sanitizer-coverage-level=4
 -Cllvm-args=-sanitizer-coverage-inline-8bit-counters -Cllvm-args=-sanitizer-coverage-pc-table \
 -Cllvm-args=-sanitizer-coverage-trace-compares --cfg fuzzing -Zsanitizer=address -Cdebug-assertions -Coverflow-checks"
 bins=()
-for t in $targets; do bins+=(--bin "$t"); done
-cargo build --release --locked --target "$host" "${bins[@]}"
+for t in $targets; do [ "$t" = llama_state ] || bins+=(--bin "$t"); done
+[ ${#bins[@]} -eq 0 ] || cargo build --release --locked --target "$host" "${bins[@]}"
+# llama_state: the C++ parser of llama.cpp's state container (header only), libFuzzer with
+# AddressSanitizer and UndefinedBehaviorSanitizer.
+if [[ " $targets " = *" llama_state "* ]]; then
+    mkdir -p target/cpp
+    clang++ -std=c++17 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
+        -I ../include cpp/llama_state_fuzz.cpp -o target/cpp/llama_state
+fi
+bin_of() { # target -> its binary
+    if [ "$1" = llama_state ]; then echo target/cpp/llama_state; else echo "target/$host/release/$1"; fi
+}
 
 # Seed corpora from the repository's own files.
 seed() { # target, files...
@@ -44,6 +55,7 @@ seed gear_v1_decode seeds/gear_v1_decode/*
 seed gear_v2_decode ../crates/kvc-codec/tests/golden/*.kvg2
 seed mlp_weights ../crates/kvc-mlp/tests/fixtures/*.bin
 seed h2o_replay seeds/h2o_replay/*
+seed kvq_plan ../data/kvq-plans/*.json
 # c8_checkpoint: u16 LE description length, the description, the safetensors file (the
 # fixtures scripts/make_c8_fixtures.py wrote).
 mkdir -p corpus/c8_checkpoint
@@ -56,10 +68,23 @@ for d in ../crates/kvc-cache/tests/fixtures/c8/*/; do
     } >"corpus/c8_checkpoint/$(basename "$d")"
 done
 
+# kvq_rows, tier_blob: the target writes seeds from the embedded sample (data/sample)
+# itself on its first call (kvq rows quantized per config; blobs per codec).
+for t in kvq_rows tier_blob; do
+    if [[ " $targets " = *" $t "* ]]; then
+        mkdir -p "corpus/$t"
+        KVC_FUZZ_WRITE_SEEDS="corpus/$t" "$(bin_of "$t")" -runs=1 "corpus/$t" >/dev/null 2>&1 || true
+        ls "corpus/$t"/sample-* >/dev/null
+    fi
+done
+# llama_state: valid state blobs written by the seed generator (real f16 values of data/sample).
+[[ " $targets " = *" llama_state "* ]] && python3 cpp/make_llama_state_seeds.py corpus/llama_state
+
 max_len() {
     case "$1" in
         gear_v1_decode | h2o_replay) echo 4096 ;;
         mlp_weights) echo 32768 ;;
+        kvq_rows) echo 2048 ;;
         *) echo 8192 ;;
     esac
 }
@@ -83,7 +108,7 @@ for t in $targets; do
     fi
     echo "== $t (${budget[*]})"
     start=$(date +%s)
-    if "target/$host/release/$t" "corpus/$t" "${budget[@]}" -max_len="$(max_len "$t")" \
+    if "$(bin_of "$t")" "corpus/$t" "${budget[@]}" -max_len="$(max_len "$t")" \
         -rss_limit_mb=2048 -malloc_limit_mb=1024 -artifact_prefix="artifacts/$t/" \
         -print_final_stats=1 >"$log" 2>&1; then
         result=ok

@@ -4,90 +4,22 @@
 #pragma once
 
 #include "decode.hpp"
+#include "llama_state_parse.hpp"
 
 namespace {
 
 // ------------------------------------------------------------------------------------------
 // dump mode: post-RoPE K and V as the cache holds them, in the realkv format
 
-// Reads the K and V rows of an f16 cache out of a llama_state_seq_get_data blob (single
-// stream, single sequence). Layout: magic, seq_id, then llama_kv_cache::state_write: n_stream, then per
-// stream cell_count, per cell (pos, n_seq_id, seq ids), then v_trans, n_layer, n_rot_k, n_rot_v,
-// per layer K (type, row size, rows), per layer V (rows, or when transposed type, element
-// size, n_embd_v_gqa and the cells of each channel). Every field is checked.
-struct StateReader {
-    const std::vector<uint8_t> & s;
-    size_t off = 0;
-    template <class T> T get(const char * what) {
-        if (s.size() - off < sizeof(T)) fail(std::string("state blob truncated at ") + what);
-        T v;
-        std::memcpy(&v, s.data() + off, sizeof(T));
-        off += sizeof(T);
-        return v;
-    }
-    const uint8_t * take(size_t n, const char * what) {
-        if (s.size() - off < n) fail(std::string("state blob truncated at ") + what);
-        const uint8_t * p = s.data() + off;
-        off += n;
-        return p;
-    }
-};
-
-struct CacheDump {
-    int n_cells = 0;
-    std::vector<llama_pos> pos;
-    // [layer][cell][n_embd_kv] f16 bits
-    std::vector<uint16_t> k, v;
-};
+// The state container's parser: llama_state_parse.hpp (no llama calls; fuzzed alone).
+static_assert(kvc_llama_state::kMagic == kStateMagic, "llama_state_parse.hpp's magic");
+static_assert(kvc_llama_state::kGgmlTypeF16 == GGML_TYPE_F16, "llama_state_parse.hpp's GGML_TYPE_F16");
+static_assert(std::is_same<llama_pos, int32_t>::value, "CacheDump::pos holds llama_pos");
+using kvc_llama_state::CacheDump;
+using kvc_llama_state::StateReader;
 
 CacheDump parse_f16_state(const std::vector<uint8_t> & blob, const ModelInfo & mi) {
-    StateReader r{blob};
-    CacheDump d;
-    if (r.get<uint32_t>("magic") != kStateMagic) fail("state: bad magic");
-    if (r.get<int32_t>("seq_id") != 0) fail("state: not sequence 0");
-    if (r.get<uint32_t>("n_stream") != 1) fail("state: expected one stream");
-    const uint32_t cells = r.get<uint32_t>("cell_count");
-    if (cells == 0 || cells > (1u << 24)) fail("state: implausible cell count");
-    d.n_cells = (int) cells;
-    for (uint32_t c = 0; c < cells; ++c) {
-        d.pos.push_back(r.get<int32_t>("pos"));
-        const uint32_t n_seq = r.get<uint32_t>("n_seq_id");
-        if (n_seq != 1) fail("state: a cell with " + std::to_string(n_seq) + " sequences");
-        if (r.get<int32_t>("seq_id") != 0) fail("state: unexpected sequence id");
-    }
-    const uint32_t v_trans = r.get<uint32_t>("v_trans");
-    const uint32_t n_layer = r.get<uint32_t>("n_layer");
-    r.get<uint32_t>("n_rot_k");
-    r.get<uint32_t>("n_rot_v");
-    if ((int) n_layer != mi.n_layer) fail("state: layer count differs from the model");
-    const size_t ne = (size_t) mi.n_embd_kv();
-    d.k.resize((size_t) n_layer * cells * ne);
-    d.v.resize((size_t) n_layer * cells * ne);
-    for (uint32_t l = 0; l < n_layer; ++l) {
-        if (r.get<int32_t>("k type") != GGML_TYPE_F16) fail("state: K cache is not f16");
-        if (r.get<uint64_t>("k row size") != ne * 2) fail("state: K row size");
-        std::memcpy(&d.k[(size_t) l * cells * ne], r.take((size_t) cells * ne * 2, "K rows"), (size_t) cells * ne * 2);
-    }
-    for (uint32_t l = 0; l < n_layer; ++l) {
-        if (r.get<int32_t>("v type") != GGML_TYPE_F16) fail("state: V cache is not f16");
-        if (!v_trans) {
-            if (r.get<uint64_t>("v row size") != ne * 2) fail("state: V row size");
-            std::memcpy(&d.v[(size_t) l * cells * ne], r.take((size_t) cells * ne * 2, "V rows"), (size_t) cells * ne * 2);
-        } else {
-            if (r.get<uint32_t>("v element size") != 2) fail("state: V element size");
-            if (r.get<uint32_t>("n_embd_v_gqa") != ne) fail("state: n_embd_v_gqa");
-            for (size_t j = 0; j < ne; ++j) {
-                const uint8_t * p = r.take((size_t) cells * 2, "V channel");
-                for (uint32_t c = 0; c < cells; ++c) {
-                    uint16_t x;
-                    std::memcpy(&x, p + (size_t) c * 2, 2);
-                    d.v[((size_t) l * cells + c) * ne + j] = x;
-                }
-            }
-        }
-    }
-    if (r.off != blob.size()) fail("state: trailing bytes after the V data");
-    return d;
+    return kvc_llama_state::parse_f16_state(blob, mi.n_layer, (size_t) mi.n_embd_kv());
 }
 
 void write_bytes(const std::string & path, const void * data, size_t n) {

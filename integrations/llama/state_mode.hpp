@@ -10,59 +10,10 @@ namespace {
 // ------------------------------------------------------------------------------------------
 // the sequence state compressed with kvc's codec
 
-// A state blob cut into what kvc's codec should see: the K rows and the V data of every layer
-// as f16 streams, everything else (header, per-cell positions and sequence ids, per-layer
-// type and size fields) as bytes.
-struct StateSegment {
-    size_t off, len;
-    bool f16;
-    kvc_tensor tensor;
-};
+using kvc_llama_state::StateSegment;
 
 std::vector<StateSegment> state_segments(const std::vector<uint8_t> & blob, const ModelInfo & mi) {
-    StateReader r{blob};
-    std::vector<StateSegment> segs;
-    size_t mark = 0;
-    auto data = [&](size_t n, kvc_tensor tensor, const char * what) {
-        const size_t at = r.off;
-        r.take(n, what);
-        if (at > mark) segs.push_back({mark, at - mark, false, KVC_TENSOR_K});
-        segs.push_back({at, n, true, tensor});
-        mark = r.off;
-    };
-    if (r.get<uint32_t>("magic") != kStateMagic) fail("state: bad magic");
-    r.get<int32_t>("seq_id");
-    if (r.get<uint32_t>("n_stream") != 1) fail("state: expected one stream");
-    const uint32_t cells = r.get<uint32_t>("cell_count");
-    for (uint32_t c = 0; c < cells; ++c) {
-        r.get<int32_t>("pos");
-        const uint32_t n_seq = r.get<uint32_t>("n_seq_id");
-        for (uint32_t k = 0; k < n_seq; ++k) r.get<int32_t>("seq_id");
-    }
-    const uint32_t v_trans = r.get<uint32_t>("v_trans");
-    const uint32_t n_layer = r.get<uint32_t>("n_layer");
-    r.get<uint32_t>("n_rot_k");
-    r.get<uint32_t>("n_rot_v");
-    if ((int) n_layer != mi.n_layer) fail("state: layer count differs from the model");
-    const size_t ne = (size_t) mi.n_embd_kv();
-    for (uint32_t l = 0; l < n_layer; ++l) {
-        if (r.get<int32_t>("k type") != GGML_TYPE_F16) fail("state: K cache is not f16");
-        if (r.get<uint64_t>("k row size") != ne * 2) fail("state: K row size");
-        data((size_t) cells * ne * 2, KVC_TENSOR_K, "K rows");
-    }
-    for (uint32_t l = 0; l < n_layer; ++l) {
-        if (r.get<int32_t>("v type") != GGML_TYPE_F16) fail("state: V cache is not f16");
-        if (!v_trans) {
-            if (r.get<uint64_t>("v row size") != ne * 2) fail("state: V row size");
-        } else {
-            if (r.get<uint32_t>("v element size") != 2) fail("state: V element size");
-            if (r.get<uint32_t>("n_embd_v_gqa") != ne) fail("state: n_embd_v_gqa");
-        }
-        data((size_t) cells * ne * 2, KVC_TENSOR_V, "V data");
-    }
-    if (r.off != blob.size()) fail("state: trailing bytes after the V data");
-    if (mark < blob.size()) segs.push_back({mark, blob.size() - mark, false, KVC_TENSOR_K});
-    return segs;
+    return kvc_llama_state::state_segments(blob, mi.n_layer, (size_t) mi.n_embd_kv());
 }
 
 struct CodecPtr {
