@@ -148,6 +148,18 @@ pub unsafe extern "C" fn kvc_kvq_row_bytes(
     })
 }
 
+/// Floats (`n_rows * head_dim`) and packed bytes (`n_rows * row_bytes`) of `n_rows` rows,
+/// or an error when either overflows.
+fn row_sizes(head_dim: usize, row_bytes: usize, n_rows: usize) -> Result<(usize, usize), Error> {
+    let n = n_rows
+        .checked_mul(head_dim)
+        .ok_or_else(|| Error::invalid("n_rows", "n_rows * head_dim overflows"))?;
+    let need = n_rows
+        .checked_mul(row_bytes)
+        .ok_or_else(|| Error::invalid("n_rows", "n_rows * row_bytes overflows"))?;
+    Ok((n, need))
+}
+
 /// Quantizes `n_rows` rows of `head_dim` floats at `src` (one row = one token of one KV
 /// head; llama.cpp's K/V rows of a layer are `n_tokens * n_kv_head` such rows) into
 /// `dst` (`dst_len` bytes, at least `n_rows * row_bytes`; only those are written). A
@@ -172,12 +184,7 @@ pub unsafe extern "C" fn kvc_kvq_quantize_rows(
         // SAFETY: caller contract.
         let h = unsafe { handle_ref(kvq, "kvq") }?;
         let c = h.codec(layer, tensor)?;
-        let n = n_rows
-            .checked_mul(h.head_dim)
-            .ok_or_else(|| Error::invalid("n_rows", "n_rows * head_dim overflows"))?;
-        let need = n_rows
-            .checked_mul(c.row_bytes())
-            .ok_or_else(|| Error::invalid("n_rows", "n_rows * row_bytes overflows"))?;
+        let (n, need) = row_sizes(h.head_dim, c.row_bytes(), n_rows)?;
         if dst_len < need {
             return Err(kvc_quant::Error::BufferTooSmall {
                 what: "dst (n_rows * row_bytes)",
@@ -223,12 +230,7 @@ pub unsafe extern "C" fn kvc_kvq_dequantize_rows(
         // SAFETY: caller contract.
         let h = unsafe { handle_ref(kvq, "kvq") }?;
         let c = h.codec(layer, tensor)?;
-        let n = n_rows
-            .checked_mul(h.head_dim)
-            .ok_or_else(|| Error::invalid("n_rows", "n_rows * head_dim overflows"))?;
-        let need = n_rows
-            .checked_mul(c.row_bytes())
-            .ok_or_else(|| Error::invalid("n_rows", "n_rows * row_bytes overflows"))?;
+        let (n, need) = row_sizes(h.head_dim, c.row_bytes(), n_rows)?;
         if src_len < need {
             return Err(kvc_quant::Error::BufferTooSmall {
                 what: "src (n_rows * row_bytes)",
