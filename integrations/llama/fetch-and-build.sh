@@ -13,6 +13,8 @@
 #   KVC_LLAMA_ISA    auto (default: AVX-512 where this CPU has it) or avx2 (AVX-512 off even
 #                    on a CPU that has it, for checking that results hold on both builds); each
 #                    choice has its own build directory, so switching rebuilds nothing twice
+#   KVC_LLAMA_CLIENT_BUILD  build directory of the client (default <llama build>/client); set it
+#                    to build a second checkout's client against one shared llama.cpp build
 set -euo pipefail
 
 LLAMA_SYS_VERSION=0.1.161
@@ -167,7 +169,7 @@ ninja -C "$build" -j "$jobs" install >"$cache/build-llama.log" 2>&1 || { tail -n
 log "llama.cpp build step took $((SECONDS - t0)) s"
 
 # ---- 4. the client ----------------------------------------------------------------------
-cbuild="$build/client"
+cbuild="${KVC_LLAMA_CLIENT_BUILD:-$build/client}"
 if [ ! -f "$cbuild/build.ninja" ]; then
     cmake -S "$here" -B "$cbuild" -G Ninja -DCMAKE_BUILD_TYPE=Release \
         -DCMAKE_PREFIX_PATH="$build/install" >"$cache/configure-client.log" 2>&1 \
