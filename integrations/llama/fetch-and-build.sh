@@ -170,12 +170,13 @@ log "llama.cpp build step took $((SECONDS - t0)) s"
 
 # ---- 4. the client ----------------------------------------------------------------------
 cbuild="${KVC_LLAMA_CLIENT_BUILD:-$build/client}"
+mkdir -p "$cbuild"
 if [ ! -f "$cbuild/build.ninja" ]; then
     cmake -S "$here" -B "$cbuild" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-        -DCMAKE_PREFIX_PATH="$build/install" >"$cache/configure-client.log" 2>&1 \
-        || { cat "$cache/configure-client.log" >&2; exit 1; }
+        -DCMAKE_PREFIX_PATH="$build/install" >"$cbuild/configure-client.log" 2>&1 \
+        || { cat "$cbuild/configure-client.log" >&2; exit 1; }
 fi
-ninja -C "$cbuild" -j "$jobs" >"$cache/build-client.log" 2>&1 || { cat "$cache/build-client.log" >&2; exit 1; }
+ninja -C "$cbuild" -j "$jobs" >"$cbuild/build-client.log" 2>&1 || { cat "$cbuild/build-client.log" >&2; exit 1; }
 log "llama.cpp instruction set: $isa_name (KVC_LLAMA_ISA=$isa_choice)"
 
 echo "LLAMA_ISA=$isa_name"
