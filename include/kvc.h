@@ -138,7 +138,7 @@
  * fields are added (only ever appended). A program built against minor `m` runs on any
  * library with the same major and a minor `>= m`.
  */
-#define KVC_ABI_VERSION_MINOR 7
+#define KVC_ABI_VERSION_MINOR 8
 
 /**
  * The ABI version this header describes, `(major << 16) | minor`. Pass it to
@@ -1628,6 +1628,69 @@ typedef struct kvc_api {
      * See `kvc_tiers_free` (ABI 0.7).
      */
     void (*tiers_free)(struct kvc_tiers *tiers);
+    /**
+     * See `kvc_kvq_shape` (ABI 0.8).
+     */
+    enum kvc_status (*kvq_shape)(const struct kvc_kvq *kvq,
+                                 uint32_t *n_layer,
+                                 uint32_t *n_kv_head,
+                                 uint32_t *head_dim);
+    /**
+     * See `kvc_kvq_block_bits` (ABI 0.8).
+     */
+    enum kvc_status (*kvq_block_bits)(const struct kvc_kvq *kvq,
+                                      uint32_t layer,
+                                      kvc_tensor tensor,
+                                      uint32_t *bits);
+    /**
+     * See `kvc_kvq_block_bytes` (ABI 0.8).
+     */
+    enum kvc_status (*kvq_block_bytes)(uint32_t head_dim, uint32_t bits, size_t *out);
+    /**
+     * See `kvc_kvq_block_quantize` (ABI 0.8).
+     */
+    enum kvc_status (*kvq_block_quantize)(uint32_t head_dim,
+                                          uint32_t bits,
+                                          const float *src,
+                                          size_t n_values,
+                                          uint8_t *dst,
+                                          size_t dst_len);
+    /**
+     * See `kvc_kvq_block_dequantize` (ABI 0.8).
+     */
+    enum kvc_status (*kvq_block_dequantize)(uint32_t head_dim,
+                                            uint32_t bits,
+                                            const uint8_t *src,
+                                            size_t src_len,
+                                            float *dst,
+                                            size_t n_values);
+    /**
+     * See `kvc_kvq_block_dequantize_rotated` (ABI 0.8).
+     */
+    enum kvc_status (*kvq_block_dequantize_rotated)(uint32_t head_dim,
+                                                    uint32_t bits,
+                                                    const uint8_t *src,
+                                                    size_t src_len,
+                                                    float *dst,
+                                                    size_t n_values);
+    /**
+     * See `kvc_kvq_block_rotate` (ABI 0.8).
+     */
+    enum kvc_status (*kvq_block_rotate)(uint32_t head_dim, float *x, size_t n_values);
+    /**
+     * See `kvc_kvq_block_unrotate` (ABI 0.8).
+     */
+    enum kvc_status (*kvq_block_unrotate)(uint32_t head_dim, float *x, size_t n_values);
+    /**
+     * See `kvc_kvq_block_dot` (ABI 0.8).
+     */
+    enum kvc_status (*kvq_block_dot)(uint32_t head_dim,
+                                     uint32_t bits,
+                                     const uint8_t *packed,
+                                     size_t packed_len,
+                                     const float *q_rot,
+                                     size_t n_values,
+                                     float *out);
 } kvc_api;
 
 /**
@@ -2221,6 +2284,40 @@ enum kvc_status kvc_kvq_row_bytes(const struct kvc_kvq *kvq,
                                   size_t *out);
 
 /**
+ * The shape the handle was made for: layers, KV heads and head_dim, each written to its
+ * output (only on `KVC_OK`; every output must be non-NULL).
+ *
+ * Threads: safe from any thread.
+ *
+ * # Safety
+ * `kvq` a live handle; the outputs writable.
+ */
+KVC_NODISCARD
+enum kvc_status kvc_kvq_shape(const struct kvc_kvq *kvq,
+                              uint32_t *n_layer,
+                              uint32_t *n_kv_head,
+                              uint32_t *head_dim);
+
+/**
+ * The bits of `tensor` (`KVC_TENSOR_K` or `KVC_TENSOR_V`) in `layer` as a handle-free
+ * block format (`kvc_kvq_block_*`, the formats an engine's type system can name by
+ * `(head_dim, bits)`), written to `*bits`. `KVC_UNSUPPORTED` when the handle's codecs
+ * are not block formats: another method than `lm`, another rotation seed than the
+ * default, or a plan that keeps sink or recent tokens in f16; the last-error message
+ * says which. This is how an engine checks a plan before it sizes its cache from it.
+ *
+ * Threads: safe from any thread.
+ *
+ * # Safety
+ * `kvq` a live handle; `bits` writable.
+ */
+KVC_NODISCARD
+enum kvc_status kvc_kvq_block_bits(const struct kvc_kvq *kvq,
+                                   uint32_t layer,
+                                   kvc_tensor tensor,
+                                   uint32_t *bits);
+
+/**
  * Quantizes `n_rows` rows of `head_dim` floats at `src` (one row = one token of one KV
  * head; llama.cpp's K/V rows of a layer are `n_tokens * n_kv_head` such rows) into
  * `dst` (`dst_len` bytes, at least `n_rows * row_bytes`; only those are written). A
@@ -2292,6 +2389,120 @@ enum kvc_status kvc_kvq_attend(const struct kvc_kvq *kvq,
  * A non-NULL `kvq` must be a live handle not in use by another call; it is invalid after.
  */
 void kvc_kvq_free(struct kvc_kvq *kvq);
+
+/**
+ * Bytes of one packed block (row) of `head_dim` values at `bits` bits, written to
+ * `*out`: `2 + head_dim * bits / 8` (one f16 scale, then the codes).
+ * `KVC_INVALID_ARGUMENT` for a head_dim other than 64, 128 or 256 or bits outside 2..=8.
+ *
+ * Threads: safe from any thread.
+ *
+ * # Safety
+ * `out` writable.
+ */
+KVC_NODISCARD enum kvc_status kvc_kvq_block_bytes(uint32_t head_dim, uint32_t bits, size_t *out);
+
+/**
+ * Quantizes `n_values` floats at `src` (a whole number of rows of `head_dim`) into
+ * packed blocks at `dst` (`dst_len` bytes, at least `n_values / head_dim` blocks; only
+ * those are written). A row with a non-finite value, or too large for an f16 scale, is
+ * written poisoned (see the module notes) and is not an error. No allocation.
+ *
+ * Threads: safe from any thread.
+ *
+ * # Safety
+ * `src` readable for `n_values` floats; `dst` writable for `dst_len` bytes, not
+ * overlapping `src`.
+ */
+KVC_NODISCARD
+enum kvc_status kvc_kvq_block_quantize(uint32_t head_dim,
+                                       uint32_t bits,
+                                       const float *src,
+                                       size_t n_values,
+                                       uint8_t *dst,
+                                       size_t dst_len);
+
+/**
+ * Dequantizes `n_values` floats (a whole number of `head_dim` rows) from packed blocks
+ * at `src` (`src_len` bytes, at least that many blocks) into `dst`. A poisoned row (an
+ * f16 NaN or infinite scale) gives `head_dim` NaNs. No allocation.
+ *
+ * Threads: safe from any thread.
+ *
+ * # Safety
+ * `src` readable for `src_len` bytes; `dst` writable for `n_values` floats, not
+ * overlapping `src`.
+ */
+KVC_NODISCARD
+enum kvc_status kvc_kvq_block_dequantize(uint32_t head_dim,
+                                         uint32_t bits,
+                                         const uint8_t *src,
+                                         size_t src_len,
+                                         float *dst,
+                                         size_t n_values);
+
+/**
+ * As `kvc_kvq_block_dequantize`, but the rows stay in the rotated basis (`R x`, the
+ * basis the codes live in): for a kernel that sums weighted rows and calls
+ * `kvc_kvq_block_unrotate` once on the sum.
+ *
+ * Threads: safe from any thread.
+ *
+ * # Safety
+ * As `kvc_kvq_block_dequantize`.
+ */
+KVC_NODISCARD
+enum kvc_status kvc_kvq_block_dequantize_rotated(uint32_t head_dim,
+                                                 uint32_t bits,
+                                                 const uint8_t *src,
+                                                 size_t src_len,
+                                                 float *dst,
+                                                 size_t n_values);
+
+/**
+ * Rotates `n_values` floats at `x` (a whole number of `head_dim` rows) in place into the
+ * basis of the block formats of this head_dim: `x <- R x` per row (the seeded Hadamard
+ * rotation of `docs/formats/kvq.md`, default seed). Dot products are kept:
+ * `q . k = (R q) . (R k)`.
+ *
+ * Threads: safe from any thread.
+ *
+ * # Safety
+ * `x` readable and writable for `n_values` floats.
+ */
+KVC_NODISCARD enum kvc_status kvc_kvq_block_rotate(uint32_t head_dim, float *x, size_t n_values);
+
+/**
+ * The inverse of `kvc_kvq_block_rotate`, in place: `x <- R^T x` per row.
+ *
+ * Threads: safe from any thread.
+ *
+ * # Safety
+ * `x` readable and writable for `n_values` floats.
+ */
+KVC_NODISCARD enum kvc_status kvc_kvq_block_unrotate(uint32_t head_dim, float *x, size_t n_values);
+
+/**
+ * The dot product of `n_values` packed values at `packed` (`packed_len` bytes, a whole
+ * number of blocks) with `n_values` floats at `q_rot`, a query already rotated with
+ * `kvc_kvq_block_rotate`, summed over the blocks, written to `*out`. Equal to the dot
+ * product of the unrotated query with the dequantized row, up to rounding. A poisoned
+ * row gives NaN. No allocation.
+ *
+ * Threads: safe from any thread.
+ *
+ * # Safety
+ * `packed` readable for `packed_len` bytes; `q_rot` readable for `n_values` floats;
+ * `out` writable.
+ */
+KVC_NODISCARD
+enum kvc_status kvc_kvq_block_dot(uint32_t head_dim,
+                                  uint32_t bits,
+                                  const uint8_t *packed,
+                                  size_t packed_len,
+                                  const float *q_rot,
+                                  size_t n_values,
+                                  float *out);
 
 /**
  * Copies the message explaining this thread's last failed kvc call into `buf`.

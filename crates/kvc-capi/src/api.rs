@@ -21,8 +21,13 @@ use crate::h2o::{
     KvcReservePair,
 };
 use crate::kvq::{
-    kvc_kvq_attend, kvc_kvq_dequantize_rows, kvc_kvq_free, kvc_kvq_new, kvc_kvq_new_from_plan,
-    kvc_kvq_quantize_rows, kvc_kvq_row_bytes, KvcKvq,
+    kvc_kvq_attend, kvc_kvq_block_bits, kvc_kvq_dequantize_rows, kvc_kvq_free, kvc_kvq_new,
+    kvc_kvq_new_from_plan, kvc_kvq_quantize_rows, kvc_kvq_row_bytes, kvc_kvq_shape, KvcKvq,
+};
+// ABI 0.8: kvq block formats without a handle (ggml type traits).
+use crate::kvq_block::{
+    kvc_kvq_block_bytes, kvc_kvq_block_dequantize, kvc_kvq_block_dequantize_rotated,
+    kvc_kvq_block_dot, kvc_kvq_block_quantize, kvc_kvq_block_rotate, kvc_kvq_block_unrotate,
 };
 use crate::last_error::{kvc_last_error_message, set_last_error};
 use crate::mlp::{
@@ -523,6 +528,66 @@ pub struct KvcApi {
         unsafe extern "C" fn(tiers: *const KvcTiers, out: *mut KvcTiersMetrics) -> KvcStatus,
     /// See `kvc_tiers_free` (ABI 0.7).
     pub tiers_free: unsafe extern "C" fn(tiers: *mut KvcTiers),
+    // --- kvq shape, block bits and block formats (ABI 0.8) ---
+    /// See `kvc_kvq_shape` (ABI 0.8).
+    pub kvq_shape: unsafe extern "C" fn(
+        kvq: *const KvcKvq,
+        n_layer: *mut u32,
+        n_kv_head: *mut u32,
+        head_dim: *mut u32,
+    ) -> KvcStatus,
+    /// See `kvc_kvq_block_bits` (ABI 0.8).
+    pub kvq_block_bits: unsafe extern "C" fn(
+        kvq: *const KvcKvq,
+        layer: u32,
+        tensor: KvcTensor,
+        bits: *mut u32,
+    ) -> KvcStatus,
+    /// See `kvc_kvq_block_bytes` (ABI 0.8).
+    pub kvq_block_bytes: unsafe extern "C" fn(head_dim: u32, bits: u32, out: *mut usize) -> KvcStatus,
+    /// See `kvc_kvq_block_quantize` (ABI 0.8).
+    pub kvq_block_quantize: unsafe extern "C" fn(
+        head_dim: u32,
+        bits: u32,
+        src: *const f32,
+        n_values: usize,
+        dst: *mut u8,
+        dst_len: usize,
+    ) -> KvcStatus,
+    /// See `kvc_kvq_block_dequantize` (ABI 0.8).
+    pub kvq_block_dequantize: unsafe extern "C" fn(
+        head_dim: u32,
+        bits: u32,
+        src: *const u8,
+        src_len: usize,
+        dst: *mut f32,
+        n_values: usize,
+    ) -> KvcStatus,
+    /// See `kvc_kvq_block_dequantize_rotated` (ABI 0.8).
+    pub kvq_block_dequantize_rotated: unsafe extern "C" fn(
+        head_dim: u32,
+        bits: u32,
+        src: *const u8,
+        src_len: usize,
+        dst: *mut f32,
+        n_values: usize,
+    ) -> KvcStatus,
+    /// See `kvc_kvq_block_rotate` (ABI 0.8).
+    pub kvq_block_rotate:
+        unsafe extern "C" fn(head_dim: u32, x: *mut f32, n_values: usize) -> KvcStatus,
+    /// See `kvc_kvq_block_unrotate` (ABI 0.8).
+    pub kvq_block_unrotate:
+        unsafe extern "C" fn(head_dim: u32, x: *mut f32, n_values: usize) -> KvcStatus,
+    /// See `kvc_kvq_block_dot` (ABI 0.8).
+    pub kvq_block_dot: unsafe extern "C" fn(
+        head_dim: u32,
+        bits: u32,
+        packed: *const u8,
+        packed_len: usize,
+        q_rot: *const f32,
+        n_values: usize,
+        out: *mut f32,
+    ) -> KvcStatus,
 }
 
 static API: KvcApi = KvcApi {
@@ -610,6 +675,16 @@ static API: KvcApi = KvcApi {
     tiers_store: kvc_tiers_store,
     tiers_get_metrics: kvc_tiers_get_metrics,
     tiers_free: kvc_tiers_free,
+    // --- kvq shape, block bits and block formats (ABI 0.8) ---
+    kvq_shape: kvc_kvq_shape,
+    kvq_block_bits: kvc_kvq_block_bits,
+    kvq_block_bytes: kvc_kvq_block_bytes,
+    kvq_block_quantize: kvc_kvq_block_quantize,
+    kvq_block_dequantize: kvc_kvq_block_dequantize,
+    kvq_block_dequantize_rotated: kvc_kvq_block_dequantize_rotated,
+    kvq_block_rotate: kvc_kvq_block_rotate,
+    kvq_block_unrotate: kvc_kvq_block_unrotate,
+    kvq_block_dot: kvc_kvq_block_dot,
 };
 
 /// Whether a program built against ABI version `requested` can use this library.

@@ -5,7 +5,8 @@
 use std::ffi::{c_char, CStr};
 
 use kvc_quant::kvq::attention::attend_heads;
-use kvc_quant::kvq::{KvqConfig, KvqPlan, LayerCodec, RowCodec};
+use kvc_quant::kvq::config::DEFAULT_SEED;
+use kvc_quant::kvq::{KvqConfig, KvqPlan, LayerCodec, Method, RowCodec};
 use kvc_quant::Isa;
 
 use crate::boundary::{in_ref, in_slice, out_ref, out_slice, status_boundary};
@@ -21,6 +22,9 @@ pub struct KvcKvq {
     layers: Vec<LayerCodec>,
     head_dim: usize,
     n_kv_head: usize,
+    /// Why these codecs are not the handle-free block formats (`kvc_kvq_block_*`), if
+    /// they are not.
+    not_block: Option<String>,
 }
 
 impl KvcKvq {
@@ -90,10 +94,23 @@ fn from_plan(plan: &KvqPlan) -> Result<KvcKvq, Error> {
     let layers = (0..plan.layers.len())
         .map(|i| Ok(LayerCodec::new(&plan.layer_config(i)?, d)?))
         .collect::<Result<Vec<_>, Error>>()?;
+    let not_block = if plan.method()? != Method::LloydMax {
+        Some(format!("method `{}` is not lm", plan.method))
+    } else if plan.seed != DEFAULT_SEED {
+        Some(format!("rotation seed {} is not the default {DEFAULT_SEED}", plan.seed))
+    } else if plan.sink_tokens != 0 || plan.recent_tokens != 0 {
+        Some(format!(
+            "the plan keeps {} sink and {} recent tokens in f16, which a cache of block rows cannot hold",
+            plan.sink_tokens, plan.recent_tokens
+        ))
+    } else {
+        None
+    };
     Ok(KvcKvq {
         layers,
         head_dim: d,
         n_kv_head: plan.n_kv_head as usize,
+        not_block,
     })
 }
 
@@ -144,6 +161,74 @@ pub unsafe extern "C" fn kvc_kvq_row_bytes(
         // SAFETY: caller contract.
         let o = unsafe { out_ref(out, "out") }?;
         *o = h.codec(layer, tensor)?.row_bytes();
+        Ok(())
+    })
+}
+
+/// The shape the handle was made for: layers, KV heads and head_dim, each written to its
+/// output (only on `KVC_OK`; every output must be non-NULL).
+///
+/// Threads: safe from any thread.
+///
+/// # Safety
+/// `kvq` a live handle; the outputs writable.
+#[no_mangle]
+#[must_use = "a kvc_status reports failure"]
+pub unsafe extern "C" fn kvc_kvq_shape(
+    kvq: *const KvcKvq,
+    n_layer: *mut u32,
+    n_kv_head: *mut u32,
+    head_dim: *mut u32,
+) -> KvcStatus {
+    status_boundary("kvc_kvq_shape", || {
+        // SAFETY: caller contract.
+        let h = unsafe { handle_ref(kvq, "kvq") }?;
+        // SAFETY: caller contract.
+        let l = unsafe { out_ref(n_layer, "n_layer") }?;
+        // SAFETY: caller contract.
+        let k = unsafe { out_ref(n_kv_head, "n_kv_head") }?;
+        // SAFETY: caller contract.
+        let d = unsafe { out_ref(head_dim, "head_dim") }?;
+        // All three fit: a plan has at most 4096 layers and validated u32 fields.
+        *l = h.layers.len() as u32;
+        *k = h.n_kv_head as u32;
+        *d = h.head_dim as u32;
+        Ok(())
+    })
+}
+
+/// The bits of `tensor` (`KVC_TENSOR_K` or `KVC_TENSOR_V`) in `layer` as a handle-free
+/// block format (`kvc_kvq_block_*`, the formats an engine's type system can name by
+/// `(head_dim, bits)`), written to `*bits`. `KVC_UNSUPPORTED` when the handle's codecs
+/// are not block formats: another method than `lm`, another rotation seed than the
+/// default, or a plan that keeps sink or recent tokens in f16; the last-error message
+/// says which. This is how an engine checks a plan before it sizes its cache from it.
+///
+/// Threads: safe from any thread.
+///
+/// # Safety
+/// `kvq` a live handle; `bits` writable.
+#[no_mangle]
+#[must_use = "a kvc_status reports failure"]
+pub unsafe extern "C" fn kvc_kvq_block_bits(
+    kvq: *const KvcKvq,
+    layer: u32,
+    tensor: KvcTensor,
+    bits: *mut u32,
+) -> KvcStatus {
+    status_boundary("kvc_kvq_block_bits", || {
+        // SAFETY: caller contract.
+        let h = unsafe { handle_ref(kvq, "kvq") }?;
+        // SAFETY: caller contract.
+        let o = unsafe { out_ref(bits, "bits") }?;
+        let c = h.codec(layer, tensor)?;
+        if let Some(why) = &h.not_block {
+            return Err(Error::Wrapped {
+                status: KvcStatus::KVC_UNSUPPORTED,
+                message: format!("these kvq codecs are not block formats: {why}"),
+            });
+        }
+        *o = u32::from(c.bits());
         Ok(())
     })
 }

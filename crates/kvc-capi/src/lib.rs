@@ -34,6 +34,7 @@ pub mod error;
 pub mod h2o;
 pub mod handle;
 pub mod kvq;
+pub mod kvq_block;
 pub mod last_error;
 pub mod mlp;
 pub mod quant;

@@ -601,7 +601,7 @@ impl RowCodec {
     /// `q_rot . (rotated row)`: the dot product of a query already rotated by this
     /// codec's rotation with a packed row, equal to `q . dequantize(row)` up to rounding.
     #[inline(always)]
-    pub(crate) fn dot_rotated(&self, q_rot: &[f32], row: &[u8], row_index: usize) -> Result<f32> {
+    pub fn dot_rotated(&self, q_rot: &[f32], row: &[u8], row_index: usize) -> Result<f32> {
         let mut sc = [0f32; MAX_HEAD_DIM / 8];
         let sc = &mut sc[..self.scales];
         self.read_scales(row, sc, row_index)?;
