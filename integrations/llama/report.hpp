@@ -3,7 +3,7 @@
 // every part in this order; each part includes the one before it).
 #pragma once
 
-#include "state_mode.hpp"
+#include "kvq_native_mode.hpp"
 
 namespace {
 
@@ -48,7 +48,7 @@ std::string result_json(const RunResult & r) {
 }
 
 void write_json(const std::string & path, const Options & o, const ModelInfo & mi, const std::vector<TextReport> & reps,
-                const TapStats * probe_stats) {
+                const TapStats * probe_stats, const std::vector<SpeedRow> & speed) {
     std::ostringstream j;
     j << "{\n  \"model\": \"" << json_escape(mi.file) << "\", \"model_desc\": \"" << json_escape(mi.desc) << "\",\n";
     j << "  \"n_layer\": " << mi.n_layer << ", \"n_head\": " << mi.n_head << ", \"n_head_kv\": " << mi.n_head_kv
@@ -68,6 +68,16 @@ void write_json(const std::string & path, const Options & o, const ModelInfo & m
             j << (i ? ", " : "") << "\"" << json_escape(probe_stats->shapes[i]) << "\"";
         }
         j << "]},\n";
+    }
+    if (!speed.empty()) {
+        j << "  \"speed\": [\n";
+        for (size_t i = 0; i < speed.size(); ++i) {
+            const auto & s = speed[i];
+            j << "    {\"mode\": \"" << json_escape(s.mode) << "\", \"n_ctx\": " << s.n_ctx << ", \"threads\": " << s.threads
+              << ", \"tok_s\": " << json_num(s.tok_s) << ", \"kv_alloc_bytes\": " << json_num(s.alloc_bytes) << "}"
+              << (i + 1 < speed.size() ? ",\n" : "\n");
+        }
+        j << "  ],\n";
     }
     j << "  \"texts\": [\n";
     for (size_t t = 0; t < reps.size(); ++t) {
