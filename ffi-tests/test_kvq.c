@@ -146,6 +146,51 @@ int main(void) {
     kvq = NULL;
     for (size_t cut = 0; cut < strlen(v2); cut += 7)
         CHECK(kvc_kvq_new_from_plan(v2, cut, &kvq) != KVC_OK && kvq == NULL);
+    /* ABI 0.8: the handle-free block formats ggml's type traits call, and a plan's block
+       bits. The v2 plan above is lm with seed 1: not a block format. */
+    CHECK_STATUS(kvc_kvq_new_from_plan(v2, strlen(v2), &kvq), KVC_OK);
+    {
+        uint32_t nl = 0, nh = 0, hd = 0, bits = 0;
+        CHECK_STATUS(kvc_kvq_shape(kvq, &nl, &nh, &hd), KVC_OK);
+        CHECK(nl == 2 && nh == 3 && hd == 64);
+        CHECK_STATUS(kvc_kvq_block_bits(kvq, 0, KVC_TENSOR_K, &bits), KVC_UNSUPPORTED);
+        CHECK_STATUS(kvc_kvq_shape(kvq, NULL, &nh, &hd), KVC_NULL_ARGUMENT);
+    }
+    kvc_kvq_free(kvq);
+    kvq = NULL;
+    {
+        enum { D = 64, ROWS = 3 };
+        size_t bb = 0;
+        CHECK_STATUS(kvc_kvq_block_bytes(D, 4, &bb), KVC_OK);
+        CHECK(bb == 2 + 32);
+        CHECK_STATUS(kvc_kvq_block_bytes(96, 4, &bb), KVC_INVALID_ARGUMENT);
+        float x[ROWS * D], y[ROWS * D], yr[ROWS * D], q[D];
+        for (int i = 0; i < ROWS * D; ++i) x[i] = (float) ((i * 37) % 23) / 7.0f - 1.5f;
+        for (int i = 0; i < D; ++i) q[i] = (float) ((i * 11) % 13) / 5.0f - 1.0f;
+        x[2 * D + 3] = 1.0f / 0.0f; /* row 2 holds an infinity: stored poisoned */
+        unsigned char packed[ROWS * (2 + 32)];
+        CHECK_STATUS(kvc_kvq_block_quantize(D, 4, x, ROWS * D, packed, sizeof packed), KVC_OK);
+        CHECK_STATUS(kvc_kvq_block_quantize(D, 4, x, ROWS * D, packed, sizeof packed - 1),
+                     KVC_BUFFER_TOO_SMALL);
+        CHECK_STATUS(kvc_kvq_block_dequantize(D, 4, packed, sizeof packed, y, ROWS * D), KVC_OK);
+        CHECK_STATUS(kvc_kvq_block_dequantize_rotated(D, 4, packed, sizeof packed, yr, ROWS * D), KVC_OK);
+        CHECK_STATUS(kvc_kvq_block_unrotate(D, yr, ROWS * D), KVC_OK);
+        for (int i = 0; i < 2 * D; ++i) {
+            CHECK(fabsf(yr[i] - y[i]) <= 1e-5f * (1.0f + fabsf(y[i])));
+            CHECK(fabsf(y[i] - x[i]) < 0.5f);
+        }
+        for (int i = 2 * D; i < 3 * D; ++i) CHECK(y[i] != y[i]); /* NaN */
+        float qr[D], s = 0.0f;
+        memcpy(qr, q, sizeof qr);
+        CHECK_STATUS(kvc_kvq_block_rotate(D, qr, D), KVC_OK);
+        CHECK_STATUS(kvc_kvq_block_dot(D, 4, packed + (2 + 32), 2 + 32, qr, D, &s), KVC_OK);
+        double want = 0.0;
+        for (int i = 0; i < D; ++i) want += (double) q[i] * y[D + i];
+        CHECK(fabs((double) s - want) < 1e-3 * (1.0 + fabs(want)));
+        CHECK_STATUS(kvc_kvq_block_dot(D, 4, packed + 2 * (2 + 32), 2 + 32, qr, D, &s), KVC_OK);
+        CHECK(s != s);
+        CHECK_STATUS(kvc_kvq_block_dot(D, 4, packed, 2 + 32, qr, D - 1, &s), KVC_INVALID_ARGUMENT);
+    }
     puts("test_kvq: ok");
     return 0;
 }

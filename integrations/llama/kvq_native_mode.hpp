@@ -38,17 +38,32 @@ NativeKvq resolve_native(const std::string & m, const ModelInfo & mi) {
     n.mode = m;
     n.from_plan = m.rfind("kvq-native-plan:", 0) == 0;
     n.config = m.substr(n.from_plan ? 16 : 11);
-    const std::string plan_json = n.from_plan ? read_file(n.config) : std::string();
-    KvqPtr kvq(n.config, mi, n.from_plan ? &plan_json : nullptr);
-    n.cell_bytes = kvq_cell_bytes(kvq.q, mi, &n.k_bits, &n.v_bits);
+    kvc_kvq * raw = nullptr;
+    if (n.from_plan) {
+        // Only read here: whether the plan fits the model is llama.cpp's check at context
+        // creation (patch 0003), which this mode exercises rather than pre-empts.
+        const std::string json = read_file(n.config);
+        if (kvc_kvq_new_from_plan(json.data(), json.size(), &raw) != KVC_OK) {
+            throw UsageError(m + ": " + kvc_message());
+        }
+    } else if (kvc_kvq_new(n.config.c_str(), (uint32_t) mi.head_dim, (uint32_t) mi.n_layer, (uint32_t) mi.n_head_kv,
+                           &raw) != KVC_OK) {
+        throw UsageError(m + ": " + kvc_message());
+    }
+    std::unique_ptr<kvc_kvq, void (*)(kvc_kvq *)> kvq(raw, kvc_kvq_free);
+    uint32_t pl = 0, ph = 0, pd = 0;
+    kvc_ok(kvc_kvq_shape(kvq.get(), &pl, &ph, &pd), "kvc_kvq_shape");
+    if ((int) pl == mi.n_layer && (int) ph == mi.n_head_kv && (int) pd == mi.head_dim) {
+        n.cell_bytes = kvq_cell_bytes(kvq.get(), mi, &n.k_bits, &n.v_bits);
+    }
     uint32_t kb = 0, vb = 0;
-    if (kvc_kvq_block_bits(kvq.q, 0, KVC_TENSOR_K, &kb) != KVC_OK ||
-        kvc_kvq_block_bits(kvq.q, 0, KVC_TENSOR_V, &vb) != KVC_OK) {
+    if (kvc_kvq_block_bits(kvq.get(), 0, KVC_TENSOR_K, &kb) != KVC_OK ||
+        kvc_kvq_block_bits(kvq.get(), 0, KVC_TENSOR_V, &vb) != KVC_OK) {
         throw UsageError(m + ": " + kvc_message());
     }
     n.type_k = ggml_kvc_type((int) kb, mi.head_dim);
     n.type_v = ggml_kvc_type((int) vb, mi.head_dim);
-    if (n.type_k == GGML_TYPE_COUNT || n.type_v == GGML_TYPE_COUNT) {
+    if (!n.from_plan && (n.type_k == GGML_TYPE_COUNT || n.type_v == GGML_TYPE_COUNT)) {
         throw UsageError(m + ": head_dim " + std::to_string(mi.head_dim) + " has no kvq cache type (64 and 128 have)");
     }
     return n;

@@ -149,4 +149,79 @@ if [ "$rc6" -eq 0 ] || ! grep -q "k9v4" "$out/err6.txt"; then
     echo "50-llama: kvq:k9v4 gave status $rc6 with: $(cat "$out/err6.txt")" >&2
     exit 1
 fi
+# kvq as llama.cpp's real cache (the patch series): the native rows against the fake-quant
+# rows of the same configuration on the same attention path (flash attention), the cache
+# llama.cpp allocated exactly kvc's packed rows, a plan's per-layer types, the speed table,
+# and plans or configs llama.cpp must refuse at context creation
+t2=$SECONDS
+plan=data/kvq-plans/smollm2-135m-r3.5-kw3.json
+"$EVAL" --model "$MODEL" --text "$TEXT_A" --n-tokens 320 --ppl-from 129 --kvq-fa \
+    --modes "full,kvq:k4v4,kvq-native:k4v4,kvq-native:k8v4,kvq-native-plan:$plan" \
+    --speed-modes "f16,kvq-native:k4v4" --speed-ctx 256 --speed-decode 4 \
+    --json "$out/native.json" >"$out/native.txt"
+echo "50-llama: kvq-native run took $((SECONDS - t2)) s"
+python3 - "$out/native.json" "$plan" <<'PY'
+import json, sys
+res = json.load(open(sys.argv[1]))
+plan = json.load(open(sys.argv[2]))
+rows = {r["mode"]: r for r in res["texts"][0]["results"]}
+full = rows["full"]
+f16_alloc = full["kv_alloc_k_bytes"] + full["kv_alloc_v_bytes"]
+cells = f16_alloc / (30 * 2 * 3 * 64 * 2)
+assert cells == int(cells) and cells >= 320, full
+def packed(bits):  # bytes of one row of 64 values: f16 scale + codes
+    return 2 + 64 * bits // 8
+for m, kb, vb in (("kvq-native:k4v4", 4, 4), ("kvq-native:k8v4", 8, 4)):
+    r = rows[m]
+    # llama.cpp really holds kvc's packed rows: K and V bytes as allocated, not computed
+    assert r["kv_alloc_k_bytes"] == cells * 30 * 3 * packed(kb), r
+    assert r["kv_alloc_v_bytes"] == cells * 30 * 3 * packed(vb), r
+    assert r["cells_end"] == r["cells_verified"] == 320, r
+    assert r["state_seq_bytes"] < full["state_seq_bytes"] / 2, (r, full)
+    assert r["kl"] > 0 and r["ppl"] > 1, r
+p = rows["kvq-native-plan:" + sys.argv[2]]
+want_k = sum(cells * 3 * packed(l["k_bits"]) for l in plan["layers"])
+want_v = sum(cells * 3 * packed(l["v_bits"]) for l in plan["layers"])
+assert p["kv_alloc_k_bytes"] == want_k and p["kv_alloc_v_bytes"] == want_v, (p, want_k, want_v)
+assert f16_alloc / (p["kv_alloc_k_bytes"] + p["kv_alloc_v_bytes"]) >= 3.5, p
+# the same quantizer on the same attention path: native and fake-quant decode alike
+# (320 tokens: a loose bound; docs/results/kvq-native.md has the 2048-token comparison)
+n, f = rows["kvq-native:k4v4"], rows["kvq:k4v4"]
+assert abs(n["ppl"] / f["ppl"] - 1) < 0.02, (n["ppl"], f["ppl"])
+assert 0.6 < n["kl"] / f["kl"] < 1.6, (n["kl"], f["kl"])
+speed = {(s["mode"], s["threads"]): s for s in res["speed"]}
+assert ("f16", 1) in speed and ("kvq-native:k4v4", 1) in speed, res["speed"]
+assert all(s["tok_s"] > 0 for s in res["speed"]), res["speed"]
+assert speed[("kvq-native:k4v4", 1)]["kv_alloc_bytes"] < speed[("f16", 1)]["kv_alloc_bytes"] / 3.5, res["speed"]
+print("50-llama: kvq-native checks passed")
+PY
+# refused at context creation with llama.cpp's message, status 2: a plan for another model
+# (layers, KV heads, head_dim), a plan with f16 sink tokens, a config that is no block format
+python3 - "$plan" "$out" <<'PY'
+import json, sys
+p = json.load(open(sys.argv[1]))
+p.pop("calibration", None)
+p["version"] = 1
+def write(name, **kw):
+    q = dict(p, **kw)
+    json.dump(q, open(f"{sys.argv[2]}/{name}.json", "w"))
+write("plan-24-layers", layers=p["layers"][:24])
+write("plan-4-heads", n_kv_head=4)
+write("plan-d128", head_dim=128)
+write("plan-sinks", sink_tokens=16)
+PY
+set +e
+for bad in "kvq-native-plan:$out/plan-24-layers.json:24 layers" "kvq-native-plan:$out/plan-4-heads.json:4 KV heads" \
+           "kvq-native-plan:$out/plan-d128.json:head_dim 128" "kvq-native-plan:$out/plan-sinks.json:sink" \
+           "kvq-native-plan:$out/missing.json:cannot read" "kvq-native:k4v4:u32:not lm"; do
+    mode="${bad%:*}"; want="${bad##*:}"
+    "$EVAL" --model "$MODEL" --text "$TEXT_A" --n-tokens 200 --ppl-from 100 --modes "full,$mode" \
+        >/dev/null 2>"$out/err-native.txt"
+    code=$?
+    if [ "$code" -ne 2 ] || ! grep -q "$want" "$out/err-native.txt"; then
+        echo "50-llama: $mode gave status $code (want 2, naming '$want'): $(cat "$out/err-native.txt")" >&2
+        exit 1
+    fi
+done
+set -e
 echo "50-llama: passed"
