@@ -617,3 +617,66 @@ fn golden_packed_rows() {
     }
     assert_eq!(got, want);
 }
+
+/// A non-finite scale in any K or V row is reported with its token on both ISA paths, by
+/// the block kernels (2-4 bits, one scale per 64-value multiple) and the per-row ones.
+#[test]
+fn corrupt_scales_are_reported_on_both_paths() {
+    let mut r = Rng(21);
+    for d in [64, 128] {
+        for cfg in ["k4v4", "k3v2:u64", "k2v3", "k4v4:u32", "k6v4"] {
+            let layer = LayerCodec::new(&KvqConfig::parse(cfg).unwrap(), d).unwrap();
+            let n = 40;
+            let (k, v) = (r.kv_like(n, d), r.kv_like(n, d));
+            let mut pk = vec![0u8; n * layer.k.row_bytes()];
+            let mut pv = vec![0u8; n * layer.v.row_bytes()];
+            layer.k.quantize_rows(&k, &mut pk).unwrap();
+            layer.v.quantize_rows(&v, &mut pv).unwrap();
+            let q: Vec<f32> = (0..d).map(|_| r.gauss()).collect();
+            for (bad_k, row) in [(true, 5), (false, 17), (true, n - 1), (false, 0)] {
+                let (mut ck, mut cv) = (pk.clone(), pv.clone());
+                let (buf, c) = if bad_k {
+                    (&mut ck, &layer.k)
+                } else {
+                    (&mut cv, &layer.v)
+                };
+                // Last scale of the row: +inf.
+                let rb = c.row_bytes();
+                let n_scales = (rb - d * c.bits() as usize / 8) / 2;
+                let s = row * rb + 2 * (n_scales - 1);
+                buf[s] = 0x00;
+                buf[s + 1] = 0x7c;
+                for isa in isas() {
+                    let mut sc = vec![0f32; n];
+                    let mut out = vec![0f32; d];
+                    let e = attend_head(
+                        isa,
+                        &layer,
+                        &q,
+                        HeadRows {
+                            bytes: &ck,
+                            stride: layer.k.row_bytes(),
+                        },
+                        HeadRows {
+                            bytes: &cv,
+                            stride: layer.v.row_bytes(),
+                        },
+                        n,
+                        0.125,
+                        &mut sc,
+                        &mut out,
+                    )
+                    .unwrap_err();
+                    assert_eq!(
+                        e,
+                        kvc_quant::Error::CorruptRow {
+                            what: "f16 scale",
+                            row
+                        },
+                        "{cfg} d {d} {isa:?} k {bad_k}"
+                    );
+                }
+            }
+        }
+    }
+}

@@ -238,6 +238,34 @@ impl RowCodec {
         &self.levels
     }
 
+    /// The rows at `bytes` (row `t` at `t * stride`) as the block kernels read them, when
+    /// this codec's rows suit them: 2-4 bits, one scale per row or per multiple of 64
+    /// values.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    pub(crate) fn block_rows<'a>(
+        &self,
+        bytes: &'a [u8],
+        stride: usize,
+    ) -> Option<super::simd::block::Rows<'a>> {
+        let per_scale = self.dim / self.scales;
+        if !(2..=4).contains(&self.bits) || per_scale % super::simd::block::BLOCK != 0 {
+            return None;
+        }
+        Some(super::simd::block::Rows {
+            bytes,
+            stride,
+            n_scales: self.scales,
+            per_scale,
+        })
+    }
+
+    /// Value of each code before the scale (zero-padded to 16 entries).
+    #[inline(always)]
+    pub(crate) fn table(&self) -> &[f32; 16] {
+        &self.table
+    }
+
     #[inline(always)]
     fn check_row_in(&self, x: &[f32]) -> Result<()> {
         if x.len() != self.dim {
