@@ -680,3 +680,50 @@ fn corrupt_scales_are_reported_on_both_paths() {
         }
     }
 }
+
+/// The AVX2 quantizer writes the portable bytes for every method and width, on many
+/// KV-like rows and on rows made to hit its edges: rows whose rotation is exactly sparse
+/// (many coordinates exactly 0), zero rows, tiny and huge rows, spikes; and both refuse
+/// the same bad rows (and agree on the ones near the limits).
+#[test]
+fn quantize_bytes_equal_on_both_paths_at_the_edges() {
+    let mut r = Rng(77);
+    for d in [64usize, 128, 256] {
+        let mut x = r.kv_like(300, d);
+        let c0 = RowCodec::new(Method::LloydMax, 4, d, 9).unwrap();
+        let signs = c0.rotation().signs().to_vec();
+        // D x = all ones: R x = sqrt(d) e_0, every other coordinate exactly 0.
+        x.extend(signs.iter().map(|s| s * 0.25));
+        x.extend(
+            signs
+                .iter()
+                .enumerate()
+                .map(|(i, s)| if i % 2 == 0 { *s } else { -*s }),
+        );
+        x.extend(std::iter::repeat_n(0.0, d));
+        x.extend((0..d).map(|i| if i == 3 { 1e-30 } else { 0.0 }));
+        x.extend((0..d).map(|i| if i == 5 { 3.0e4 } else { 1e-3 }));
+        x.extend((0..d).map(|i| (i as f32 - 31.5) * 2e2));
+        let rows = x.len() / d;
+        for m in METHODS {
+            for b in 2..=8u8 {
+                let c = RowCodec::new(m, b, d, 9).unwrap();
+                let mut p = vec![0u8; rows * c.row_bytes()];
+                let mut pp = vec![0u8; rows * c.row_bytes()];
+                c.quantize_rows(&x, &mut p).unwrap();
+                c.portable().quantize_rows(&x, &mut pp).unwrap();
+                assert_eq!(p, pp, "d {d} {m:?} b {b}");
+                let mut bad = x[..d].to_vec();
+                for v in [f32::NAN, f32::INFINITY, 1e37] {
+                    bad[d - 1] = v;
+                    let (mut o, mut op) = (vec![0u8; c.row_bytes()], vec![0u8; c.row_bytes()]);
+                    let (a, e) = (
+                        c.quantize_row(&bad, &mut o),
+                        c.portable().quantize_row(&bad, &mut op),
+                    );
+                    assert_eq!((a, o), (e, op), "d {d} {m:?} b {b} {v}");
+                }
+            }
+        }
+    }
+}

@@ -77,6 +77,9 @@ pub struct RowCodec {
     bucket_scale: f32,
     /// Which compiled row loops to run (bytes are identical either way).
     isa: Isa,
+    /// Lloyd-Max 2-5 bits: the tables of the AVX2 quantizer.
+    #[cfg(target_arch = "x86_64")]
+    lm_tables: Option<super::simd::quant::LmTables>,
 }
 
 /// Writes codes `codes[..n]` of `bits` bits into `out` as an LSB-first bit stream.
@@ -101,18 +104,14 @@ fn pack(codes: &[u8], bits: u32, out: &mut [u8]) {
         }
         _ => {}
     }
-    let mut acc: u64 = 0;
-    let mut nb = 0u32;
-    let mut o = 0;
-    for &c in codes {
-        acc |= u64::from(c) << nb;
-        nb += bits;
-        while nb >= 8 {
-            out[o] = acc as u8;
-            acc >>= 8;
-            nb -= 8;
-            o += 1;
+    // Eight codes are exactly `bits` bytes (3, 5, 6, 7 bits).
+    let nbytes = bits as usize;
+    for (oct, chunk) in codes.chunks_exact(8).zip(out.chunks_exact_mut(nbytes)) {
+        let mut w = 0u64;
+        for (j, &c) in oct.iter().enumerate() {
+            w |= u64::from(c) << (bits as usize * j);
         }
+        chunk.copy_from_slice(&w.to_le_bytes()[..nbytes]);
     }
 }
 
@@ -202,10 +201,16 @@ impl RowCodec {
             scales,
             row_bytes,
             rot,
-            levels,
-            bounds,
             table,
             isa: Isa::detect(),
+            #[cfg(target_arch = "x86_64")]
+            lm_tables: if matches!(method, Method::LloydMax) && bits <= 5 {
+                super::simd::quant::LmTables::new(&levels, &bounds)
+            } else {
+                None
+            },
+            levels,
+            bounds,
         })
     }
 
@@ -314,6 +319,34 @@ impl RowCodec {
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma")]
     unsafe fn quantize_avx2(&self, x: &[f32], out: &mut [u8]) -> Result<()> {
+        if let Some(t) = &self.lm_tables {
+            if x.len() == self.dim && out.len() >= self.row_bytes {
+                let mut codes = [0u8; MAX_HEAD_DIM];
+                // SAFETY: AVX2 is enabled here (callers hold an AVX2 `Isa`); `x` and the
+                // signs hold `dim` values (64, 128 or 256), `codes` 256 bytes; `t` is this
+                // codec's Lloyd-Max table of 2-5 bits.
+                let s = unsafe {
+                    super::simd::quant::quantize_lm(
+                        x,
+                        self.rot.signs(),
+                        self.rot.inv_sqrt(),
+                        t,
+                        u32::from(self.bits),
+                        &mut codes,
+                    )
+                };
+                if let Some(s) = s.map(f16::from_f32).filter(|s| s.is_finite()) {
+                    out[..2].copy_from_slice(&s.to_le_bytes());
+                    pack(
+                        &codes[..self.dim],
+                        u32::from(self.bits),
+                        &mut out[2..self.row_bytes],
+                    );
+                    return Ok(());
+                }
+            }
+        }
+        // Other methods and widths, and the rows that are errors or all zeros.
         self.quantize_body(x, out)
     }
 

@@ -535,6 +535,57 @@ mod tests {
         }
     }
 
+    /// The symmetric half-count gives `#{boundaries < u}` and its level exactly, ties
+    /// included: every boundary, its float neighbours, zeros, levels, extremes.
+    #[test]
+    fn lm_codes_equal_the_full_count_at_every_boundary() {
+        use super::quant::{code_of, LmTables};
+        use std::arch::x86_64::*;
+        if !crate::Isa::detect().is_avx2() {
+            return;
+        }
+        for bits in 2..=5u8 {
+            for d in [64, 128, 256] {
+                let levels = crate::kvq::codebook::lloyd_max(bits, d).unwrap();
+                let bounds = crate::kvq::codebook::boundaries(&levels);
+                let t = LmTables::new(&levels, &bounds).expect("symmetric");
+                let mut us = vec![0.0f32, -0.0, 1e-40, -1e-40, f32::MAX, f32::MIN, 1e30, -1e30];
+                for &b in bounds.iter().chain(&levels) {
+                    for v in [
+                        b,
+                        f32::from_bits(b.to_bits() + 1),
+                        f32::from_bits(b.to_bits().saturating_sub(1)),
+                    ] {
+                        us.push(v);
+                        us.push(-v);
+                    }
+                }
+                while us.len() % 8 != 0 {
+                    us.push(0.5);
+                }
+                for c in us.chunks_exact(8) {
+                    let (mut codes, mut lv) = ([0i32; 8], [0f32; 8]);
+                    // SAFETY: `Isa::detect` saw AVX2; the loads and stores cover 8 values.
+                    unsafe {
+                        let (k, l) = code_of(_mm256_loadu_ps(c.as_ptr()), &t, u32::from(bits));
+                        _mm256_storeu_si256(codes.as_mut_ptr().cast(), k);
+                        _mm256_storeu_ps(lv.as_mut_ptr(), l);
+                    }
+                    for j in 0..8 {
+                        let want = bounds.iter().filter(|&&b| b < c[j]).count();
+                        assert_eq!(codes[j] as usize, want, "bits {bits} d {d} u {:e}", c[j]);
+                        assert_eq!(
+                            lv[j].to_bits(),
+                            levels[want].to_bits(),
+                            "bits {bits} u {:e}",
+                            c[j]
+                        );
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn vector_exp_and_softmax_match_f64() {
         if !crate::Isa::detect().is_avx2() {
@@ -555,6 +606,259 @@ mod tests {
         for (a, b) in s.iter().zip(&e) {
             let tol = 3e-7 * b + 1e-37;
             assert!((f64::from(*a) - b).abs() <= tol, "{a} vs {b}");
+        }
+    }
+}
+
+/// The AVX2 quantizer of Lloyd-Max rows of 2-5 bits, byte for byte the portable one
+/// (`docs/formats/kvq.md`): the same float operations in the same order (the butterflies
+/// of the rotation and the eight-lane sums map onto eight-lane vectors; no FMA), codes
+/// counted by compares. Levels and boundaries are exactly symmetric (`c_k = -c_{2^b-1-k}`,
+/// the middle boundary 0), so with `a = |u|` and `P` the upper levels:
+/// code = `2^(b-1) + #{upper boundaries < a}` for `u > 0`, and `2^(b-1) - 1 - #{upper
+/// boundaries <= a}` otherwise, level `= ±P[count]`; half the compares of a full count.
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod quant {
+    use std::arch::x86_64::*;
+
+    use super::super::rotation::MAX_HEAD_DIM;
+
+    /// What the row kernel needs of a codec, derived once.
+    #[derive(Debug, Clone)]
+    pub(crate) struct LmTables {
+        /// Upper boundaries `b_{2^(b-1)} ..` (`2^(b-1) - 1` values).
+        pub upper_bounds: Vec<f32>,
+        /// Upper levels `c_{2^(b-1)} ..` (`2^(b-1)` values), zero-padded to 16.
+        pub upper_levels: [f32; 16],
+    }
+
+    impl LmTables {
+        /// Tables of the symmetric `levels` / `bounds`, or `None` when they are not exactly
+        /// symmetric or have more than 32 levels.
+        pub(crate) fn new(levels: &[f32], bounds: &[f32]) -> Option<LmTables> {
+            let n = levels.len();
+            if !(4..=32).contains(&n) || bounds.len() + 1 != n {
+                return None;
+            }
+            let h = n / 2;
+            let sym = (0..n).all(|k| levels[k] == -levels[n - 1 - k])
+                && (0..n - 1).all(|k| bounds[k] == -bounds[n - 2 - k])
+                && bounds[h - 1] == 0.0;
+            if !sym {
+                return None;
+            }
+            let mut upper_levels = [0f32; 16];
+            upper_levels[..h].copy_from_slice(&levels[h..]);
+            Some(LmTables {
+                upper_bounds: bounds[h..].to_vec(),
+                upper_levels,
+            })
+        }
+    }
+
+    /// `((l0 + l4) + (l1 + l5)) + ((l2 + l6) + (l3 + l7))` of the lanes.
+    ///
+    /// # Safety
+    /// The CPU must have AVX.
+    #[inline(always)]
+    unsafe fn lane_combine(v: __m256) -> f32 {
+        // SAFETY: register-only AVX/SSE operations; the caller guarantees AVX.
+        unsafe {
+            let t = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+            let p = _mm_add_ps(t, _mm_shuffle_ps(t, t, 0b10_11_00_01));
+            _mm_cvtss_f32(_mm_add_ss(p, _mm_movehl_ps(p, p)))
+        }
+    }
+
+    /// One butterfly stage inside each vector (`h` = 1, 2 or 4): `(a, b) <- (a + b, a - b)`
+    /// for the lanes `h` apart.
+    ///
+    /// # Safety
+    /// The CPU must have AVX.
+    #[inline(always)]
+    unsafe fn stage_in(v: __m256, h: usize) -> __m256 {
+        // SAFETY: register-only AVX operations; the caller guarantees AVX.
+        unsafe {
+            let b = match h {
+                1 => _mm256_permute_ps::<0b10_11_00_01>(v),
+                2 => _mm256_permute_ps::<0b01_00_11_10>(v),
+                _ => _mm256_permute2f128_ps::<0x01>(v, v),
+            };
+            // Lower lanes: a + b (own + partner); upper lanes: partner - own = a - b.
+            let s = _mm256_add_ps(v, b);
+            let t = _mm256_sub_ps(b, v);
+            match h {
+                1 => _mm256_blend_ps::<0b1010_1010>(s, t),
+                2 => _mm256_blend_ps::<0b1100_1100>(s, t),
+                _ => _mm256_blend_ps::<0b1111_0000>(s, t),
+            }
+        }
+    }
+
+    /// `y = R x` in vectors (`x.len() = signs.len() = 8 * nv`, `nv` 8, 16 or 32).
+    ///
+    /// # Safety
+    /// The CPU must have AVX; lengths as stated.
+    #[inline(always)]
+    pub(crate) unsafe fn rotate(x: &[f32], signs: &[f32], inv_sqrt: f32, y: &mut [__m256]) {
+        // SAFETY: AVX guaranteed by the caller; each load reads 8 values of `x` / `signs`
+        // at `8 i < x.len()`.
+        unsafe {
+            let nv = y.len();
+            for (i, v) in y.iter_mut().enumerate() {
+                let a = _mm256_loadu_ps(x.as_ptr().add(8 * i));
+                let s = _mm256_loadu_ps(signs.as_ptr().add(8 * i));
+                let mut w = _mm256_mul_ps(a, s);
+                w = stage_in(w, 1);
+                w = stage_in(w, 2);
+                *v = stage_in(w, 4);
+            }
+            let mut h = 1;
+            while h < nv {
+                for blk in y.chunks_exact_mut(2 * h) {
+                    let (a, b) = blk.split_at_mut(h);
+                    for (u, w) in a.iter_mut().zip(b.iter_mut()) {
+                        let (p, q) = (*u, *w);
+                        *u = _mm256_add_ps(p, q);
+                        *w = _mm256_sub_ps(p, q);
+                    }
+                }
+                h *= 2;
+            }
+            let is = _mm256_set1_ps(inv_sqrt);
+            for v in y.iter_mut() {
+                *v = _mm256_mul_ps(*v, is);
+            }
+        }
+    }
+
+    /// Whether every value of `x` (a multiple of 8 long) is finite.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2.
+    #[inline(always)]
+    pub(crate) unsafe fn all_finite(x: &[f32]) -> bool {
+        // SAFETY: AVX2 guaranteed by the caller; each load reads one 8-value chunk.
+        unsafe {
+            let e = _mm256_set1_epi32(0x7f80_0000);
+            let mut bad = _mm256_setzero_si256();
+            for c in x.chunks_exact(8) {
+                let v = _mm256_and_si256(_mm256_loadu_si256(c.as_ptr().cast()), e);
+                bad = _mm256_or_si256(bad, _mm256_cmpeq_epi32(v, e));
+            }
+            _mm256_testz_si256(bad, bad) == 1
+        }
+    }
+
+    /// Codes `#{boundaries < u}` (dwords) and their levels for eight normalized values.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2; `t` made with `bits` 2..=5.
+    #[inline(always)]
+    pub(crate) unsafe fn code_of(u: __m256, t: &LmTables, bits: u32) -> (__m256i, __m256) {
+        // SAFETY: AVX2 guaranteed by the caller; the table loads read inside the 16-entry
+        // `upper_levels`.
+        unsafe {
+            let half = 1i32 << (bits - 1);
+            let pos = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_GT_OQ>(u, _mm256_setzero_ps()));
+            let not_pos = _mm256_xor_si256(pos, _mm256_set1_epi32(-1));
+            // For u <= 0 count boundaries <= |u|: compare against the next float up.
+            let a = _mm256_and_si256(_mm256_castps_si256(u), _mm256_set1_epi32(0x7fff_ffff));
+            let a = _mm256_castsi256_ps(_mm256_sub_epi32(a, not_pos));
+            let mut cnt = _mm256_setzero_si256();
+            for &b in &t.upper_bounds {
+                let lt = _mm256_cmp_ps::<_CMP_LT_OQ>(_mm256_set1_ps(b), a);
+                cnt = _mm256_sub_epi32(cnt, _mm256_castps_si256(lt));
+            }
+            // Level: +-P[cnt] (negative where u <= 0).
+            let mut lv = _mm256_permutevar8x32_ps(_mm256_loadu_ps(t.upper_levels.as_ptr()), cnt);
+            if bits == 5 {
+                let hi = _mm256_loadu_ps(t.upper_levels.as_ptr().add(8));
+                let sel = _mm256_castsi256_ps(_mm256_slli_epi32::<28>(cnt));
+                lv = _mm256_blendv_ps(lv, _mm256_permutevar8x32_ps(hi, cnt), sel);
+            }
+            let neg = _mm256_and_si256(not_pos, _mm256_set1_epi32(i32::MIN));
+            let lv = _mm256_xor_ps(lv, _mm256_castsi256_ps(neg));
+            // Code: half + cnt, or half - 1 - cnt = (half + cnt) ^ (2 half - 1).
+            let up = _mm256_add_epi32(cnt, _mm256_set1_epi32(half));
+            let flip = _mm256_and_si256(not_pos, _mm256_set1_epi32(2 * half - 1));
+            (_mm256_xor_si256(up, flip), lv)
+        }
+    }
+
+    /// Codes (one per byte, in order) and the f32 least-squares scale `num / den` of the
+    /// rotated row `y` (`nv` vectors), `None` when the row is all zeros (the portable code
+    /// handles that case).
+    ///
+    /// # Safety
+    /// The CPU must have AVX2; `codes.len() >= 8 * y.len()`; `t` made from this codec's
+    /// levels with `bits` 2..=5.
+    #[inline(always)]
+    pub(crate) unsafe fn code_lm(
+        y: &[__m256],
+        t: &LmTables,
+        bits: u32,
+        codes: &mut [u8],
+    ) -> Option<f32> {
+        // SAFETY: AVX2 guaranteed by the caller; the table loads read inside the 16-entry
+        // `upper_levels`; each code store writes 32 bytes at `32 i` of `codes`, which holds
+        // `8 * y.len()` (a multiple of 32) bytes.
+        unsafe {
+            let mut n2 = _mm256_setzero_ps();
+            for v in y {
+                n2 = _mm256_add_ps(n2, _mm256_mul_ps(*v, *v));
+            }
+            let norm2 = lane_combine(n2);
+            if norm2 == 0.0 {
+                return None;
+            }
+            let d = 8 * y.len();
+            let inv = _mm256_set1_ps((d as f32).sqrt() / norm2.sqrt());
+            let (mut num, mut den) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+            let mut cv = [_mm256_setzero_si256(); MAX_HEAD_DIM / 8];
+            for (v, c) in y.iter().zip(cv.iter_mut()) {
+                let (code, lv) = code_of(_mm256_mul_ps(*v, inv), t, bits);
+                num = _mm256_add_ps(num, _mm256_mul_ps(*v, lv));
+                den = _mm256_add_ps(den, _mm256_mul_ps(lv, lv));
+                *c = code;
+            }
+            // Dwords to bytes, in order.
+            let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+            for (i, q) in cv[..y.len()].chunks_exact(4).enumerate() {
+                let a = _mm256_packus_epi32(q[0], q[1]);
+                let b = _mm256_packus_epi32(q[2], q[3]);
+                let p = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(a, b), order);
+                _mm256_storeu_si256(codes.as_mut_ptr().add(32 * i).cast(), p);
+            }
+            Some(lane_combine(num) / lane_combine(den))
+        }
+    }
+
+    /// Codes of the row `x` (`d` = 64, 128 or 256 values, rotation signs and `1/sqrt(d)`
+    /// given) into `codes[..d]`, and the f32 least-squares scale; `None` for a row the
+    /// portable code must handle (a non-finite value, all zeros).
+    ///
+    /// # Safety
+    /// The CPU must have AVX2; `x.len() == signs.len()` is 64, 128 or 256;
+    /// `codes.len() >= x.len()`; `t` made from this codec's levels with `bits` 2..=5.
+    #[inline(always)]
+    pub(crate) unsafe fn quantize_lm(
+        x: &[f32],
+        signs: &[f32],
+        inv_sqrt: f32,
+        t: &LmTables,
+        bits: u32,
+        codes: &mut [u8],
+    ) -> Option<f32> {
+        // SAFETY: AVX2 guaranteed by the caller; lengths as the callees require.
+        unsafe {
+            if !all_finite(x) {
+                return None;
+            }
+            let mut y = [_mm256_setzero_ps(); MAX_HEAD_DIM / 8];
+            let y = &mut y[..x.len() / 8];
+            rotate(x, signs, inv_sqrt, y);
+            code_lm(y, t, bits, codes)
         }
     }
 }
