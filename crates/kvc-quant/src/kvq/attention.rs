@@ -5,11 +5,11 @@
 //! the rotated domain and un-rotated once (`sum p_t v_t = R^T sum p_t (R v_t)`). The caller
 //! gives `scores` (one `f32` per token); nothing is allocated. The loop is compiled twice,
 //! portable and with AVX2+FMA+F16C enabled, and [`Isa`] picks one at run time. On AVX2,
-//! rows of 2-4-bit codes with one scale per row (Lloyd-Max) or per multiple of 64 values
+//! rows of 2-4-bit codes (Lloyd-Max or uniform; a uniform group's scale is a lane's)
 //! go through block kernels: the query is permuted once into the lane order in which a
 //! 64-code block unpacks with one shift per eight codes, each eight codes become values
 //! with one or two `vpermps`, and V is accumulated in registers in that order and put back
-//! once; other rows go through per-row table and gather kernels. The AVX2 softmax is a
+//! once; rows of 5-8 bits go through per-row gather kernels. The AVX2 softmax is a
 //! vectorized `exp` (within 2 ulp). AVX2 results agree with the portable path to rounding
 //! (tests: within 1e-5 of the output's largest magnitude), not bit for bit.
 //!
@@ -128,7 +128,7 @@ pub fn attend_head(
             scale,
             scores,
             out,
-            |qr, row, t| layer.k.dot_rotated(qr, row, t),
+            |qr, row, t| layer.k.dot_rotated_portable(qr, row, t),
             |row, w, acc, t| layer.v.accumulate_rotated(row, w, acc, t),
         ),
         // SAFETY: `IsaKind::Avx2` is only made by `Isa::detect` after the CPU reported AVX2.
@@ -170,10 +170,10 @@ mod avx2 {
         }
     }
 
-    /// [`attend_body`] compiled with AVX2, FMA and F16C: rows of 2-4-bit codes with one
-    /// scale per 64-value multiple go through the block kernels (query permuted into their
-    /// lane order once, V accumulated in that order and put back once), the others through
-    /// the per-row table and gather kernels; the softmax is [`block::softmax`].
+    /// [`attend_body`] compiled with AVX2, FMA and F16C: rows of 2-4-bit codes go through
+    /// the block kernels (query permuted into their lane order once, V accumulated in that
+    /// order and put back once), the others through the per-row gather kernels; the
+    /// softmax is [`block::softmax`].
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn attend(
         layer: &LayerCodec,
@@ -384,6 +384,47 @@ pub fn attend_head_f16(
         #[cfg(target_arch = "x86_64")]
         IsaKind::Avx2 => unsafe { avx2::attend_f16(q, k, v, stride, scale, scores, out) },
     }
+    Ok(())
+}
+
+/// `q . row` for one f16 row of `q.len()` values (64, 128 or 256), converted to f32 on the
+/// stack and summed in eight lanes, with the loops [`attend_head_f16`] uses: the per-row
+/// baseline `kvc bench quant` measures [`RowCodec::dot_rotated`] against.
+pub fn dot_f16_row(isa: Isa, q: &[f32], row: &[f16]) -> Result<f32> {
+    super::rotation::check_head_dim(q.len())?;
+    check_len("f16 row (head_dim)", q.len(), row.len())?;
+    match isa.0 {
+        IsaKind::Portable => Ok(f16_dot_body(q, row)),
+        // SAFETY: `IsaKind::Avx2` is only made by `Isa::detect` after the CPU reported AVX2.
+        #[cfg(target_arch = "x86_64")]
+        IsaKind::Avx2 => Ok(unsafe { avx2_f16_dot(q, row) }),
+    }
+}
+
+#[inline(always)]
+fn f16_dot_body(q: &[f32], row: &[f16]) -> f32 {
+    let mut buf = [0f32; MAX_HEAD_DIM];
+    let buf = &mut buf[..q.len()];
+    row.convert_to_f32_slice(buf);
+    dot8(q, buf)
+}
+
+/// [`f16_dot_body`] compiled with AVX2.
+///
+/// # Safety
+/// The CPU must have AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn avx2_f16_dot(q: &[f32], row: &[f16]) -> f32 {
+    f16_dot_body(q, row)
+}
+
+/// One f16 row to f32 (`out.len() == row.len()`, 64, 128 or 256): the per-row baseline
+/// of [`RowCodec::dequantize_row_rotated`] in `kvc bench quant`.
+pub fn f16_row_to_f32(row: &[f16], out: &mut [f32]) -> Result<()> {
+    super::rotation::check_head_dim(out.len())?;
+    check_len("f16 row (head_dim)", out.len(), row.len())?;
+    row.convert_to_f32_slice(out);
     Ok(())
 }
 

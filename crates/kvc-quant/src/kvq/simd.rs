@@ -16,17 +16,24 @@ pub(crate) mod avx2 {
         (2..=4).contains(&bits)
     }
 
-    /// The `8 * bits` bits holding codes `8j .. 8j + 8` (little-endian).
+    /// The `8 * bits` bits holding codes `8j .. 8j + 8` of `codes` (little-endian), in the
+    /// low bits of the result. `codes` is a row's whole code area (at least 16 bytes).
     #[inline(always)]
     fn word(codes: &[u8], j: usize, bits: usize) -> u32 {
         let o = j * bits;
-        // Bits above `8 * bits` belong to later codes; the lanes' shifts and mask never
-        // reach them, so a whole 4-byte load is fine where the slice has the bytes.
-        if let Some(b) = codes.get(o..o + 4) {
-            return u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+        let len = codes.len();
+        if o + 4 <= len {
+            // SAFETY: bytes `o .. o + 4` are inside `codes` (just checked).
+            return unsafe { codes.as_ptr().add(o).cast::<u32>().read_unaligned() };
+        }
+        if len >= 4 && o + bits <= len {
+            // The last bytes: the 4 ending the slice, shifted down to start at `o`.
+            // SAFETY: `len - 4 .. len` is inside `codes` (`len >= 4`).
+            let w = unsafe { codes.as_ptr().add(len - 4).cast::<u32>().read_unaligned() };
+            return w >> (8 * (o + 4 - len));
         }
         let mut w = [0u8; 4];
-        for (d, s) in w.iter_mut().zip(&codes[o..o + bits]) {
+        for (d, s) in w.iter_mut().zip(codes.iter().skip(o).take(bits)) {
             *d = *s;
         }
         u32::from_le_bytes(w)
@@ -91,34 +98,43 @@ pub(crate) mod avx2 {
         }
     }
 
-    /// `sum_i q[i] * table[code_i]` over `q.len()` codes (a multiple of 8) at the start of
-    /// `codes` (at least `q.len() * bits / 8` bytes).
+    /// `sum_i q[i] * table[code_i]` over `q.len()` codes (a multiple of 8) starting at
+    /// code `8 * first` of the row's code area `codes`.
     ///
     /// # Safety
-    /// The CPU must have AVX2 and FMA; `bits` in 2..=4; the lengths as stated.
-    #[target_feature(enable = "avx2,fma")]
-    pub(crate) unsafe fn dot_lut(q: &[f32], codes: &[u8], bits: u32, table: &[f32; 16]) -> f32 {
+    /// The CPU must have AVX2 and FMA; `bits` in 2..=4.
+    #[inline(always)]
+    pub(crate) unsafe fn dot_lut(
+        q: &[f32],
+        codes: &[u8],
+        first: usize,
+        bits: u32,
+        table: &[f32; 16],
+    ) -> f32 {
         // SAFETY: AVX2 and FMA are guaranteed by the caller; each `qc` is 8 f32, read with
         // an unaligned load; `word` reads `codes` through bounds-checked slices.
         unsafe {
             let (shifts, mask, lo, hi) = setup(bits, table);
             let mut acc = _mm256_setzero_ps();
             for (j, qc) in q.chunks_exact(8).enumerate() {
-                let vals = lookup(word(codes, j, bits as usize), shifts, mask, lo, hi, bits);
+                let w = word(codes, first + j, bits as usize);
+                let vals = lookup(w, shifts, mask, lo, hi, bits);
                 acc = _mm256_fmadd_ps(_mm256_loadu_ps(qc.as_ptr()), vals, acc);
             }
             hsum(acc)
         }
     }
 
-    /// `acc[i] += w * table[code_i]` over `acc.len()` codes (a multiple of 8).
+    /// `acc[i] += w * table[code_i]` over `acc.len()` codes (a multiple of 8) starting at
+    /// code `8 * first` of the row's code area `codes`.
     ///
     /// # Safety
     /// As [`dot_lut`].
-    #[target_feature(enable = "avx2,fma")]
+    #[inline(always)]
     pub(crate) unsafe fn axpy_lut(
         acc: &mut [f32],
         codes: &[u8],
+        first: usize,
         bits: u32,
         table: &[f32; 16],
         w: f32,
@@ -129,7 +145,14 @@ pub(crate) mod avx2 {
             let (shifts, mask, lo, hi) = setup(bits, table);
             let wv = _mm256_set1_ps(w);
             for (j, ac) in acc.chunks_exact_mut(8).enumerate() {
-                let vals = lookup(word(codes, j, bits as usize), shifts, mask, lo, hi, bits);
+                let vals = lookup(
+                    word(codes, first + j, bits as usize),
+                    shifts,
+                    mask,
+                    lo,
+                    hi,
+                    bits,
+                );
                 let a = _mm256_loadu_ps(ac.as_ptr());
                 _mm256_storeu_ps(ac.as_mut_ptr(), _mm256_fmadd_ps(wv, vals, a));
             }
@@ -142,7 +165,7 @@ pub(crate) mod avx2 {
     /// # Safety
     /// The CPU must have AVX2 and FMA; `codes.len() >= q.len()`; every code must be a
     /// valid index of `table`.
-    #[target_feature(enable = "avx2,fma")]
+    #[inline(always)]
     pub(crate) unsafe fn dot_gather(q: &[f32], codes: &[u8], table: &[f32]) -> f32 {
         // SAFETY: AVX2 and FMA are guaranteed by the caller; each `qc` is 8 f32 and each
         // `cc` 8 bytes, read with unaligned loads; every gathered index is a code, which
@@ -163,7 +186,7 @@ pub(crate) mod avx2 {
     ///
     /// # Safety
     /// As [`dot_gather`].
-    #[target_feature(enable = "avx2,fma")]
+    #[inline(always)]
     pub(crate) unsafe fn axpy_gather(acc: &mut [f32], codes: &[u8], table: &[f32], w: f32) {
         // SAFETY: as in `dot_gather`; each `ac` is 8 f32, loaded and stored in place.
         unsafe {
@@ -178,8 +201,8 @@ pub(crate) mod avx2 {
     }
 }
 
-/// Block kernels for whole rows of 2-4-bit codes with one scale per row or per multiple
-/// of 64 values (Lloyd-Max; uniform with `group % 64 == 0`), for attention: the codes of
+/// Block kernels for whole rows of 2-4-bit codes (Lloyd-Max, and uniform with any group:
+/// each lane holds eight codes of one group, so a group's scale is a lane's), for attention: the codes of
 /// a 64-value block are loaded at once and turned into eight vectors of eight values with
 /// one shift and one or two `vpermps` each, in a fixed lane order ([`block_code`]) that is
 /// not the code order. The query is permuted into that order once per call and the V
@@ -324,8 +347,79 @@ pub(crate) mod block {
         pub stride: usize,
         /// f16 scales at the start of a row.
         pub n_scales: usize,
-        /// Values per scale (a multiple of 64).
-        pub per_scale: usize,
+        /// Values per scale (8 to 256; `head_dim` with one scale).
+        pub group: usize,
+    }
+
+    /// Lane `j`'s scale index relative to the block's first scale: every lane holds eight
+    /// consecutive codes of one group (groups are at least 8).
+    ///
+    /// # Safety
+    /// The CPU must have AVX.
+    #[inline(always)]
+    unsafe fn lane_scale_index(bits: u32, group: usize) -> __m256i {
+        let mut idx = [0i32; 8];
+        for (j, v) in idx.iter_mut().enumerate() {
+            *v = (block_code(bits, 0, j) / group) as i32;
+        }
+        // SAFETY: AVX guaranteed by the caller; `idx` holds 8 i32.
+        unsafe { _mm256_loadu_si256(idx.as_ptr().cast()) }
+    }
+
+    /// The scale of each lane of block `b` of the row at `row` (several scales per row),
+    /// or `None` when one of them is not finite.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2 and F16C; the row's `2 * n_scales + NB * block_bytes` bytes
+    /// are readable (the 16 bytes read from scale `64 b / group` on stay inside them: a
+    /// block's scales are its last at most 8, and at least 16 code bytes follow them).
+    #[inline(always)]
+    unsafe fn block_scales(
+        row: *const u8,
+        b: usize,
+        group: usize,
+        lanes: __m256i,
+    ) -> Option<__m256> {
+        // SAFETY: as stated above; register operations otherwise.
+        unsafe {
+            let h = _mm_loadu_si128(row.add(2 * (BLOCK * b / group)).cast());
+            let sv = _mm256_permutevar8x32_ps(_mm256_cvtph_ps(h), lanes);
+            let e = _mm256_set1_epi32(0x7f80_0000);
+            let bad = _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_castps_si256(sv), e), e);
+            if _mm256_testz_si256(bad, bad) == 0 {
+                return None;
+            }
+            Some(sv)
+        }
+    }
+
+    /// The eight-lane sum of `q * values` over block `b` of the codes at `codes`.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2 and FMA; block `b` of `codes` is readable; `q` points at
+    /// `64 (b + 1)` values.
+    #[inline(always)]
+    unsafe fn block_dot<const BITS: u32>(
+        codes: *const u8,
+        b: usize,
+        q: *const f32,
+        lo: __m256,
+        hi: __m256,
+    ) -> __m256 {
+        // SAFETY: as stated above.
+        unsafe {
+            let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+            let qb = q.add(BLOCK * b);
+            block_values::<BITS>(codes.add(b * block_bytes(BITS)), lo, hi, |n, v| {
+                let qv = _mm256_loadu_ps(qb.add(8 * n));
+                if n % 2 == 0 {
+                    a0 = _mm256_fmadd_ps(qv, v, a0);
+                } else {
+                    a1 = _mm256_fmadd_ps(qv, v, a1);
+                }
+            });
+            _mm256_add_ps(a0, a1)
+        }
     }
 
     /// `scores[t] = scale * (q . row t)` for every `t < scores.len()`, `qp` the rotated
@@ -347,31 +441,32 @@ pub(crate) mod block {
         // `64 * NB` values, every load below reads inside it.
         unsafe {
             let (lo, hi) = tables(BITS, table);
-            let bpb = rows.per_scale / BLOCK;
+            let lanes = lane_scale_index(BITS, rows.group);
             let base = rows.bytes.as_ptr();
             let q = qp.as_ptr();
+            let block = |codes: *const u8, b: usize| block_dot::<BITS>(codes, b, q, lo, hi);
             for (t, s) in scores.iter_mut().enumerate() {
                 let row = base.add(t * rows.stride);
                 let codes = row.add(2 * rows.n_scales);
-                let mut total = _mm256_setzero_ps();
-                for si in 0..rows.n_scales {
-                    let Some(sf) = scale_at(row.add(2 * si)) else {
+                let total = if rows.n_scales == 1 {
+                    let Some(sf) = scale_at(row) else {
                         return Err(t);
                     };
-                    let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-                    for b in si * bpb..(si + 1) * bpb {
-                        let qb = q.add(BLOCK * b);
-                        block_values::<BITS>(codes.add(b * block_bytes(BITS)), lo, hi, |n, v| {
-                            let qv = _mm256_loadu_ps(qb.add(8 * n));
-                            if n % 2 == 0 {
-                                a0 = _mm256_fmadd_ps(qv, v, a0);
-                            } else {
-                                a1 = _mm256_fmadd_ps(qv, v, a1);
-                            }
-                        });
+                    let mut acc = block(codes, 0);
+                    for b in 1..NB {
+                        acc = _mm256_add_ps(acc, block(codes, b));
                     }
-                    total = _mm256_fmadd_ps(_mm256_add_ps(a0, a1), _mm256_set1_ps(sf), total);
-                }
+                    _mm256_mul_ps(acc, _mm256_set1_ps(sf))
+                } else {
+                    let mut total = _mm256_setzero_ps();
+                    for b in 0..NB {
+                        let Some(sv) = block_scales(row, b, rows.group, lanes) else {
+                            return Err(t);
+                        };
+                        total = _mm256_fmadd_ps(block(codes, b), sv, total);
+                    }
+                    total
+                };
                 *s = scale * hsum(total);
             }
             Ok(())
@@ -394,32 +489,36 @@ pub(crate) mod block {
         // SAFETY: as in `scores`; `acc` holds `64 * NB` values (caller).
         unsafe {
             let (lo, hi) = tables(BITS, table);
-            let bpb = rows.per_scale / BLOCK;
+            let lanes = lane_scale_index(BITS, rows.group);
             let base = rows.bytes.as_ptr();
             let mut regs = [[_mm256_setzero_ps(); 8]; NB];
             let mut result = Ok(());
-            for (t, &p) in w.iter().enumerate() {
+            'rows: for (t, &p) in w.iter().enumerate() {
                 let row = base.add(t * rows.stride);
                 let codes = row.add(2 * rows.n_scales);
-                for si in 0..rows.n_scales {
-                    let Some(sf) = scale_at(row.add(2 * si)) else {
+                let one = if rows.n_scales == 1 {
+                    let Some(sf) = scale_at(row) else {
                         result = Err(t);
                         break;
                     };
-                    let ws = _mm256_set1_ps(p * sf);
-                    for (b, rb) in regs
-                        .iter_mut()
-                        .enumerate()
-                        .take((si + 1) * bpb)
-                        .skip(si * bpb)
-                    {
-                        block_values::<BITS>(codes.add(b * block_bytes(BITS)), lo, hi, |n, v| {
-                            rb[n] = _mm256_fmadd_ps(ws, v, rb[n]);
-                        });
-                    }
-                }
-                if result.is_err() {
-                    break;
+                    Some(_mm256_set1_ps(p * sf))
+                } else {
+                    None
+                };
+                for (b, rb) in regs.iter_mut().enumerate() {
+                    let ws = match one {
+                        Some(ws) => ws,
+                        None => match block_scales(row, b, rows.group, lanes) {
+                            Some(sv) => _mm256_mul_ps(sv, _mm256_set1_ps(p)),
+                            None => {
+                                result = Err(t);
+                                break 'rows;
+                            }
+                        },
+                    };
+                    block_values::<BITS>(codes.add(b * block_bytes(BITS)), lo, hi, |n, v| {
+                        rb[n] = _mm256_fmadd_ps(ws, v, rb[n]);
+                    });
                 }
             }
             for (b, rb) in regs.iter().enumerate() {
