@@ -222,11 +222,14 @@ impl Isa {
     /// The portable loops.
     pub const PORTABLE: Isa = Isa(IsaKind::Portable);
 
-    /// The best loops this CPU runs: AVX2 when it has AVX2 and FMA (kvq's AVX2 kernels use
-    /// FMA; every AVX2 CPU kvc targets has both).
+    /// The best loops this CPU runs: AVX2 when it has AVX2, FMA and F16C (kvq's AVX2
+    /// kernels use FMA and read f16 scales with F16C; every AVX2 CPU kvc targets has all
+    /// three).
     pub fn detect() -> Isa {
         #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        if std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("fma")
+            && std::arch::is_x86_feature_detected!("f16c")
         {
             return Isa(IsaKind::Avx2);
         }

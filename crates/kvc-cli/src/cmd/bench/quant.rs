@@ -4,6 +4,10 @@
 //! packed decode attention time against the same kernel on an f16 cache at 4k and 32k
 //! tokens, all measured in the same run.
 //!
+//! The per-row entry points an engine calls once per KV cell (`RowCodec::dot_rotated`,
+//! `RowCodec::dequantize_row_rotated`) are timed per row for Lloyd-Max at 2-8 bits against
+//! an f16 row's dot product and f16-to-f32 conversion, in the same loop.
+//!
 //! The dumps hold no queries: the attention error uses the layer's own K rows of sampled
 //! positions as queries (each attending to every earlier token of its head, scale
 //! `1/sqrt(head_dim)`), a stand-in that is reported as such.
@@ -13,8 +17,10 @@ use std::time::Instant;
 
 use clap::Args;
 use half::f16;
-use kvc_quant::kvq::attention::{attend_head, attend_head_f16, HeadRows};
-use kvc_quant::kvq::{KvqConfig, LayerCodec};
+use kvc_quant::kvq::attention::{
+    attend_head, attend_head_f16, dot_f16_row, f16_row_to_f32, HeadRows,
+};
+use kvc_quant::kvq::{KvqConfig, LayerCodec, Method, RowCodec};
 use kvc_quant::Isa;
 use serde_json::{json, Value};
 
@@ -351,6 +357,80 @@ fn speed(kv: &Kv, cfg: &KvqConfig, n: usize, reps: usize) -> Result<Value, CliEr
     }))
 }
 
+/// Bit widths of the per-row timings.
+const ROW_BITS: [u8; 6] = [2, 3, 4, 5, 6, 8];
+
+/// Nanoseconds per call of `f` over `n` rows, best of `reps` passes.
+fn per_row_ns(
+    n: usize,
+    reps: usize,
+    mut f: impl FnMut(usize) -> Result<f32, CliError>,
+) -> Result<f64, CliError> {
+    let mut best = f64::INFINITY;
+    for _ in 0..reps.max(1) {
+        let t = Instant::now();
+        let mut acc = 0f32;
+        for r in 0..n {
+            acc += f(r)?;
+        }
+        std::hint::black_box(acc);
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    Ok(best / n as f64 * 1e9)
+}
+
+/// One-core time per row of the per-cell entry points (Lloyd-Max, every width of
+/// [`ROW_BITS`]) against the f16 row operations, on 4096 rows tiled from layer 0 head 0,
+/// each pair measured back to back.
+fn row_speed(kv: &Kv, reps: usize) -> Result<Vec<Value>, CliError> {
+    let d = kv.head_dim;
+    let n = 4096;
+    let ln = kv.n_tokens * kv.n_kv_head * d;
+    let kh = head_rows(&kv.k[..ln], kv.n_tokens, kv.n_kv_head, 0, d);
+    let x: Vec<f32> = kh.iter().cycle().take(n * d).copied().collect();
+    let x16: Vec<f16> = x.iter().map(|&v| f16::from_f32(v)).collect();
+    let q: Vec<f32> = kh[(kv.n_tokens - 1) * d..kv.n_tokens * d].to_vec();
+    let isa = Isa::detect();
+    let mut buf = vec![0f32; d];
+    let mut out = Vec::new();
+    for bits in ROW_BITS {
+        let c = RowCodec::new(
+            Method::LloydMax,
+            bits,
+            d,
+            kvc_quant::kvq::config::DEFAULT_SEED,
+        )
+        .map_err(lib)?;
+        let rb = c.row_bytes();
+        let mut p = vec![0u8; n * rb];
+        c.quantize_rows(&x, &mut p).map_err(lib)?;
+        let mut qr = q.clone();
+        c.rotation().rotate(&mut qr);
+        let f16_dot = per_row_ns(n, reps, |r| {
+            dot_f16_row(isa, &q, &x16[r * d..(r + 1) * d]).map_err(lib)
+        })?;
+        let dot = per_row_ns(n, reps, |r| {
+            c.dot_rotated(&qr, &p[r * rb..(r + 1) * rb], r).map_err(lib)
+        })?;
+        let f16_cvt = per_row_ns(n, reps, |r| {
+            f16_row_to_f32(&x16[r * d..(r + 1) * d], &mut buf).map_err(lib)?;
+            Ok(buf[r % d])
+        })?;
+        let deq = per_row_ns(n, reps, |r| {
+            c.dequantize_row_rotated(&p[r * rb..(r + 1) * rb], &mut buf)
+                .map_err(lib)?;
+            Ok(buf[r % d])
+        })?;
+        out.push(json!({
+            "method": "lm", "bits": bits, "head_dim": d, "row_bytes": rb, "rows": n,
+            "isa": if isa.is_avx2() { "avx2" } else { "portable" },
+            "dot_rotated_ns": dot, "f16_dot_ns": f16_dot,
+            "dequantize_row_rotated_ns": deq, "f16_to_f32_ns": f16_cvt,
+        }));
+    }
+    Ok(out)
+}
+
 /// Everything as JSON.
 pub fn measure(a: &BenchQuantArgs) -> Result<Value, CliError> {
     let kv = load(a)?;
@@ -366,7 +446,9 @@ pub fn measure(a: &BenchQuantArgs) -> Result<Value, CliError> {
         q.push(quality(&kv, c, &refs, a.reps.min(2))?);
     }
     let mut s = Vec::new();
+    let mut rs = Vec::new();
     if !a.no_speed {
+        rs = row_speed(&kv, a.reps.max(3))?;
         let tokens = a
             .tokens
             .split(',')
@@ -391,6 +473,7 @@ pub fn measure(a: &BenchQuantArgs) -> Result<Value, CliError> {
         "query_positions": positions,
         "quality": q,
         "attention_speed": s,
+        "row_speed": rs,
     }))
 }
 
@@ -469,6 +552,29 @@ pub fn run(a: &BenchQuantArgs) -> Result<(), CliError> {
                 c["packed_us"].as_f64().unwrap_or(f64::NAN),
                 c["f16_us"].as_f64().unwrap_or(f64::NAN),
                 c["speedup_vs_f16"].as_f64().unwrap_or(f64::NAN)
+            );
+        }
+    }
+    if let Some(s) = r["row_speed"].as_array().filter(|s| !s.is_empty()) {
+        println!(
+            "per-row entry points, one core, ns per row (best of {}; f16 row ops in the same run):",
+            a.reps.max(3)
+        );
+        println!(
+            "  {:<8} {:>4} {:>9} {:>10} {:>9} {:>11} {:>10}",
+            "method", "bits", "row bytes", "dot_rot", "f16 dot", "deq_rot", "f16->f32"
+        );
+        for c in s {
+            let f = |k: &str| c[k].as_f64().unwrap_or(f64::NAN);
+            println!(
+                "  {:<8} {:>4} {:>9} {:>10.2} {:>9.2} {:>11.2} {:>10.2}",
+                format!("lm d{}", c["head_dim"]),
+                c["bits"],
+                c["row_bytes"],
+                f("dot_rotated_ns"),
+                f("f16_dot_ns"),
+                f("dequantize_row_rotated_ns"),
+                f("f16_to_f32_ns")
             );
         }
     }
