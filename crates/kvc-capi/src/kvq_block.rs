@@ -198,9 +198,10 @@ unsafe fn dequantize(
                 out.fill(f32::NAN);
                 continue;
             }
-            c.dequantize_row(row, out)?;
             if rotated {
-                c.rotation().rotate(out);
+                c.dequantize_row_rotated(row, out)?;
+            } else {
+                c.dequantize_row(row, out)?;
             }
         }
         Ok(())
