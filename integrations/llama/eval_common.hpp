@@ -72,6 +72,7 @@ struct Options {
     int share_prefix = 2048;         // tokens prefilled by process 1 and restored by process 2
     int share_rest = 64;             // tokens after the prefix, decoded one at a time and compared
     int share_clients = 1;           // process-2 instances started at once
+    int share_rounds = 1;            // times the share_clients processes are started, one after the other
     int share_chunk = 256;           // tokens per chunk (kvc_tiers_config.chunk_tokens)
     std::string share_codec = "gear-v2";
     // internal: set by process 1 on the command line of the processes it starts
@@ -117,6 +118,8 @@ const char * kUsage =
     "  --share-prefix N    prefix tokens process 1 prefills and stores [2048]\n"
     "  --share-rest N      tokens after the prefix decoded one at a time and compared [64]\n"
     "  --share-clients K   process-2 instances restoring the prefix at once [1]\n"
+    "  --share-rounds N    rounds of --share-clients processes, one after the other; restore\n"
+    "                      times are reported over all of them [1]\n"
     "  --share-chunk N     tokens per stored chunk [256]\n"
     "  --share-codec C     gear-v2, gear-v1 or raw (all lossless) [gear-v2]\n"
     "  --verbose           llama.cpp's log on stderr\n";
@@ -197,6 +200,7 @@ Options parse_options(int argc, char ** argv) {
         else if (a == "--share-prefix") o.share_prefix = parse_int(a, val(), 1, 1 << 20);
         else if (a == "--share-rest") o.share_rest = parse_int(a, val(), 1, 1 << 16);
         else if (a == "--share-clients") o.share_clients = parse_int(a, val(), 1, 64);
+        else if (a == "--share-rounds") o.share_rounds = parse_int(a, val(), 1, 100);
         else if (a == "--share-chunk") o.share_chunk = parse_int(a, val(), 1, 1 << 16);
         else if (a == "--share-codec") o.share_codec = val();
         else if (a == "--share-child") o.share_child = val();

@@ -33,6 +33,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -134,6 +135,14 @@ std::vector<float> share_decode_rest(llama_context * ctx, const std::vector<llam
 // ------------------------------------------------------------------------------------------
 // process 2
 
+// CPU seconds (user + system) of this process so far, all threads
+double cpu_s() {
+    rusage u{};
+    getrusage(RUSAGE_SELF, &u);
+    return (double) u.ru_utime.tv_sec + 1e-6 * (double) u.ru_utime.tv_usec + (double) u.ru_stime.tv_sec +
+           1e-6 * (double) u.ru_stime.tv_usec;
+}
+
 void write_all(int fd, const void * p, size_t n, const std::string & what) {
     const char * b = (const char *) p;
     while (n > 0) {
@@ -185,6 +194,7 @@ int run_share_child(llama_model * model, const ModelInfo & mi, const Options & o
     }
 
     // restore: lookup + fetch, check and decode + the state blob + llama_state_seq_set_data
+    const double c0 = cpu_s();
     const double t0 = now_s();
     size_t found = 0;
     kvc_ok(kvc_tiers_lookup(tiers.get(), ids.data(), ids.size(), &found), "kvc_tiers_lookup");
@@ -218,6 +228,7 @@ int run_share_child(llama_model * model, const ModelInfo & mi, const Options & o
         set_ok = used == blob.size();
     }
     const double t4 = now_s();
+    const double restore_cpu_s = cpu_s() - c0;
     if (!set_ok) {
         // llama.cpp refused the blob (it cleared the sequence): recompute all of it
         std::fprintf(stderr, "kvc_llama_eval: share: llama_state_seq_set_data refused the restored blob; prefilling\n");
@@ -240,7 +251,7 @@ int run_share_child(llama_model * model, const ModelInfo & mi, const Options & o
     std::ostringstream rep;
     rep.precision(10);
     rep << "restore_s " << (t4 - t0) << "\nlookup_s " << (t1 - t0) << "\nfetch_decode_s " << (t2 - t1)
-        << "\nbuild_s " << (t3 - t2) << "\nset_data_s " << (t4 - t3) << "\nrecompute_s " << recompute_s
+        << "\nbuild_s " << (t3 - t2) << "\nrestore_cpu_s " << restore_cpu_s << "\nset_data_s " << (t4 - t3) << "\nrecompute_s " << recompute_s
         << "\nlookup_tokens " << found << "\nrestored_tokens " << got << "\nset_data_refused " << (set_ok ? 0 : 1)
         << "\nstate_round_trip " << (round_trip ? 1 : 0) << "\nfallbacks " << m.fallbacks << "\nbytes_read "
         << tm.bytes_read << "\nhits " << tm.hits << "\nmisses " << tm.misses << "\nerrors " << tm.errors
@@ -356,9 +367,11 @@ RunResult run_share(llama_model * model, const ModelInfo & mi, const Options & o
 
     // process 1: prefill, store, then the reference continuation
     CtxPtr ctx = make_share_context(model, o);
+    const double c0 = cpu_s();
     const double t0 = now_s();
     share_prefill(ctx.get(), toks, 0, P, C);
     const double prefill_s = now_s() - t0;
+    const double prefill_cpu_s = cpu_s() - c0;
     const double t1 = now_s();
     const auto state = get_seq_state(ctx.get());
     const auto d = kvc_llama_state::parse_f16_state(state, mi.n_layer, ne);
@@ -410,12 +423,9 @@ RunResult run_share(llama_model * model, const ModelInfo & mi, const Options & o
         }
     }
 
-    // process 2s, started at once; a barrier so that their restores overlap
-    int ready[2], go[2];
-    if (::pipe(ready) != 0) fail("share: pipe failed");
-    Fd ready_r{ready[0]}, ready_w{ready[1]};
-    if (::pipe(go) != 0) fail("share: pipe failed");
-    Fd go_r{go[0]}, go_w{go[1]};
+    // process 2s: --share-rounds rounds, one after the other, of --share-clients processes
+    // started at once, with a barrier so that their restores overlap
+    Fd ready_r, ready_w, go_r, go_w;
     ShareChildren kids;
     std::vector<std::string> bases;
     // starts a process 2 writing to `base`: this binary with the user's arguments and the
@@ -431,6 +441,7 @@ RunResult run_share(llama_model * model, const ModelInfo & mi, const Options & o
         argv.push_back(nullptr);
         posix_spawn_file_actions_t fa;
         posix_spawn_file_actions_init(&fa);
+        // a process 2 keeps only its own ends of the barrier pipes
         for (int fd : {ready_r.fd, go_w.fd, sync ? -1 : go_r.fd, sync ? -1 : ready_w.fd}) {
             if (fd >= 0) posix_spawn_file_actions_addclose(&fa, fd);
         }
@@ -440,39 +451,48 @@ RunResult run_share(llama_model * model, const ModelInfo & mi, const Options & o
         if (rc != 0) fail(std::string("share: posix_spawn failed: ") + std::strerror(rc));
         kids.pids.push_back(pid);
     };
-    for (int i = 0; i < K; ++i) {
-        bases.push_back(work.dir + "/client" + std::to_string(i));
-        spawn(bases.back(), true, false);
-    }
-    ready_w.close();
-    go_r.close();
-    for (int n = 0; n < K;) {
-        pollfd p{ready_r.fd, POLLIN, 0};
-        const int pr = ::poll(&p, 1, 200);
-        if (pr > 0) {
-            char buf[64];
-            const ssize_t got = ::read(ready_r.fd, buf, std::min<size_t>(sizeof buf, (size_t) (K - n)));
-            if (got > 0) n += (int) got;
-            else if (got == 0) fail("share: every process 2 ended before the start");
+    double clients_wall_s = 0;
+    for (int round = 0; round < o.share_rounds; ++round) {
+        int ready[2], go[2];
+        if (::pipe(ready) != 0) fail("share: pipe failed");
+        ready_r.fd = ready[0];
+        ready_w.fd = ready[1];
+        if (::pipe(go) != 0) fail("share: pipe failed");
+        go_r.fd = go[0];
+        go_w.fd = go[1];
+        const size_t first = kids.pids.size();
+        for (int i = 0; i < K; ++i) {
+            bases.push_back(work.dir + "/client" + std::to_string(round) + "_" + std::to_string(i));
+            spawn(bases.back(), true, false);
         }
-        const int dead = kids.exited();
-        if (dead >= 0) fail("share: process 2 #" + std::to_string(dead) + " ended before the start");
-    }
-    const double t_go = now_s();
-    {
+        ready_w.close();
+        go_r.close();
+        for (int n = 0; n < K;) {
+            pollfd p{ready_r.fd, POLLIN, 0};
+            const int pr = ::poll(&p, 1, 200);
+            if (pr > 0) {
+                char buf[64];
+                const ssize_t got = ::read(ready_r.fd, buf, std::min<size_t>(sizeof buf, (size_t) (K - n)));
+                if (got > 0) n += (int) got;
+                else if (got == 0) fail("share: every process 2 ended before the start");
+            }
+            const int dead = kids.exited();
+            if (dead >= 0) fail("share: process 2 #" + std::to_string(dead) + " ended before the start");
+        }
+        const double t_go = now_s();
         const std::string go_bytes((size_t) K, 'g');
         write_all(go_w.fd, go_bytes.data(), go_bytes.size(), "the start bytes");
+        go_w.close();
+        for (int i = 0; i < K; ++i) {
+            const int st = kids.wait(first + (size_t) i);
+            if (st != 0) fail("share: process 2 #" + std::to_string(i) + " ended with status " + std::to_string(st));
+        }
+        ready_r.close();
+        clients_wall_s = std::max(clients_wall_s, now_s() - t_go);
     }
-    go_w.close();
-    for (int i = 0; i < K; ++i) {
-        const int st = kids.wait((size_t) i);
-        if (st != 0) fail("share: process 2 #" + std::to_string(i) + " ended with status " + std::to_string(st));
-    }
-    const double clients_wall_s = now_s() - t_go;
     // the control: one more process 2, alone, that damages one restored K value (an exponent
     // bit) before loading it; its logits must differ, or the comparison could not fail
     const std::string control_base = work.dir + "/control";
-    ready_r.close();
     spawn(control_base, false, true);
     {
         const int st = kids.wait(kids.pids.size() - 1);
@@ -480,7 +500,7 @@ RunResult run_share(llama_model * model, const ModelInfo & mi, const Options & o
     }
 
     // compare: every process 2's logits of the rest, bit for bit, with process 1's
-    std::vector<double> restore_each, recompute_each;
+    std::vector<double> restore_each, recompute_each, restore_cpu_each;
     long differing = 0;
     double kl_max = 0.0;
     double fallbacks = (double) m1.fallbacks;
@@ -506,14 +526,15 @@ RunResult run_share(llama_model * model, const ModelInfo & mi, const Options & o
         }
         *kl /= R;
     };
-    for (int i = 0; i < K; ++i) {
-        const auto rep = read_child_report(bases[(size_t) i] + ".txt");
+    for (size_t i = 0; i < bases.size(); ++i) {
+        const auto rep = read_child_report(bases[i] + ".txt");
         long diff = 0;
         double kl = 0.0;
-        compare(bases[(size_t) i], &diff, &kl);
+        compare(bases[i], &diff, &kl);
         differing += diff;
         kl_max = std::max(kl_max, kl);
         restore_each.push_back(rep.at("restore_s"));
+        if (rep.count("restore_cpu_s")) restore_cpu_each.push_back(rep.at("restore_cpu_s"));
         recompute_each.push_back(rep.at("recompute_s"));
         // a tier failure, or llama.cpp refusing the restored blob: both end in a prefill
         fallbacks += rep.at("fallbacks") + (rep.count("set_data_refused") ? rep.at("set_data_refused") : 0.0);
@@ -558,6 +579,7 @@ RunResult run_share(llama_model * model, const ModelInfo & mi, const Options & o
     x("prefix_tokens", std::to_string(P));
     x("rest_tokens", std::to_string(R));
     x("clients", std::to_string(K));
+    x("rounds", std::to_string(o.share_rounds));
     x("chunks_in_prefix", std::to_string(P / C));
     x("chunks_stored", std::to_string(tm.chunks_written));
     x("chunks_already_present", std::to_string(sr.chunks - sr.chunks_encoded));
@@ -568,6 +590,11 @@ RunResult run_share(llama_model * model, const ModelInfo & mi, const Options & o
     x("wire_bytes_per_token", json_num(wire));
     x("wire_ratio_vs_f16", json_num(f16_per_token / wire));
     x("prefill_s", json_num(prefill_s));
+    // CPU seconds (user + system, all threads): on a loaded machine the wall times include
+    // waiting for a core, these do not
+    x("prefill_cpu_s", json_num(prefill_cpu_s));
+    x("restore_cpu_s", json_num(percentile(restore_cpu_each, 0.5)));
+    x("restore_cpu_s_max", json_num(percentile(restore_cpu_each, 1.0)));
     x("state_read_s", json_num(t_state));
     x("store_s", json_num(store_s));
     x("model_hash_s", json_num(hash_s));
@@ -582,7 +609,7 @@ RunResult run_share(llama_model * model, const ModelInfo & mi, const Options & o
     x("memory_tier_encode_s", json_num(mem_encode_s));
     x("memory_tier_restore_s", json_num(mem_restore_s));
     x("memory_tier_restore_mb_s", json_num((double) full * f16_per_token / 1e6 / mem_restore_s));
-    x("logits_compared", std::to_string((long) K * R * mi.n_vocab));
+    x("logits_compared", std::to_string((long) bases.size() * R * mi.n_vocab));
     x("logits_differing", std::to_string(differing));
     x("logits_identical", identical ? "true" : "false");
     x("state_round_trip", round_trip ? "true" : "false");
