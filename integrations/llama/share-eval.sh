@@ -67,5 +67,5 @@ for name in sys.argv[2:]:
           f"| {r['memory_tier_restore_s']:.4f} ({r['memory_tier_restore_mb_s']:.0f}) | {r['logits_identical']} "
           f"| {r['control_caught']} | {r['fallbacks']:.0f} |")
 print(f"\nthreads {j['threads']}, prefix {r['prefix_tokens']} tokens in chunks of {r['chunk_tokens']}, "
-      f"{r['rest_tokens']} tokens compared per process 2 ({r['logits_compared'] // r['clients']:,} logits each)")
+      f"{r['rest_tokens']} tokens compared per process 2 ({r['logits_compared'] // (r['clients'] * r['rounds']):,} logits each)")
 PY
