@@ -75,6 +75,7 @@ struct Options {
     int share_rounds = 1;            // times the share_clients processes are started, one after the other
     int share_chunk = 256;           // tokens per chunk (kvc_tiers_config.chunk_tokens)
     std::string share_codec = "gear-v2";
+    std::string share_between;       // shell command run after the store, before the process 2s
     // internal: set by process 1 on the command line of the processes it starts
     std::string share_child;         // output path prefix of a process 2
     int share_text = 0;              // which --text a process 2 works on
@@ -122,6 +123,8 @@ const char * kUsage =
     "                      times are reported over all of them [1]\n"
     "  --share-chunk N     tokens per stored chunk [256]\n"
     "  --share-codec C     gear-v2, gear-v1 or raw (all lossless) [gear-v2]\n"
+    "  --share-between CMD a shell command process 1 runs after storing, before it starts the\n"
+    "                      process 2s (fault injection: kill Redis, damage a value); must exit 0\n"
     "  --verbose           llama.cpp's log on stderr\n";
 
 int parse_int(const std::string & flag, const std::string & v, int lo, int hi) {
@@ -203,6 +206,7 @@ Options parse_options(int argc, char ** argv) {
         else if (a == "--share-rounds") o.share_rounds = parse_int(a, val(), 1, 100);
         else if (a == "--share-chunk") o.share_chunk = parse_int(a, val(), 1, 1 << 16);
         else if (a == "--share-codec") o.share_codec = val();
+        else if (a == "--share-between") o.share_between = val();
         else if (a == "--share-child") o.share_child = val();
         else if (a == "--share-control") o.share_control = true;
         else if (a == "--share-text") o.share_text = parse_int(a, val(), 0, 1 << 16);

@@ -423,6 +423,13 @@ RunResult run_share(llama_model * model, const ModelInfo & mi, const Options & o
         }
     }
 
+    // fault injection between the store and the restores (--share-between)
+    if (!o.share_between.empty()) {
+        std::fflush(nullptr);
+        const int rc = std::system(o.share_between.c_str());
+        if (rc != 0) fail("share: --share-between '" + o.share_between + "' ended with status " + std::to_string(rc));
+    }
+
     // process 2s: --share-rounds rounds, one after the other, of --share-clients processes
     // started at once, with a barrier so that their restores overlap
     Fd ready_r, ready_w, go_r, go_w;
@@ -618,6 +625,7 @@ RunResult run_share(llama_model * model, const ModelInfo & mi, const Options & o
     x("control_caught", control_damaged ? (control_diff > 0 ? "true" : "false") : "null");
     x("fallbacks", json_num(fallbacks));
     x("threads", std::to_string(o.threads));
+    x("between", o.share_between.empty() ? "null" : q(o.share_between));
     x("client_detail", "[" + each.str() + "]");
     char speed[64];
     if (all_restored) std::snprintf(speed, sizeof speed, "%.1fx faster than prefill", prefill_s / restore_p50);
