@@ -200,12 +200,12 @@ int run_share_child(llama_model * model, const ModelInfo & mi, const Options & o
     kvc_ok(kvc_tiers_lookup(tiers.get(), ids.data(), ids.size(), &found), "kvc_tiers_lookup");
     const double t1 = now_s();
     size_t got = 0;
-    std::vector<uint16_t> k, v;
+    // not value-initialized: kvc writes every byte of the tokens it restores, and only those are read
+    const size_t kv_len = (size_t) mi.n_layer * found * ne;
+    std::unique_ptr<uint16_t[]> k(found ? new uint16_t[kv_len] : nullptr), v(found ? new uint16_t[kv_len] : nullptr);
     if (found > 0) {
-        k.resize((size_t) mi.n_layer * found * ne);
-        v.resize(k.size());
-        kvc_ok(kvc_tiers_restore(tiers.get(), ids.data(), ids.size(), found, k.data(), k.size() * 2, v.data(),
-                                 v.size() * 2, &got),
+        kvc_ok(kvc_tiers_restore(tiers.get(), ids.data(), ids.size(), found, k.get(), kv_len * 2, v.get(), kv_len * 2,
+                                 &got),
                "kvc_tiers_restore");
     }
     const double t2 = now_s();
@@ -214,7 +214,7 @@ int run_share_child(llama_model * model, const ModelInfo & mi, const Options & o
         std::vector<int32_t> pos(got);
         for (size_t c = 0; c < got; ++c) pos[c] = (int32_t) c;
         // flash attention is off in make_context: llama.cpp holds V transposed
-        blob = kvc_llama_state::build_f16_state(pos, k.data(), v.data(), found, mi.n_layer, ne, 1, 0, 0);
+        blob = kvc_llama_state::build_f16_state(pos, k.get(), v.get(), found, mi.n_layer, ne, 1, 0, 0);
     }
     if (o.share_control && got > 0) {
         // the control: flip the top exponent bit of layer 0's first K value of the last
@@ -238,8 +238,8 @@ int run_share_child(llama_model * model, const ModelInfo & mi, const Options & o
     // the blob went in as built: llama.cpp gives the same bytes back
     const bool round_trip = got == 0 || get_seq_state(ctx.get()) == blob;
     blob.clear();
-    k.clear();
-    v.clear();
+    k.reset();
+    v.reset();
     const double t5 = now_s();
     share_prefill(ctx.get(), toks, (int) got, P, C);
     const double recompute_s = now_s() - t5;
@@ -507,7 +507,7 @@ RunResult run_share(llama_model * model, const ModelInfo & mi, const Options & o
     }
 
     // compare: every process 2's logits of the rest, bit for bit, with process 1's
-    std::vector<double> restore_each, recompute_each, restore_cpu_each;
+    std::vector<double> restore_each, recompute_each, restore_cpu_each, ready_each;
     long differing = 0;
     double kl_max = 0.0;
     double fallbacks = (double) m1.fallbacks;
@@ -543,6 +543,7 @@ RunResult run_share(llama_model * model, const ModelInfo & mi, const Options & o
         restore_each.push_back(rep.at("restore_s"));
         if (rep.count("restore_cpu_s")) restore_cpu_each.push_back(rep.at("restore_cpu_s"));
         recompute_each.push_back(rep.at("recompute_s"));
+        ready_each.push_back(rep.at("restore_s") + rep.at("recompute_s"));
         // a tier failure, or llama.cpp refusing the restored blob: both end in a prefill
         fallbacks += rep.at("fallbacks") + (rep.count("set_data_refused") ? rep.at("set_data_refused") : 0.0);
         restored_min = std::min(restored_min, rep.at("restored_tokens"));
@@ -611,6 +612,9 @@ RunResult run_share(llama_model * model, const ModelInfo & mi, const Options & o
     const bool all_restored = full > 0 && restored_min >= (double) full;
     x("prefill_over_restore", all_restored ? json_num(prefill_s / restore_p50) : "null");
     x("restored_tokens_min", json_num(restored_min));
+    // the whole prefix in the cache: restore + prefill of what was not restored (p50)
+    x("ready_s", json_num(percentile(ready_each, 0.5)));
+    x("prefill_over_ready", json_num(prefill_s / percentile(ready_each, 0.5)));
     x("recompute_s_max", json_num(percentile(recompute_each, 1.0)));
     x("clients_wall_s", json_num(clients_wall_s));
     x("memory_tier_encode_s", json_num(mem_encode_s));
