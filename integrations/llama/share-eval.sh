@@ -7,8 +7,12 @@
 # and decode the 32 tokens after, compared bit for bit. Per codec (gear-v2, gear-v1, raw) one
 # run with 3 rounds of one process 2 and, for gear-v2 and raw, one with 2 rounds of 4 process 2s
 # at once; then gear-v2 through the disk tier. Redis is emptied (FLUSHALL) before each run so that every run stores
-# its chunks. Prefill and restore are measured in the same run. Writes OUT_DIR/share-*.json
-# (default .cache/share-eval) and prints a Markdown table. Stops the server at the end.
+# its chunks. Prefill and restore are measured in the same run. Then, against the same server,
+# `kvc bench tiers` (target/release/kvc, when built: cargo build --release -p kvc-cli) on the
+# real KV dumps (KVC_REALKV_DIR, ../shared/data/realkv, else the embedded sample): each tier
+# and codec next to raw Redis GET/SET of the same bytes. Writes OUT_DIR/share-*.json and
+# bench-tiers.json (default .cache/share-eval) and prints a Markdown table. Stops the server
+# at the end.
 # Environment: KVC_SHARE_PREFIX (2048), KVC_SHARE_REST (32), KVC_SHARE_CLIENTS (4).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -45,6 +49,19 @@ run redis-gear-v1 --redis "$url" --share-codec gear-v1 --share-rounds 3 "$@"
 run redis-gear-v2-x$clients --redis "$url" --share-clients "$clients" --share-rounds 2 "$@"
 run redis-raw-x$clients --redis "$url" --share-codec raw --share-clients "$clients" --share-rounds 2 "$@"
 run disk-gear-v2 --share-rounds 3 "$@"
+
+kvc=target/release/kvc
+if [ -x "$kvc" ]; then
+    realkv="${KVC_REALKV_DIR:-../shared/data/realkv}"
+    data=()
+    [ -f "$realkv/textA.K.f16.json" ] && data=(--data "$realkv")
+    redis-cli -p "$port" flushall >/dev/null
+    "$kvc" bench tiers --redis "$url" "${data[@]}" --prompts 4 --reps 3 --json "$out/bench-tiers.json" \
+        >"$out/bench-tiers.txt"
+    cat "$out/bench-tiers.txt" >&2
+else
+    echo "share-eval: no $kvc (cargo build --release -p kvc-cli): kvc bench tiers skipped" >&2
+fi
 
 python3 - "$out" "redis-gear-v2" "redis-raw" "redis-gear-v1" "redis-gear-v2-x$clients" "redis-raw-x$clients" \
     "disk-gear-v2" <<'PY'
