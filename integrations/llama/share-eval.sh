@@ -5,7 +5,7 @@
 # then runs kvc_llama_eval --modes share on the first 2048 + 32 tokens of text A: process 1
 # prefills the 2048-token prefix and stores its 8 chunks of 256 tokens, process 2s restore them
 # and decode the 32 tokens after, compared bit for bit. Per codec (gear-v2, gear-v1, raw) one
-# run with 3 rounds of one process 2 and, for gear-v2 and raw, one with 2 rounds of 4 process 2s
+# run with 5 rounds of one process 2 and, for gear-v2 and raw, one with 3 rounds of 4 process 2s
 # at once; then gear-v2 through the disk tier. Redis is emptied (FLUSHALL) before each run so that every run stores
 # its chunks. Prefill and restore are measured in the same run. Then, against the same server,
 # `kvc bench tiers` (target/release/kvc, when built: cargo build --release -p kvc-cli) on the
@@ -43,12 +43,12 @@ run() { # name, options...
     echo "share-eval: $name: $(grep -m1 '^share' "$out/share-$name.txt" | sed 's/  */ /g' | cut -d' ' -f9-)" >&2
 }
 url="redis://127.0.0.1:$port"
-run redis-gear-v2 --redis "$url" --share-rounds 3 "$@"
-run redis-raw --redis "$url" --share-codec raw --share-rounds 3 "$@"
-run redis-gear-v1 --redis "$url" --share-codec gear-v1 --share-rounds 3 "$@"
-run redis-gear-v2-x$clients --redis "$url" --share-clients "$clients" --share-rounds 2 "$@"
-run redis-raw-x$clients --redis "$url" --share-codec raw --share-clients "$clients" --share-rounds 2 "$@"
-run disk-gear-v2 --share-rounds 3 "$@"
+run redis-gear-v2 --redis "$url" --share-rounds 5 "$@"
+run redis-raw --redis "$url" --share-codec raw --share-rounds 5 "$@"
+run redis-gear-v1 --redis "$url" --share-codec gear-v1 --share-rounds 5 "$@"
+run redis-gear-v2-x$clients --redis "$url" --share-clients "$clients" --share-rounds 3 "$@"
+run redis-raw-x$clients --redis "$url" --share-codec raw --share-clients "$clients" --share-rounds 3 "$@"
+run disk-gear-v2 --share-rounds 5 "$@"
 
 kvc=target/release/kvc
 if [ -x "$kvc" ]; then
