@@ -72,12 +72,27 @@ struct Options {
     std::string realkv_dir;
     int dump_tokens = 0;  // 0: n_tokens
     bool verbose = false;
+    // share mode (share_mode.hpp)
+    std::string redis;               // redis:// or redis+cluster:// URL; empty: the disk tier
+    std::string share_dir;           // disk tier directory; empty: a temporary one, removed after
+    int share_prefix = 2048;         // tokens prefilled by process 1 and restored by process 2
+    int share_rest = 64;             // tokens after the prefix, decoded one at a time and compared
+    int share_clients = 1;           // process-2 instances started at once
+    int share_rounds = 1;            // times the share_clients processes are started, one after the other
+    int share_chunk = 256;           // tokens per chunk (kvc_tiers_config.chunk_tokens)
+    std::string share_codec = "gear-v2";
+    std::string share_between;       // shell command run after the store, before the process 2s
+    // internal: set by process 1 on the command line of the processes it starts
+    std::string share_child;         // output path prefix of a process 2
+    int share_text = 0;              // which --text a process 2 works on
+    int share_sync_r = -1, share_sync_w = -1;  // start barrier pipe ends
+    bool share_control = false;      // a process 2 that damages one restored value on purpose
 };
 
 const char * kUsage =
     "usage: kvc_llama_eval --model GGUF --text FILE [--text FILE ...] [options]\n"
     "  --modes LIST        comma list of full,streaming,kvc-streaming,h2o,h2o-fa,c8,c8-h2o,\n"
-    "                      q8_0,q4_0,q8_0-q4_0,kvq:CONFIG,probe,state,dump\n"
+    "                      q8_0,q4_0,q8_0-q4_0,kvq:CONFIG,probe,state,dump,share\n"
     "                      (default: all, kvq as kvq:k4v4,kvq:k4v2; full always runs first as\n"
     "                      the reference). kvq:CONFIG is a kvc_kvq config string, e.g.\n"
     "                      kvq:k4v4, kvq:k3v3:lm, kvq:k8v4:u32 (docs/formats/kvq.md);\n"
@@ -110,6 +125,19 @@ const char * kUsage =
     "  --dump-tokens N     tokens the dump mode runs [n-tokens]\n"
     "  --realkv-dir DIR    reference dumps to compare with (textA.{K,V}.{f16,bf16}.bin)\n"
     "  --json FILE         write the results as JSON\n"
+    "  share mode (not in the default list; --modes share alone skips the full row):\n"
+    "  --redis URL         share through Redis (redis://host:port or redis+cluster://h:p,...)\n"
+    "                      [none: a disk tier in --share-dir]\n"
+    "  --share-dir DIR     the disk tier's directory [a temporary one, removed at the end]\n"
+    "  --share-prefix N    prefix tokens process 1 prefills and stores [2048]\n"
+    "  --share-rest N      tokens after the prefix decoded one at a time and compared [64]\n"
+    "  --share-clients K   process-2 instances restoring the prefix at once [1]\n"
+    "  --share-rounds N    rounds of --share-clients processes, one after the other; restore\n"
+    "                      times are reported over all of them [1]\n"
+    "  --share-chunk N     tokens per stored chunk [256]\n"
+    "  --share-codec C     gear-v2, gear-v1 or raw (all lossless) [gear-v2]\n"
+    "  --share-between CMD a shell command process 1 runs after storing, before it starts the\n"
+    "                      process 2s (fault injection: kill Redis, damage a value); must exit 0\n"
     "  --verbose           llama.cpp's log on stderr\n";
 
 int parse_int(const std::string & flag, const std::string & v, int lo, int hi) {
@@ -191,6 +219,24 @@ Options parse_options(int argc, char ** argv) {
         else if (a == "--dump-tokens") o.dump_tokens = parse_int(a, val(), 1, 1 << 20);
         else if (a == "--realkv-dir") o.realkv_dir = val();
         else if (a == "--verbose") o.verbose = true;
+        else if (a == "--redis") o.redis = val();
+        else if (a == "--share-dir") o.share_dir = val();
+        else if (a == "--share-prefix") o.share_prefix = parse_int(a, val(), 1, 1 << 20);
+        else if (a == "--share-rest") o.share_rest = parse_int(a, val(), 1, 1 << 16);
+        else if (a == "--share-clients") o.share_clients = parse_int(a, val(), 1, 64);
+        else if (a == "--share-rounds") o.share_rounds = parse_int(a, val(), 1, 100);
+        else if (a == "--share-chunk") o.share_chunk = parse_int(a, val(), 1, 1 << 16);
+        else if (a == "--share-codec") o.share_codec = val();
+        else if (a == "--share-between") o.share_between = val();
+        else if (a == "--share-child") o.share_child = val();
+        else if (a == "--share-control") o.share_control = true;
+        else if (a == "--share-text") o.share_text = parse_int(a, val(), 0, 1 << 16);
+        else if (a == "--share-sync") {
+            const auto fds = split_commas(val());
+            if (fds.size() != 2) throw UsageError("--share-sync: two file descriptors");
+            o.share_sync_r = parse_int(a, fds[0], 0, 1 << 20);
+            o.share_sync_w = parse_int(a, fds[1], 0, 1 << 20);
+        }
         else if (a == "-h" || a == "--help") { std::fputs(kUsage, stdout); std::exit(0); }
         else throw UsageError("unknown option '" + a + "' (see --help)");
     }
@@ -199,10 +245,17 @@ Options parse_options(int argc, char ** argv) {
     if (o.budget != "fixed" && o.budget != "adaptive") throw UsageError("--budget: fixed or adaptive");
     if (o.c8_rule != "channel" && o.c8_rule != "rope") throw UsageError("--c8-rule: channel or rope");
     if (o.positions != "shift" && o.positions != "keep") throw UsageError("--positions: shift or keep");
+    if (o.share_codec != "gear-v2" && o.share_codec != "gear-v1" && o.share_codec != "raw") {
+        throw UsageError("--share-codec: gear-v2, gear-v1 or raw (the tiers' codecs, all lossless)");
+    }
+    if (!o.redis.empty() && o.redis.rfind("redis://", 0) != 0 && o.redis.rfind("redis+cluster://", 0) != 0) {
+        throw UsageError("--redis: expected redis://host:port or redis+cluster://host:port,...");
+    }
     if (o.ppl_from >= o.n_tokens) throw UsageError("--ppl-from must be below --n-tokens");
     if (o.prompt >= o.n_tokens) throw UsageError("--prompt must be below --n-tokens");
     static const char * known[] = {"full", "streaming", "kvc-streaming", "h2o",       "h2o-fa", "c8",  "c8-h2o",
-                                   "q8_0", "q4_0",      "q8_0-q4_0",     "probe",     "state",  "dump"};
+                                   "q8_0", "q4_0",      "q8_0-q4_0",     "probe",     "state",  "dump",
+                                   "share"};
     for (const auto & m : o.modes) {
         if (m.rfind("kvq-native:", 0) == 0 || m.rfind("kvq-native-plan:", 0) == 0) {
             if (m.back() == ':') throw UsageError("--modes: " + m + " needs a config or a plan file");

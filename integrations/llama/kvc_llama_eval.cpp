@@ -20,6 +20,9 @@
 //              (raw + JSON sidecar), compared bit for bit with a reference directory
 //   state      llama_state_seq_get_data / set_data round trip into a fresh context, next-token
 //              logits compared bit for bit, truncated state rejected
+//   share      (only when asked for) a prefix prefilled by this process and stored through kvc's
+//              tiers (disk, or Redis with --redis), restored by --share-clients other processes
+//              with fresh contexts, the logits after it compared bit for bit
 // Output: a table on stdout and, with --json FILE, the same numbers as JSON.
 // Bad input (missing files, bad options, a text too short) exits with status 2 and one line.
 //
@@ -35,6 +38,7 @@
 //   decode.hpp           contexts and the decode loop of every PPL/KL mode
 //   dump_mode.hpp        the realkv-format dump and its comparison
 //   state_mode.hpp       the sequence state, saved, restored and through kvc's codec
+//   share_mode.hpp       a prefix shared between processes through kvc's tiers
 //   kvq_native_mode.hpp  llama.cpp's cache in kvc's kvq ggml types (patched build), decode speed
 //   report.hpp           the table and the JSON
 // and this file: which modes run, in order (run), and main.
@@ -69,6 +73,10 @@ int run(int argc, char ** argv) {
     llama_model_desc(model, desc, sizeof desc);
     mi.desc = desc;
     mi.file = base_name(o.model);
+    // a share-mode process 2, started by process 1: restore, decode, write its files, nothing else
+    if (!o.share_child.empty()) return run_share_child(model, mi, o);
+    const std::vector<std::string> args(argv, argv + argc);
+    const bool share_only = o.modes.size() == 1 && o.modes[0] == "share";
 
     std::vector<TextReport> reports;
     TapStats probe_stats;
@@ -86,12 +94,15 @@ int run(int argc, char ** argv) {
         rep.tokens_total = (long) toks.size();
         RefStore ref;
 
-        DecodeSpec full;
-        full.mode = "full";
-        full.cfg.n_ctx = o.n_tokens;
-        full.is_reference = true;
-        rep.rows.push_back(run_decode(model, mi, o, toks, ref, full));
-        const double full_tok_s = rep.rows.back().tok_s;
+        double full_tok_s = NAN;
+        if (!share_only) {  // share compares with its own prefilled process
+            DecodeSpec full;
+            full.mode = "full";
+            full.cfg.n_ctx = o.n_tokens;
+            full.is_reference = true;
+            rep.rows.push_back(run_decode(model, mi, o, toks, ref, full));
+            full_tok_s = rep.rows.back().tok_s;
+        }
 
         if (has_mode(o, "streaming")) {
             SinkWindowPolicy pol(o.sink, o.recent, o.ratio, o.trigger, o.interval, o.budget == "adaptive", o.n_tokens);
@@ -351,6 +362,7 @@ int run(int argc, char ** argv) {
             rep.rows.push_back(r);
         }
         if (has_mode(o, "state")) rep.rows.push_back(run_state(model, mi, o, toks));
+        if (has_mode(o, "share")) rep.rows.push_back(run_share(model, mi, o, toks, text_no, args));
         if (has_mode(o, "dump")) {
             const std::string tag = std::string("text") + (char) ('A' + text_no);
             Options od = o;

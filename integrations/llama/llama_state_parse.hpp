@@ -1,11 +1,12 @@
 // The llama.cpp sequence-state container, parsed: no llama or ggml call, only bytes, so that
-// it can be fuzzed alone (fuzz/cpp/llama_state_fuzz.cpp). kvc_llama_eval's dump and state
-// modes include it (dump_mode.hpp, state_mode.hpp). Self-contained: the two llama/ggml
+// it can be fuzzed alone (fuzz/cpp/llama_state_fuzz.cpp). kvc_llama_eval's dump, state and
+// share modes include it (dump_mode.hpp, state_mode.hpp, share_mode.hpp). Self-contained: the two llama/ggml
 // constants it needs are restated here, and dump_mode.hpp checks them against ggml's.
 // Every field is checked; a malformed blob throws std::runtime_error, as the harness's
 // fail() does.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <stdexcept>
@@ -52,6 +53,9 @@ struct CacheDump {
     std::vector<int32_t> pos;  // llama_pos
     // [layer][cell][n_embd_kv] f16 bits
     std::vector<uint16_t> k, v;
+    // the data header's fields as the blob has them (build_f16_state writes them back):
+    // v_trans (0: V as rows, else transposed), the attention rotations (0 for an f16 cache)
+    uint32_t v_trans = 1, n_rot_k = 0, n_rot_v = 0;
 };
 
 // `n_layer_model` and `n_embd_kv` are the model's (ModelInfo::n_layer, ModelInfo::n_embd_kv()).
@@ -72,8 +76,9 @@ inline CacheDump parse_f16_state(const std::vector<uint8_t> & blob, int n_layer_
     }
     const uint32_t v_trans = r.get<uint32_t>("v_trans");
     const uint32_t n_layer = r.get<uint32_t>("n_layer");
-    r.get<uint32_t>("n_rot_k");
-    r.get<uint32_t>("n_rot_v");
+    d.v_trans = v_trans;
+    d.n_rot_k = r.get<uint32_t>("n_rot_k");
+    d.n_rot_v = r.get<uint32_t>("n_rot_v");
     if ((int) n_layer != n_layer_model) fail("state: layer count differs from the model");
     const size_t ne = n_embd_kv;
     // K and V hold 2 bytes per value: a blob too short for them is refused before they are
@@ -106,6 +111,82 @@ inline CacheDump parse_f16_state(const std::vector<uint8_t> & blob, int n_layer_
     }
     if (r.off != blob.size()) fail("state: trailing bytes after the V data");
     return d;
+}
+
+// The inverse of parse_f16_state: a llama_state_seq_get_data blob of sequence 0 (one stream,
+// every cell in sequence 0 only, no per-cell extension: a model without M-RoPE or PLE) holding
+// `pos.size()` cells whose K and V rows are `k` and `v`, each [layer][cell][n_embd_kv] f16 bits
+// with `layer_stride` cells per layer (>= the cell count; a restore buffer may be larger than
+// what was restored). V is written transposed (per layer, per channel, every cell) when
+// `v_trans` is nonzero, as llama.cpp's cache holds it with flash attention off. For every blob
+// parse_f16_state accepts, building its CacheDump gives the same bytes back
+// (fuzz/cpp/llama_state_fuzz.cpp checks it). llama_state_seq_set_data checks v_trans and the
+// rotations against its own cache and refuses a blob that does not fit.
+inline std::vector<uint8_t> build_f16_state(const std::vector<int32_t> & pos, const uint16_t * k, const uint16_t * v,
+                                            size_t layer_stride, int n_layer, size_t n_embd_kv, uint32_t v_trans,
+                                            uint32_t n_rot_k, uint32_t n_rot_v) {
+    const size_t cells = pos.size();
+    const size_t ne = n_embd_kv;
+    if (cells == 0 || cells > (1u << 24)) fail("build state: implausible cell count");
+    if (n_layer <= 0 || ne == 0 || layer_stride < cells) fail("build state: bad layout");
+    const size_t rows = (size_t) n_layer * cells * ne * 2;  // bytes of K (and of V)
+    std::vector<uint8_t> out;
+    out.reserve(16 + cells * 12 + 16 + 2 * rows + (size_t) n_layer * 32);
+    auto put = [&](const void * p, size_t n) {
+        const uint8_t * b = (const uint8_t *) p;
+        out.insert(out.end(), b, b + n);
+    };
+    auto put32 = [&](uint32_t x) { put(&x, 4); };
+    auto put64 = [&](uint64_t x) { put(&x, 8); };
+    put32(kMagic);
+    put32(0);  // seq_id
+    put32(1);  // n_stream
+    put32((uint32_t) cells);
+    for (size_t c = 0; c < cells; ++c) {
+        put32((uint32_t) pos[c]);
+        put32(1);  // n_seq_id
+        put32(0);  // seq_id
+    }
+    put32(v_trans);
+    put32((uint32_t) n_layer);
+    put32(n_rot_k);
+    put32(n_rot_v);
+    for (int l = 0; l < n_layer; ++l) {
+        put32((uint32_t) kGgmlTypeF16);
+        put64(ne * 2);
+        put(k + (size_t) l * layer_stride * ne, cells * ne * 2);
+    }
+    for (int l = 0; l < n_layer; ++l) {
+        put32((uint32_t) kGgmlTypeF16);
+        const uint16_t * src = v + (size_t) l * layer_stride * ne;
+        if (!v_trans) {
+            put64(ne * 2);
+            put(src, cells * ne * 2);
+            continue;
+        }
+        put32(2);  // element size
+        put32((uint32_t) ne);
+        // transposed: channel j's values of every cell; tiles of 64 cells keep the reads in cache
+        const size_t at = out.size();
+        out.resize(at + cells * ne * 2);
+        uint8_t * dst = out.data() + at;
+        for (size_t c0 = 0; c0 < cells; c0 += 64) {
+            const size_t c1 = std::min(cells, c0 + 64);
+            for (size_t j = 0; j < ne; ++j) {
+                for (size_t c = c0; c < c1; ++c) std::memcpy(dst + (j * cells + c) * 2, src + c * ne + j, 2);
+            }
+        }
+    }
+    return out;
+}
+
+inline std::vector<uint8_t> build_f16_state(const CacheDump & d, int n_layer, size_t n_embd_kv) {
+    if (d.pos.size() != (size_t) d.n_cells || d.k.size() != (size_t) n_layer * d.pos.size() * n_embd_kv ||
+        d.v.size() != d.k.size()) {
+        fail("build state: sizes do not match the cell count");
+    }
+    return build_f16_state(d.pos, d.k.data(), d.v.data(), d.pos.size(), n_layer, n_embd_kv, d.v_trans, d.n_rot_k,
+                           d.n_rot_v);
 }
 
 // A state blob cut into what kvc's codec should see: the K rows and the V data of every layer

@@ -3,7 +3,9 @@
 # every mode of kvc_llama_eval on a few hundred tokens of both texts (kvc's StreamingLLM and H2O
 # policies, flash attention off and on, the state through kvc's codec included), and checks of
 # what it reports (dump layer 0 bit-identical to the real KV data, state restore identical,
-# eviction really shrinking the cache, bad input refused with status 2).
+# eviction really shrinking the cache, bad input refused with status 2), and the share mode
+# (a prefix restored by other processes through kvc's tiers: Redis up, a damaged value, Redis
+# killed, Redis down, the disk tier).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -127,6 +129,71 @@ for tag in ("textA", "textB"):
 print("50-llama: result checks passed")
 PY
 
+# share mode (issue 23): process 1 prefills 256 tokens and stores them through kvc's tiers as
+# 2 chunks of 128, process 2s restore them into fresh contexts and decode 8 more tokens; their
+# logits must be bit-identical to process 1's, and a control process 2 that damages one
+# restored value must differ. Through a redis-server started here on a free port: with 2
+# process 2s at once; with one stored value damaged between the store and the restore
+# (checksum: counted, the prefix ends before it, the rest recomputed); with the server killed
+# between the store and the restore (counted fallbacks, recomputed, exit 0); then with that
+# server gone for the store too; then through the disk tier with the raw codec.
+t2=$SECONDS
+rport="$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+mkdir -p "$out/redis"
+redis-server --bind 127.0.0.1 --port "$rport" --save '' --appendonly no --dir "$out/redis" \
+    --maxmemory 256mb --maxmemory-policy allkeys-lru >"$out/redis/log.txt" 2>&1 &
+rpid=$!
+trap 'kill -9 "$rpid" 2>/dev/null || true' EXIT
+for _ in $(seq 100); do redis-cli -p "$rport" ping 2>/dev/null | grep -q PONG && break; sleep 0.05; done
+url="redis://127.0.0.1:$rport"
+share=(--model "$MODEL" --text "$TEXT_A" --modes share --share-prefix 256 --share-chunk 128 --share-rest 8)
+"$EVAL" "${share[@]}" --share-clients 2 --redis "$url" --json "$out/share-redis.json"
+redis-cli -p "$rport" flushall >/dev/null
+damage="redis-cli -p $rport --scan --pattern 'kvc:*' | head -n1 | xargs -I{} redis-cli -p $rport setrange {} 4000 XXXX >/dev/null"
+"$EVAL" "${share[@]}" --redis "$url" --share-between "$damage" --json "$out/share-redis-damaged.json"
+redis-cli -p "$rport" flushall >/dev/null
+"$EVAL" "${share[@]}" --redis "$url" --share-between "kill -9 $rpid" --json "$out/share-redis-killed.json"
+{ wait "$rpid"; } 2>/dev/null || true
+"$EVAL" "${share[@]}" --redis "$url" --json "$out/share-redis-down.json"
+"$EVAL" "${share[@]}" --share-codec raw --json "$out/share-disk.json"
+echo "50-llama: share runs took $((SECONDS - t2)) s"
+python3 - "$out" <<'PY'
+import json, sys
+d = sys.argv[1]
+def row(name):
+    return json.load(open(f"{d}/{name}.json"))["texts"][0]["results"][0]
+up, bad, killed, down, disk = (row(f"share-{n}") for n in ("redis", "redis-damaged", "redis-killed", "redis-down", "disk"))
+for r in (up, bad, killed, down, disk):
+    assert r["mode"] == "share" and r["prefix_tokens"] == 256 and r["chunks_in_prefix"] == 2, r
+    assert r["logits_identical"] is True and r["logits_differing"] == 0 and r["kl"] == 0.0, r
+    assert r["state_round_trip"] is True, r
+# Redis up: both chunks stored, both clients restored all 256 tokens without a fallback, the
+# wire smaller than f16 (gear-v2 is lossless), the damaged control caught
+assert up["tier"] == "redis" and up["clients"] == 2 and len(up["client_detail"]) == 2, up
+assert up["chunks_stored"] == 2 and up["fallbacks"] == 0 and up["restored_tokens_min"] == 256, up
+assert up["bytes_stored"] > 0 and up["wire_ratio_vs_f16"] > 1.05, up
+assert up["control_caught"] is True and up["control_logits_differing"] > 0, up
+assert all(c["hits"] == 2 and c["restored_tokens"] == 256 for c in up["client_detail"]), up
+# one value damaged: caught by its checksum, counted, never restored; the rest recomputed
+c = bad["client_detail"][0]
+assert bad["chunks_stored"] == 2 and c["corrupt"] == 1 and bad["fallbacks"] >= 1, bad
+assert c["restored_tokens"] in (0, 128) and c["recompute_s"] > 0, bad
+# Redis killed after the store: every lookup fails, counted, recomputed, exit 0
+c = killed["client_detail"][0]
+assert killed["chunks_stored"] == 2 and killed["fallbacks"] > 0 and c["errors"] > 0, killed
+assert killed["restored_tokens_min"] == 0 and killed["control_caught"] is None and c["recompute_s"] > 0, killed
+# Redis down for the store too: nothing stored, failures counted
+assert down["chunks_stored"] == 0 and down["store_failures"] > 0 and down["fallbacks"] > 0, down
+assert down["restored_tokens_min"] == 0, down
+# disk tier, raw codec: f16 bytes plus the blob headers and checksums
+assert disk["tier"] == "disk" and disk["chunks_stored"] == 2 and disk["fallbacks"] == 0, disk
+assert disk["restored_tokens_min"] == 256 and disk["control_caught"] is True, disk
+assert 0.98 < disk["wire_ratio_vs_f16"] < 1.0, disk
+print(f"50-llama: share: redis {up['wire_ratio_vs_f16']:.3f}:1 vs f16, restore {up['restore_s']:.3f} s vs "
+      f"prefill {up['prefill_s']:.3f} s; damaged value: {bad['client_detail'][0]['restored_tokens']} tokens restored; "
+      f"killed: {killed['fallbacks']:.0f} fallbacks; down: {down['fallbacks']:.0f}; disk raw ok")
+PY
+
 # bad input: status 2 and one line on stderr
 set +e
 "$EVAL" --model /nonexistent.gguf --text "$TEXT_A" 2>"$out/err.txt"; rc=$?
@@ -136,8 +203,11 @@ set +e
 echo '{"format": "kvc-kvq-plan", "version": 1, "layers": "not a list"}' >"$out/bad-plan.json"
 "$EVAL" --model "$MODEL" --text "$TEXT_A" --modes "full,kvq-plan:$out/bad-plan.json" 2>"$out/err5.txt"; rc5=$?
 "$EVAL" --model "$MODEL" --text "$TEXT_A" --modes kvq:k9v4 --n-tokens 200 --ppl-from 100 2>"$out/err6.txt"; rc6=$?
+"$EVAL" --model "$MODEL" --text "$TEXT_A" --modes share --share-codec zstd 2>"$out/err7.txt"; rc7=$?
+"$EVAL" --model "$MODEL" --text "$TEXT_A" --modes share --redis http://127.0.0.1:1 2>"$out/err8.txt"; rc8=$?
 set -e
-for r in "$rc:$out/err.txt" "$rc2:$out/err2.txt" "$rc3:$out/err3.txt" "$rc4:$out/err4.txt" "$rc5:$out/err5.txt"; do
+for r in "$rc:$out/err.txt" "$rc2:$out/err2.txt" "$rc3:$out/err3.txt" "$rc4:$out/err4.txt" "$rc5:$out/err5.txt" \
+         "$rc7:$out/err7.txt" "$rc8:$out/err8.txt"; do
     code="${r%%:*}"; file="${r#*:}"
     if [ "$code" -ne 2 ] || [ "$(wc -l <"$file")" -ne 1 ]; then
         echo "50-llama: bad input gave status $code with: $(cat "$file")" >&2
