@@ -1691,6 +1691,26 @@ typedef struct kvc_api {
                                      const float *q_rot,
                                      size_t n_values,
                                      float *out);
+    /**
+     * See `kvc_kvq_block_dot_rows` (ABI 0.8).
+     */
+    enum kvc_status (*kvq_block_dot_rows)(uint32_t head_dim,
+                                          uint32_t bits,
+                                          const uint8_t *packed,
+                                          size_t stride,
+                                          size_t n_rows,
+                                          const float *q_rot,
+                                          float *scores);
+    /**
+     * See `kvc_kvq_block_accumulate_rows` (ABI 0.8).
+     */
+    enum kvc_status (*kvq_block_accumulate_rows)(uint32_t head_dim,
+                                                 uint32_t bits,
+                                                 const uint8_t *packed,
+                                                 size_t stride,
+                                                 size_t n_rows,
+                                                 const float *weights,
+                                                 float *acc);
 } kvc_api;
 
 /**
@@ -2503,6 +2523,51 @@ enum kvc_status kvc_kvq_block_dot(uint32_t head_dim,
                                   const float *q_rot,
                                   size_t n_values,
                                   float *out);
+
+/**
+ * The dot products of one rotated query (`head_dim` floats at `q_rot`, from
+ * `kvc_kvq_block_rotate`) with `n_rows` packed rows, row `i` at `packed + i * stride`
+ * (`stride >= ` the row's bytes; an engine's cache keeps one head's rows a token apart),
+ * written to `scores[i]`. A poisoned row scores NaN. No allocation. One call per tile of
+ * cells instead of one per cell: what an attention kernel's inner loop calls.
+ *
+ * Threads: safe from any thread.
+ *
+ * # Safety
+ * `packed` readable for `(n_rows - 1) * stride + row bytes`; `q_rot` readable for
+ * `head_dim` floats; `scores` writable for `n_rows` floats, not overlapping the inputs.
+ */
+KVC_NODISCARD
+enum kvc_status kvc_kvq_block_dot_rows(uint32_t head_dim,
+                                       uint32_t bits,
+                                       const uint8_t *packed,
+                                       size_t stride,
+                                       size_t n_rows,
+                                       const float *q_rot,
+                                       float *scores);
+
+/**
+ * Adds `sum_i weights[i] * (rotated row i)` to the `head_dim` floats at `acc`, rows
+ * strided as in `kvc_kvq_block_dot_rows`: the softmax-weighted sum of V rows, kept in the
+ * rotated basis (un-rotate the final sum once with `kvc_kvq_block_unrotate`). A row of
+ * weight 0 is skipped (a masked cell adds nothing, even when poisoned); a poisoned row of
+ * non-zero weight makes the sum NaN. No allocation.
+ *
+ * Threads: safe from any thread.
+ *
+ * # Safety
+ * `packed` readable for `(n_rows - 1) * stride + row bytes`; `weights` readable for
+ * `n_rows` floats; `acc` readable and writable for `head_dim` floats, not overlapping the
+ * inputs.
+ */
+KVC_NODISCARD
+enum kvc_status kvc_kvq_block_accumulate_rows(uint32_t head_dim,
+                                              uint32_t bits,
+                                              const uint8_t *packed,
+                                              size_t stride,
+                                              size_t n_rows,
+                                              const float *weights,
+                                              float *acc);
 
 /**
  * Copies the message explaining this thread's last failed kvc call into `buf`.

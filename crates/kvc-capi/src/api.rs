@@ -26,8 +26,9 @@ use crate::kvq::{
 };
 // ABI 0.8: kvq block formats without a handle (ggml type traits).
 use crate::kvq_block::{
-    kvc_kvq_block_bytes, kvc_kvq_block_dequantize, kvc_kvq_block_dequantize_rotated,
-    kvc_kvq_block_dot, kvc_kvq_block_quantize, kvc_kvq_block_rotate, kvc_kvq_block_unrotate,
+    kvc_kvq_block_accumulate_rows, kvc_kvq_block_bytes, kvc_kvq_block_dequantize,
+    kvc_kvq_block_dequantize_rotated, kvc_kvq_block_dot, kvc_kvq_block_dot_rows,
+    kvc_kvq_block_quantize, kvc_kvq_block_rotate, kvc_kvq_block_unrotate,
 };
 use crate::last_error::{kvc_last_error_message, set_last_error};
 use crate::mlp::{
@@ -588,6 +589,26 @@ pub struct KvcApi {
         n_values: usize,
         out: *mut f32,
     ) -> KvcStatus,
+    /// See `kvc_kvq_block_dot_rows` (ABI 0.8).
+    pub kvq_block_dot_rows: unsafe extern "C" fn(
+        head_dim: u32,
+        bits: u32,
+        packed: *const u8,
+        stride: usize,
+        n_rows: usize,
+        q_rot: *const f32,
+        scores: *mut f32,
+    ) -> KvcStatus,
+    /// See `kvc_kvq_block_accumulate_rows` (ABI 0.8).
+    pub kvq_block_accumulate_rows: unsafe extern "C" fn(
+        head_dim: u32,
+        bits: u32,
+        packed: *const u8,
+        stride: usize,
+        n_rows: usize,
+        weights: *const f32,
+        acc: *mut f32,
+    ) -> KvcStatus,
 }
 
 static API: KvcApi = KvcApi {
@@ -685,6 +706,8 @@ static API: KvcApi = KvcApi {
     kvq_block_rotate: kvc_kvq_block_rotate,
     kvq_block_unrotate: kvc_kvq_block_unrotate,
     kvq_block_dot: kvc_kvq_block_dot,
+    kvq_block_dot_rows: kvc_kvq_block_dot_rows,
+    kvq_block_accumulate_rows: kvc_kvq_block_accumulate_rows,
 };
 
 /// Whether a program built against ABI version `requested` can use this library.

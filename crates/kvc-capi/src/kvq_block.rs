@@ -383,3 +383,122 @@ pub unsafe extern "C" fn kvc_kvq_block_dot(
         Ok(())
     })
 }
+
+/// Bytes a strided run of `n_rows` rows spans: `(n_rows - 1) * stride + row_bytes`, or an
+/// error when `stride` is shorter than a row or the span overflows.
+fn strided_span(c: &RowCodec, stride: usize, n_rows: usize) -> Result<usize, Error> {
+    if n_rows == 0 {
+        return Ok(0);
+    }
+    if stride < c.row_bytes() {
+        return Err(Error::invalid(
+            "stride",
+            format!("{stride} is shorter than a row ({} bytes)", c.row_bytes()),
+        ));
+    }
+    (n_rows - 1)
+        .checked_mul(stride)
+        .and_then(|v| v.checked_add(c.row_bytes()))
+        .ok_or_else(|| Error::invalid("n_rows", "(n_rows - 1) * stride + row bytes overflows"))
+}
+
+/// The dot products of one rotated query (`head_dim` floats at `q_rot`, from
+/// `kvc_kvq_block_rotate`) with `n_rows` packed rows, row `i` at `packed + i * stride`
+/// (`stride >= ` the row's bytes; an engine's cache keeps one head's rows a token apart),
+/// written to `scores[i]`. A poisoned row scores NaN. No allocation. One call per tile of
+/// cells instead of one per cell: what an attention kernel's inner loop calls.
+///
+/// Threads: safe from any thread.
+///
+/// # Safety
+/// `packed` readable for `(n_rows - 1) * stride + row bytes`; `q_rot` readable for
+/// `head_dim` floats; `scores` writable for `n_rows` floats, not overlapping the inputs.
+#[no_mangle]
+#[must_use = "a kvc_status reports failure"]
+pub unsafe extern "C" fn kvc_kvq_block_dot_rows(
+    head_dim: u32,
+    bits: u32,
+    packed: *const u8,
+    stride: usize,
+    n_rows: usize,
+    q_rot: *const f32,
+    scores: *mut f32,
+) -> KvcStatus {
+    status_boundary("kvc_kvq_block_dot_rows", || {
+        let c = codec(head_dim, bits)?;
+        let span = strided_span(c, stride, n_rows)?;
+        if n_rows == 0 {
+            return Ok(());
+        }
+        // SAFETY: caller contract; NULL, alignment and size are checked.
+        let p = unsafe { in_slice(packed, span, "packed") }?;
+        // SAFETY: as above.
+        let q = unsafe { in_slice(q_rot, c.dim(), "q_rot") }?;
+        // SAFETY: as above.
+        let s = unsafe { out_slice(scores, n_rows, "scores") }?;
+        for (i, o) in s.iter_mut().enumerate() {
+            let row = &p[i * stride..i * stride + c.row_bytes()];
+            *o = if scale_is_finite(row) {
+                c.dot_rotated(q, row, i)?
+            } else {
+                f32::NAN
+            };
+        }
+        Ok(())
+    })
+}
+
+/// Adds `sum_i weights[i] * (rotated row i)` to the `head_dim` floats at `acc`, rows
+/// strided as in `kvc_kvq_block_dot_rows`: the softmax-weighted sum of V rows, kept in the
+/// rotated basis (un-rotate the final sum once with `kvc_kvq_block_unrotate`). A row of
+/// weight 0 is skipped (a masked cell adds nothing, even when poisoned); a poisoned row of
+/// non-zero weight makes the sum NaN. No allocation.
+///
+/// Threads: safe from any thread.
+///
+/// # Safety
+/// `packed` readable for `(n_rows - 1) * stride + row bytes`; `weights` readable for
+/// `n_rows` floats; `acc` readable and writable for `head_dim` floats, not overlapping the
+/// inputs.
+#[no_mangle]
+#[must_use = "a kvc_status reports failure"]
+pub unsafe extern "C" fn kvc_kvq_block_accumulate_rows(
+    head_dim: u32,
+    bits: u32,
+    packed: *const u8,
+    stride: usize,
+    n_rows: usize,
+    weights: *const f32,
+    acc: *mut f32,
+) -> KvcStatus {
+    status_boundary("kvc_kvq_block_accumulate_rows", || {
+        let c = codec(head_dim, bits)?;
+        let span = strided_span(c, stride, n_rows)?;
+        if n_rows == 0 {
+            return Ok(());
+        }
+        // SAFETY: caller contract; NULL, alignment and size are checked.
+        let p = unsafe { in_slice(packed, span, "packed") }?;
+        // SAFETY: as above.
+        let w = unsafe { in_slice(weights, n_rows, "weights") }?;
+        // SAFETY: as above.
+        let a = unsafe { out_slice(acc, c.dim(), "acc") }?;
+        let mut tmp = [0f32; 256];
+        let tmp = &mut tmp[..c.dim()];
+        for (i, &wi) in w.iter().enumerate() {
+            if wi == 0.0 {
+                continue;
+            }
+            let row = &p[i * stride..i * stride + c.row_bytes()];
+            if !scale_is_finite(row) {
+                a.fill(f32::NAN);
+                continue;
+            }
+            c.dequantize_row_rotated(row, tmp)?;
+            for (x, &v) in a.iter_mut().zip(tmp.iter()) {
+                *x += wi * v;
+            }
+        }
+        Ok(())
+    })
+}

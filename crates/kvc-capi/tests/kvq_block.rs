@@ -218,3 +218,75 @@ fn plans_map_to_block_bits_or_are_refused() {
     assert_eq!(st, KvcStatus::KVC_UNSUPPORTED);
     unsafe { kvc_kvq_free(h) };
 }
+
+#[test]
+fn strided_rows_equal_the_row_by_row_calls() {
+    use kvc::kvq_block::{kvc_kvq_block_accumulate_rows, kvc_kvq_block_dot_rows};
+    let (d, bits, heads, rows) = (64u32, 3u32, 3usize, 7usize);
+    let mut bb = 0usize;
+    assert_eq!(unsafe { kvc_kvq_block_bytes(d, bits, &mut bb) }, OK);
+    // llama.cpp's layout: a token's row holds every KV head; head 1's rows are `stride` apart
+    let stride = heads * bb;
+    let mut x = values(rows * heads * d as usize, 17);
+    x[(4 * heads + 1) * d as usize + 2] = f32::NAN; // token 4, head 1: poisoned
+    let mut p = vec![0u8; rows * stride];
+    let st = unsafe { kvc_kvq_block_quantize(d, bits, x.as_ptr(), x.len(), p.as_mut_ptr(), p.len()) };
+    assert_eq!(st, OK);
+    let mut q = values(d as usize, 3);
+    assert_eq!(unsafe { kvc_kvq_block_rotate(d, q.as_mut_ptr(), q.len()) }, OK);
+    let head1 = &p[bb..];
+    let mut scores = vec![0f32; rows];
+    let st = unsafe {
+        kvc_kvq_block_dot_rows(d, bits, head1.as_ptr(), stride, rows, q.as_ptr(), scores.as_mut_ptr())
+    };
+    assert_eq!(st, OK);
+    let w: Vec<f32> = (0..rows).map(|i| if i == 4 { 0.0 } else { 0.1 * (i as f32 + 1.0) }).collect();
+    let mut acc = vec![0.5f32; d as usize];
+    let st = unsafe {
+        kvc_kvq_block_accumulate_rows(d, bits, head1.as_ptr(), stride, rows, w.as_ptr(), acc.as_mut_ptr())
+    };
+    assert_eq!(st, OK);
+    let mut want = vec![0.5f64; d as usize];
+    for t in 0..rows {
+        let row = &head1[t * stride..t * stride + bb];
+        let mut s = 0f32;
+        let st = unsafe { kvc_kvq_block_dot(d, bits, row.as_ptr(), bb, q.as_ptr(), q.len(), &mut s) };
+        assert_eq!(st, OK);
+        if t == 4 {
+            assert!(scores[t].is_nan() && s.is_nan());
+            continue;
+        }
+        assert_eq!(scores[t], s, "token {t}");
+        let mut v = vec![0f32; d as usize];
+        let st = unsafe {
+            kvc_kvq_block_dequantize_rotated(d, bits, row.as_ptr(), bb, v.as_mut_ptr(), v.len())
+        };
+        assert_eq!(st, OK);
+        for (a, b) in want.iter_mut().zip(&v) {
+            *a += f64::from(w[t]) * f64::from(*b);
+        }
+    }
+    for (a, b) in acc.iter().zip(&want) {
+        assert!((f64::from(*a) - b).abs() < 1e-5, "{a} vs {b}");
+    }
+    // a poisoned row of non-zero weight makes the sum NaN
+    let w1 = vec![1.0f32; rows];
+    let st = unsafe {
+        kvc_kvq_block_accumulate_rows(d, bits, head1.as_ptr(), stride, rows, w1.as_ptr(), acc.as_mut_ptr())
+    };
+    assert_eq!(st, OK);
+    assert!(acc.iter().all(|v| v.is_nan()));
+    // a stride shorter than a row, or a span past the buffer's end (checked by the caller's
+    // length only through the pointer contract, so here: a zero stride), are refused
+    let st = unsafe {
+        kvc_kvq_block_dot_rows(d, bits, head1.as_ptr(), bb - 1, rows, q.as_ptr(), scores.as_mut_ptr())
+    };
+    assert_eq!(st, KvcStatus::KVC_INVALID_ARGUMENT);
+    let st = unsafe {
+        kvc_kvq_block_dot_rows(d, bits, head1.as_ptr(), usize::MAX / 2, rows, q.as_ptr(), scores.as_mut_ptr())
+    };
+    assert_eq!(st, KvcStatus::KVC_INVALID_ARGUMENT);
+    // no rows: nothing read or written
+    let st = unsafe { kvc_kvq_block_dot_rows(d, bits, ptr::null(), 0, 0, q.as_ptr(), ptr::null_mut()) };
+    assert_eq!(st, OK);
+}
