@@ -47,6 +47,7 @@ struct Options {
                                       "probe", "state",     "dump"};
     int kvq_sink = 0;  // kvq modes: tokens at positions below this stay as the f16 cache holds them
     bool kvq_fa = false;  // kvq: modes with flash attention on (as the kvq-native modes run)
+    bool kvq_native_fa = true;  // kvq-native modes with flash attention (off: llama.cpp must refuse)
     // decode-speed table (kvq_native_mode.hpp): cache types, filled contexts, decoded tokens
     std::vector<std::string> speed_modes;
     std::vector<int> speed_ctx = {2048, 8192};
@@ -101,6 +102,8 @@ const char * kUsage =
     "                      kvq-native:CONFIG / kvq-native-plan:FILE: llama.cpp's cache itself in\n"
     "                      kvc's kvq ggml types (patched build), memory as llama.cpp allocated it\n"
     "  --kvq-fa            kvq: and kvq-plan: modes with flash attention on (off by default)\n"
+    "  --kvq-native-no-fa  kvq-native modes with flash attention off (llama.cpp refuses a\n"
+    "                      quantized V cache without it: a check of that refusal)\n"
     "  --speed-modes LIST  decode-speed table: cache types among f16,q8_0,q4_0,q8_0-q4_0,\n"
     "                      kvq-native:CONFIG,kvq-native-plan:FILE (default: no table)\n"
     "  --speed-ctx LIST    cache fill of the speed table [2048,8192]\n"
@@ -200,6 +203,7 @@ Options parse_options(int argc, char ** argv) {
         else if (a == "--c8-rule") o.c8_rule = val();
         else if (a == "--kvq-sink") o.kvq_sink = parse_int(a, val(), 0, 1 << 20);
         else if (a == "--kvq-fa") o.kvq_fa = true;
+        else if (a == "--kvq-native-no-fa") o.kvq_native_fa = false;
         else if (a == "--speed-modes") o.speed_modes = split_commas(val());
         else if (a == "--speed-ctx") {
             o.speed_ctx.clear();

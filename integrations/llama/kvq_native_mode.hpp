@@ -69,10 +69,10 @@ NativeKvq resolve_native(const std::string & m, const ModelInfo & mi) {
     return n;
 }
 
-CtxConfig native_ctx_config(const NativeKvq & n, int n_ctx) {
+CtxConfig native_ctx_config(const NativeKvq & n, int n_ctx, bool flash_attn = true) {
     CtxConfig c;
     c.n_ctx = n_ctx;
-    c.flash_attn = true;
+    c.flash_attn = flash_attn;
     if (n.from_plan) {
         c.kvc_plan = n.config;
     } else {
@@ -87,7 +87,7 @@ RunResult run_kvq_native(llama_model * model, const ModelInfo & mi, const Option
     const NativeKvq n = resolve_native(m, mi);
     DecodeSpec s;
     s.mode = m;
-    s.cfg = native_ctx_config(n, o.n_tokens);
+    s.cfg = native_ctx_config(n, o.n_tokens, o.kvq_native_fa);
     s.cell_bytes = n.cell_bytes;          // kvc's row sizes ...
     s.cell_bytes_from_alloc = true;       // ... must be what llama.cpp allocated
     RunResult r = run_decode(model, mi, o, toks, ref, s);

@@ -285,9 +285,12 @@ PY
 set +e
 for bad in "kvq-native-plan:$out/plan-24-layers.json:24 layers" "kvq-native-plan:$out/plan-4-heads.json:4 KV heads" \
            "kvq-native-plan:$out/plan-d128.json:head_dim 128" "kvq-native-plan:$out/plan-sinks.json:sink" \
-           "kvq-native-plan:$out/missing.json:cannot read" "kvq-native:k4v4:u32:not lm"; do
-    mode="${bad%:*}"; want="${bad##*:}"
-    "$EVAL" --model "$MODEL" --text "$TEXT_A" --n-tokens 200 --ppl-from 100 --modes "full,$mode" \
+           "kvq-native-plan:$out/missing.json:cannot read" "kvq-native:k4v4:u32:not lm" \
+           "kvq-native:k4v4 --kvq-native-no-fa:requires flash_attn"; do
+    spec="${bad%:*}"; want="${bad##*:}"
+    mode="${spec%% *}"; extra=""; [ "$spec" != "$mode" ] && extra="${spec#* }"
+    # shellcheck disable=SC2086
+    "$EVAL" --model "$MODEL" --text "$TEXT_A" --n-tokens 200 --ppl-from 100 --modes "full,$mode" $extra \
         >/dev/null 2>"$out/err-native.txt"
     code=$?
     if [ "$code" -ne 2 ] || ! grep -q "$want" "$out/err-native.txt"; then
