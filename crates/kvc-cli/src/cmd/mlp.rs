@@ -25,6 +25,9 @@ enum MlpCommand {
     },
     /// Compress one layer's K and V (raw little-endian [H, S, D]) and print the new length.
     Compress(CompressArgs),
+    /// Train the compressor of every layer on K/V/Q dumps and write a .bin v1 file and a
+    /// JSON sidecar (FILE.json).
+    Train(Box<super::mlp_train::TrainArgs>),
 }
 
 /// Element type of the raw K/V files.
@@ -90,6 +93,7 @@ fn mlp_error(path: Option<&Path>, e: kvc_mlp::Error) -> CliError {
 pub fn run(args: MlpArgs) -> Result<(), CliError> {
     match args.command {
         MlpCommand::Inspect { file } => inspect(&file),
+        MlpCommand::Train(a) => super::mlp_train::run(*a),
         MlpCommand::Compress(a) => match a.dtype {
             Dtype::F16 => compress::<f16>(&a),
             Dtype::Bf16 => compress::<bf16>(&a),
@@ -136,6 +140,25 @@ fn inspect(file: &Path) -> Result<(), CliError> {
             if r.has_bias { "yes" } else { "no" },
             r.offset
         );
+    }
+    let side = super::mlp_train::sidecar_path(file);
+    match std::fs::read_to_string(&side) {
+        Ok(text) => {
+            let json: serde_json::Value = serde_json::from_str(&text)
+                .map_err(|e| CliError::input(format!("{}: not JSON: {e}", side.display())))?;
+            println!("sidecar {}:", side.display());
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&json).map_err(CliError::input)?
+            );
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            println!(
+                "sidecar                none ({} does not exist)",
+                side.display()
+            );
+        }
+        Err(e) => return Err(CliError::io(&side, e)),
     }
     Ok(())
 }
