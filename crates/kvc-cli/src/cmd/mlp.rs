@@ -147,6 +147,7 @@ fn inspect(file: &Path) -> Result<(), CliError> {
             let json: serde_json::Value = serde_json::from_str(&text)
                 .map_err(|e| CliError::input(format!("{}: not JSON: {e}", side.display())))?;
             println!("sidecar {}:", side.display());
+            print_sidecar_summary(&json);
             println!(
                 "{}",
                 serde_json::to_string_pretty(&json).map_err(CliError::input)?
@@ -161,6 +162,61 @@ fn inspect(file: &Path) -> Result<(), CliError> {
         Err(e) => return Err(CliError::io(&side, e)),
     }
     Ok(())
+}
+
+/// The sidecar's key facts on a few lines (the whole JSON follows them).
+fn print_sidecar_summary(j: &serde_json::Value) {
+    let s = |v: &serde_json::Value| match v {
+        serde_json::Value::String(x) => x.clone(),
+        serde_json::Value::Null => "-".into(),
+        x => x.to_string(),
+    };
+    let e = |v: &serde_json::Value| v.as_f64().map_or("-".into(), |x| format!("{x:.4}"));
+    let texts = |v: &serde_json::Value| {
+        v.as_array()
+            .map(|a| {
+                a.iter()
+                    .map(|t| s(&t["text_source"]))
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            })
+            .unwrap_or_default()
+    };
+    println!(
+        "  model                {} ({})",
+        s(&j["model"]["file"]),
+        s(&j["model"]["desc"])
+    );
+    println!(
+        "  objective            {} (sink {}, recent {})",
+        s(&j["objective"]["name"]),
+        s(&j["objective"]["sink"]),
+        s(&j["objective"]["recent"])
+    );
+    println!(
+        "  training             {} steps x {} windows, lr {}, seed {}, start {}",
+        s(&j["training"]["steps"]),
+        s(&j["training"]["batch"]),
+        s(&j["training"]["lr"]),
+        s(&j["training"]["seed"]),
+        s(&j["training"]["init"])
+    );
+    println!("  train texts          {}", texts(&j["texts"]["train"]));
+    println!(
+        "  validation texts     {}",
+        texts(&j["texts"]["validation"])
+    );
+    let m = &j["summary"];
+    println!(
+        "  train error          {} (mean pooling {})",
+        e(&m["train_rel_err"]),
+        e(&m["train_rel_err_mean_pool"])
+    );
+    println!(
+        "  validation error     {} (mean pooling {})",
+        e(&m["val_rel_err"]),
+        e(&m["val_rel_err_mean_pool"])
+    );
 }
 
 fn read_tensor<T: KvElement>(path: &Path, elems: usize) -> Result<Vec<T>, CliError> {

@@ -53,8 +53,8 @@ pub struct TrainArgs {
     /// Tokens per group.
     #[arg(long)]
     factor: usize,
-    /// Layers to train, `a..b` (half-open) or one index; the others get the exact
-    /// mean-pooling MLP so that the file still covers the whole model.
+    /// Layers to train, `a..b` (half-open) or one index; the others get a mean-pooling MLP
+    /// (channel means above -1024) so that the file still covers the whole model.
     #[arg(long)]
     layers: Option<String>,
     /// Optimiser steps per layer.
@@ -276,7 +276,7 @@ pub fn run(a: TrainArgs) -> Result<(), CliError> {
                 return Ok(LayerOut {
                     layer: l,
                     result: None,
-                    report: json!({"layer": l, "trained": false, "mlp": "exact mean pooling"}),
+                    report: json!({"layer": l, "trained": false, "mlp": "mean pooling (shift 1024)"}),
                 });
             }
             let lt = Instant::now();
@@ -350,8 +350,9 @@ pub fn run(a: TrainArgs) -> Result<(), CliError> {
                 ..Default::default()
             },
             None => {
-                // Exact mean pooling for |mean| < 1e4 (shift 1e4; f16 holds it).
-                let p = MlpParams::mean_pool(d, a.factor, &vec![1e4f32; d]);
+                // Mean pooling wherever a channel's mean is above -1024 (f16 holds the shift
+                // exactly; the f32 sums round to about 1e-4 at that offset).
+                let p = MlpParams::mean_pool(d, a.factor, &vec![1024f32; d]);
                 kvc_mlp::LayerMlps {
                     text_k: Some(p.to_kvc(1.0).map_err(train_error)?),
                     text_v: Some(p.to_kvc(1.0).map_err(train_error)?),
