@@ -6,7 +6,7 @@
 # dependency is instrumented). C code built by cc (zstd) is not instrumented; the C/C++
 # tests in ffi-tests/ cover the C side under ASan (scripts/ci.d/30-ffi.sh).
 #
-#   scripts/asan-tests.sh                 kvc-codec kvc-h2o kvc-mlp kvc-cache kvc-capi kvc-store-async
+#   scripts/asan-tests.sh                 kvc-codec kvc-h2o kvc-mlp kvc-mlp-train kvc-cache kvc-capi kvc-store-async
 #   scripts/asan-tests.sh kvc-codec ...   only these crates
 #
 # Its own target dir (target/asan): the instrumented build does not disturb the normal one.
@@ -15,7 +15,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 crates=("$@")
-[ ${#crates[@]} -gt 0 ] || crates=(kvc-codec kvc-h2o kvc-mlp kvc-cache kvc-capi kvc-store-async)
+[ ${#crates[@]} -gt 0 ] || crates=(kvc-codec kvc-h2o kvc-mlp kvc-mlp-train kvc-cache kvc-capi kvc-store-async)
 host="$(rustc -vV | sed -n 's/^host: //p')"
 export RUSTC_BOOTSTRAP=1
 export RUSTFLAGS="-Zsanitizer=address -Cdebug-assertions -Coverflow-checks"

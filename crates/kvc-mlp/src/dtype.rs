@@ -50,6 +50,28 @@ impl WeightDtype {
         }
     }
 
+    /// Appends `vals` as little-endian elements of this dtype (f16 and bf16 round to nearest
+    /// even, as `torch.Tensor.to` does).
+    pub(crate) fn encode_into(self, vals: &[f32], out: &mut Vec<u8>) {
+        match self {
+            WeightDtype::F16 => {
+                for &v in vals {
+                    out.extend_from_slice(&f16::from_f32(v).to_bits().to_le_bytes());
+                }
+            }
+            WeightDtype::Bf16 => {
+                for &v in vals {
+                    out.extend_from_slice(&bf16::from_f32(v).to_bits().to_le_bytes());
+                }
+            }
+            WeightDtype::F32 => {
+                for &v in vals {
+                    out.extend_from_slice(&v.to_le_bytes());
+                }
+            }
+        }
+    }
+
     /// Decodes little-endian elements of this dtype into `out` (`bytes.len() == out.len() * size`).
     pub(crate) fn decode_into(self, bytes: &[u8], out: &mut [f32]) {
         debug_assert_eq!(bytes.len(), out.len() * self.size());

@@ -564,6 +564,82 @@ impl CompressorWeights {
         })
     }
 
+    /// Serialises the weights as a `.bin` v1 file in `dtype` (the inverse of
+    /// [`from_bytes`](Self::from_bytes); f16 and bf16 round to nearest even), with
+    /// `num_heads` written as given (the format leaves it optional) and no metadata.
+    ///
+    /// The format holds a fixed number of blocks per layer, so every layer needs both text
+    /// MLPs, and the image MLPs are either in every layer (12 blocks) or in none (6).
+    pub fn to_bytes(&self, dtype: WeightDtype, num_heads: u32) -> Result<Vec<u8>> {
+        let has_image = self.layers.first().is_some_and(|l| l.image().is_some());
+        let mut blocks: Vec<&Mlp> = Vec::with_capacity(self.layers.len() * 4);
+        for (i, l) in self.layers.iter().enumerate() {
+            let Some((k, v)) = l.text() else {
+                return Err(Error::invalid(
+                    "layers",
+                    format!("layer {i} has no text K and V MLPs; .bin v1 cannot leave them out"),
+                ));
+            };
+            blocks.extend([k, v]);
+            match (l.image(), has_image) {
+                (Some((ik, iv)), true) => blocks.extend([ik, iv]),
+                (None, false) => {}
+                _ => {
+                    return Err(Error::invalid(
+                        "layers",
+                        format!(
+                            "layer {i}: image MLPs must be in every layer or in none (.bin v1 \
+                             has one block count for all layers)"
+                        ),
+                    ))
+                }
+            }
+            if l.image_k.is_some() != l.image_v.is_some() {
+                return Err(Error::invalid(
+                    "layers",
+                    format!("layer {i} has only one of the image K and V MLPs"),
+                ));
+            }
+        }
+        let to_u32 = |name: &'static str, v: usize| {
+            u32::try_from(v).map_err(|_| Error::invalid(name, format!("{v} does not fit in u32")))
+        };
+        let header = WeightsHeader {
+            dtype,
+            num_layers: to_u32("num_layers", self.layers.len())?,
+            num_heads,
+            head_dim: to_u32("head_dim", self.head_dim)?,
+            hidden_size: to_u32("hidden_size", self.head_dim * self.factor)?,
+            compression_factor: to_u32("factor", self.factor)?,
+            min_seq_len: to_u32("min_seq_len", self.min_seq_len)?,
+            weight_count_per_layer: if has_image { 12 } else { 6 },
+            metadata_size_bytes: 0,
+        };
+        let mut out = header.to_bytes().to_vec();
+        let mut row_major = Vec::new();
+        for mlp in blocks {
+            for lin in mlp.layers() {
+                let (rows, cols) = (lin.out_features(), lin.in_features());
+                out.extend_from_slice(&to_u32("rows", rows)?.to_le_bytes());
+                out.extend_from_slice(&to_u32("cols", cols)?.to_le_bytes());
+                out.extend_from_slice(&u32::from(lin.bias().is_some()).to_le_bytes());
+                // weight_t is [in, out]; the file holds PyTorch's [out, in].
+                row_major.clear();
+                row_major.resize(rows * cols, 0.0);
+                for (i, col) in lin.weight_t().chunks_exact(rows).enumerate() {
+                    for (o, &w) in col.iter().enumerate() {
+                        row_major[o * cols + i] = w;
+                    }
+                }
+                dtype.encode_into(&row_major, &mut out);
+                if let Some(b) = lin.bias() {
+                    dtype.encode_into(b, &mut out);
+                }
+            }
+        }
+        Ok(out)
+    }
+
     /// The file header, if these weights came from a file.
     pub fn header(&self) -> Option<&WeightsHeader> {
         self.header.as_ref()

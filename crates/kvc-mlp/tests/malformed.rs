@@ -519,3 +519,63 @@ fn a_bad_layer_changes_no_layer() {
     assert_eq!((lens.rope_position, lens.kv_len), (6, 3));
     assert_eq!(&k0[..6], &[0., 1., 4., 5., 8., 9.]);
 }
+
+#[test]
+fn to_bytes_writes_back_the_file_it_read() {
+    for dtype in [WeightDtype::F16, WeightDtype::Bf16, WeightDtype::F32] {
+        for count in [6, 12] {
+            let bytes = file(header(dtype, 3, count), &[]);
+            let w = CompressorWeights::from_bytes(&bytes).unwrap();
+            let h = w.header().unwrap();
+            assert_eq!(w.to_bytes(dtype, h.num_heads).unwrap(), bytes);
+        }
+    }
+    for name in ["f16_text", "bf16_image_mixed_bias", "f32_text_bias"] {
+        let path = format!("{}/tests/fixtures/{name}.bin", env!("CARGO_MANIFEST_DIR"));
+        let bytes = std::fs::read(path).unwrap();
+        let w = CompressorWeights::from_bytes(&bytes).unwrap();
+        let h = *w.header().unwrap();
+        let again = w.to_bytes(h.dtype, h.num_heads).unwrap();
+        let w2 = CompressorWeights::from_bytes(&again).unwrap();
+        assert_eq!(w2.num_layers(), w.num_layers());
+        for l in 0..w.num_layers() {
+            assert_eq!(
+                w2.layer(l).unwrap(),
+                w.layer(l).unwrap(),
+                "{name} layer {l}"
+            );
+        }
+    }
+}
+
+#[test]
+fn to_bytes_refuses_what_the_format_cannot_hold() {
+    let m = || Some(tiny_mlp());
+    let text_only = LayerMlps {
+        text_k: m(),
+        text_v: m(),
+        ..Default::default()
+    };
+    let with_image = LayerMlps {
+        text_k: m(),
+        text_v: m(),
+        image_k: m(),
+        image_v: m(),
+    };
+    let no_text = LayerMlps {
+        image_k: m(),
+        image_v: m(),
+        ..Default::default()
+    };
+    for layers in [
+        vec![text_only.clone(), with_image.clone()],
+        vec![with_image, text_only.clone()],
+        vec![text_only, no_text],
+    ] {
+        let w = CompressorWeights::from_layers(2, 2, 1, layers).unwrap();
+        let e = w
+            .to_bytes(WeightDtype::F32, 0)
+            .expect_err("must be refused");
+        assert_eq!(e.kind(), kvc_mlp::ErrorKind::InvalidArgument);
+    }
+}

@@ -25,6 +25,9 @@ enum MlpCommand {
     },
     /// Compress one layer's K and V (raw little-endian [H, S, D]) and print the new length.
     Compress(CompressArgs),
+    /// Train the compressor of every layer on K/V/Q dumps and write a .bin v1 file and a
+    /// JSON sidecar (FILE.json).
+    Train(Box<super::mlp_train::TrainArgs>),
 }
 
 /// Element type of the raw K/V files.
@@ -90,6 +93,7 @@ fn mlp_error(path: Option<&Path>, e: kvc_mlp::Error) -> CliError {
 pub fn run(args: MlpArgs) -> Result<(), CliError> {
     match args.command {
         MlpCommand::Inspect { file } => inspect(&file),
+        MlpCommand::Train(a) => super::mlp_train::run(*a),
         MlpCommand::Compress(a) => match a.dtype {
             Dtype::F16 => compress::<f16>(&a),
             Dtype::Bf16 => compress::<bf16>(&a),
@@ -137,7 +141,82 @@ fn inspect(file: &Path) -> Result<(), CliError> {
             r.offset
         );
     }
+    let side = super::mlp_train::sidecar_path(file);
+    match std::fs::read_to_string(&side) {
+        Ok(text) => {
+            let json: serde_json::Value = serde_json::from_str(&text)
+                .map_err(|e| CliError::input(format!("{}: not JSON: {e}", side.display())))?;
+            println!("sidecar {}:", side.display());
+            print_sidecar_summary(&json);
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&json).map_err(CliError::input)?
+            );
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            println!(
+                "sidecar                none ({} does not exist)",
+                side.display()
+            );
+        }
+        Err(e) => return Err(CliError::io(&side, e)),
+    }
     Ok(())
+}
+
+/// The sidecar's key facts on a few lines (the whole JSON follows them).
+fn print_sidecar_summary(j: &serde_json::Value) {
+    let s = |v: &serde_json::Value| match v {
+        serde_json::Value::String(x) => x.clone(),
+        serde_json::Value::Null => "-".into(),
+        x => x.to_string(),
+    };
+    let e = |v: &serde_json::Value| v.as_f64().map_or("-".into(), |x| format!("{x:.4}"));
+    let texts = |v: &serde_json::Value| {
+        v.as_array()
+            .map(|a| {
+                a.iter()
+                    .map(|t| s(&t["text_source"]))
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            })
+            .unwrap_or_default()
+    };
+    println!(
+        "  model                {} ({})",
+        s(&j["model"]["file"]),
+        s(&j["model"]["desc"])
+    );
+    println!(
+        "  objective            {} (sink {}, recent {})",
+        s(&j["objective"]["name"]),
+        s(&j["objective"]["sink"]),
+        s(&j["objective"]["recent"])
+    );
+    println!(
+        "  training             {} steps x {} windows, lr {}, seed {}, start {}",
+        s(&j["training"]["steps"]),
+        s(&j["training"]["batch"]),
+        s(&j["training"]["lr"]),
+        s(&j["training"]["seed"]),
+        s(&j["training"]["init"])
+    );
+    println!("  train texts          {}", texts(&j["texts"]["train"]));
+    println!(
+        "  validation texts     {}",
+        texts(&j["texts"]["validation"])
+    );
+    let m = &j["summary"];
+    println!(
+        "  train error          {} (mean pooling {})",
+        e(&m["train_rel_err"]),
+        e(&m["train_rel_err_mean_pool"])
+    );
+    println!(
+        "  validation error     {} (mean pooling {})",
+        e(&m["val_rel_err"]),
+        e(&m["val_rel_err_mean_pool"])
+    );
 }
 
 fn read_tensor<T: KvElement>(path: &Path, elems: usize) -> Result<Vec<T>, CliError> {

@@ -7,4 +7,5 @@ pub mod h2o;
 pub mod kvq_inspect;
 pub mod kvq_plan;
 pub mod mlp;
+pub mod mlp_train;
 pub mod quant;
