@@ -344,6 +344,36 @@ impl RowCodec {
                 }
             }
         }
+        if matches!(self.method, Method::Uniform { .. })
+            && x.len() == self.dim
+            && out.len() >= self.row_bytes
+            && self.group % 8 == 0
+        {
+            let mut codes = [0u8; MAX_HEAD_DIM];
+            let mut sc = [f16::ZERO; MAX_HEAD_DIM / 8];
+            // SAFETY: AVX2 is enabled here (callers hold an AVX2 `Isa`); `x` and the signs
+            // hold `dim` values (64, 128 or 256), `group` divides `dim` and is a multiple
+            // of 8 (checked), `codes` holds 256 bytes and `sc` 32 >= dim / group scales.
+            let done = unsafe {
+                super::simd::uniform::quantize(
+                    x,
+                    self.rot.signs(),
+                    self.rot.inv_sqrt(),
+                    self.group,
+                    u32::from(self.bits),
+                    &mut codes,
+                    &mut sc,
+                )
+            };
+            if done.is_some() {
+                let (head, body) = out[..self.row_bytes].split_at_mut(2 * self.scales);
+                for (h, s) in head.chunks_exact_mut(2).zip(sc.iter()) {
+                    h.copy_from_slice(&s.to_le_bytes());
+                }
+                pack(&codes[..self.dim], u32::from(self.bits), body);
+                return Ok(());
+            }
+        }
         // Other methods and widths, and the rows that are errors or all zeros.
         self.quantize_body(x, out)
     }
