@@ -77,7 +77,7 @@ pub struct RowCodec {
     bucket_scale: f32,
     /// Which compiled row loops to run (bytes are identical either way).
     isa: Isa,
-    /// Lloyd-Max 2-5 bits: the tables of the AVX2 quantizer.
+    /// Lloyd-Max: the tables of the AVX2 quantizer.
     #[cfg(target_arch = "x86_64")]
     lm_tables: Option<super::simd::quant::LmTables>,
 }
@@ -204,7 +204,7 @@ impl RowCodec {
             table,
             isa: Isa::detect(),
             #[cfg(target_arch = "x86_64")]
-            lm_tables: if matches!(method, Method::LloydMax) && bits <= 5 {
+            lm_tables: if matches!(method, Method::LloydMax) {
                 super::simd::quant::LmTables::new(&levels, &bounds)
             } else {
                 None
@@ -322,7 +322,7 @@ impl RowCodec {
                 let mut codes = [0u8; MAX_HEAD_DIM];
                 // SAFETY: AVX2 is enabled here (callers hold an AVX2 `Isa`); `x` and the
                 // signs hold `dim` values (64, 128 or 256), `codes` 256 bytes; `t` is this
-                // codec's Lloyd-Max table of 2-5 bits.
+                // codec's Lloyd-Max table.
                 let s = unsafe {
                     super::simd::quant::quantize_lm(
                         x,

@@ -638,12 +638,12 @@ mod tests {
     /// included: every boundary, its float neighbours, zeros, levels, extremes.
     #[test]
     fn lm_codes_equal_the_full_count_at_every_boundary() {
-        use super::quant::{code_of, LmTables};
+        use super::quant::{code_of, code_of_wide, LmTables};
         use std::arch::x86_64::*;
         if !crate::Isa::detect().is_avx2() {
             return;
         }
-        for bits in 2..=5u8 {
+        for bits in 2..=8u8 {
             for d in [64, 128, 256] {
                 let levels = crate::kvq::codebook::lloyd_max(bits, d).unwrap();
                 let bounds = crate::kvq::codebook::boundaries(&levels);
@@ -666,7 +666,11 @@ mod tests {
                     let (mut codes, mut lv) = ([0i32; 8], [0f32; 8]);
                     // SAFETY: `Isa::detect` saw AVX2; the loads and stores cover 8 values.
                     unsafe {
-                        let (k, l) = code_of(_mm256_loadu_ps(c.as_ptr()), &t, u32::from(bits));
+                        let u = _mm256_loadu_ps(c.as_ptr());
+                        let (k, l) = match &t.wide {
+                            None => code_of(u, &t, u32::from(bits)),
+                            Some(w) => code_of_wide(u, w, u32::from(bits)).expect("complete"),
+                        };
                         _mm256_storeu_si256(codes.as_mut_ptr().cast(), k);
                         _mm256_storeu_ps(lv.as_mut_ptr(), l);
                     }
@@ -709,13 +713,15 @@ mod tests {
     }
 }
 
-/// The AVX2 quantizer of Lloyd-Max rows of 2-5 bits, byte for byte the portable one
+/// The AVX2 quantizer of Lloyd-Max rows (2-8 bits), byte for byte the portable one
 /// (`docs/formats/kvq.md`): the same float operations in the same order (the butterflies
 /// of the rotation and the eight-lane sums map onto eight-lane vectors; no FMA), codes
 /// counted by compares. Levels and boundaries are exactly symmetric (`c_k = -c_{2^b-1-k}`,
 /// the middle boundary 0), so with `a = |u|` and `P` the upper levels:
 /// code = `2^(b-1) + #{upper boundaries < a}` for `u > 0`, and `2^(b-1) - 1 - #{upper
-/// boundaries <= a}` otherwise, level `= ±P[count]`; half the compares of a full count.
+/// boundaries <= a}` otherwise, level `= ±P[count]`; half the compares of a full count
+/// (2-5 bits: a compare per upper boundary; 6-8 bits: a bucket table and a few gathered
+/// compares, `Wide`).
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod quant {
     use std::arch::x86_64::*;
@@ -729,14 +735,34 @@ pub(crate) mod quant {
         pub upper_bounds: Vec<f32>,
         /// Upper levels `c_{2^(b-1)} ..` (`2^(b-1)` values), zero-padded to 16.
         pub upper_levels: [f32; 16],
+        /// 6-8 bits: the search tables.
+        pub wide: Option<Wide>,
     }
+
+    /// Code search for 6-8 bits: `start[k]` = upper boundaries below the start of bucket
+    /// `k - 1` of [`WIDE_BUCKETS`] over `[0, range]`; from there `steps` gathered compares
+    /// forward; one more compare checks that the count is complete (else the row goes to
+    /// the portable code), so the codes are exact whatever the table.
+    #[derive(Debug, Clone)]
+    pub(crate) struct Wide {
+        start: Vec<i32>,
+        /// Upper boundaries, then `+inf`.
+        bounds: Vec<f32>,
+        /// Upper levels (`2^(b-1)`).
+        levels: Vec<f32>,
+        scale: f32,
+        steps: usize,
+    }
+
+    /// Buckets of [`Wide`].
+    pub(crate) const WIDE_BUCKETS: usize = 4096;
 
     impl LmTables {
         /// Tables of the symmetric `levels` / `bounds`, or `None` when they are not exactly
-        /// symmetric or have more than 32 levels.
+        /// symmetric or have more than 256 levels.
         pub(crate) fn new(levels: &[f32], bounds: &[f32]) -> Option<LmTables> {
             let n = levels.len();
-            if !(4..=32).contains(&n) || bounds.len() + 1 != n {
+            if !(4..=256).contains(&n) || bounds.len() + 1 != n {
                 return None;
             }
             let h = n / 2;
@@ -746,12 +772,82 @@ pub(crate) mod quant {
             if !sym {
                 return None;
             }
+            let ub = &bounds[h..];
             let mut upper_levels = [0f32; 16];
-            upper_levels[..h].copy_from_slice(&levels[h..]);
+            let wide = if h <= 16 {
+                upper_levels[..h].copy_from_slice(&levels[h..]);
+                None
+            } else {
+                let range = 2.0 * ub.last().copied().unwrap_or(1.0).max(1e-3);
+                let scale = WIDE_BUCKETS as f32 / range;
+                let lo = |k: usize| k as f32 / scale;
+                let below = |x: f32| ub.partition_point(|&b| b < x);
+                let start: Vec<i32> = (0..WIDE_BUCKETS)
+                    .map(|k| below(lo(k.saturating_sub(1))) as i32)
+                    .collect();
+                // Bounds a search may have to pass: from bucket k - 1's start to bucket
+                // k + 2's (one bucket of slack for rounding in the bucket index).
+                let steps = (0..WIDE_BUCKETS)
+                    .map(|k| below(lo(k + 2)) - below(lo(k.saturating_sub(1))))
+                    .max()
+                    .unwrap_or(0);
+                let mut b = ub.to_vec();
+                b.push(f32::INFINITY);
+                Some(Wide {
+                    start,
+                    bounds: b,
+                    levels: levels[h..].to_vec(),
+                    scale,
+                    steps,
+                })
+            };
             Some(LmTables {
-                upper_bounds: bounds[h..].to_vec(),
+                upper_bounds: ub.to_vec(),
                 upper_levels,
+                wide,
             })
+        }
+    }
+
+    /// [`code_of`] for 6-8 bits, or `None` when a count was not complete after the
+    /// table's steps (never seen; the caller then uses the portable code).
+    ///
+    /// # Safety
+    /// The CPU must have AVX2; `w` made with `bits` 6..=8.
+    #[inline(always)]
+    pub(crate) unsafe fn code_of_wide(u: __m256, w: &Wide, bits: u32) -> Option<(__m256i, __m256)> {
+        // SAFETY: AVX2 guaranteed by the caller. Gathers: bucket indices are clamped to
+        // `0 .. WIDE_BUCKETS` (`start` has that many); counts start at a `start` value
+        // (<= the number of upper bounds) and grow by one per step only where the bound at
+        // the count is below `a`, never past the `+inf` at the end of `bounds`, so every
+        // index into `bounds` is at most its last and every level index below `2^(b-1)`.
+        unsafe {
+            let half = 1i32 << (bits - 1);
+            let pos = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_GT_OQ>(u, _mm256_setzero_ps()));
+            let not_pos = _mm256_xor_si256(pos, _mm256_set1_epi32(-1));
+            let a = _mm256_and_si256(_mm256_castps_si256(u), _mm256_set1_epi32(0x7fff_ffff));
+            let a = _mm256_castsi256_ps(_mm256_sub_epi32(a, not_pos));
+            let kf = _mm256_min_ps(
+                _mm256_mul_ps(a, _mm256_set1_ps(w.scale)),
+                _mm256_set1_ps((WIDE_BUCKETS - 1) as f32),
+            );
+            let k = _mm256_cvttps_epi32(kf);
+            let mut cnt = _mm256_i32gather_epi32::<4>(w.start.as_ptr(), k);
+            for _ in 0..w.steps {
+                let b = _mm256_i32gather_ps::<4>(w.bounds.as_ptr(), cnt);
+                let lt = _mm256_cmp_ps::<_CMP_LT_OQ>(b, a);
+                cnt = _mm256_sub_epi32(cnt, _mm256_castps_si256(lt));
+            }
+            let b = _mm256_i32gather_ps::<4>(w.bounds.as_ptr(), cnt);
+            if _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_LT_OQ>(b, a)) != 0 {
+                return None;
+            }
+            let lv = _mm256_i32gather_ps::<4>(w.levels.as_ptr(), cnt);
+            let neg = _mm256_and_si256(not_pos, _mm256_set1_epi32(i32::MIN));
+            let lv = _mm256_xor_ps(lv, _mm256_castsi256_ps(neg));
+            let up = _mm256_add_epi32(cnt, _mm256_set1_epi32(half));
+            let flip = _mm256_and_si256(not_pos, _mm256_set1_epi32(2 * half - 1));
+            Some((_mm256_xor_si256(up, flip), lv))
         }
     }
 
@@ -891,7 +987,7 @@ pub(crate) mod quant {
     ///
     /// # Safety
     /// The CPU must have AVX2; `codes.len() >= 8 * y.len()`; `t` made from this codec's
-    /// levels with `bits` 2..=5.
+    /// levels with `bits` 2..=8.
     #[inline(always)]
     pub(crate) unsafe fn code_lm(
         y: &[__m256],
@@ -916,7 +1012,11 @@ pub(crate) mod quant {
             let (mut num, mut den) = (_mm256_setzero_ps(), _mm256_setzero_ps());
             let mut cv = [_mm256_setzero_si256(); MAX_HEAD_DIM / 8];
             for (v, c) in y.iter().zip(cv.iter_mut()) {
-                let (code, lv) = code_of(_mm256_mul_ps(*v, inv), t, bits);
+                let u = _mm256_mul_ps(*v, inv);
+                let (code, lv) = match &t.wide {
+                    None => code_of(u, t, bits),
+                    Some(w) => code_of_wide(u, w, bits)?,
+                };
                 num = _mm256_add_ps(num, _mm256_mul_ps(*v, lv));
                 den = _mm256_add_ps(den, _mm256_mul_ps(lv, lv));
                 *c = code;
@@ -939,7 +1039,7 @@ pub(crate) mod quant {
     ///
     /// # Safety
     /// The CPU must have AVX2; `x.len() == signs.len()` is 64, 128 or 256;
-    /// `codes.len() >= x.len()`; `t` made from this codec's levels with `bits` 2..=5.
+    /// `codes.len() >= x.len()`; `t` made from this codec's levels with `bits` 2..=8.
     #[inline(always)]
     pub(crate) unsafe fn quantize_lm(
         x: &[f32],
