@@ -590,18 +590,20 @@ impl RowCodec {
         self.read_scales(row, sc, row_index)?;
         let bits = u32::from(self.bits);
         if !avx2::handles(bits) {
-            let mut codes = [0u8; MAX_HEAD_DIM];
-            let codes = &mut codes[..self.dim];
-            unpack(&row[2 * self.scales..], bits, codes);
-            for ((ag, cg), &s) in acc
-                .chunks_exact_mut(self.group)
-                .zip(codes.chunks_exact(self.group))
-                .zip(sc.iter())
-            {
-                // SAFETY: the caller guarantees AVX2 and FMA; `ag` and `cg` hold `group`
-                // values (a multiple of 8); every code has `bits` bits, so it indexes the
-                // `2^bits`-entry `full_table`.
-                unsafe { avx2::axpy_gather(ag, cg, &self.full_table, w * s) };
+            let area = &row[2 * self.scales..self.row_bytes];
+            let Some(pad) = avx2::WideCodes::new(area, bits) else {
+                return Err(Error::BufferTooSmall {
+                    what: "packed row codes",
+                    needed: 32,
+                    found: area.len(),
+                });
+            };
+            let gchunks = self.group / 8;
+            for (g, (ag, &s)) in acc.chunks_exact_mut(self.group).zip(sc.iter()).enumerate() {
+                // SAFETY: the caller guarantees AVX2 and FMA; `ag` holds `group` values (a
+                // multiple of 8), codes `g * group ..` of the area; codes have `bits`
+                // (5..=8) bits, so they index the `2^bits`-entry `full_table`.
+                unsafe { avx2::axpy_gather(ag, &pad, g * gchunks, bits, &self.full_table, w * s) };
             }
             return Ok(());
         }
@@ -661,19 +663,22 @@ impl RowCodec {
         let sc = &mut sc[..self.scales];
         self.read_scales(row, sc, row_index)?;
         if !avx2::handles(bits) {
-            let mut codes = [0u8; MAX_HEAD_DIM];
-            let codes = &mut codes[..self.dim];
-            unpack(&row[2 * self.scales..], bits, codes);
+            let area = &row[2 * self.scales..self.row_bytes];
+            let Some(pad) = avx2::WideCodes::new(area, bits) else {
+                return Err(Error::BufferTooSmall {
+                    what: "packed row codes",
+                    needed: 32,
+                    found: area.len(),
+                });
+            };
+            let gchunks = self.group / 8;
             let mut s = 0f32;
-            for ((qg, cg), &g) in q_rot
-                .chunks_exact(self.group)
-                .zip(codes.chunks_exact(self.group))
-                .zip(sc.iter())
-            {
-                // SAFETY: the caller guarantees AVX2 and FMA; `qg` and `cg` hold `group`
-                // values (a multiple of 8); every code has `bits` bits, so it indexes the
-                // `2^bits`-entry `full_table`.
-                s += g * unsafe { avx2::dot_gather(qg, cg, &self.full_table) };
+            for (gi, (qg, &g)) in q_rot.chunks_exact(self.group).zip(sc.iter()).enumerate() {
+                // SAFETY: the caller guarantees AVX2 and FMA; `qg` holds `group` values (a
+                // multiple of 8), codes `gi * group ..` of the area; codes have `bits`
+                // (5..=8) bits, so they index the `2^bits`-entry `full_table`.
+                s +=
+                    g * unsafe { avx2::dot_gather(qg, &pad, gi * gchunks, bits, &self.full_table) };
             }
             return Ok(s);
         }
