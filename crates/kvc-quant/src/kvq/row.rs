@@ -392,7 +392,8 @@ impl RowCodec {
         // SAFETY: AVX2 and FMA are enabled here; `acc` holds `dim` values, `row` at least
         // `row_bytes` (checked).
         unsafe { self.accumulate_rotated_avx2(row, 1.0, acc, 0)? };
-        self.rot.unrotate(acc);
+        // SAFETY: AVX2 is enabled here; `acc` and the signs hold `dim` values.
+        unsafe { super::simd::quant::unrotate(acc, self.rot.signs(), self.rot.inv_sqrt()) };
         out.copy_from_slice(acc);
         Ok(())
     }

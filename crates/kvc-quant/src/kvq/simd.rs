@@ -1036,6 +1036,43 @@ pub(crate) mod quant {
         }
     }
 
+    /// `x <- R^T x` in vectors, the same operations as `Rotation::unrotate` (the
+    /// butterflies, then `* (s_i * inv_sqrt)`): bit for bit its result.
+    ///
+    /// # Safety
+    /// The CPU must have AVX; `x.len() == signs.len()` is 64, 128 or 256.
+    #[inline(always)]
+    pub(crate) unsafe fn unrotate(x: &mut [f32], signs: &[f32], inv_sqrt: f32) {
+        // SAFETY: AVX guaranteed by the caller; each load and store covers 8 values at
+        // `8 i < x.len() = signs.len()`.
+        unsafe {
+            let mut y = [_mm256_setzero_ps(); MAX_HEAD_DIM / 8];
+            let y = &mut y[..x.len() / 8];
+            for (i, v) in y.iter_mut().enumerate() {
+                let w = _mm256_loadu_ps(x.as_ptr().add(8 * i));
+                *v = stage_in(stage_in(stage_in(w, 1), 2), 4);
+            }
+            let nv = y.len();
+            let mut h = 1;
+            while h < nv {
+                for blk in y.chunks_exact_mut(2 * h) {
+                    let (a, b) = blk.split_at_mut(h);
+                    for (u, w) in a.iter_mut().zip(b.iter_mut()) {
+                        let (p, q) = (*u, *w);
+                        *u = _mm256_add_ps(p, q);
+                        *w = _mm256_sub_ps(p, q);
+                    }
+                }
+                h *= 2;
+            }
+            let is = _mm256_set1_ps(inv_sqrt);
+            for (i, v) in y.iter().enumerate() {
+                let s = _mm256_mul_ps(_mm256_loadu_ps(signs.as_ptr().add(8 * i)), is);
+                _mm256_storeu_ps(x.as_mut_ptr().add(8 * i), _mm256_mul_ps(*v, s));
+            }
+        }
+    }
+
     /// Whether every value of `x` (a multiple of 8 long) is finite.
     ///
     /// # Safety
