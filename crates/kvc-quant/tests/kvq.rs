@@ -15,10 +15,15 @@ const METHODS: [Method; 3] = [
     Method::Uniform { group: 64 },
 ];
 
+/// Every path this CPU runs: portable, AVX2 (also on an AVX-512 CPU), AVX-512.
 fn isas() -> Vec<Isa> {
     let mut v = vec![Isa::PORTABLE];
-    if Isa::detect().is_avx2() {
-        v.push(Isa::detect());
+    let best = Isa::detect();
+    if best.is_avx2() {
+        v.push(best.without_avx512());
+    }
+    if best.is_avx512() {
+        v.push(best);
     }
     v
 }

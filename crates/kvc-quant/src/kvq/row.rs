@@ -302,10 +302,10 @@ impl RowCodec {
     pub fn quantize_row(&self, x: &[f32], out: &mut [u8]) -> Result<()> {
         match self.isa.0 {
             IsaKind::Portable => self.quantize_body(x, out),
-            // SAFETY: `IsaKind::Avx2` is only made by `Isa::detect` after the CPU reported
+            // SAFETY: `IsaKind::Avx2`/`Avx512` are only made by `Isa::detect` after the CPU reported
             // AVX2 and FMA.
             #[cfg(target_arch = "x86_64")]
-            IsaKind::Avx2 => unsafe { self.quantize_avx2(x, out) },
+            IsaKind::Avx2 | IsaKind::Avx512 => unsafe { self.quantize_avx2(x, out) },
         }
     }
 
@@ -712,10 +712,12 @@ impl RowCodec {
         self.check_packed("packed row", row.len())?;
         match self.isa.0 {
             IsaKind::Portable => self.dot_rotated_portable(q_rot, row, row_index),
-            // SAFETY: `IsaKind::Avx2` is only made by `Isa::detect` after the CPU reported
+            // SAFETY: `IsaKind::Avx2`/`Avx512` are only made by `Isa::detect` after the CPU reported
             // AVX2, FMA and F16C; the lengths were checked above.
             #[cfg(target_arch = "x86_64")]
-            IsaKind::Avx2 => unsafe { self.dot_rotated_avx2_entry(q_rot, row, row_index) },
+            IsaKind::Avx2 | IsaKind::Avx512 => unsafe {
+                self.dot_rotated_avx2_entry(q_rot, row, row_index)
+            },
         }
     }
 
@@ -748,10 +750,10 @@ impl RowCodec {
         out.fill(0.0);
         match self.isa.0 {
             IsaKind::Portable => self.accumulate_rotated(row, 1.0, out, 0),
-            // SAFETY: `IsaKind::Avx2` is only made by `Isa::detect` after the CPU reported
+            // SAFETY: `IsaKind::Avx2`/`Avx512` are only made by `Isa::detect` after the CPU reported
             // AVX2, FMA and F16C; the lengths were checked above.
             #[cfg(target_arch = "x86_64")]
-            IsaKind::Avx2 => unsafe { self.rotated_values_avx2(row, out) },
+            IsaKind::Avx2 | IsaKind::Avx512 => unsafe { self.rotated_values_avx2(row, out) },
         }
     }
 
@@ -814,10 +816,10 @@ impl RowCodec {
     pub fn dequantize_row(&self, row: &[u8], out: &mut [f32]) -> Result<()> {
         match self.isa.0 {
             IsaKind::Portable => self.dequantize_body(row, out),
-            // SAFETY: `IsaKind::Avx2` is only made by `Isa::detect` after the CPU reported
+            // SAFETY: `IsaKind::Avx2`/`Avx512` are only made by `Isa::detect` after the CPU reported
             // AVX2 and FMA.
             #[cfg(target_arch = "x86_64")]
-            IsaKind::Avx2 => unsafe { self.dequantize_avx2(row, out) },
+            IsaKind::Avx2 | IsaKind::Avx512 => unsafe { self.dequantize_avx2(row, out) },
         }
     }
 

@@ -361,33 +361,20 @@ pub(crate) mod block {
         }
     }
 
-    /// Calls `f(n, values)` for the eight vectors of the block of 64 codes at `codes`.
+    /// The block of 64 codes at `codes` as eight dwords from which vector `n`'s indices
+    /// are the dwords shifted right by `n * BITS` (low `BITS` bits; 2 bits: the table is
+    /// repeated, so the bits above do not matter).
     ///
     /// # Safety
     /// The CPU must have AVX2; `codes` must point at `block_bytes(BITS)` readable bytes;
     /// `BITS` is 2, 3 or 4.
     #[inline(always)]
-    pub(crate) unsafe fn block_values<const BITS: u32>(
-        codes: *const u8,
-        lo: __m256,
-        hi: __m256,
-        mut f: impl FnMut(usize, __m256),
-    ) {
+    pub(crate) unsafe fn block_dwords<const BITS: u32>(codes: *const u8) -> __m256i {
         // SAFETY: AVX2 is guaranteed by the caller. Loads: 4 bits reads bytes 0..32, 3 bits
         // 0..16 and 8..24, 2 bits 0..16, all within the block's `8 * BITS` bytes.
         unsafe {
             match BITS {
-                4 => {
-                    let v = _mm256_loadu_si256(codes.cast());
-                    for n in 0..8 {
-                        let idx = _mm256_srlv_epi32(v, _mm256_set1_epi32(4 * n as i32));
-                        let a = _mm256_permutevar8x32_ps(lo, idx);
-                        let b = _mm256_permutevar8x32_ps(hi, idx);
-                        // Bit 3 of the code to the sign bit picks the upper table.
-                        let sel = _mm256_sllv_epi32(v, _mm256_set1_epi32(28 - 4 * n as i32));
-                        f(n, _mm256_blendv_ps(a, b, _mm256_castsi256_ps(sel)));
-                    }
-                }
+                4 => _mm256_loadu_si256(codes.cast()),
                 3 => {
                     // Lane j gets bytes 3j .. 3j + 3 (codes 8j .. 8j + 8): lanes 0..4 from
                     // bytes 0..12 of the first load, lanes 4..8 from bytes 12..24, which
@@ -398,20 +385,41 @@ pub(crate) mod block {
                         0, 1, 2, -1, 3, 4, 5, -1, 6, 7, 8, -1, 9, 10, 11, -1, 4, 5, 6, -1, 7, 8, 9,
                         -1, 10, 11, 12, -1, 13, 14, 15, -1,
                     );
-                    let v = _mm256_shuffle_epi8(_mm256_set_m128i(b, a), ctrl);
-                    for n in 0..8 {
-                        let idx = _mm256_srlv_epi32(v, _mm256_set1_epi32(3 * n as i32));
-                        f(n, _mm256_permutevar8x32_ps(lo, idx));
-                    }
+                    _mm256_shuffle_epi8(_mm256_set_m128i(b, a), ctrl)
                 }
                 _ => {
                     // Dword k holds codes 16k .. 16k + 16; lanes 4..8 take its upper half.
                     let x = _mm_loadu_si128(codes.cast());
-                    let v = _mm256_set_m128i(_mm_srli_epi32::<16>(x), x);
-                    for n in 0..8 {
-                        let idx = _mm256_srlv_epi32(v, _mm256_set1_epi32(2 * n as i32));
-                        f(n, _mm256_permutevar8x32_ps(lo, idx));
-                    }
+                    _mm256_set_m128i(_mm_srli_epi32::<16>(x), x)
+                }
+            }
+        }
+    }
+
+    /// Calls `f(n, values)` for the eight vectors of the block of 64 codes at `codes`.
+    ///
+    /// # Safety
+    /// As [`block_dwords`].
+    #[inline(always)]
+    pub(crate) unsafe fn block_values<const BITS: u32>(
+        codes: *const u8,
+        lo: __m256,
+        hi: __m256,
+        mut f: impl FnMut(usize, __m256),
+    ) {
+        // SAFETY: AVX2 and the block's bytes are guaranteed by the caller.
+        unsafe {
+            let v = block_dwords::<BITS>(codes);
+            for n in 0..8 {
+                let idx = _mm256_srlv_epi32(v, _mm256_set1_epi32((BITS as usize * n) as i32));
+                if BITS == 4 {
+                    let a = _mm256_permutevar8x32_ps(lo, idx);
+                    let b = _mm256_permutevar8x32_ps(hi, idx);
+                    // Bit 3 of the code to the sign bit picks the upper table.
+                    let sel = _mm256_sllv_epi32(v, _mm256_set1_epi32(28 - 4 * n as i32));
+                    f(n, _mm256_blendv_ps(a, b, _mm256_castsi256_ps(sel)));
+                } else {
+                    f(n, _mm256_permutevar8x32_ps(lo, idx));
                 }
             }
         }
@@ -466,7 +474,7 @@ pub(crate) mod block {
     /// # Safety
     /// The CPU must have AVX.
     #[inline(always)]
-    unsafe fn lane_scale_index(bits: u32, group: usize) -> __m256i {
+    pub(crate) unsafe fn lane_scale_index(bits: u32, group: usize) -> __m256i {
         let mut idx = [0i32; 8];
         for (j, v) in idx.iter_mut().enumerate() {
             *v = (block_code(bits, 0, j) / group) as i32;
@@ -483,7 +491,7 @@ pub(crate) mod block {
     /// are readable (the 16 bytes read from scale `64 b / group` on stay inside them: a
     /// block's scales are its last at most 8, and at least 16 code bytes follow them).
     #[inline(always)]
-    unsafe fn block_scales(
+    pub(crate) unsafe fn block_scales(
         row: *const u8,
         b: usize,
         group: usize,
@@ -818,6 +826,199 @@ mod tests {
         for (a, b) in s.iter().zip(&e) {
             let tol = 3e-7 * b + 1e-37;
             assert!((f64::from(*a) - b).abs() <= tol, "{a} vs {b}");
+        }
+    }
+}
+
+/// The block kernels in 512-bit vectors (AVX-512F): a 64-code block is the same eight
+/// dwords as in [`block`], broadcast to both halves of a 512-bit vector; vector `m` shifts
+/// the lower half by `2m * bits` and the upper by `(2m + 1) * bits`, so its 16 lanes are
+/// exactly [`block`]'s vectors `2m` and `2m + 1` (same lane order, same query and
+/// accumulator layout), and one `vpermps` over a 16-entry table gives the values (no
+/// blend: the table has 16 entries; 2 and 3 bits repeat theirs).
+// The AVX-512 intrinsics are stable from rustc 1.89; `build.rs` sets `kvq_avx512` there,
+// so an older rustc (the workspace MSRV is 1.85) builds without this module.
+#[cfg(all(target_arch = "x86_64", kvq_avx512))]
+#[allow(clippy::incompatible_msrv)]
+pub(crate) mod block512 {
+    use std::arch::x86_64::*;
+
+    use super::block::{
+        block_bytes, block_dwords, block_scales, lane_scale_index, scale_at, Rows, BLOCK,
+    };
+
+    /// The 16-entry table: `table[i mod 2^bits]`.
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512F.
+    #[inline(always)]
+    unsafe fn table16(bits: u32, table: &[f32; 16]) -> __m512 {
+        let mut t = [0f32; 16];
+        for (i, v) in t.iter_mut().enumerate() {
+            *v = table[i % (1 << bits)];
+        }
+        // SAFETY: AVX-512F guaranteed by the caller; `t` holds 16 f32.
+        unsafe { _mm512_loadu_ps(t.as_ptr()) }
+    }
+
+    /// Calls `f(m, values)` for the four 16-lane vectors of the block at `codes`.
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512F and AVX2; as [`block_dwords`] for `codes`.
+    #[inline(always)]
+    unsafe fn values<const BITS: u32>(
+        codes: *const u8,
+        t: __m512,
+        mut f: impl FnMut(usize, __m512),
+    ) {
+        // SAFETY: features and the block's bytes guaranteed by the caller.
+        unsafe {
+            let z = _mm512_broadcast_i64x4(block_dwords::<BITS>(codes));
+            for m in 0..4 {
+                let lo = _mm512_set1_epi32((BITS as usize * 2 * m) as i32);
+                let hi = _mm256_set1_epi32((BITS as usize * (2 * m + 1)) as i32);
+                let sh = _mm512_inserti64x4::<1>(lo, hi);
+                f(m, _mm512_permutexvar_ps(_mm512_srlv_epi32(z, sh), t));
+            }
+        }
+    }
+
+    /// A 256-bit lane vector in both halves.
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512F.
+    #[inline(always)]
+    unsafe fn both(v: __m256) -> __m512 {
+        // SAFETY: register-only AVX-512F operations.
+        unsafe { _mm512_castsi512_ps(_mm512_broadcast_i64x4(_mm256_castps_si256(v))) }
+    }
+
+    /// The sum of `q * values` over block `b` (16 lanes).
+    ///
+    /// # Safety
+    /// As [`values`]; `q` points at `64 (b + 1)` values.
+    #[inline(always)]
+    unsafe fn block_dot<const BITS: u32>(
+        codes: *const u8,
+        b: usize,
+        q: *const f32,
+        t: __m512,
+    ) -> __m512 {
+        // SAFETY: as stated above.
+        unsafe {
+            let (mut a0, mut a1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+            let qb = q.add(BLOCK * b);
+            values::<BITS>(codes.add(b * block_bytes(BITS)), t, |m, v| {
+                let qv = _mm512_loadu_ps(qb.add(16 * m));
+                if m % 2 == 0 {
+                    a0 = _mm512_fmadd_ps(qv, v, a0);
+                } else {
+                    a1 = _mm512_fmadd_ps(qv, v, a1);
+                }
+            });
+            _mm512_add_ps(a0, a1)
+        }
+    }
+
+    /// [`super::block::scores`] in 512-bit vectors.
+    ///
+    /// # Safety
+    /// As [`super::block::scores`], and the CPU must have AVX-512F.
+    #[inline(always)]
+    pub(crate) unsafe fn scores<const BITS: u32, const NB: usize>(
+        qp: &[f32],
+        rows: Rows,
+        table: &[f32; 16],
+        scale: f32,
+        scores: &mut [f32],
+    ) -> Result<(), usize> {
+        // SAFETY: as in `block::scores`.
+        unsafe {
+            let t = table16(BITS, table);
+            let lanes = lane_scale_index(BITS, rows.group);
+            let base = rows.bytes.as_ptr();
+            let q = qp.as_ptr();
+            for (i, s) in scores.iter_mut().enumerate() {
+                let row = base.add(i * rows.stride);
+                let codes = row.add(2 * rows.n_scales);
+                let total = if rows.n_scales == 1 {
+                    let Some(sf) = scale_at(row) else {
+                        return Err(i);
+                    };
+                    let mut acc = block_dot::<BITS>(codes, 0, q, t);
+                    for b in 1..NB {
+                        acc = _mm512_add_ps(acc, block_dot::<BITS>(codes, b, q, t));
+                    }
+                    _mm512_mul_ps(acc, _mm512_set1_ps(sf))
+                } else {
+                    let mut total = _mm512_setzero_ps();
+                    for b in 0..NB {
+                        let Some(sv) = block_scales(row, b, rows.group, lanes) else {
+                            return Err(i);
+                        };
+                        total = _mm512_fmadd_ps(block_dot::<BITS>(codes, b, q, t), both(sv), total);
+                    }
+                    total
+                };
+                *s = scale * _mm512_reduce_add_ps(total);
+            }
+            Ok(())
+        }
+    }
+
+    /// [`super::block::accumulate`] in 512-bit vectors.
+    ///
+    /// # Safety
+    /// As [`super::block::accumulate`], and the CPU must have AVX-512F.
+    #[inline(always)]
+    pub(crate) unsafe fn accumulate<const BITS: u32, const NB: usize>(
+        w: &[f32],
+        rows: Rows,
+        table: &[f32; 16],
+        acc: &mut [f32],
+    ) -> Result<(), usize> {
+        // SAFETY: as in `block::accumulate`.
+        unsafe {
+            let t = table16(BITS, table);
+            let lanes = lane_scale_index(BITS, rows.group);
+            let base = rows.bytes.as_ptr();
+            let mut regs = [[_mm512_setzero_ps(); 4]; NB];
+            let mut result = Ok(());
+            'rows: for (i, &p) in w.iter().enumerate() {
+                let row = base.add(i * rows.stride);
+                let codes = row.add(2 * rows.n_scales);
+                let one = if rows.n_scales == 1 {
+                    let Some(sf) = scale_at(row) else {
+                        result = Err(i);
+                        break;
+                    };
+                    Some(_mm512_set1_ps(p * sf))
+                } else {
+                    None
+                };
+                for (b, rb) in regs.iter_mut().enumerate() {
+                    let ws = match one {
+                        Some(ws) => ws,
+                        None => match block_scales(row, b, rows.group, lanes) {
+                            Some(sv) => _mm512_mul_ps(both(sv), _mm512_set1_ps(p)),
+                            None => {
+                                result = Err(i);
+                                break 'rows;
+                            }
+                        },
+                    };
+                    values::<BITS>(codes.add(b * block_bytes(BITS)), t, |m, v| {
+                        rb[m] = _mm512_fmadd_ps(ws, v, rb[m]);
+                    });
+                }
+            }
+            for (b, rb) in regs.iter().enumerate() {
+                for (m, r) in rb.iter().enumerate() {
+                    let a = acc.as_mut_ptr().add(BLOCK * b + 16 * m);
+                    _mm512_storeu_ps(a, _mm512_add_ps(_mm512_loadu_ps(a), *r));
+                }
+            }
+            result
         }
     }
 }
