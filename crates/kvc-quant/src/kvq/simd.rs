@@ -861,6 +861,33 @@ pub(crate) mod block512 {
         unsafe { _mm512_loadu_ps(t.as_ptr()) }
     }
 
+    /// The table and the four shift vectors (vector `m`: `2m` code widths in the lower
+    /// half, `2m + 1` in the upper), made once per call.
+    #[derive(Clone, Copy)]
+    struct Consts {
+        t: __m512,
+        sh: [__m512i; 4],
+    }
+
+    /// # Safety
+    /// The CPU must have AVX-512F.
+    #[inline(always)]
+    unsafe fn consts(bits: u32, table: &[f32; 16]) -> Consts {
+        // SAFETY: AVX-512F guaranteed by the caller; register operations.
+        unsafe {
+            let mut sh = [_mm512_setzero_si512(); 4];
+            for (m, v) in sh.iter_mut().enumerate() {
+                let lo = _mm512_set1_epi32((bits as usize * 2 * m) as i32);
+                let hi = _mm256_set1_epi32((bits as usize * (2 * m + 1)) as i32);
+                *v = _mm512_inserti64x4::<1>(lo, hi);
+            }
+            Consts {
+                t: table16(bits, table),
+                sh,
+            }
+        }
+    }
+
     /// Calls `f(m, values)` for the four 16-lane vectors of the block at `codes`.
     ///
     /// # Safety
@@ -868,17 +895,14 @@ pub(crate) mod block512 {
     #[inline(always)]
     unsafe fn values<const BITS: u32>(
         codes: *const u8,
-        t: __m512,
+        c: Consts,
         mut f: impl FnMut(usize, __m512),
     ) {
         // SAFETY: features and the block's bytes guaranteed by the caller.
         unsafe {
             let z = _mm512_broadcast_i64x4(block_dwords::<BITS>(codes));
             for m in 0..4 {
-                let lo = _mm512_set1_epi32((BITS as usize * 2 * m) as i32);
-                let hi = _mm256_set1_epi32((BITS as usize * (2 * m + 1)) as i32);
-                let sh = _mm512_inserti64x4::<1>(lo, hi);
-                f(m, _mm512_permutexvar_ps(_mm512_srlv_epi32(z, sh), t));
+                f(m, _mm512_permutexvar_ps(_mm512_srlv_epi32(z, c.sh[m]), c.t));
             }
         }
     }
@@ -902,7 +926,7 @@ pub(crate) mod block512 {
         codes: *const u8,
         b: usize,
         q: *const f32,
-        t: __m512,
+        t: Consts,
     ) -> __m512 {
         // SAFETY: as stated above.
         unsafe {
@@ -934,7 +958,7 @@ pub(crate) mod block512 {
     ) -> Result<(), usize> {
         // SAFETY: as in `block::scores`.
         unsafe {
-            let t = table16(BITS, table);
+            let t = consts(BITS, table);
             let lanes = lane_scale_index(BITS, rows.group);
             let base = rows.bytes.as_ptr();
             let q = qp.as_ptr();
@@ -979,7 +1003,7 @@ pub(crate) mod block512 {
     ) -> Result<(), usize> {
         // SAFETY: as in `block::accumulate`.
         unsafe {
-            let t = table16(BITS, table);
+            let t = consts(BITS, table);
             let lanes = lane_scale_index(BITS, rows.group);
             let base = rows.bytes.as_ptr();
             let mut regs = [[_mm512_setzero_ps(); 4]; NB];
