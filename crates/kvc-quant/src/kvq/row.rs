@@ -104,14 +104,24 @@ fn pack(codes: &[u8], bits: u32, out: &mut [u8]) {
         }
         _ => {}
     }
-    // Eight codes are exactly `bits` bytes (3, 5, 6, 7 bits).
-    let nbytes = bits as usize;
-    for (oct, chunk) in codes.chunks_exact(8).zip(out.chunks_exact_mut(nbytes)) {
+    match bits {
+        3 => pack_octets::<3>(codes, out),
+        5 => pack_octets::<5>(codes, out),
+        6 => pack_octets::<6>(codes, out),
+        _ => pack_octets::<7>(codes, out),
+    }
+}
+
+/// [`pack`] for `B` (3, 5, 6, 7) bits: eight codes are exactly `B` bytes, built in a u64
+/// (a constant width, so the copy is a fixed-size store, not a call).
+#[inline(always)]
+fn pack_octets<const B: usize>(codes: &[u8], out: &mut [u8]) {
+    for (oct, chunk) in codes.chunks_exact(8).zip(out.chunks_exact_mut(B)) {
         let mut w = 0u64;
         for (j, &c) in oct.iter().enumerate() {
-            w |= u64::from(c) << (bits as usize * j);
+            w |= u64::from(c) << (B * j);
         }
-        chunk.copy_from_slice(&w.to_le_bytes()[..nbytes]);
+        chunk.copy_from_slice(&w.to_le_bytes()[..B]);
     }
 }
 
