@@ -15,10 +15,15 @@ const METHODS: [Method; 3] = [
     Method::Uniform { group: 64 },
 ];
 
+/// Every path this CPU runs: portable, AVX2 (also on an AVX-512 CPU), AVX-512.
 fn isas() -> Vec<Isa> {
     let mut v = vec![Isa::PORTABLE];
-    if Isa::detect().is_avx2() {
-        v.push(Isa::detect());
+    let best = Isa::detect();
+    if best.is_avx2() {
+        v.push(best.without_avx512());
+    }
+    if best.is_avx512() {
+        v.push(best);
     }
     v
 }
@@ -707,7 +712,8 @@ fn quantize_bytes_equal_on_both_paths_at_the_edges() {
         x.extend((0..d).map(|i| if i == 5 { 3.0e4 } else { 1e-3 }));
         x.extend((0..d).map(|i| (i as f32 - 31.5) * 2e2));
         let rows = x.len() / d;
-        for m in METHODS {
+        let more = [Method::Uniform { group: 8 }, Method::Uniform { group: 16 }];
+        for m in METHODS.into_iter().chain(more) {
             for b in 2..=8u8 {
                 let c = RowCodec::new(m, b, d, 9).unwrap();
                 let mut p = vec![0u8; rows * c.row_bytes()];

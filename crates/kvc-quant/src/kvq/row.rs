@@ -77,7 +77,7 @@ pub struct RowCodec {
     bucket_scale: f32,
     /// Which compiled row loops to run (bytes are identical either way).
     isa: Isa,
-    /// Lloyd-Max 2-5 bits: the tables of the AVX2 quantizer.
+    /// Lloyd-Max: the tables of the AVX2 quantizer.
     #[cfg(target_arch = "x86_64")]
     lm_tables: Option<super::simd::quant::LmTables>,
 }
@@ -104,14 +104,24 @@ fn pack(codes: &[u8], bits: u32, out: &mut [u8]) {
         }
         _ => {}
     }
-    // Eight codes are exactly `bits` bytes (3, 5, 6, 7 bits).
-    let nbytes = bits as usize;
-    for (oct, chunk) in codes.chunks_exact(8).zip(out.chunks_exact_mut(nbytes)) {
+    match bits {
+        3 => pack_octets::<3>(codes, out),
+        5 => pack_octets::<5>(codes, out),
+        6 => pack_octets::<6>(codes, out),
+        _ => pack_octets::<7>(codes, out),
+    }
+}
+
+/// [`pack`] for `B` (3, 5, 6, 7) bits: eight codes are exactly `B` bytes, built in a u64
+/// (a constant width, so the copy is a fixed-size store, not a call).
+#[inline(always)]
+fn pack_octets<const B: usize>(codes: &[u8], out: &mut [u8]) {
+    for (oct, chunk) in codes.chunks_exact(8).zip(out.chunks_exact_mut(B)) {
         let mut w = 0u64;
         for (j, &c) in oct.iter().enumerate() {
-            w |= u64::from(c) << (bits as usize * j);
+            w |= u64::from(c) << (B * j);
         }
-        chunk.copy_from_slice(&w.to_le_bytes()[..nbytes]);
+        chunk.copy_from_slice(&w.to_le_bytes()[..B]);
     }
 }
 
@@ -204,7 +214,7 @@ impl RowCodec {
             table,
             isa: Isa::detect(),
             #[cfg(target_arch = "x86_64")]
-            lm_tables: if matches!(method, Method::LloydMax) && bits <= 5 {
+            lm_tables: if matches!(method, Method::LloydMax) {
                 super::simd::quant::LmTables::new(&levels, &bounds)
             } else {
                 None
@@ -302,10 +312,10 @@ impl RowCodec {
     pub fn quantize_row(&self, x: &[f32], out: &mut [u8]) -> Result<()> {
         match self.isa.0 {
             IsaKind::Portable => self.quantize_body(x, out),
-            // SAFETY: `IsaKind::Avx2` is only made by `Isa::detect` after the CPU reported
+            // SAFETY: `IsaKind::Avx2`/`Avx512` are only made by `Isa::detect` after the CPU reported
             // AVX2 and FMA.
             #[cfg(target_arch = "x86_64")]
-            IsaKind::Avx2 => unsafe { self.quantize_avx2(x, out) },
+            IsaKind::Avx2 | IsaKind::Avx512 => unsafe { self.quantize_avx2(x, out) },
         }
     }
 
@@ -322,7 +332,7 @@ impl RowCodec {
                 let mut codes = [0u8; MAX_HEAD_DIM];
                 // SAFETY: AVX2 is enabled here (callers hold an AVX2 `Isa`); `x` and the
                 // signs hold `dim` values (64, 128 or 256), `codes` 256 bytes; `t` is this
-                // codec's Lloyd-Max table of 2-5 bits.
+                // codec's Lloyd-Max table.
                 let s = unsafe {
                     super::simd::quant::quantize_lm(
                         x,
@@ -344,6 +354,36 @@ impl RowCodec {
                 }
             }
         }
+        if matches!(self.method, Method::Uniform { .. })
+            && x.len() == self.dim
+            && out.len() >= self.row_bytes
+            && self.group % 8 == 0
+        {
+            let mut codes = [0u8; MAX_HEAD_DIM];
+            let mut sc = [f16::ZERO; MAX_HEAD_DIM / 8];
+            // SAFETY: AVX2 is enabled here (callers hold an AVX2 `Isa`); `x` and the signs
+            // hold `dim` values (64, 128 or 256), `group` divides `dim` and is a multiple
+            // of 8 (checked), `codes` holds 256 bytes and `sc` 32 >= dim / group scales.
+            let done = unsafe {
+                super::simd::uniform::quantize(
+                    x,
+                    self.rot.signs(),
+                    self.rot.inv_sqrt(),
+                    self.group,
+                    u32::from(self.bits),
+                    &mut codes,
+                    &mut sc,
+                )
+            };
+            if done.is_some() {
+                let (head, body) = out[..self.row_bytes].split_at_mut(2 * self.scales);
+                for (h, s) in head.chunks_exact_mut(2).zip(sc.iter()) {
+                    h.copy_from_slice(&s.to_le_bytes());
+                }
+                pack(&codes[..self.dim], u32::from(self.bits), body);
+                return Ok(());
+            }
+        }
         // Other methods and widths, and the rows that are errors or all zeros.
         self.quantize_body(x, out)
     }
@@ -362,7 +402,8 @@ impl RowCodec {
         // SAFETY: AVX2 and FMA are enabled here; `acc` holds `dim` values, `row` at least
         // `row_bytes` (checked).
         unsafe { self.accumulate_rotated_avx2(row, 1.0, acc, 0)? };
-        self.rot.unrotate(acc);
+        // SAFETY: AVX2 is enabled here; `acc` and the signs hold `dim` values.
+        unsafe { super::simd::quant::unrotate(acc, self.rot.signs(), self.rot.inv_sqrt()) };
         out.copy_from_slice(acc);
         Ok(())
     }
@@ -560,18 +601,20 @@ impl RowCodec {
         self.read_scales(row, sc, row_index)?;
         let bits = u32::from(self.bits);
         if !avx2::handles(bits) {
-            let mut codes = [0u8; MAX_HEAD_DIM];
-            let codes = &mut codes[..self.dim];
-            unpack(&row[2 * self.scales..], bits, codes);
-            for ((ag, cg), &s) in acc
-                .chunks_exact_mut(self.group)
-                .zip(codes.chunks_exact(self.group))
-                .zip(sc.iter())
-            {
-                // SAFETY: the caller guarantees AVX2 and FMA; `ag` and `cg` hold `group`
-                // values (a multiple of 8); every code has `bits` bits, so it indexes the
-                // `2^bits`-entry `full_table`.
-                unsafe { avx2::axpy_gather(ag, cg, &self.full_table, w * s) };
+            let area = &row[2 * self.scales..self.row_bytes];
+            let Some(pad) = avx2::WideCodes::new(area, bits) else {
+                return Err(Error::BufferTooSmall {
+                    what: "packed row codes",
+                    needed: 32,
+                    found: area.len(),
+                });
+            };
+            let gchunks = self.group / 8;
+            for (g, (ag, &s)) in acc.chunks_exact_mut(self.group).zip(sc.iter()).enumerate() {
+                // SAFETY: the caller guarantees AVX2 and FMA; `ag` holds `group` values (a
+                // multiple of 8), codes `g * group ..` of the area; codes have `bits`
+                // (5..=8) bits, so they index the `2^bits`-entry `full_table`.
+                unsafe { avx2::axpy_gather(ag, &pad, g * gchunks, bits, &self.full_table, w * s) };
             }
             return Ok(());
         }
@@ -631,19 +674,22 @@ impl RowCodec {
         let sc = &mut sc[..self.scales];
         self.read_scales(row, sc, row_index)?;
         if !avx2::handles(bits) {
-            let mut codes = [0u8; MAX_HEAD_DIM];
-            let codes = &mut codes[..self.dim];
-            unpack(&row[2 * self.scales..], bits, codes);
+            let area = &row[2 * self.scales..self.row_bytes];
+            let Some(pad) = avx2::WideCodes::new(area, bits) else {
+                return Err(Error::BufferTooSmall {
+                    what: "packed row codes",
+                    needed: 32,
+                    found: area.len(),
+                });
+            };
+            let gchunks = self.group / 8;
             let mut s = 0f32;
-            for ((qg, cg), &g) in q_rot
-                .chunks_exact(self.group)
-                .zip(codes.chunks_exact(self.group))
-                .zip(sc.iter())
-            {
-                // SAFETY: the caller guarantees AVX2 and FMA; `qg` and `cg` hold `group`
-                // values (a multiple of 8); every code has `bits` bits, so it indexes the
-                // `2^bits`-entry `full_table`.
-                s += g * unsafe { avx2::dot_gather(qg, cg, &self.full_table) };
+            for (gi, (qg, &g)) in q_rot.chunks_exact(self.group).zip(sc.iter()).enumerate() {
+                // SAFETY: the caller guarantees AVX2 and FMA; `qg` holds `group` values (a
+                // multiple of 8), codes `gi * group ..` of the area; codes have `bits`
+                // (5..=8) bits, so they index the `2^bits`-entry `full_table`.
+                s +=
+                    g * unsafe { avx2::dot_gather(qg, &pad, gi * gchunks, bits, &self.full_table) };
             }
             return Ok(s);
         }
@@ -676,10 +722,12 @@ impl RowCodec {
         self.check_packed("packed row", row.len())?;
         match self.isa.0 {
             IsaKind::Portable => self.dot_rotated_portable(q_rot, row, row_index),
-            // SAFETY: `IsaKind::Avx2` is only made by `Isa::detect` after the CPU reported
+            // SAFETY: `IsaKind::Avx2`/`Avx512` are only made by `Isa::detect` after the CPU reported
             // AVX2, FMA and F16C; the lengths were checked above.
             #[cfg(target_arch = "x86_64")]
-            IsaKind::Avx2 => unsafe { self.dot_rotated_avx2_entry(q_rot, row, row_index) },
+            IsaKind::Avx2 | IsaKind::Avx512 => unsafe {
+                self.dot_rotated_avx2_entry(q_rot, row, row_index)
+            },
         }
     }
 
@@ -712,10 +760,10 @@ impl RowCodec {
         out.fill(0.0);
         match self.isa.0 {
             IsaKind::Portable => self.accumulate_rotated(row, 1.0, out, 0),
-            // SAFETY: `IsaKind::Avx2` is only made by `Isa::detect` after the CPU reported
+            // SAFETY: `IsaKind::Avx2`/`Avx512` are only made by `Isa::detect` after the CPU reported
             // AVX2, FMA and F16C; the lengths were checked above.
             #[cfg(target_arch = "x86_64")]
-            IsaKind::Avx2 => unsafe { self.rotated_values_avx2(row, out) },
+            IsaKind::Avx2 | IsaKind::Avx512 => unsafe { self.rotated_values_avx2(row, out) },
         }
     }
 
@@ -778,10 +826,10 @@ impl RowCodec {
     pub fn dequantize_row(&self, row: &[u8], out: &mut [f32]) -> Result<()> {
         match self.isa.0 {
             IsaKind::Portable => self.dequantize_body(row, out),
-            // SAFETY: `IsaKind::Avx2` is only made by `Isa::detect` after the CPU reported
+            // SAFETY: `IsaKind::Avx2`/`Avx512` are only made by `Isa::detect` after the CPU reported
             // AVX2 and FMA.
             #[cfg(target_arch = "x86_64")]
-            IsaKind::Avx2 => unsafe { self.dequantize_avx2(row, out) },
+            IsaKind::Avx2 | IsaKind::Avx512 => unsafe { self.dequantize_avx2(row, out) },
         }
     }
 

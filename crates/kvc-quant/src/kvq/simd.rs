@@ -2,8 +2,8 @@
 //! of the bit stream with one variable shift, mapped to their values through an 8- or
 //! 16-entry table held in registers (`vpermps`, plus a blend on bit 3 for 16 entries), and
 //! multiplied into the query (scores) or added into the accumulator (V). Wider codes (5-8
-//! bits) are unpacked to bytes and their values fetched with `vgatherdps` from the full
-//! table. Sums are in a different order than the portable
+//! bits): one byte shuffle, shift and mask turn 16 code bytes into eight codes, their
+//! values fetched with `vgatherdps` from the full table. Sums are in a different order than the portable
 //! path (eight lanes, FMA), so results agree to rounding, not bit for bit.
 
 #[cfg(target_arch = "x86_64")]
@@ -159,21 +159,122 @@ pub(crate) mod avx2 {
         }
     }
 
-    /// `sum_i q[i] * table[codes[i]]` over `q.len()` codes (a multiple of 8), one code per
-    /// byte (already unpacked), values fetched with `vgatherdps`.
+    /// Byte shuffle (per 32-bit lane: the 4 bytes from the one holding the lane's first
+    /// bit) and bit shifts that turn 16 code bytes starting at code `8k` into the eight
+    /// codes `8k .. 8k + 8`, for `bits` 5, 6, 7 (constants, so no per-call setup).
+    const fn wide_consts(bits: usize) -> ([u8; 32], [i32; 8]) {
+        let mut ctrl = [0u8; 32];
+        let mut sh = [0i32; 8];
+        let mut j = 0;
+        while j < 8 {
+            let o = bits * j;
+            let mut i = 0;
+            while i < 4 {
+                ctrl[4 * j + i] = (o / 8 + i) as u8;
+                i += 1;
+            }
+            sh[j] = (o % 8) as i32;
+            j += 1;
+        }
+        (ctrl, sh)
+    }
+    static WIDE: [([u8; 32], [i32; 8]); 3] = [wide_consts(5), wide_consts(6), wide_consts(7)];
+
+    /// The shuffle, shifts and mask of [`wide_consts`] for `bits` 5..=8 (8: unused).
     ///
     /// # Safety
-    /// The CPU must have AVX2 and FMA; `codes.len() >= q.len()`; every code must be a
-    /// valid index of `table`.
+    /// The CPU must have AVX2.
     #[inline(always)]
-    pub(crate) unsafe fn dot_gather(q: &[f32], codes: &[u8], table: &[f32]) -> f32 {
-        // SAFETY: AVX2 and FMA are guaranteed by the caller; each `qc` is 8 f32 and each
-        // `cc` 8 bytes, read with unaligned loads; every gathered index is a code, which
-        // the caller guarantees is within `table`.
+    unsafe fn wide_setup(bits: u32) -> (__m256i, __m256i, __m256i) {
+        let (ctrl, sh) = &WIDE[(bits.clamp(5, 7) - 5) as usize];
+        // SAFETY: AVX2 guaranteed by the caller; the loads read the 32-byte constants.
         unsafe {
+            (
+                _mm256_loadu_si256(ctrl.as_ptr().cast()),
+                _mm256_loadu_si256(sh.as_ptr().cast()),
+                _mm256_set1_epi32((1i32 << bits) - 1),
+            )
+        }
+    }
+
+    /// A row's packed code area for the 16-byte loads of [`wide_index`]: the last 32
+    /// bytes again, followed by 16 zero bytes, for the loads that would run past its end.
+    pub(crate) struct WideCodes<'a> {
+        area: &'a [u8],
+        tail: [u8; 48],
+    }
+
+    impl<'a> WideCodes<'a> {
+        /// The code area of a row of `bits` (5..=8) codes (at least 40 bytes; 8-bit codes
+        /// are read in place, no tail).
+        #[inline(always)]
+        pub(crate) fn new(area: &'a [u8], bits: u32) -> Option<WideCodes<'a>> {
+            let n = area.len();
+            let mut tail = [0u8; 48];
+            let last = area.get(n.checked_sub(32)?..)?;
+            if bits < 8 {
+                tail[..32].copy_from_slice(last);
+            }
+            Some(WideCodes { area, tail })
+        }
+    }
+
+    /// Codes `8k .. 8k + 8` as dwords.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2; codes `8k .. 8k + 8` are inside the area; `bits` 5..=8 and
+    /// the constants of [`wide_setup`] for it.
+    #[inline(always)]
+    unsafe fn wide_index(
+        codes: &WideCodes,
+        k: usize,
+        bits: u32,
+        (ctrl, sh, mask): (__m256i, __m256i, __m256i),
+    ) -> __m256i {
+        let len = codes.area.len();
+        // SAFETY: 8 bits: bytes `8k .. 8k + 8` are the codes, inside the area. Else the
+        // 16 bytes at `o = k * bits` come from the area when `o + 16 <= len`, and
+        // otherwise from `tail` at `o - (len - 32)`: `o > len - 16` makes that at least
+        // 16 and `o + bits <= len` at most 32 - bits, so the 16 bytes stay in its 48.
+        unsafe {
+            if bits == 8 {
+                let p = codes.area.as_ptr().add(8 * k);
+                return _mm256_cvtepu8_epi32(_mm_loadl_epi64(p.cast()));
+            }
+            let o = k * bits as usize;
+            let p = if o + 16 <= len {
+                codes.area.as_ptr().add(o)
+            } else {
+                codes.tail.as_ptr().add(o + 32 - len)
+            };
+            let v = _mm256_broadcastsi128_si256(_mm_loadu_si128(p.cast()));
+            _mm256_and_si256(_mm256_srlv_epi32(_mm256_shuffle_epi8(v, ctrl), sh), mask)
+        }
+    }
+
+    /// `sum_i q[i] * table[code_i]` over `q.len()` codes (a multiple of 8) of `bits` 5..=8
+    /// starting at code `8 * first` of the packed code area `codes`, values fetched with
+    /// `vgatherdps`.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2 and FMA; the codes read are inside the area; `table` has
+    /// `2^bits` entries.
+    #[inline(always)]
+    pub(crate) unsafe fn dot_gather(
+        q: &[f32],
+        codes: &WideCodes,
+        first: usize,
+        bits: u32,
+        table: &[f32],
+    ) -> f32 {
+        // SAFETY: AVX2 and FMA are guaranteed by the caller; each `qc` is 8 f32; the code
+        // reads stay inside `codes` (caller); every gathered index is a `bits`-bit code
+        // (masked), inside `table`.
+        unsafe {
+            let setup = wide_setup(bits);
             let mut acc = _mm256_setzero_ps();
-            for (qc, cc) in q.chunks_exact(8).zip(codes.chunks_exact(8)) {
-                let idx = _mm256_cvtepu8_epi32(_mm_loadl_epi64(cc.as_ptr().cast()));
+            for (j, qc) in q.chunks_exact(8).enumerate() {
+                let idx = wide_index(codes, first + j, bits, setup);
                 let vals = _mm256_i32gather_ps::<4>(table.as_ptr(), idx);
                 acc = _mm256_fmadd_ps(_mm256_loadu_ps(qc.as_ptr()), vals, acc);
             }
@@ -181,18 +282,26 @@ pub(crate) mod avx2 {
         }
     }
 
-    /// `acc[i] += w * table[codes[i]]` over `acc.len()` codes (a multiple of 8), one code
-    /// per byte.
+    /// `acc[i] += w * table[code_i]` over `acc.len()` codes (a multiple of 8), as
+    /// [`dot_gather`] reads them.
     ///
     /// # Safety
     /// As [`dot_gather`].
     #[inline(always)]
-    pub(crate) unsafe fn axpy_gather(acc: &mut [f32], codes: &[u8], table: &[f32], w: f32) {
+    pub(crate) unsafe fn axpy_gather(
+        acc: &mut [f32],
+        codes: &WideCodes,
+        first: usize,
+        bits: u32,
+        table: &[f32],
+        w: f32,
+    ) {
         // SAFETY: as in `dot_gather`; each `ac` is 8 f32, loaded and stored in place.
         unsafe {
+            let setup = wide_setup(bits);
             let wv = _mm256_set1_ps(w);
-            for (ac, cc) in acc.chunks_exact_mut(8).zip(codes.chunks_exact(8)) {
-                let idx = _mm256_cvtepu8_epi32(_mm_loadl_epi64(cc.as_ptr().cast()));
+            for (j, ac) in acc.chunks_exact_mut(8).enumerate() {
+                let idx = wide_index(codes, first + j, bits, setup);
                 let vals = _mm256_i32gather_ps::<4>(table.as_ptr(), idx);
                 let a = _mm256_loadu_ps(ac.as_ptr());
                 _mm256_storeu_ps(ac.as_mut_ptr(), _mm256_fmadd_ps(wv, vals, a));
@@ -252,33 +361,20 @@ pub(crate) mod block {
         }
     }
 
-    /// Calls `f(n, values)` for the eight vectors of the block of 64 codes at `codes`.
+    /// The block of 64 codes at `codes` as eight dwords from which vector `n`'s indices
+    /// are the dwords shifted right by `n * BITS` (low `BITS` bits; 2 bits: the table is
+    /// repeated, so the bits above do not matter).
     ///
     /// # Safety
     /// The CPU must have AVX2; `codes` must point at `block_bytes(BITS)` readable bytes;
     /// `BITS` is 2, 3 or 4.
     #[inline(always)]
-    pub(crate) unsafe fn block_values<const BITS: u32>(
-        codes: *const u8,
-        lo: __m256,
-        hi: __m256,
-        mut f: impl FnMut(usize, __m256),
-    ) {
+    pub(crate) unsafe fn block_dwords<const BITS: u32>(codes: *const u8) -> __m256i {
         // SAFETY: AVX2 is guaranteed by the caller. Loads: 4 bits reads bytes 0..32, 3 bits
         // 0..16 and 8..24, 2 bits 0..16, all within the block's `8 * BITS` bytes.
         unsafe {
             match BITS {
-                4 => {
-                    let v = _mm256_loadu_si256(codes.cast());
-                    for n in 0..8 {
-                        let idx = _mm256_srlv_epi32(v, _mm256_set1_epi32(4 * n as i32));
-                        let a = _mm256_permutevar8x32_ps(lo, idx);
-                        let b = _mm256_permutevar8x32_ps(hi, idx);
-                        // Bit 3 of the code to the sign bit picks the upper table.
-                        let sel = _mm256_sllv_epi32(v, _mm256_set1_epi32(28 - 4 * n as i32));
-                        f(n, _mm256_blendv_ps(a, b, _mm256_castsi256_ps(sel)));
-                    }
-                }
+                4 => _mm256_loadu_si256(codes.cast()),
                 3 => {
                     // Lane j gets bytes 3j .. 3j + 3 (codes 8j .. 8j + 8): lanes 0..4 from
                     // bytes 0..12 of the first load, lanes 4..8 from bytes 12..24, which
@@ -289,20 +385,41 @@ pub(crate) mod block {
                         0, 1, 2, -1, 3, 4, 5, -1, 6, 7, 8, -1, 9, 10, 11, -1, 4, 5, 6, -1, 7, 8, 9,
                         -1, 10, 11, 12, -1, 13, 14, 15, -1,
                     );
-                    let v = _mm256_shuffle_epi8(_mm256_set_m128i(b, a), ctrl);
-                    for n in 0..8 {
-                        let idx = _mm256_srlv_epi32(v, _mm256_set1_epi32(3 * n as i32));
-                        f(n, _mm256_permutevar8x32_ps(lo, idx));
-                    }
+                    _mm256_shuffle_epi8(_mm256_set_m128i(b, a), ctrl)
                 }
                 _ => {
                     // Dword k holds codes 16k .. 16k + 16; lanes 4..8 take its upper half.
                     let x = _mm_loadu_si128(codes.cast());
-                    let v = _mm256_set_m128i(_mm_srli_epi32::<16>(x), x);
-                    for n in 0..8 {
-                        let idx = _mm256_srlv_epi32(v, _mm256_set1_epi32(2 * n as i32));
-                        f(n, _mm256_permutevar8x32_ps(lo, idx));
-                    }
+                    _mm256_set_m128i(_mm_srli_epi32::<16>(x), x)
+                }
+            }
+        }
+    }
+
+    /// Calls `f(n, values)` for the eight vectors of the block of 64 codes at `codes`.
+    ///
+    /// # Safety
+    /// As [`block_dwords`].
+    #[inline(always)]
+    pub(crate) unsafe fn block_values<const BITS: u32>(
+        codes: *const u8,
+        lo: __m256,
+        hi: __m256,
+        mut f: impl FnMut(usize, __m256),
+    ) {
+        // SAFETY: AVX2 and the block's bytes are guaranteed by the caller.
+        unsafe {
+            let v = block_dwords::<BITS>(codes);
+            for n in 0..8 {
+                let idx = _mm256_srlv_epi32(v, _mm256_set1_epi32((BITS as usize * n) as i32));
+                if BITS == 4 {
+                    let a = _mm256_permutevar8x32_ps(lo, idx);
+                    let b = _mm256_permutevar8x32_ps(hi, idx);
+                    // Bit 3 of the code to the sign bit picks the upper table.
+                    let sel = _mm256_sllv_epi32(v, _mm256_set1_epi32(28 - 4 * n as i32));
+                    f(n, _mm256_blendv_ps(a, b, _mm256_castsi256_ps(sel)));
+                } else {
+                    f(n, _mm256_permutevar8x32_ps(lo, idx));
                 }
             }
         }
@@ -357,7 +474,7 @@ pub(crate) mod block {
     /// # Safety
     /// The CPU must have AVX.
     #[inline(always)]
-    unsafe fn lane_scale_index(bits: u32, group: usize) -> __m256i {
+    pub(crate) unsafe fn lane_scale_index(bits: u32, group: usize) -> __m256i {
         let mut idx = [0i32; 8];
         for (j, v) in idx.iter_mut().enumerate() {
             *v = (block_code(bits, 0, j) / group) as i32;
@@ -374,7 +491,7 @@ pub(crate) mod block {
     /// are readable (the 16 bytes read from scale `64 b / group` on stay inside them: a
     /// block's scales are its last at most 8, and at least 16 code bytes follow them).
     #[inline(always)]
-    unsafe fn block_scales(
+    pub(crate) unsafe fn block_scales(
         row: *const u8,
         b: usize,
         group: usize,
@@ -638,12 +755,12 @@ mod tests {
     /// included: every boundary, its float neighbours, zeros, levels, extremes.
     #[test]
     fn lm_codes_equal_the_full_count_at_every_boundary() {
-        use super::quant::{code_of, LmTables};
+        use super::quant::{code_of, code_of_wide, LmTables};
         use std::arch::x86_64::*;
         if !crate::Isa::detect().is_avx2() {
             return;
         }
-        for bits in 2..=5u8 {
+        for bits in 2..=8u8 {
             for d in [64, 128, 256] {
                 let levels = crate::kvq::codebook::lloyd_max(bits, d).unwrap();
                 let bounds = crate::kvq::codebook::boundaries(&levels);
@@ -666,7 +783,11 @@ mod tests {
                     let (mut codes, mut lv) = ([0i32; 8], [0f32; 8]);
                     // SAFETY: `Isa::detect` saw AVX2; the loads and stores cover 8 values.
                     unsafe {
-                        let (k, l) = code_of(_mm256_loadu_ps(c.as_ptr()), &t, u32::from(bits));
+                        let u = _mm256_loadu_ps(c.as_ptr());
+                        let (k, l) = match &t.wide {
+                            None => code_of(u, &t, u32::from(bits)),
+                            Some(w) => code_of_wide(u, w, u32::from(bits)).expect("complete"),
+                        };
                         _mm256_storeu_si256(codes.as_mut_ptr().cast(), k);
                         _mm256_storeu_ps(lv.as_mut_ptr(), l);
                     }
@@ -709,13 +830,232 @@ mod tests {
     }
 }
 
-/// The AVX2 quantizer of Lloyd-Max rows of 2-5 bits, byte for byte the portable one
+/// The block kernels in 512-bit vectors (AVX-512F): a 64-code block is the same eight
+/// dwords as in [`block`], broadcast to both halves of a 512-bit vector; vector `m` shifts
+/// the lower half by `2m * bits` and the upper by `(2m + 1) * bits`, so its 16 lanes are
+/// exactly [`block`]'s vectors `2m` and `2m + 1` (same lane order, same query and
+/// accumulator layout), and one `vpermps` over a 16-entry table gives the values (no
+/// blend: the table has 16 entries; 2 and 3 bits repeat theirs).
+// The AVX-512 intrinsics are stable from rustc 1.89; `build.rs` sets `kvq_avx512` there,
+// so an older rustc (the workspace MSRV is 1.85) builds without this module.
+#[cfg(all(target_arch = "x86_64", kvq_avx512))]
+#[allow(clippy::incompatible_msrv)]
+pub(crate) mod block512 {
+    use std::arch::x86_64::*;
+
+    use super::block::{
+        block_bytes, block_dwords, block_scales, lane_scale_index, scale_at, Rows, BLOCK,
+    };
+
+    /// The 16-entry table: `table[i mod 2^bits]`.
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512F.
+    #[inline(always)]
+    unsafe fn table16(bits: u32, table: &[f32; 16]) -> __m512 {
+        let mut t = [0f32; 16];
+        for (i, v) in t.iter_mut().enumerate() {
+            *v = table[i % (1 << bits)];
+        }
+        // SAFETY: AVX-512F guaranteed by the caller; `t` holds 16 f32.
+        unsafe { _mm512_loadu_ps(t.as_ptr()) }
+    }
+
+    /// The table and the four shift vectors (vector `m`: `2m` code widths in the lower
+    /// half, `2m + 1` in the upper), made once per call.
+    #[derive(Clone, Copy)]
+    struct Consts {
+        t: __m512,
+        sh: [__m512i; 4],
+    }
+
+    /// # Safety
+    /// The CPU must have AVX-512F.
+    #[inline(always)]
+    unsafe fn consts(bits: u32, table: &[f32; 16]) -> Consts {
+        // SAFETY: AVX-512F guaranteed by the caller; register operations.
+        unsafe {
+            let mut sh = [_mm512_setzero_si512(); 4];
+            for (m, v) in sh.iter_mut().enumerate() {
+                let lo = _mm512_set1_epi32((bits as usize * 2 * m) as i32);
+                let hi = _mm256_set1_epi32((bits as usize * (2 * m + 1)) as i32);
+                *v = _mm512_inserti64x4::<1>(lo, hi);
+            }
+            Consts {
+                t: table16(bits, table),
+                sh,
+            }
+        }
+    }
+
+    /// Calls `f(m, values)` for the four 16-lane vectors of the block at `codes`.
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512F and AVX2; as [`block_dwords`] for `codes`.
+    #[inline(always)]
+    unsafe fn values<const BITS: u32>(
+        codes: *const u8,
+        c: Consts,
+        mut f: impl FnMut(usize, __m512),
+    ) {
+        // SAFETY: features and the block's bytes guaranteed by the caller.
+        unsafe {
+            let z = _mm512_broadcast_i64x4(block_dwords::<BITS>(codes));
+            for m in 0..4 {
+                f(m, _mm512_permutexvar_ps(_mm512_srlv_epi32(z, c.sh[m]), c.t));
+            }
+        }
+    }
+
+    /// A 256-bit lane vector in both halves.
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512F.
+    #[inline(always)]
+    unsafe fn both(v: __m256) -> __m512 {
+        // SAFETY: register-only AVX-512F operations.
+        unsafe { _mm512_castsi512_ps(_mm512_broadcast_i64x4(_mm256_castps_si256(v))) }
+    }
+
+    /// The sum of `q * values` over block `b` (16 lanes).
+    ///
+    /// # Safety
+    /// As [`values`]; `q` points at `64 (b + 1)` values.
+    #[inline(always)]
+    unsafe fn block_dot<const BITS: u32>(
+        codes: *const u8,
+        b: usize,
+        q: *const f32,
+        t: Consts,
+    ) -> __m512 {
+        // SAFETY: as stated above.
+        unsafe {
+            let (mut a0, mut a1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+            let qb = q.add(BLOCK * b);
+            values::<BITS>(codes.add(b * block_bytes(BITS)), t, |m, v| {
+                let qv = _mm512_loadu_ps(qb.add(16 * m));
+                if m % 2 == 0 {
+                    a0 = _mm512_fmadd_ps(qv, v, a0);
+                } else {
+                    a1 = _mm512_fmadd_ps(qv, v, a1);
+                }
+            });
+            _mm512_add_ps(a0, a1)
+        }
+    }
+
+    /// [`super::block::scores`] in 512-bit vectors.
+    ///
+    /// # Safety
+    /// As [`super::block::scores`], and the CPU must have AVX-512F.
+    #[inline(always)]
+    pub(crate) unsafe fn scores<const BITS: u32, const NB: usize>(
+        qp: &[f32],
+        rows: Rows,
+        table: &[f32; 16],
+        scale: f32,
+        scores: &mut [f32],
+    ) -> Result<(), usize> {
+        // SAFETY: as in `block::scores`.
+        unsafe {
+            let t = consts(BITS, table);
+            let lanes = lane_scale_index(BITS, rows.group);
+            let base = rows.bytes.as_ptr();
+            let q = qp.as_ptr();
+            for (i, s) in scores.iter_mut().enumerate() {
+                let row = base.add(i * rows.stride);
+                let codes = row.add(2 * rows.n_scales);
+                let total = if rows.n_scales == 1 {
+                    let Some(sf) = scale_at(row) else {
+                        return Err(i);
+                    };
+                    let mut acc = block_dot::<BITS>(codes, 0, q, t);
+                    for b in 1..NB {
+                        acc = _mm512_add_ps(acc, block_dot::<BITS>(codes, b, q, t));
+                    }
+                    _mm512_mul_ps(acc, _mm512_set1_ps(sf))
+                } else {
+                    let mut total = _mm512_setzero_ps();
+                    for b in 0..NB {
+                        let Some(sv) = block_scales(row, b, rows.group, lanes) else {
+                            return Err(i);
+                        };
+                        total = _mm512_fmadd_ps(block_dot::<BITS>(codes, b, q, t), both(sv), total);
+                    }
+                    total
+                };
+                *s = scale * _mm512_reduce_add_ps(total);
+            }
+            Ok(())
+        }
+    }
+
+    /// [`super::block::accumulate`] in 512-bit vectors.
+    ///
+    /// # Safety
+    /// As [`super::block::accumulate`], and the CPU must have AVX-512F.
+    #[inline(always)]
+    pub(crate) unsafe fn accumulate<const BITS: u32, const NB: usize>(
+        w: &[f32],
+        rows: Rows,
+        table: &[f32; 16],
+        acc: &mut [f32],
+    ) -> Result<(), usize> {
+        // SAFETY: as in `block::accumulate`.
+        unsafe {
+            let t = consts(BITS, table);
+            let lanes = lane_scale_index(BITS, rows.group);
+            let base = rows.bytes.as_ptr();
+            let mut regs = [[_mm512_setzero_ps(); 4]; NB];
+            let mut result = Ok(());
+            'rows: for (i, &p) in w.iter().enumerate() {
+                let row = base.add(i * rows.stride);
+                let codes = row.add(2 * rows.n_scales);
+                let one = if rows.n_scales == 1 {
+                    let Some(sf) = scale_at(row) else {
+                        result = Err(i);
+                        break;
+                    };
+                    Some(_mm512_set1_ps(p * sf))
+                } else {
+                    None
+                };
+                for (b, rb) in regs.iter_mut().enumerate() {
+                    let ws = match one {
+                        Some(ws) => ws,
+                        None => match block_scales(row, b, rows.group, lanes) {
+                            Some(sv) => _mm512_mul_ps(both(sv), _mm512_set1_ps(p)),
+                            None => {
+                                result = Err(i);
+                                break 'rows;
+                            }
+                        },
+                    };
+                    values::<BITS>(codes.add(b * block_bytes(BITS)), t, |m, v| {
+                        rb[m] = _mm512_fmadd_ps(ws, v, rb[m]);
+                    });
+                }
+            }
+            for (b, rb) in regs.iter().enumerate() {
+                for (m, r) in rb.iter().enumerate() {
+                    let a = acc.as_mut_ptr().add(BLOCK * b + 16 * m);
+                    _mm512_storeu_ps(a, _mm512_add_ps(_mm512_loadu_ps(a), *r));
+                }
+            }
+            result
+        }
+    }
+}
+
+/// The AVX2 quantizer of Lloyd-Max rows (2-8 bits), byte for byte the portable one
 /// (`docs/formats/kvq.md`): the same float operations in the same order (the butterflies
 /// of the rotation and the eight-lane sums map onto eight-lane vectors; no FMA), codes
 /// counted by compares. Levels and boundaries are exactly symmetric (`c_k = -c_{2^b-1-k}`,
 /// the middle boundary 0), so with `a = |u|` and `P` the upper levels:
 /// code = `2^(b-1) + #{upper boundaries < a}` for `u > 0`, and `2^(b-1) - 1 - #{upper
-/// boundaries <= a}` otherwise, level `= ±P[count]`; half the compares of a full count.
+/// boundaries <= a}` otherwise, level `= ±P[count]`; half the compares of a full count
+/// (2-5 bits: a compare per upper boundary; 6-8 bits: a bucket table and a few gathered
+/// compares, `Wide`).
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod quant {
     use std::arch::x86_64::*;
@@ -729,14 +1069,34 @@ pub(crate) mod quant {
         pub upper_bounds: Vec<f32>,
         /// Upper levels `c_{2^(b-1)} ..` (`2^(b-1)` values), zero-padded to 16.
         pub upper_levels: [f32; 16],
+        /// 6-8 bits: the search tables.
+        pub wide: Option<Wide>,
     }
+
+    /// Code search for 6-8 bits: `start[k]` = upper boundaries below the start of bucket
+    /// `k - 1` of [`WIDE_BUCKETS`] over `[0, range]`; from there `steps` gathered compares
+    /// forward; one more compare checks that the count is complete (else the row goes to
+    /// the portable code), so the codes are exact whatever the table.
+    #[derive(Debug, Clone)]
+    pub(crate) struct Wide {
+        start: Vec<i32>,
+        /// Upper boundaries, then `+inf`.
+        bounds: Vec<f32>,
+        /// Upper levels (`2^(b-1)`).
+        levels: Vec<f32>,
+        scale: f32,
+        steps: usize,
+    }
+
+    /// Buckets of [`Wide`].
+    pub(crate) const WIDE_BUCKETS: usize = 4096;
 
     impl LmTables {
         /// Tables of the symmetric `levels` / `bounds`, or `None` when they are not exactly
-        /// symmetric or have more than 32 levels.
+        /// symmetric or have more than 256 levels.
         pub(crate) fn new(levels: &[f32], bounds: &[f32]) -> Option<LmTables> {
             let n = levels.len();
-            if !(4..=32).contains(&n) || bounds.len() + 1 != n {
+            if !(4..=256).contains(&n) || bounds.len() + 1 != n {
                 return None;
             }
             let h = n / 2;
@@ -746,12 +1106,82 @@ pub(crate) mod quant {
             if !sym {
                 return None;
             }
+            let ub = &bounds[h..];
             let mut upper_levels = [0f32; 16];
-            upper_levels[..h].copy_from_slice(&levels[h..]);
+            let wide = if h <= 16 {
+                upper_levels[..h].copy_from_slice(&levels[h..]);
+                None
+            } else {
+                let range = 2.0 * ub.last().copied().unwrap_or(1.0).max(1e-3);
+                let scale = WIDE_BUCKETS as f32 / range;
+                let lo = |k: usize| k as f32 / scale;
+                let below = |x: f32| ub.partition_point(|&b| b < x);
+                let start: Vec<i32> = (0..WIDE_BUCKETS)
+                    .map(|k| below(lo(k.saturating_sub(1))) as i32)
+                    .collect();
+                // Bounds a search may have to pass: from bucket k - 1's start to bucket
+                // k + 2's (one bucket of slack for rounding in the bucket index).
+                let steps = (0..WIDE_BUCKETS)
+                    .map(|k| below(lo(k + 2)) - below(lo(k.saturating_sub(1))))
+                    .max()
+                    .unwrap_or(0);
+                let mut b = ub.to_vec();
+                b.push(f32::INFINITY);
+                Some(Wide {
+                    start,
+                    bounds: b,
+                    levels: levels[h..].to_vec(),
+                    scale,
+                    steps,
+                })
+            };
             Some(LmTables {
-                upper_bounds: bounds[h..].to_vec(),
+                upper_bounds: ub.to_vec(),
                 upper_levels,
+                wide,
             })
+        }
+    }
+
+    /// [`code_of`] for 6-8 bits, or `None` when a count was not complete after the
+    /// table's steps (never seen; the caller then uses the portable code).
+    ///
+    /// # Safety
+    /// The CPU must have AVX2; `w` made with `bits` 6..=8.
+    #[inline(always)]
+    pub(crate) unsafe fn code_of_wide(u: __m256, w: &Wide, bits: u32) -> Option<(__m256i, __m256)> {
+        // SAFETY: AVX2 guaranteed by the caller. Gathers: bucket indices are clamped to
+        // `0 .. WIDE_BUCKETS` (`start` has that many); counts start at a `start` value
+        // (<= the number of upper bounds) and grow by one per step only where the bound at
+        // the count is below `a`, never past the `+inf` at the end of `bounds`, so every
+        // index into `bounds` is at most its last and every level index below `2^(b-1)`.
+        unsafe {
+            let half = 1i32 << (bits - 1);
+            let pos = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_GT_OQ>(u, _mm256_setzero_ps()));
+            let not_pos = _mm256_xor_si256(pos, _mm256_set1_epi32(-1));
+            let a = _mm256_and_si256(_mm256_castps_si256(u), _mm256_set1_epi32(0x7fff_ffff));
+            let a = _mm256_castsi256_ps(_mm256_sub_epi32(a, not_pos));
+            let kf = _mm256_min_ps(
+                _mm256_mul_ps(a, _mm256_set1_ps(w.scale)),
+                _mm256_set1_ps((WIDE_BUCKETS - 1) as f32),
+            );
+            let k = _mm256_cvttps_epi32(kf);
+            let mut cnt = _mm256_i32gather_epi32::<4>(w.start.as_ptr(), k);
+            for _ in 0..w.steps {
+                let b = _mm256_i32gather_ps::<4>(w.bounds.as_ptr(), cnt);
+                let lt = _mm256_cmp_ps::<_CMP_LT_OQ>(b, a);
+                cnt = _mm256_sub_epi32(cnt, _mm256_castps_si256(lt));
+            }
+            let b = _mm256_i32gather_ps::<4>(w.bounds.as_ptr(), cnt);
+            if _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_LT_OQ>(b, a)) != 0 {
+                return None;
+            }
+            let lv = _mm256_i32gather_ps::<4>(w.levels.as_ptr(), cnt);
+            let neg = _mm256_and_si256(not_pos, _mm256_set1_epi32(i32::MIN));
+            let lv = _mm256_xor_ps(lv, _mm256_castsi256_ps(neg));
+            let up = _mm256_add_epi32(cnt, _mm256_set1_epi32(half));
+            let flip = _mm256_and_si256(not_pos, _mm256_set1_epi32(2 * half - 1));
+            Some((_mm256_xor_si256(up, flip), lv))
         }
     }
 
@@ -831,6 +1261,43 @@ pub(crate) mod quant {
         }
     }
 
+    /// `x <- R^T x` in vectors, the same operations as `Rotation::unrotate` (the
+    /// butterflies, then `* (s_i * inv_sqrt)`): bit for bit its result.
+    ///
+    /// # Safety
+    /// The CPU must have AVX; `x.len() == signs.len()` is 64, 128 or 256.
+    #[inline(always)]
+    pub(crate) unsafe fn unrotate(x: &mut [f32], signs: &[f32], inv_sqrt: f32) {
+        // SAFETY: AVX guaranteed by the caller; each load and store covers 8 values at
+        // `8 i < x.len() = signs.len()`.
+        unsafe {
+            let mut y = [_mm256_setzero_ps(); MAX_HEAD_DIM / 8];
+            let y = &mut y[..x.len() / 8];
+            for (i, v) in y.iter_mut().enumerate() {
+                let w = _mm256_loadu_ps(x.as_ptr().add(8 * i));
+                *v = stage_in(stage_in(stage_in(w, 1), 2), 4);
+            }
+            let nv = y.len();
+            let mut h = 1;
+            while h < nv {
+                for blk in y.chunks_exact_mut(2 * h) {
+                    let (a, b) = blk.split_at_mut(h);
+                    for (u, w) in a.iter_mut().zip(b.iter_mut()) {
+                        let (p, q) = (*u, *w);
+                        *u = _mm256_add_ps(p, q);
+                        *w = _mm256_sub_ps(p, q);
+                    }
+                }
+                h *= 2;
+            }
+            let is = _mm256_set1_ps(inv_sqrt);
+            for (i, v) in y.iter().enumerate() {
+                let s = _mm256_mul_ps(_mm256_loadu_ps(signs.as_ptr().add(8 * i)), is);
+                _mm256_storeu_ps(x.as_mut_ptr().add(8 * i), _mm256_mul_ps(*v, s));
+            }
+        }
+    }
+
     /// Whether every value of `x` (a multiple of 8 long) is finite.
     ///
     /// # Safety
@@ -891,7 +1358,7 @@ pub(crate) mod quant {
     ///
     /// # Safety
     /// The CPU must have AVX2; `codes.len() >= 8 * y.len()`; `t` made from this codec's
-    /// levels with `bits` 2..=5.
+    /// levels with `bits` 2..=8.
     #[inline(always)]
     pub(crate) unsafe fn code_lm(
         y: &[__m256],
@@ -916,7 +1383,11 @@ pub(crate) mod quant {
             let (mut num, mut den) = (_mm256_setzero_ps(), _mm256_setzero_ps());
             let mut cv = [_mm256_setzero_si256(); MAX_HEAD_DIM / 8];
             for (v, c) in y.iter().zip(cv.iter_mut()) {
-                let (code, lv) = code_of(_mm256_mul_ps(*v, inv), t, bits);
+                let u = _mm256_mul_ps(*v, inv);
+                let (code, lv) = match &t.wide {
+                    None => code_of(u, t, bits),
+                    Some(w) => code_of_wide(u, w, bits)?,
+                };
                 num = _mm256_add_ps(num, _mm256_mul_ps(*v, lv));
                 den = _mm256_add_ps(den, _mm256_mul_ps(lv, lv));
                 *c = code;
@@ -939,7 +1410,7 @@ pub(crate) mod quant {
     ///
     /// # Safety
     /// The CPU must have AVX2; `x.len() == signs.len()` is 64, 128 or 256;
-    /// `codes.len() >= x.len()`; `t` made from this codec's levels with `bits` 2..=5.
+    /// `codes.len() >= x.len()`; `t` made from this codec's levels with `bits` 2..=8.
     #[inline(always)]
     pub(crate) unsafe fn quantize_lm(
         x: &[f32],
@@ -958,6 +1429,97 @@ pub(crate) mod quant {
             let y = &mut y[..x.len() / 8];
             rotate(x, signs, inv_sqrt, y);
             code_lm(y, t, bits, codes)
+        }
+    }
+}
+
+/// The AVX2 uniform quantizer, byte for byte the portable one: per group of `g` rotated
+/// values, `m = max |y|` (exact in any order), `S = f16(m / half)`, codes
+/// `clamp(round_half_even(y * (1 / f32(S)) + half), 0, 2^b - 1)` with the same multiply,
+/// add and rounding per value.
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod uniform {
+    use std::arch::x86_64::*;
+
+    use half::f16;
+
+    use super::super::rotation::MAX_HEAD_DIM;
+
+    /// Codes (one per byte, in order, into `codes[..d]`) and the f16 scales (`d / group`
+    /// into `scales`) of the row `x`, or `None` for a row the portable code must handle
+    /// (a non-finite value, a scale beyond f16).
+    ///
+    /// # Safety
+    /// The CPU must have AVX2; `x.len() == signs.len()` is 64, 128 or 256; `group` divides
+    /// it and is a multiple of 8; `codes.len() >= x.len()`, `scales.len() >= x.len() /
+    /// group`; `bits` 2..=8.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) unsafe fn quantize(
+        x: &[f32],
+        signs: &[f32],
+        inv_sqrt: f32,
+        group: usize,
+        bits: u32,
+        codes: &mut [u8],
+        scales: &mut [f16],
+    ) -> Option<()> {
+        // SAFETY: AVX2 guaranteed by the caller; lengths as stated; each code store
+        // writes 8 bytes at `8 i` of `codes` (`8 i + 8 <= x.len()`).
+        unsafe {
+            if !super::quant::all_finite(x) {
+                return None;
+            }
+            let nv = x.len() / 8;
+            let mut y = [_mm256_setzero_ps(); MAX_HEAD_DIM / 8];
+            let y = &mut y[..nv];
+            super::quant::rotate(x, signs, inv_sqrt, y);
+            let top = ((1u32 << bits) - 1) as f32;
+            let half = 0.5 * top;
+            let abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff));
+            let gv = group / 8;
+            let shuf = _mm256_setr_epi8(
+                0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 0, 4, 8, 12, -1, -1,
+                -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
+            );
+            for (gi, (yg, s)) in y.chunks_exact(gv).zip(scales.iter_mut()).enumerate() {
+                let mut m = _mm256_setzero_ps();
+                for v in yg {
+                    m = _mm256_max_ps(m, _mm256_and_ps(*v, abs_mask));
+                }
+                let t = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+                let t = _mm_max_ps(t, _mm_movehl_ps(t, t));
+                let t = _mm_max_ss(t, _mm_shuffle_ps(t, t, 1));
+                let sc = f16::from_f32(_mm_cvtss_f32(t) / half);
+                if !sc.is_finite() {
+                    return None;
+                }
+                *s = sc;
+                let sf = sc.to_f32();
+                let out = codes.as_mut_ptr().add(gi * group);
+                if sf == 0.0 {
+                    std::ptr::write_bytes(out, (1u32 << (bits - 1)) as u8, group);
+                    continue;
+                }
+                let inv = _mm256_set1_ps(1.0 / sf);
+                let (hv, tv) = (_mm256_set1_ps(half), _mm256_set1_ps(top));
+                for (i, v) in yg.iter().enumerate() {
+                    let r = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+                        _mm256_add_ps(_mm256_mul_ps(*v, inv), hv),
+                    );
+                    let c = _mm256_cvttps_epi32(_mm256_min_ps(
+                        _mm256_max_ps(r, _mm256_setzero_ps()),
+                        tv,
+                    ));
+                    // Low byte of each dword: 4 bytes per 128-bit lane, then the two lanes.
+                    let b = _mm256_shuffle_epi8(c, shuf);
+                    let lo = _mm_cvtsi128_si32(_mm256_castsi256_si128(b)) as u32;
+                    let hi = _mm_cvtsi128_si32(_mm256_extracti128_si256::<1>(b)) as u32;
+                    let w = u64::from(lo) | (u64::from(hi) << 32);
+                    out.add(8 * i).cast::<u64>().write_unaligned(w);
+                }
+            }
+            Some(())
         }
     }
 }
