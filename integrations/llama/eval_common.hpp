@@ -93,7 +93,7 @@ struct Options {
 const char * kUsage =
     "usage: kvc_llama_eval --model GGUF --text FILE [--text FILE ...] [options]\n"
     "  --modes LIST        comma list of full,streaming,kvc-streaming,h2o,h2o-fa,c8,c8-h2o,\n"
-    "                      q8_0,q4_0,q8_0-q4_0,kvq:CONFIG,probe,state,dump,share\n"
+    "                      f16-fa,q8_0,q4_0,q8_0-q4_0,kvq:CONFIG,probe,state,dump,share\n"
     "                      (default: all, kvq as kvq:k4v4,kvq:k4v2; full always runs first as\n"
     "                      the reference). kvq:CONFIG is a kvc_kvq config string, e.g.\n"
     "                      kvq:k4v4, kvq:k3v3:lm, kvq:k8v4:u32 (docs/formats/kvq.md);\n"
@@ -258,7 +258,7 @@ Options parse_options(int argc, char ** argv) {
     if (o.ppl_from >= o.n_tokens) throw UsageError("--ppl-from must be below --n-tokens");
     if (o.prompt >= o.n_tokens) throw UsageError("--prompt must be below --n-tokens");
     static const char * known[] = {"full", "streaming", "kvc-streaming", "h2o",       "h2o-fa", "c8",  "c8-h2o",
-                                   "q8_0", "q4_0",      "q8_0-q4_0",     "probe",     "state",  "dump",
+                                   "f16-fa", "q8_0", "q4_0",      "q8_0-q4_0",     "probe",     "state",  "dump",
                                    "share"};
     for (const auto & m : o.modes) {
         if (m.rfind("kvq-native:", 0) == 0 || m.rfind("kvq-native-plan:", 0) == 0) {

@@ -267,17 +267,20 @@ int run(int argc, char ** argv) {
                 rep.rows.push_back(r);
             }
         }
-        for (const char * q : {"q8_0", "q4_0", "q8_0-q4_0"}) {
+        for (const char * q : {"f16-fa", "q8_0", "q4_0", "q8_0-q4_0"}) {
             if (!has_mode(o, q)) continue;
             const std::string m = q;
             DecodeSpec s;
             s.mode = q;
             s.cfg.n_ctx = o.n_tokens;
-            s.cfg.type_k = m == "q4_0" ? GGML_TYPE_Q4_0 : GGML_TYPE_Q8_0;
-            s.cfg.type_v = m == "q8_0" ? GGML_TYPE_Q8_0 : GGML_TYPE_Q4_0;
+            if (m != "f16-fa") {
+                s.cfg.type_k = m == "q4_0" ? GGML_TYPE_Q4_0 : GGML_TYPE_Q8_0;
+                s.cfg.type_v = m == "q8_0" ? GGML_TYPE_Q8_0 : GGML_TYPE_Q4_0;
+            }
             s.cfg.flash_attn = true;
             RunResult r = run_decode(model, mi, o, toks, ref, s);
             r.detail = m == "q8_0-q4_0" ? "llama.cpp cache types, q8_0 K and q4_0 V, flash attention on"
+                       : m == "f16-fa"  ? "the full f16 cache with flash attention on: its own noise against full"
                                         : "llama.cpp cache type, flash attention on";
             rep.rows.push_back(r);
         }
