@@ -20,6 +20,9 @@
 //              (raw + JSON sidecar), compared bit for bit with a reference directory
 //   state      llama_state_seq_get_data / set_data round trip into a fresh context, next-token
 //              logits compared bit for bit, truncated state rejected
+//   mlp@F      kvc-mlp's learned compressor (--mlp-weights) on the older cells, in place, by
+//              rewriting the sequence state with fewer cells; mlp-meanpool@F the same with
+//              generated weights computing each group's mean (a baseline)
 // Output: a table on stdout and, with --json FILE, the same numbers as JSON.
 // Bad input (missing files, bad options, a text too short) exits with status 2 and one line.
 //
@@ -35,6 +38,7 @@
 //   decode.hpp           contexts and the decode loop of every PPL/KL mode
 //   dump_mode.hpp        the realkv-format dump and its comparison
 //   state_mode.hpp       the sequence state, saved, restored and through kvc's codec
+//   mlp_mode.hpp         kvc-mlp's compressor on the older cells, through the sequence state
 //   report.hpp           the table and the JSON
 // and this file: which modes run, in order (run), and main.
 
@@ -68,6 +72,8 @@ int run(int argc, char ** argv) {
     llama_model_desc(model, desc, sizeof desc);
     mi.desc = desc;
     mi.file = base_name(o.model);
+    // every --mlp-weights file fits the model and every mlp mode has its file, before any decoding
+    const MlpSet mlp_set = load_mlp_set(o, mi);
 
     std::vector<TextReport> reports;
     TapStats probe_stats;
@@ -315,6 +321,9 @@ int run(int argc, char ** argv) {
                           std::sqrt(ev.sq / std::max(1e-30, ev.ref)));
             r.detail = buf;
             rep.rows.push_back(r);
+        }
+        for (const auto & m : o.modes) {
+            if (is_mlp_mode(m)) rep.rows.push_back(run_mlp(model, mi, o, toks, ref, m, mlp_set));
         }
         if (has_mode(o, "probe")) {
             EvalTap tap(mi);

@@ -52,6 +52,8 @@ struct CacheDump {
     std::vector<int32_t> pos;  // llama_pos
     // [layer][cell][n_embd_kv] f16 bits
     std::vector<uint16_t> k, v;
+    // the blob's layout fields, kept so that write_f16_state gives back the same container
+    uint32_t v_trans = 0, n_layer = 0, n_rot_k = 0, n_rot_v = 0;
 };
 
 // `n_layer_model` and `n_embd_kv` are the model's (ModelInfo::n_layer, ModelInfo::n_embd_kv()).
@@ -72,8 +74,10 @@ inline CacheDump parse_f16_state(const std::vector<uint8_t> & blob, int n_layer_
     }
     const uint32_t v_trans = r.get<uint32_t>("v_trans");
     const uint32_t n_layer = r.get<uint32_t>("n_layer");
-    r.get<uint32_t>("n_rot_k");
-    r.get<uint32_t>("n_rot_v");
+    d.v_trans = v_trans;
+    d.n_layer = n_layer;
+    d.n_rot_k = r.get<uint32_t>("n_rot_k");
+    d.n_rot_v = r.get<uint32_t>("n_rot_v");
     if ((int) n_layer != n_layer_model) fail("state: layer count differs from the model");
     const size_t ne = n_embd_kv;
     // K and V hold 2 bytes per value: a blob too short for them is refused before they are
@@ -106,6 +110,62 @@ inline CacheDump parse_f16_state(const std::vector<uint8_t> & blob, int n_layer_
     }
     if (r.off != blob.size()) fail("state: trailing bytes after the V data");
     return d;
+}
+
+// The inverse of parse_f16_state: a llama_state_seq_set_data blob of sequence 0 holding `d`'s
+// cells (positions, K and V rows) in the layout its fields name. For every blob
+// parse_f16_state accepts, write_f16_state(parse_f16_state(blob)) == blob; the mlp modes
+// write a dump with fewer cells (mlp_mode.hpp).
+inline std::vector<uint8_t> write_f16_state(const CacheDump & d, size_t n_embd_kv) {
+    const size_t cells = (size_t) d.n_cells, ne = n_embd_kv, nl = d.n_layer;
+    if (d.n_cells <= 0 || d.pos.size() != cells) fail("state writer: cell count and positions disagree");
+    if (ne == 0 || d.k.size() != nl * cells * ne || d.v.size() != nl * cells * ne) {
+        fail("state writer: K or V size differs from layers x cells x n_embd_kv");
+    }
+    std::vector<uint8_t> out;
+    out.reserve(32 + cells * 12 + nl * (32 + 4 * cells * ne));
+    auto put = [&](const void * p, size_t n) {
+        const uint8_t * b = static_cast<const uint8_t *>(p);
+        out.insert(out.end(), b, b + n);
+    };
+    auto u32 = [&](uint32_t x) { put(&x, 4); };
+    auto i32 = [&](int32_t x) { put(&x, 4); };
+    auto u64 = [&](uint64_t x) { put(&x, 8); };
+    u32(kMagic);
+    i32(0);  // sequence 0
+    u32(1);  // one stream
+    u32((uint32_t) cells);
+    for (size_t c = 0; c < cells; ++c) {
+        i32(d.pos[c]);
+        u32(1);  // one sequence per cell
+        i32(0);
+    }
+    u32(d.v_trans);
+    u32(d.n_layer);
+    u32(d.n_rot_k);
+    u32(d.n_rot_v);
+    for (size_t l = 0; l < nl; ++l) {
+        i32(kGgmlTypeF16);
+        u64(ne * 2);
+        put(&d.k[l * cells * ne], cells * ne * 2);
+    }
+    for (size_t l = 0; l < nl; ++l) {
+        i32(kGgmlTypeF16);
+        if (!d.v_trans) {
+            u64(ne * 2);
+            put(&d.v[l * cells * ne], cells * ne * 2);
+        } else {
+            u32(2);
+            u32((uint32_t) ne);
+            const size_t at = out.size();
+            out.resize(at + ne * cells * 2);
+            uint8_t * p = out.data() + at;
+            for (size_t j = 0; j < ne; ++j) {
+                for (size_t c = 0; c < cells; ++c, p += 2) std::memcpy(p, &d.v[(l * cells + c) * ne + j], 2);
+            }
+        }
+    }
+    return out;
 }
 
 // A state blob cut into what kvc's codec should see: the K rows and the V data of every layer
