@@ -6,8 +6,9 @@
 //
 // Input: one selector byte (the model's layer count 1..4 and n_embd_kv 2, 8, 64 or 192),
 // then the blob. What is checked on success: parse_f16_state's sizes match the cell and
-// layer counts; state_segments tiles the blob exactly, with every f16 segment of even
-// length, and accepts whatever parse_f16_state accepts.
+// layer counts; write_f16_state (the mlp modes' writer) gives the blob back byte for byte;
+// state_segments tiles the blob exactly, with every f16 segment of even length, and accepts
+// whatever parse_f16_state accepts.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -44,6 +45,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t * data, size_t size) {
         CHECK(d.v.size() == d.k.size());
         // Each K and V value came from two bytes of the blob.
         CHECK(4 * d.k.size() <= blob.size());
+        // the writer is the parser's exact inverse
+        CHECK(kvc_llama_state::write_f16_state(d, ne) == blob);
     } catch (const std::runtime_error &) {
     }
 

@@ -308,6 +308,15 @@ private:
                 fail("mlp: kvc_mlp_compress_inplace made " + std::to_string(new_len) + " tokens of " + std::to_string(span) +
                      " (expected " + std::to_string(g) + "), next position " + std::to_string(rope));
             }
+            // a compressor whose weights hold NaN or inf (or overflow f16) must not reach the cache
+            for (size_t h = 0; h < H; ++h) {
+                for (size_t e = 0; e < g * D; ++e) {
+                    if ((kb[h * span * D + e] & 0x7c00u) == 0x7c00u || (vb[h * span * D + e] & 0x7c00u) == 0x7c00u) {
+                        throw UsageError(w_.source + ": the compressor gave a NaN or infinite K/V value (layer " +
+                                         std::to_string(l) + "): the weights are not usable");
+                    }
+                }
+            }
             if (w_.meanpool && rewrites_ == 0) check_mean(K, V, at, first, g, kb, vb);
             for (size_t i = 0; i < n2; ++i) {
                 if (i >= first && i < first + g) {
