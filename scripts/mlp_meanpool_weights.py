@@ -14,6 +14,11 @@ min_seq_len 1, fp32 so that 1/factor is not rounded to f16). The shape must be t
 e.g. SmolLM2-135M: --layers 30 --heads 3 --head-dim 64.
 
     scripts/mlp_meanpool_weights.py --layers 30 --heads 3 --head-dim 64 --factor 4 --output mp4.bin
+
+`--pick I` writes a check of the plumbing instead: each group becomes a copy of its token I
+(0-based), i.e. strided eviction written as a compressor. With I = factor - 1 the cell holds
+exactly the K and V of the token whose position it takes, so the run must behave like
+evicting the other tokens with positions kept.
 """
 
 import argparse
@@ -26,13 +31,17 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from convert_kv_compressor_pth_to_bin import ConvertError, write_bin  # noqa: E402
 
 
-def meanpool_mlp(head_dim, factor, offset):
-    """[(weight[out, in], bias)] x 3: mean of `factor` tokens of `head_dim` values."""
+def meanpool_mlp(head_dim, factor, offset, pick=None):
+    """[(weight[out, in], bias)] x 3: mean of `factor` tokens of `head_dim` values (or, with
+    `pick`, a copy of token `pick`)."""
     d = head_dim
     w1 = np.zeros((d, d * factor), dtype=np.float32)
     for f in range(factor):
         # group input: token f's value j sits at f * head_dim + j
-        w1[:, f * d:(f + 1) * d] = np.eye(d, dtype=np.float32) / np.float32(factor)
+        if pick is None:
+            w1[:, f * d:(f + 1) * d] = np.eye(d, dtype=np.float32) / np.float32(factor)
+        elif f == pick:
+            w1[:, f * d:(f + 1) * d] = np.eye(d, dtype=np.float32)
     eye = np.eye(d, dtype=np.float32)
     return [
         (w1, np.full(d, offset, dtype=np.float32)),
@@ -48,6 +57,8 @@ def main(argv=None):
     ap.add_argument("--head-dim", type=int, required=True)
     ap.add_argument("--factor", type=int, required=True, help="tokens per group (at least 2)")
     ap.add_argument("--offset", type=float, default=256.0, help="ReLU offset c [256]")
+    ap.add_argument("--pick", type=int, default=None,
+                    help="copy token PICK of each group instead of the mean (a plumbing check)")
     ap.add_argument("--output", required=True)
     args = ap.parse_args(argv)
     try:
@@ -58,14 +69,17 @@ def main(argv=None):
             raise ConvertError("--factor must be at least 2")
         if not args.offset > 0:
             raise ConvertError("--offset must be positive")
-        mlp = meanpool_mlp(args.head_dim, args.factor, args.offset)
+        if args.pick is not None and not 0 <= args.pick < args.factor:
+            raise ConvertError(f"--pick must be in [0, {args.factor})")
+        mlp = meanpool_mlp(args.head_dim, args.factor, args.offset, args.pick)
         # text K, then text V, per layer (prefixes compress_tk, compress_tv)
         layers = [mlp + mlp for _ in range(args.layers)]
         write_bin(args.output, layers, "fp32", min_seq_len=1, num_heads=args.heads, factor=args.factor)
     except (ConvertError, OSError) as e:
         print(f"mlp_meanpool_weights: {e}", file=sys.stderr)
         return 2
-    print(f"wrote {args.output}: mean-pool compressor, {args.layers} layers, {args.heads} KV heads, "
+    kind = "mean-pool" if args.pick is None else f"pick-token-{args.pick}"
+    print(f"wrote {args.output}: {kind} compressor, {args.layers} layers, {args.heads} KV heads, "
           f"head_dim {args.head_dim}, factor {args.factor}, offset {args.offset:g}")
     return 0
 
