@@ -130,9 +130,9 @@ PY
 
 # kvc-mlp's compressor in llama.cpp (mlp modes, integrations/llama/mlp_mode.hpp): the older
 # cells compressed in groups of 4 through the C API and the state rewritten with fewer cells.
-# Weights: KVC_MLP_WEIGHTS (a .bin v1 file of factor 4 for SmolLM2-135M), else the shipped one
+# Weights: KVC_MLP_WEIGHTS_F4 (a .bin v1 file of factor 4 for SmolLM2-135M), else the shipped one
 # in data/mlp-weights/ whose header says factor 4, else the mean-pool file the script writes.
-mlp_w="${KVC_MLP_WEIGHTS:-}"
+mlp_w="${KVC_MLP_WEIGHTS_F4:-}"
 if [ -z "$mlp_w" ]; then
     for f in data/mlp-weights/*.bin; do
         [ -f "$f" ] || continue
