@@ -3,7 +3,7 @@
 // every part in this order; each part includes the one before it).
 #pragma once
 
-#include "share_mode.hpp"
+#include "mlp_mode.hpp"
 
 namespace {
 
