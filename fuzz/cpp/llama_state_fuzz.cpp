@@ -7,7 +7,8 @@
 // Input: one selector byte (the model's layer count 1..4 and n_embd_kv 2, 8, 64 or 192),
 // then the blob. What is checked on success: parse_f16_state's sizes match the cell and
 // layer counts; build_f16_state of what it parsed gives the blob back byte for byte (the share
-// mode builds the blobs it restores with it); state_segments tiles the blob exactly, with
+// mode builds the blobs it restores with it, the mlp modes through write_f16_state);
+// state_segments tiles the blob exactly, with
 // every f16 segment of even length, and accepts whatever parse_f16_state accepts.
 #include <cstddef>
 #include <cstdint>
@@ -46,6 +47,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t * data, size_t size) {
         // Each K and V value came from two bytes of the blob.
         CHECK(4 * d.k.size() <= blob.size());
         CHECK(kvc_llama_state::build_f16_state(d, n_layer, ne) == blob);
+        CHECK(kvc_llama_state::write_f16_state(d, ne) == blob);
     } catch (const std::runtime_error &) {
     }
 

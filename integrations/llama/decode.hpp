@@ -147,10 +147,22 @@ std::vector<uint8_t> get_seq_state(llama_context * ctx) {
     return buf;
 }
 
+// Changes the cache itself (not only which cells stay) before a decode step: the mlp modes
+// rewrite the sequence's state with fewer cells (mlp_mode.hpp). It keeps `held` in step with
+// what llama.cpp holds, in position order, and never moves a position: the next token goes in
+// at its true position.
+class CacheEditor {
+public:
+    virtual ~CacheEditor() = default;
+    // Called before the single-token decode of token n_seen (n_seen tokens decoded so far).
+    virtual void edit(llama_context * ctx, std::vector<HeldToken> & held, int n_seen) = 0;
+};
+
 struct DecodeSpec {
     std::string mode;
     CtxConfig cfg;
     EvictionPolicy * policy = nullptr;  // null: nothing is evicted
+    CacheEditor * editor = nullptr;     // null: the cache is not rewritten
     bool shift_positions = true;
     bool is_reference = false;
     // memory accounting other than the cache type's (C8: int8 bytes per cell + the scales)
@@ -259,6 +271,7 @@ RunResult run_decode(llama_model * model, const ModelInfo & mi, const Options & 
                     next_pos = spec.shift_positions ? (held.empty() ? 0 : held.back().pos + 1) : i;
                 }
             }
+            if (spec.editor) spec.editor->edit(ctx.get(), held, i);
             b.n_tokens = 1;
             b.token[0] = toks[i];
             b.pos[0] = next_pos;

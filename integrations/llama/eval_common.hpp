@@ -72,6 +72,7 @@ struct Options {
     std::string dump_dir;
     std::string realkv_dir;
     int dump_tokens = 0;  // 0: n_tokens
+    std::vector<std::string> mlp_weights;  // mlp modes: .bin v1 compressor files (mlp_mode.hpp)
     bool verbose = false;
     // share mode (share_mode.hpp)
     std::string redis;               // redis:// or redis+cluster:// URL; empty: the disk tier
@@ -98,6 +99,12 @@ const char * kUsage =
     "                      the reference). kvq:CONFIG is a kvc_kvq config string, e.g.\n"
     "                      kvq:k4v4, kvq:k3v3:lm, kvq:k8v4:u32 (docs/formats/kvq.md);\n"
     "                      kvq-plan:FILE takes per-layer bits from a kvq plan (kvc quant plan)\n"
+    "                      mlp@F compresses the cells outside --sink and --recent in groups of F\n"
+    "                      with kvc-mlp (the --mlp-weights file of factor F; plain mlp: the one\n"
+    "                      file's factor), every --interval steps from --trigger, as far as\n"
+    "                      --ratio and --budget ask; mlp-meanpool@F the same with generated\n"
+    "                      weights computing each group's mean (a baseline, not trained)\n"
+    "  --mlp-weights FILE  a .bin v1 compressor for the model (repeatable, one per factor)\n"
     "  --kvq-sink N        kvq modes: the first N tokens stay f16 (counted at f16 bytes) [0]\n"
     "                      kvq-native:CONFIG / kvq-native-plan:FILE: llama.cpp's cache itself in\n"
     "                      kvc's kvq ggml types (patched build), memory as llama.cpp allocated it\n"
@@ -222,6 +229,7 @@ Options parse_options(int argc, char ** argv) {
         else if (a == "--dump-dir") o.dump_dir = val();
         else if (a == "--dump-tokens") o.dump_tokens = parse_int(a, val(), 1, 1 << 20);
         else if (a == "--realkv-dir") o.realkv_dir = val();
+        else if (a == "--mlp-weights") o.mlp_weights.push_back(val());
         else if (a == "--verbose") o.verbose = true;
         else if (a == "--redis") o.redis = val();
         else if (a == "--share-dir") o.share_dir = val();
@@ -268,6 +276,16 @@ Options parse_options(int argc, char ** argv) {
         if (m.rfind("kvq:", 0) == 0) {
             if (m.size() == 4) throw UsageError("--modes: kvq: needs a config, e.g. kvq:k4v4");
             continue;  // the config itself is checked by kvc_kvq_new
+        }
+        if (m == "mlp" || m.rfind("mlp@", 0) == 0 || m.rfind("mlp-meanpool@", 0) == 0) {
+            // the factor (2..64) after '@'; the weights themselves are checked against the
+            // model once it is loaded (mlp_mode.hpp)
+            const auto at = m.find('@');
+            if (at != std::string::npos) parse_int("--modes " + m, m.substr(at + 1), 2, 64);
+            if (m.rfind("mlp-meanpool@", 0) != 0 && o.mlp_weights.empty()) {
+                throw UsageError("--modes " + m + ": needs --mlp-weights FILE");
+            }
+            continue;
         }
         if (m.rfind("kvq-plan:", 0) == 0) {
             if (m.size() == 9) throw UsageError("--modes: kvq-plan: needs a plan file");

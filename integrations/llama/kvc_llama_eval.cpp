@@ -23,6 +23,9 @@
 //   share      (only when asked for) a prefix prefilled by this process and stored through kvc's
 //              tiers (disk, or Redis with --redis), restored by --share-clients other processes
 //              with fresh contexts, the logits after it compared bit for bit
+//   mlp@F      kvc-mlp's learned compressor (--mlp-weights) on the older cells, in place, by
+//              rewriting the sequence state with fewer cells; mlp-meanpool@F the same with
+//              generated weights computing each group's mean (a baseline)
 // Output: a table on stdout and, with --json FILE, the same numbers as JSON.
 // Bad input (missing files, bad options, a text too short) exits with status 2 and one line.
 //
@@ -39,6 +42,7 @@
 //   dump_mode.hpp        the realkv-format dump and its comparison
 //   state_mode.hpp       the sequence state, saved, restored and through kvc's codec
 //   share_mode.hpp       a prefix shared between processes through kvc's tiers
+//   mlp_mode.hpp         kvc-mlp's compressor on the older cells, through the sequence state
 //   kvq_native_mode.hpp  llama.cpp's cache in kvc's kvq ggml types (patched build), decode speed
 //   report.hpp           the table and the JSON
 // and this file: which modes run, in order (run), and main.
@@ -77,6 +81,8 @@ int run(int argc, char ** argv) {
     if (!o.share_child.empty()) return run_share_child(model, mi, o);
     const std::vector<std::string> args(argv, argv + argc);
     const bool share_only = o.modes.size() == 1 && o.modes[0] == "share";
+    // every --mlp-weights file fits the model and every mlp mode has its file, before any decoding
+    const MlpSet mlp_set = load_mlp_set(o, mi);
 
     std::vector<TextReport> reports;
     TapStats probe_stats;
@@ -334,6 +340,9 @@ int run(int argc, char ** argv) {
                           std::sqrt(ev.sq / std::max(1e-30, ev.ref)));
             r.detail = buf;
             rep.rows.push_back(r);
+        }
+        for (const auto & m : o.modes) {
+            if (is_mlp_mode(m)) rep.rows.push_back(run_mlp(model, mi, o, toks, ref, m, mlp_set));
         }
         if (has_mode(o, "probe")) {
             EvalTap tap(mi);

@@ -10,7 +10,7 @@
 // allocated (llama_kvc_cache_bytes), checked against kvc's row sizes.
 #pragma once
 
-#include "share_mode.hpp"
+#include "mlp_mode.hpp"
 
 namespace {
 

@@ -54,8 +54,9 @@ struct CacheDump {
     // [layer][cell][n_embd_kv] f16 bits
     std::vector<uint16_t> k, v;
     // the data header's fields as the blob has them (build_f16_state writes them back):
-    // v_trans (0: V as rows, else transposed), the attention rotations (0 for an f16 cache)
-    uint32_t v_trans = 1, n_rot_k = 0, n_rot_v = 0;
+    // v_trans (0: V as rows, else transposed), the layer count, the attention rotations (0 for
+    // an f16 cache)
+    uint32_t v_trans = 1, n_layer = 0, n_rot_k = 0, n_rot_v = 0;
 };
 
 // `n_layer_model` and `n_embd_kv` are the model's (ModelInfo::n_layer, ModelInfo::n_embd_kv()).
@@ -77,6 +78,7 @@ inline CacheDump parse_f16_state(const std::vector<uint8_t> & blob, int n_layer_
     const uint32_t v_trans = r.get<uint32_t>("v_trans");
     const uint32_t n_layer = r.get<uint32_t>("n_layer");
     d.v_trans = v_trans;
+    d.n_layer = n_layer;
     d.n_rot_k = r.get<uint32_t>("n_rot_k");
     d.n_rot_v = r.get<uint32_t>("n_rot_v");
     if ((int) n_layer != n_layer_model) fail("state: layer count differs from the model");
@@ -187,6 +189,13 @@ inline std::vector<uint8_t> build_f16_state(const CacheDump & d, int n_layer, si
     }
     return build_f16_state(d.pos, d.k.data(), d.v.data(), d.pos.size(), n_layer, n_embd_kv, d.v_trans, d.n_rot_k,
                            d.n_rot_v);
+}
+
+// The inverse of parse_f16_state for a dump as parsed (its own layer count and layout fields):
+// write_f16_state(parse_f16_state(blob)) == blob; the mlp modes write a dump with fewer cells
+// (mlp_mode.hpp).
+inline std::vector<uint8_t> write_f16_state(const CacheDump & d, size_t n_embd_kv) {
+    return build_f16_state(d, (int) d.n_layer, n_embd_kv);
 }
 
 // A state blob cut into what kvc's codec should see: the K rows and the V data of every layer

@@ -11,7 +11,11 @@ import sys
 
 
 def rows_of(paths):
+    """(text, its full row, row, file) for every row; several files of one text (runs of the
+    same settings, e.g. evaluate-mlp.sh's baselines and trained rows) share one full row, and
+    a second full row of a text is left out when its PPL is the first's (else both stay)."""
     out = []
+    full_ppl = {}
     for p in paths:
         with open(p) as f:
             res = json.load(f)
@@ -19,7 +23,13 @@ def rows_of(paths):
             name = os.path.basename(t["text"])
             full = next((r for r in t["results"] if r["mode"] == "full"), None)
             for r in t["results"]:
+                if r["mode"] == "full":
+                    if full_ppl.get(name) == r.get("ppl"):
+                        continue
+                    full_ppl.setdefault(name, r.get("ppl"))
                 out.append((name, full, r, res))
+    order = list(dict.fromkeys(n for n, _, _, _ in out))
+    out.sort(key=lambda x: order.index(x[0]))  # rows of one text together (a stable sort)
     return out
 
 

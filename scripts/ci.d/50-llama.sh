@@ -3,9 +3,9 @@
 # every mode of kvc_llama_eval on a few hundred tokens of both texts (kvc's StreamingLLM and H2O
 # policies, flash attention off and on, the state through kvc's codec included), and checks of
 # what it reports (dump layer 0 bit-identical to the real KV data, state restore identical,
-# eviction really shrinking the cache, bad input refused with status 2), and the share mode
-# (a prefix restored by other processes through kvc's tiers: Redis up, a damaged value, Redis
-# killed, Redis down, the disk tier).
+# eviction really shrinking the cache, kvc-mlp's compressor leaving the cells its schedule says,
+# bad input refused with status 2), and the share mode (a prefix restored by other processes
+# through kvc's tiers: Redis up, a damaged value, Redis killed, Redis down, the disk tier).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -192,6 +192,81 @@ assert 0.98 < disk["wire_ratio_vs_f16"] < 1.0, disk
 print(f"50-llama: share: redis {up['wire_ratio_vs_f16']:.3f}:1 vs f16, restore {up['restore_s']:.3f} s vs "
       f"prefill {up['prefill_s']:.3f} s; damaged value: {bad['client_detail'][0]['restored_tokens']} tokens restored; "
       f"killed: {killed['fallbacks']:.0f} fallbacks; down: {down['fallbacks']:.0f}; disk raw ok")
+# kvc-mlp's compressor in llama.cpp (mlp modes, integrations/llama/mlp_mode.hpp): the older
+# cells compressed in groups of 4 through the C API and the state rewritten with fewer cells.
+# Weights: KVC_MLP_WEIGHTS_F4 (a .bin v1 file of factor 4 for SmolLM2-135M), else the shipped one
+# in data/mlp-weights/ whose header says factor 4, else the mean-pool file the script writes.
+mlp_w="${KVC_MLP_WEIGHTS_F4:-}"
+if [ -z "$mlp_w" ]; then
+    for f in data/mlp-weights/*.bin; do
+        [ -f "$f" ] || continue
+        if python3 -c 'import struct,sys; h=open(sys.argv[1],"rb").read(44); sys.exit(0 if len(h)==44 and struct.unpack("<IIHHIIIIIIII",h)[8]==4 else 1)' "$f"; then
+            mlp_w="$f"
+            break
+        fi
+    done
+fi
+python3 scripts/mlp_meanpool_weights.py --layers 30 --heads 3 --head-dim 64 --factor 4 --output "$out/meanpool4.bin"
+[ -n "$mlp_w" ] || mlp_w="$out/meanpool4.bin"
+echo "50-llama: mlp@4 runs with $mlp_w"
+t2=$SECONDS
+"$EVAL" --model "$MODEL" --text "$TEXT_A" --text "$TEXT_B" \
+    --n-tokens 320 --ppl-from 129 --sink 16 --recent 32 --trigger 128 --interval 16 --ratio 3 \
+    --modes full,mlp-meanpool@4,mlp@4 --mlp-weights "$mlp_w" --json "$out/mlp.json"
+echo "50-llama: mlp evaluation took $((SECONDS - t2)) s"
+python3 - "$out/mlp.json" "$mlp_w" "$out/meanpool4.bin" <<'PY'
+import json, math, struct, sys
+res = json.load(open(sys.argv[1]))
+weights_file, meanpool_file = sys.argv[2], sys.argv[3]
+min_seq_len = struct.unpack("<IIHHIIIIIIII", open(weights_file, "rb").read(44))[9]
+n, ppl_from, sink, recent, trigger, interval, ratio, factor = 320, 129, 16, 32, 128, 16, 3.0, 4
+
+
+def schedule(min_groups):
+    """The mlp modes' schedule, restated: cells at the end, groups compressed (in all, and in
+    the first rewrite), mean KV ratio."""
+    held = comp = groups = first = 0
+    ratios = []
+    for i in range(n):
+        if i >= trigger and (i - trigger) % interval == 0:
+            tgt = math.ceil(i / ratio)
+            if held > tgt:
+                avail = held - recent - (min(sink, held) + comp)
+                g = min(avail // factor if avail > 0 else 0, max((held - tgt + factor - 2) // (factor - 1), min_groups))
+                if g >= min_groups:
+                    held -= g * (factor - 1)
+                    comp += g
+                    groups += g
+                    first = first or g
+        held += 1
+        if i + 1 < n and i + 1 >= ppl_from:
+            ratios.append((i + 1) / held)
+    return held, groups, first, sum(ratios) / len(ratios)
+
+
+for t in res["texts"]:
+    rows = {r["mode"]: r for r in t["results"]}
+    full = rows["full"]
+    for m, mg in (("mlp-meanpool@4", 1), ("mlp@4", max(1, min_seq_len))):
+        r = rows[m]
+        cells, groups, _, mean_ratio = schedule(mg)
+        # the cache really holds the cells the schedule leaves (llama.cpp's own count), fewer
+        # than the tokens seen, and the ratios are those of that many f16 cells
+        assert r["cells_end"] == r["cells_verified"] == cells < n, (m, r, cells)
+        assert r["mlp_groups"] == groups > 0 and r["mlp_tokens_compressed"] == 4 * groups, (m, r, groups)
+        assert abs(r["kv_ratio_end"] - n / cells) < 1e-9, (m, r)
+        assert abs(r["kv_ratio_mean"] - mean_ratio) < 1e-6 and mean_ratio > 2.0, (m, r, mean_ratio)
+        assert r["mlp_writer_checked"] and r["mlp_factor"] == 4, (m, r)
+        assert math.isfinite(r["ppl"]) and r["ppl"] < 3.0 * full["ppl"] and r["kl"] > 0.0, (m, r)
+    mp = rows["mlp-meanpool@4"]
+    # the generated mean-pool weights compute each group's mean within f16 rounding: every K
+    # and V value of the first rewrite checked (layers x K/V x groups x KV heads x head_dim)
+    assert mp["meanpool_values_checked"] == 30 * 2 * schedule(1)[2] * 3 * 64, mp
+    assert mp["meanpool_err_over_tolerance"] <= 1.0, mp
+    if weights_file == meanpool_file:
+        # the script's file and the harness's generated weights are the same compressor
+        assert rows["mlp@4"]["ppl"] == mp["ppl"] and rows["mlp@4"]["kl"] == mp["kl"], (rows["mlp@4"], mp)
+print("50-llama: mlp checks passed")
 PY
 
 # bad input: status 2 and one line on stderr
@@ -205,9 +280,19 @@ echo '{"format": "kvc-kvq-plan", "version": 1, "layers": "not a list"}' >"$out/b
 "$EVAL" --model "$MODEL" --text "$TEXT_A" --modes kvq:k9v4 --n-tokens 200 --ppl-from 100 2>"$out/err6.txt"; rc6=$?
 "$EVAL" --model "$MODEL" --text "$TEXT_A" --modes share --share-codec zstd 2>"$out/err7.txt"; rc7=$?
 "$EVAL" --model "$MODEL" --text "$TEXT_A" --modes share --redis http://127.0.0.1:1 2>"$out/err8.txt"; rc8=$?
+# mlp weights that do not fit: missing, truncated, another model's shape, another factor
+python3 scripts/mlp_meanpool_weights.py --layers 24 --heads 3 --head-dim 64 --factor 4 --output "$out/meanpool4-l24.bin" >/dev/null
+head -c 1000 "$out/meanpool4.bin" >"$out/meanpool4-cut.bin"
+"$EVAL" --model "$MODEL" --text "$TEXT_A" --modes mlp@4 --mlp-weights "$out/none.bin" 2>"$out/err9.txt"; rc9=$?
+"$EVAL" --model "$MODEL" --text "$TEXT_A" --modes mlp@4 --mlp-weights "$out/meanpool4-cut.bin" 2>"$out/err10.txt"; rc10=$?
+"$EVAL" --model "$MODEL" --text "$TEXT_A" --modes mlp@4 --mlp-weights "$out/meanpool4-l24.bin" 2>"$out/err11.txt"; rc11=$?
+"$EVAL" --model "$MODEL" --text "$TEXT_A" --modes mlp@5 --mlp-weights "$out/meanpool4.bin" 2>"$out/err12.txt"; rc12=$?
 set -e
+grep -q "24 layers" "$out/err11.txt" || { echo "50-llama: wrong-shape weights: $(cat "$out/err11.txt")" >&2; exit 1; }
+grep -q "factor 5" "$out/err12.txt" || { echo "50-llama: factor mismatch: $(cat "$out/err12.txt")" >&2; exit 1; }
 for r in "$rc:$out/err.txt" "$rc2:$out/err2.txt" "$rc3:$out/err3.txt" "$rc4:$out/err4.txt" "$rc5:$out/err5.txt" \
-         "$rc7:$out/err7.txt" "$rc8:$out/err8.txt"; do
+         "$rc7:$out/err7.txt" "$rc8:$out/err8.txt" "$rc9:$out/err9.txt" "$rc10:$out/err10.txt" \
+         "$rc11:$out/err11.txt" "$rc12:$out/err12.txt"; do
     code="${r%%:*}"; file="${r#*:}"
     if [ "$code" -ne 2 ] || [ "$(wc -l <"$file")" -ne 1 ]; then
         echo "50-llama: bad input gave status $code with: $(cat "$file")" >&2
