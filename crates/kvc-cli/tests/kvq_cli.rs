@@ -46,6 +46,21 @@ fn bench_quant_reports_bits_snr_and_attention_error() {
     assert!(e8.is_finite() && e8 > 0.0 && e8 < e4, "{e8} {e4}");
     assert_eq!(q[0]["layers"].as_array().unwrap().len(), 4);
     assert_eq!(r["attention_speed"].as_array().unwrap().len(), 2);
+    // Per-row entry points: every width, row bytes as the format says, positive times.
+    let rs = r["row_speed"].as_array().unwrap();
+    assert_eq!(rs.len(), 6);
+    for (c, bits) in rs.iter().zip([2u64, 3, 4, 5, 6, 8]) {
+        assert_eq!(c["bits"].as_u64(), Some(bits));
+        assert_eq!(c["row_bytes"].as_u64(), Some(2 + 8 * bits));
+        for k in [
+            "dot_rotated_ns",
+            "f16_dot_ns",
+            "dequantize_row_rotated_ns",
+            "f16_to_f32_ns",
+        ] {
+            assert!(f(c, k).is_finite() && f(c, k) > 0.0, "{k}: {c}");
+        }
+    }
     // Bad config: one line, status 2.
     let o = kvc()
         .args(["bench", "quant", "--configs", "k4v4:zz", "--data"])

@@ -15,10 +15,15 @@ const METHODS: [Method; 3] = [
     Method::Uniform { group: 64 },
 ];
 
+/// Every path this CPU runs: portable, AVX2 (also on an AVX-512 CPU), AVX-512.
 fn isas() -> Vec<Isa> {
     let mut v = vec![Isa::PORTABLE];
-    if Isa::detect().is_avx2() {
-        v.push(Isa::detect());
+    let best = Isa::detect();
+    if best.is_avx2() {
+        v.push(best.without_avx512());
+    }
+    if best.is_avx512() {
+        v.push(best);
     }
     v
 }
@@ -221,7 +226,9 @@ fn max_rel(a: &[f32], b: &[f64]) -> f64 {
 fn packed_attention_matches_f64_reference_on_both_paths() {
     let mut r = Rng(3);
     for d in [64, 128, 256] {
-        for cfg in ["k4v4", "k4v2:u32", "k3v3", "k8v4:u64", "k2v2", "k5v7:u16"] {
+        for cfg in [
+            "k4v4", "k4v2:u32", "k3v3", "k8v4:u64", "k2v2", "k5v7:u16", "k3v2:u8", "k4v3:u16",
+        ] {
             let cfg = KvqConfig::parse(cfg).unwrap();
             let layer = LayerCodec::new(&cfg, d).unwrap();
             let n = 1000;
@@ -616,4 +623,202 @@ fn golden_packed_rows() {
         eprintln!("{got}");
     }
     assert_eq!(got, want);
+}
+
+/// A non-finite scale in any K or V row is reported with its token on both ISA paths, by
+/// the block kernels (2-4 bits, one scale per 64-value multiple) and the per-row ones.
+#[test]
+fn corrupt_scales_are_reported_on_both_paths() {
+    let mut r = Rng(21);
+    for d in [64, 128] {
+        for cfg in ["k4v4", "k3v2:u64", "k2v3", "k4v4:u32", "k6v4"] {
+            let layer = LayerCodec::new(&KvqConfig::parse(cfg).unwrap(), d).unwrap();
+            let n = 40;
+            let (k, v) = (r.kv_like(n, d), r.kv_like(n, d));
+            let mut pk = vec![0u8; n * layer.k.row_bytes()];
+            let mut pv = vec![0u8; n * layer.v.row_bytes()];
+            layer.k.quantize_rows(&k, &mut pk).unwrap();
+            layer.v.quantize_rows(&v, &mut pv).unwrap();
+            let q: Vec<f32> = (0..d).map(|_| r.gauss()).collect();
+            for (bad_k, row) in [(true, 5), (false, 17), (true, n - 1), (false, 0)] {
+                let (mut ck, mut cv) = (pk.clone(), pv.clone());
+                let (buf, c) = if bad_k {
+                    (&mut ck, &layer.k)
+                } else {
+                    (&mut cv, &layer.v)
+                };
+                // Last scale of the row: +inf.
+                let rb = c.row_bytes();
+                let n_scales = (rb - d * c.bits() as usize / 8) / 2;
+                let s = row * rb + 2 * (n_scales - 1);
+                buf[s] = 0x00;
+                buf[s + 1] = 0x7c;
+                for isa in isas() {
+                    let mut sc = vec![0f32; n];
+                    let mut out = vec![0f32; d];
+                    let e = attend_head(
+                        isa,
+                        &layer,
+                        &q,
+                        HeadRows {
+                            bytes: &ck,
+                            stride: layer.k.row_bytes(),
+                        },
+                        HeadRows {
+                            bytes: &cv,
+                            stride: layer.v.row_bytes(),
+                        },
+                        n,
+                        0.125,
+                        &mut sc,
+                        &mut out,
+                    )
+                    .unwrap_err();
+                    assert_eq!(
+                        e,
+                        kvc_quant::Error::CorruptRow {
+                            what: "f16 scale",
+                            row
+                        },
+                        "{cfg} d {d} {isa:?} k {bad_k}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// The AVX2 quantizer writes the portable bytes for every method and width, on many
+/// KV-like rows and on rows made to hit its edges: rows whose rotation is exactly sparse
+/// (many coordinates exactly 0), zero rows, tiny and huge rows, spikes; and both refuse
+/// the same bad rows (and agree on the ones near the limits).
+#[test]
+fn quantize_bytes_equal_on_both_paths_at_the_edges() {
+    let mut r = Rng(77);
+    for d in [64usize, 128, 256] {
+        let mut x = r.kv_like(300, d);
+        let c0 = RowCodec::new(Method::LloydMax, 4, d, 9).unwrap();
+        let signs = c0.rotation().signs().to_vec();
+        // D x = all ones: R x = sqrt(d) e_0, every other coordinate exactly 0.
+        x.extend(signs.iter().map(|s| s * 0.25));
+        x.extend(
+            signs
+                .iter()
+                .enumerate()
+                .map(|(i, s)| if i % 2 == 0 { *s } else { -*s }),
+        );
+        x.extend(std::iter::repeat_n(0.0, d));
+        x.extend((0..d).map(|i| if i == 3 { 1e-30 } else { 0.0 }));
+        x.extend((0..d).map(|i| if i == 5 { 3.0e4 } else { 1e-3 }));
+        x.extend((0..d).map(|i| (i as f32 - 31.5) * 2e2));
+        let rows = x.len() / d;
+        let more = [Method::Uniform { group: 8 }, Method::Uniform { group: 16 }];
+        for m in METHODS.into_iter().chain(more) {
+            for b in 2..=8u8 {
+                let c = RowCodec::new(m, b, d, 9).unwrap();
+                let mut p = vec![0u8; rows * c.row_bytes()];
+                let mut pp = vec![0u8; rows * c.row_bytes()];
+                c.quantize_rows(&x, &mut p).unwrap();
+                c.portable().quantize_rows(&x, &mut pp).unwrap();
+                assert_eq!(p, pp, "d {d} {m:?} b {b}");
+                let mut bad = x[..d].to_vec();
+                for v in [f32::NAN, f32::INFINITY, 1e37] {
+                    bad[d - 1] = v;
+                    let (mut o, mut op) = (vec![0u8; c.row_bytes()], vec![0u8; c.row_bytes()]);
+                    let (a, e) = (
+                        c.quantize_row(&bad, &mut o),
+                        c.portable().quantize_row(&bad, &mut op),
+                    );
+                    assert_eq!((a, o), (e, op), "d {d} {m:?} b {b} {v}");
+                }
+            }
+        }
+    }
+}
+
+/// The per-row entry points an engine calls per KV cell: `dot_rotated` equals the dot
+/// product with the dequantized row (within 1e-5 of `|q| |row|`, both paths), and
+/// `dequantize_row_rotated` followed by the un-rotation is `dequantize_row` bit for bit,
+/// the same values on both paths. Bad lengths and corrupt scales are errors.
+#[test]
+fn per_row_dot_and_rotated_dequantize() {
+    let mut r = Rng(5);
+    for d in [64usize, 128, 256] {
+        let n = 50;
+        let x = r.kv_like(n, d);
+        for m in METHODS {
+            for b in 2..=8u8 {
+                let c = RowCodec::new(m, b, d, 3).unwrap();
+                let rb = c.row_bytes();
+                let mut p = vec![0u8; n * rb];
+                c.quantize_rows(&x, &mut p).unwrap();
+                let mut deq = vec![0f32; n * d];
+                c.dequantize_rows(&p, &mut deq).unwrap();
+                let q: Vec<f32> = (0..d).map(|_| r.gauss()).collect();
+                let mut qr = q.clone();
+                c.rotation().rotate(&mut qr);
+                for t in 0..n {
+                    let row = &p[t * rb..(t + 1) * rb];
+                    let y = &deq[t * d..(t + 1) * d];
+                    let want: f64 = q
+                        .iter()
+                        .zip(y)
+                        .map(|(a, b)| f64::from(*a) * f64::from(*b))
+                        .sum();
+                    let nq: f64 = q.iter().map(|a| f64::from(*a).powi(2)).sum::<f64>().sqrt();
+                    let ny: f64 = y.iter().map(|a| f64::from(*a).powi(2)).sum::<f64>().sqrt();
+                    let mut rot_vals = Vec::new();
+                    for cc in [c.clone(), c.portable()] {
+                        let got = cc.dot_rotated(&qr, row, t).unwrap();
+                        assert!(
+                            (f64::from(got) - want).abs() <= 1e-5 * nq * ny + 1e-30,
+                            "d {d} {m:?} b {b} t {t}: {got} vs {want}"
+                        );
+                        let mut v = vec![0f32; d];
+                        cc.dequantize_row_rotated(row, &mut v).unwrap();
+                        let mut u = v.clone();
+                        cc.rotation().unrotate(&mut u);
+                        assert_eq!(u, y, "d {d} {m:?} b {b} t {t}");
+                        rot_vals.push(v);
+                    }
+                    assert_eq!(rot_vals[0], rot_vals[1], "d {d} {m:?} b {b}");
+                }
+                // Errors, on both paths.
+                for cc in [c.clone(), c.portable()] {
+                    let kind = |e: kvc_quant::Error| e.kind();
+                    assert_eq!(
+                        kind(cc.dot_rotated(&qr[1..], &p[..rb], 0).unwrap_err()),
+                        ErrorKind::InvalidArgument
+                    );
+                    assert_eq!(
+                        kind(cc.dot_rotated(&qr, &p[..rb - 1], 0).unwrap_err()),
+                        ErrorKind::BufferTooSmall
+                    );
+                    let mut v = vec![0f32; d + 1];
+                    assert_eq!(
+                        kind(cc.dequantize_row_rotated(&p[..rb], &mut v).unwrap_err()),
+                        ErrorKind::InvalidArgument
+                    );
+                    let v = &mut v[..d];
+                    assert_eq!(
+                        kind(cc.dequantize_row_rotated(&p[..rb - 1], v).unwrap_err()),
+                        ErrorKind::BufferTooSmall
+                    );
+                    let mut bad = p[..rb].to_vec();
+                    bad[1] = 0x7e; // f16 NaN in the first scale
+                    assert_eq!(
+                        cc.dot_rotated(&qr, &bad, 9).unwrap_err(),
+                        kvc_quant::Error::CorruptRow {
+                            what: "f16 scale",
+                            row: 9
+                        }
+                    );
+                    assert_eq!(
+                        kind(cc.dequantize_row_rotated(&bad, v).unwrap_err()),
+                        ErrorKind::CorruptData
+                    );
+                }
+            }
+        }
+    }
 }

@@ -12,7 +12,12 @@
 //! [`attention`] computes one decode step for a head from packed K and V: the query is
 //! rotated once, scores are read from packed K, the softmax-weighted sum of packed V is
 //! formed in the rotated domain and un-rotated once. No f16 copy of the cache is made and
-//! nothing is allocated per call; the caller gives the score scratch.
+//! nothing is allocated per call; the caller gives the score scratch. An engine with its
+//! own attention loop uses the per-row entry points instead: [`RowCodec::dot_rotated`] per
+//! K row (the query rotated once) and [`RowCodec::dequantize_row_rotated`] per V row (the
+//! weighted sum un-rotated once). Kernels: portable, AVX2 (+FMA, F16C) and, for the
+//! attention block kernels, AVX-512F, picked at run time ([`crate::Isa`]); speed in
+//! `docs/results/kvq-speed.md`.
 //!
 //! [`plan`] makes per-layer K/V bits from calibration data (`kvc quant plan`).
 //!

@@ -68,6 +68,11 @@ impl Rotation {
         self.dim
     }
 
+    /// `f32(1 / sqrt(dim))`.
+    pub(crate) fn inv_sqrt(&self) -> f32 {
+        self.inv_sqrt
+    }
+
     /// The signs of `D`.
     pub fn signs(&self) -> &[f32] {
         &self.signs[..self.dim]

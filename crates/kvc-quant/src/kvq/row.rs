@@ -77,6 +77,9 @@ pub struct RowCodec {
     bucket_scale: f32,
     /// Which compiled row loops to run (bytes are identical either way).
     isa: Isa,
+    /// Lloyd-Max: the tables of the AVX2 quantizer.
+    #[cfg(target_arch = "x86_64")]
+    lm_tables: Option<super::simd::quant::LmTables>,
 }
 
 /// Writes codes `codes[..n]` of `bits` bits into `out` as an LSB-first bit stream.
@@ -101,18 +104,24 @@ fn pack(codes: &[u8], bits: u32, out: &mut [u8]) {
         }
         _ => {}
     }
-    let mut acc: u64 = 0;
-    let mut nb = 0u32;
-    let mut o = 0;
-    for &c in codes {
-        acc |= u64::from(c) << nb;
-        nb += bits;
-        while nb >= 8 {
-            out[o] = acc as u8;
-            acc >>= 8;
-            nb -= 8;
-            o += 1;
+    match bits {
+        3 => pack_octets::<3>(codes, out),
+        5 => pack_octets::<5>(codes, out),
+        6 => pack_octets::<6>(codes, out),
+        _ => pack_octets::<7>(codes, out),
+    }
+}
+
+/// [`pack`] for `B` (3, 5, 6, 7) bits: eight codes are exactly `B` bytes, built in a u64
+/// (a constant width, so the copy is a fixed-size store, not a call).
+#[inline(always)]
+fn pack_octets<const B: usize>(codes: &[u8], out: &mut [u8]) {
+    for (oct, chunk) in codes.chunks_exact(8).zip(out.chunks_exact_mut(B)) {
+        let mut w = 0u64;
+        for (j, &c) in oct.iter().enumerate() {
+            w |= u64::from(c) << (B * j);
         }
+        chunk.copy_from_slice(&w.to_le_bytes()[..B]);
     }
 }
 
@@ -202,10 +211,16 @@ impl RowCodec {
             scales,
             row_bytes,
             rot,
-            levels,
-            bounds,
             table,
             isa: Isa::detect(),
+            #[cfg(target_arch = "x86_64")]
+            lm_tables: if matches!(method, Method::LloydMax) {
+                super::simd::quant::LmTables::new(&levels, &bounds)
+            } else {
+                None
+            },
+            levels,
+            bounds,
         })
     }
 
@@ -236,6 +251,32 @@ impl RowCodec {
     /// Lloyd-Max levels (empty for uniform codes).
     pub fn levels(&self) -> &[f32] {
         &self.levels
+    }
+
+    /// The rows at `bytes` (row `t` at `t * stride`) as the block kernels read them, when
+    /// this codec's rows suit them (2-4 bits).
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    pub(crate) fn block_rows<'a>(
+        &self,
+        bytes: &'a [u8],
+        stride: usize,
+    ) -> Option<super::simd::block::Rows<'a>> {
+        if !(2..=4).contains(&self.bits) || self.group < 8 {
+            return None;
+        }
+        Some(super::simd::block::Rows {
+            bytes,
+            stride,
+            n_scales: self.scales,
+            group: self.group,
+        })
+    }
+
+    /// Value of each code before the scale (zero-padded to 16 entries).
+    #[inline(always)]
+    pub(crate) fn table(&self) -> &[f32; 16] {
+        &self.table
     }
 
     #[inline(always)]
@@ -271,10 +312,10 @@ impl RowCodec {
     pub fn quantize_row(&self, x: &[f32], out: &mut [u8]) -> Result<()> {
         match self.isa.0 {
             IsaKind::Portable => self.quantize_body(x, out),
-            // SAFETY: `IsaKind::Avx2` is only made by `Isa::detect` after the CPU reported
+            // SAFETY: `IsaKind::Avx2`/`Avx512` are only made by `Isa::detect` after the CPU reported
             // AVX2 and FMA.
             #[cfg(target_arch = "x86_64")]
-            IsaKind::Avx2 => unsafe { self.quantize_avx2(x, out) },
+            IsaKind::Avx2 | IsaKind::Avx512 => unsafe { self.quantize_avx2(x, out) },
         }
     }
 
@@ -286,6 +327,64 @@ impl RowCodec {
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma")]
     unsafe fn quantize_avx2(&self, x: &[f32], out: &mut [u8]) -> Result<()> {
+        if let Some(t) = &self.lm_tables {
+            if x.len() == self.dim && out.len() >= self.row_bytes {
+                let mut codes = [0u8; MAX_HEAD_DIM];
+                // SAFETY: AVX2 is enabled here (callers hold an AVX2 `Isa`); `x` and the
+                // signs hold `dim` values (64, 128 or 256), `codes` 256 bytes; `t` is this
+                // codec's Lloyd-Max table.
+                let s = unsafe {
+                    super::simd::quant::quantize_lm(
+                        x,
+                        self.rot.signs(),
+                        self.rot.inv_sqrt(),
+                        t,
+                        u32::from(self.bits),
+                        &mut codes,
+                    )
+                };
+                if let Some(s) = s.map(f16::from_f32).filter(|s| s.is_finite()) {
+                    out[..2].copy_from_slice(&s.to_le_bytes());
+                    pack(
+                        &codes[..self.dim],
+                        u32::from(self.bits),
+                        &mut out[2..self.row_bytes],
+                    );
+                    return Ok(());
+                }
+            }
+        }
+        if matches!(self.method, Method::Uniform { .. })
+            && x.len() == self.dim
+            && out.len() >= self.row_bytes
+            && self.group % 8 == 0
+        {
+            let mut codes = [0u8; MAX_HEAD_DIM];
+            let mut sc = [f16::ZERO; MAX_HEAD_DIM / 8];
+            // SAFETY: AVX2 is enabled here (callers hold an AVX2 `Isa`); `x` and the signs
+            // hold `dim` values (64, 128 or 256), `group` divides `dim` and is a multiple
+            // of 8 (checked), `codes` holds 256 bytes and `sc` 32 >= dim / group scales.
+            let done = unsafe {
+                super::simd::uniform::quantize(
+                    x,
+                    self.rot.signs(),
+                    self.rot.inv_sqrt(),
+                    self.group,
+                    u32::from(self.bits),
+                    &mut codes,
+                    &mut sc,
+                )
+            };
+            if done.is_some() {
+                let (head, body) = out[..self.row_bytes].split_at_mut(2 * self.scales);
+                for (h, s) in head.chunks_exact_mut(2).zip(sc.iter()) {
+                    h.copy_from_slice(&s.to_le_bytes());
+                }
+                pack(&codes[..self.dim], u32::from(self.bits), body);
+                return Ok(());
+            }
+        }
+        // Other methods and widths, and the rows that are errors or all zeros.
         self.quantize_body(x, out)
     }
 
@@ -296,7 +395,17 @@ impl RowCodec {
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma")]
     unsafe fn dequantize_avx2(&self, row: &[u8], out: &mut [f32]) -> Result<()> {
-        self.dequantize_body(row, out)
+        self.check_row_in(out)?;
+        self.check_packed("packed row", row.len())?;
+        let mut acc = [0f32; MAX_HEAD_DIM];
+        let acc = &mut acc[..self.dim];
+        // SAFETY: AVX2 and FMA are enabled here; `acc` holds `dim` values, `row` at least
+        // `row_bytes` (checked).
+        unsafe { self.accumulate_rotated_avx2(row, 1.0, acc, 0)? };
+        // SAFETY: AVX2 is enabled here; `acc` and the signs hold `dim` values.
+        unsafe { super::simd::quant::unrotate(acc, self.rot.signs(), self.rot.inv_sqrt()) };
+        out.copy_from_slice(acc);
+        Ok(())
     }
 
     /// The same codec running the portable loops only (for tests and comparisons).
@@ -492,31 +601,29 @@ impl RowCodec {
         self.read_scales(row, sc, row_index)?;
         let bits = u32::from(self.bits);
         if !avx2::handles(bits) {
-            let mut codes = [0u8; MAX_HEAD_DIM];
-            let codes = &mut codes[..self.dim];
-            unpack(&row[2 * self.scales..], bits, codes);
-            for ((ag, cg), &s) in acc
-                .chunks_exact_mut(self.group)
-                .zip(codes.chunks_exact(self.group))
-                .zip(sc.iter())
-            {
-                // SAFETY: the caller guarantees AVX2 and FMA; `ag` and `cg` hold `group`
-                // values (a multiple of 8); every code has `bits` bits, so it indexes the
-                // `2^bits`-entry `full_table`.
-                unsafe { avx2::axpy_gather(ag, cg, &self.full_table, w * s) };
+            let area = &row[2 * self.scales..self.row_bytes];
+            let Some(pad) = avx2::WideCodes::new(area, bits) else {
+                return Err(Error::BufferTooSmall {
+                    what: "packed row codes",
+                    needed: 32,
+                    found: area.len(),
+                });
+            };
+            let gchunks = self.group / 8;
+            for (g, (ag, &s)) in acc.chunks_exact_mut(self.group).zip(sc.iter()).enumerate() {
+                // SAFETY: the caller guarantees AVX2 and FMA; `ag` holds `group` values (a
+                // multiple of 8), codes `g * group ..` of the area; codes have `bits`
+                // (5..=8) bits, so they index the `2^bits`-entry `full_table`.
+                unsafe { avx2::axpy_gather(ag, &pad, g * gchunks, bits, &self.full_table, w * s) };
             }
             return Ok(());
         }
         let codes = &row[2 * self.scales..self.row_bytes];
-        let gbytes = self.group * self.bits as usize / 8;
-        for ((ag, cg), &s) in acc
-            .chunks_exact_mut(self.group)
-            .zip(codes.chunks_exact(gbytes))
-            .zip(sc.iter())
-        {
+        let gchunks = self.group / 8;
+        for (g, (ag, &s)) in acc.chunks_exact_mut(self.group).zip(sc.iter()).enumerate() {
             // SAFETY: the caller guarantees AVX2 and FMA; `bits` is 2..=4; `ag` holds
-            // `group` values (a multiple of 8) and `cg` their `group * bits / 8` bytes.
-            unsafe { avx2::axpy_lut(ag, cg, bits, &self.table, w * s) };
+            // `group` values (a multiple of 8), codes `g * group ..` of `codes`.
+            unsafe { avx2::axpy_lut(ag, codes, g * gchunks, bits, &self.table, w * s) };
         }
         Ok(())
     }
@@ -567,41 +674,119 @@ impl RowCodec {
         let sc = &mut sc[..self.scales];
         self.read_scales(row, sc, row_index)?;
         if !avx2::handles(bits) {
-            let mut codes = [0u8; MAX_HEAD_DIM];
-            let codes = &mut codes[..self.dim];
-            unpack(&row[2 * self.scales..], bits, codes);
+            let area = &row[2 * self.scales..self.row_bytes];
+            let Some(pad) = avx2::WideCodes::new(area, bits) else {
+                return Err(Error::BufferTooSmall {
+                    what: "packed row codes",
+                    needed: 32,
+                    found: area.len(),
+                });
+            };
+            let gchunks = self.group / 8;
             let mut s = 0f32;
-            for ((qg, cg), &g) in q_rot
-                .chunks_exact(self.group)
-                .zip(codes.chunks_exact(self.group))
-                .zip(sc.iter())
-            {
-                // SAFETY: the caller guarantees AVX2 and FMA; `qg` and `cg` hold `group`
-                // values (a multiple of 8); every code has `bits` bits, so it indexes the
-                // `2^bits`-entry `full_table`.
-                s += g * unsafe { avx2::dot_gather(qg, cg, &self.full_table) };
+            for (gi, (qg, &g)) in q_rot.chunks_exact(self.group).zip(sc.iter()).enumerate() {
+                // SAFETY: the caller guarantees AVX2 and FMA; `qg` holds `group` values (a
+                // multiple of 8), codes `gi * group ..` of the area; codes have `bits`
+                // (5..=8) bits, so they index the `2^bits`-entry `full_table`.
+                s +=
+                    g * unsafe { avx2::dot_gather(qg, &pad, gi * gchunks, bits, &self.full_table) };
             }
             return Ok(s);
         }
         let codes = &row[2 * self.scales..self.row_bytes];
-        let gbytes = self.group * self.bits as usize / 8;
+        let gchunks = self.group / 8;
         let mut s = 0f32;
-        for ((qg, cg), &g) in q_rot
-            .chunks_exact(self.group)
-            .zip(codes.chunks_exact(gbytes))
-            .zip(sc.iter())
-        {
+        for (gi, (qg, &g)) in q_rot.chunks_exact(self.group).zip(sc.iter()).enumerate() {
             // SAFETY: the caller guarantees AVX2 and FMA; `bits` is 2..=4; `qg` holds
-            // `group` values (a multiple of 8) and `cg` their `group * bits / 8` bytes.
-            s += g * unsafe { avx2::dot_lut(qg, cg, bits, &self.table) };
+            // `group` values (a multiple of 8), codes `gi * group ..` of `codes`.
+            s += g * unsafe { avx2::dot_lut(qg, codes, gi * gchunks, bits, &self.table) };
         }
         Ok(s)
     }
 
     /// `q_rot . (rotated row)`: the dot product of a query already rotated by this
-    /// codec's rotation with a packed row, equal to `q . dequantize(row)` up to rounding.
+    /// codec's rotation ([`rotation`](Self::rotation)`().rotate(q)`) with one packed row,
+    /// equal to `q . dequantize_row(row)` up to rounding (`q.k = (Rq).(Rk)`).
+    ///
+    /// The per-cell entry point of an engine's score loop: rotate the query once, then call
+    /// this once per cached row. Per call it checks the two lengths and the row's scales
+    /// (`row_index` only names the row in [`Error::CorruptRow`]) and runs the kernel chosen
+    /// when the codec was made; nothing is allocated or derived again. On AVX2 the sum is
+    /// in another order than the portable path's (eight lanes, FMA): the two agree to
+    /// rounding (tests: within `1e-5` of `|q| |row|`).
+    ///
+    /// Errors: `q_rot.len() != head_dim`, `row.len() < row_bytes`, a non-finite scale.
+    #[inline]
+    pub fn dot_rotated(&self, q_rot: &[f32], row: &[u8], row_index: usize) -> Result<f32> {
+        self.check_row_in(q_rot)?;
+        self.check_packed("packed row", row.len())?;
+        match self.isa.0 {
+            IsaKind::Portable => self.dot_rotated_portable(q_rot, row, row_index),
+            // SAFETY: `IsaKind::Avx2`/`Avx512` are only made by `Isa::detect` after the CPU reported
+            // AVX2, FMA and F16C; the lengths were checked above.
+            #[cfg(target_arch = "x86_64")]
+            IsaKind::Avx2 | IsaKind::Avx512 => unsafe {
+                self.dot_rotated_avx2_entry(q_rot, row, row_index)
+            },
+        }
+    }
+
+    /// [`dot_rotated_avx2`](Self::dot_rotated_avx2) compiled as one AVX2 function.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2 and FMA; `q_rot.len() == dim`, `row.len() >= row_bytes`.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn dot_rotated_avx2_entry(
+        &self,
+        q_rot: &[f32],
+        row: &[u8],
+        row_index: usize,
+    ) -> Result<f32> {
+        // SAFETY: AVX2 and FMA are enabled here; the caller checked the lengths.
+        unsafe { self.dot_rotated_avx2(q_rot, row, row_index) }
+    }
+
+    /// The rotated-basis values of one packed row: `out[i] = scale * level(code_i)`, no
+    /// un-rotation (`dequantize_row` is this followed by `rotation().unrotate`, bit for
+    /// bit). For an engine that accumulates V in the rotated basis and un-rotates the sum
+    /// once. The values are exact products, the same on every path. No allocation.
+    ///
+    /// Errors: `out.len() != head_dim`, `row.len() < row_bytes`, a non-finite scale.
+    #[inline]
+    pub fn dequantize_row_rotated(&self, row: &[u8], out: &mut [f32]) -> Result<()> {
+        self.check_row_in(out)?;
+        self.check_packed("packed row", row.len())?;
+        out.fill(0.0);
+        match self.isa.0 {
+            IsaKind::Portable => self.accumulate_rotated(row, 1.0, out, 0),
+            // SAFETY: `IsaKind::Avx2`/`Avx512` are only made by `Isa::detect` after the CPU reported
+            // AVX2, FMA and F16C; the lengths were checked above.
+            #[cfg(target_arch = "x86_64")]
+            IsaKind::Avx2 | IsaKind::Avx512 => unsafe { self.rotated_values_avx2(row, out) },
+        }
+    }
+
+    /// `out += 1 * (rotated row)` with the AVX2 kernels (`out` zeroed by the caller: the
+    /// sums are then exact products, as on the portable path).
+    ///
+    /// # Safety
+    /// The CPU must have AVX2 and FMA; `out.len() == dim`, `row.len() >= row_bytes`.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn rotated_values_avx2(&self, row: &[u8], out: &mut [f32]) -> Result<()> {
+        // SAFETY: AVX2 and FMA are enabled here; the caller checked the lengths.
+        unsafe { self.accumulate_rotated_avx2(row, 1.0, out, 0) }
+    }
+
+    /// The portable [`dot_rotated`](Self::dot_rotated) (lengths already checked).
     #[inline(always)]
-    pub(crate) fn dot_rotated(&self, q_rot: &[f32], row: &[u8], row_index: usize) -> Result<f32> {
+    pub(crate) fn dot_rotated_portable(
+        &self,
+        q_rot: &[f32],
+        row: &[u8],
+        row_index: usize,
+    ) -> Result<f32> {
         let mut sc = [0f32; MAX_HEAD_DIM / 8];
         let sc = &mut sc[..self.scales];
         self.read_scales(row, sc, row_index)?;
@@ -641,10 +826,10 @@ impl RowCodec {
     pub fn dequantize_row(&self, row: &[u8], out: &mut [f32]) -> Result<()> {
         match self.isa.0 {
             IsaKind::Portable => self.dequantize_body(row, out),
-            // SAFETY: `IsaKind::Avx2` is only made by `Isa::detect` after the CPU reported
+            // SAFETY: `IsaKind::Avx2`/`Avx512` are only made by `Isa::detect` after the CPU reported
             // AVX2 and FMA.
             #[cfg(target_arch = "x86_64")]
-            IsaKind::Avx2 => unsafe { self.dequantize_avx2(row, out) },
+            IsaKind::Avx2 | IsaKind::Avx512 => unsafe { self.dequantize_avx2(row, out) },
         }
     }
 

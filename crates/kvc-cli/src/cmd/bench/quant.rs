@@ -4,6 +4,10 @@
 //! packed decode attention time against the same kernel on an f16 cache at 4k and 32k
 //! tokens, all measured in the same run.
 //!
+//! The per-row entry points an engine calls once per KV cell (`RowCodec::dot_rotated`,
+//! `RowCodec::dequantize_row_rotated`) are timed per row for Lloyd-Max at 2-8 bits against
+//! an f16 row's dot product and f16-to-f32 conversion, in the same loop.
+//!
 //! The dumps hold no queries: the attention error uses the layer's own K rows of sampled
 //! positions as queries (each attending to every earlier token of its head, scale
 //! `1/sqrt(head_dim)`), a stand-in that is reported as such.
@@ -13,8 +17,10 @@ use std::time::Instant;
 
 use clap::Args;
 use half::f16;
-use kvc_quant::kvq::attention::{attend_head, attend_head_f16, HeadRows};
-use kvc_quant::kvq::{KvqConfig, LayerCodec};
+use kvc_quant::kvq::attention::{
+    attend_head, attend_head_f16, dot_f16_row, f16_row_to_f32, HeadRows,
+};
+use kvc_quant::kvq::{KvqConfig, LayerCodec, Method, RowCodec};
 use kvc_quant::Isa;
 use serde_json::{json, Value};
 
@@ -318,13 +324,8 @@ fn speed(kv: &Kv, cfg: &KvqConfig, n: usize, reps: usize) -> Result<Value, CliEr
     let mut out = vec![0f32; d];
     let isa = Isa::detect();
     let scale = 1.0 / (d as f32).sqrt();
-    let (mut t_packed, mut t_f16) = (f64::INFINITY, f64::INFINITY);
-    // Interleaved, so both see the same machine load.
-    for _ in 0..reps.max(1) {
-        let t = Instant::now();
-        attend_head_f16(isa, &q, &k16, &v16, n, d, scale, &mut sc, &mut out).map_err(lib)?;
-        t_f16 = t_f16.min(t.elapsed().as_secs_f64());
-        let t = Instant::now();
+    let (mut t_packed, mut t_f16, mut t_avx2) = (f64::INFINITY, f64::INFINITY, f64::INFINITY);
+    let packed = |isa: Isa, sc: &mut [f32], out: &mut [f32]| {
         attend_head(
             isa,
             &codec,
@@ -339,16 +340,125 @@ fn speed(kv: &Kv, cfg: &KvqConfig, n: usize, reps: usize) -> Result<Value, CliEr
             },
             n,
             scale,
-            &mut sc,
-            &mut out,
+            sc,
+            out,
+        )
+        .map_err(lib)
+    };
+    // Interleaved, so all see the same machine load, and each packed run right after an
+    // f16 run (the f16 rows evict the packed ones from the caches, so no packed run starts
+    // on rows another one just read).
+    let mut f16_run = |sc: &mut [f32], out: &mut [f32]| -> Result<(), CliError> {
+        let t = Instant::now();
+        attend_head_f16(isa, &q, &k16, &v16, n, d, scale, sc, out).map_err(lib)?;
+        t_f16 = t_f16.min(t.elapsed().as_secs_f64());
+        Ok(())
+    };
+    for _ in 0..reps.max(1) {
+        f16_run(&mut sc, &mut out)?;
+        let t = Instant::now();
+        packed(isa, &mut sc, &mut out)?;
+        t_packed = t_packed.min(t.elapsed().as_secs_f64());
+        if isa.is_avx512() {
+            f16_run(&mut sc, &mut out)?;
+            let t = Instant::now();
+            packed(isa.without_avx512(), &mut sc, &mut out)?;
+            t_avx2 = t_avx2.min(t.elapsed().as_secs_f64());
+        }
+    }
+    let mut r = json!({
+        "config": cfg.to_string(), "tokens": n, "head_dim": d, "isa": isa_name(isa),
+        "packed_us": t_packed * 1e6, "f16_us": t_f16 * 1e6, "speedup_vs_f16": t_f16 / t_packed,
+    });
+    if isa.is_avx512() {
+        r["packed_avx2_us"] = json!(t_avx2 * 1e6);
+        r["avx2_speedup_vs_f16"] = json!(t_f16 / t_avx2);
+    }
+    Ok(r)
+}
+
+fn isa_name(isa: Isa) -> &'static str {
+    if isa.is_avx512() {
+        "avx512"
+    } else if isa.is_avx2() {
+        "avx2"
+    } else {
+        "portable"
+    }
+}
+
+/// Bit widths of the per-row timings.
+const ROW_BITS: [u8; 6] = [2, 3, 4, 5, 6, 8];
+
+/// Nanoseconds per call of `f` over `n` rows, best of `reps` passes.
+fn per_row_ns(
+    n: usize,
+    reps: usize,
+    mut f: impl FnMut(usize) -> Result<f32, CliError>,
+) -> Result<f64, CliError> {
+    let mut best = f64::INFINITY;
+    for _ in 0..reps.max(1) {
+        let t = Instant::now();
+        let mut acc = 0f32;
+        for r in 0..n {
+            acc += f(r)?;
+        }
+        std::hint::black_box(acc);
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    Ok(best / n as f64 * 1e9)
+}
+
+/// One-core time per row of the per-cell entry points (Lloyd-Max, every width of
+/// [`ROW_BITS`]) against the f16 row operations, on 4096 rows tiled from layer 0 head 0,
+/// each pair measured back to back.
+fn row_speed(kv: &Kv, reps: usize) -> Result<Vec<Value>, CliError> {
+    let d = kv.head_dim;
+    let n = 4096;
+    let ln = kv.n_tokens * kv.n_kv_head * d;
+    let kh = head_rows(&kv.k[..ln], kv.n_tokens, kv.n_kv_head, 0, d);
+    let x: Vec<f32> = kh.iter().cycle().take(n * d).copied().collect();
+    let x16: Vec<f16> = x.iter().map(|&v| f16::from_f32(v)).collect();
+    let q: Vec<f32> = kh[(kv.n_tokens - 1) * d..kv.n_tokens * d].to_vec();
+    let isa = Isa::detect();
+    let mut buf = vec![0f32; d];
+    let mut out = Vec::new();
+    for bits in ROW_BITS {
+        let c = RowCodec::new(
+            Method::LloydMax,
+            bits,
+            d,
+            kvc_quant::kvq::config::DEFAULT_SEED,
         )
         .map_err(lib)?;
-        t_packed = t_packed.min(t.elapsed().as_secs_f64());
+        let rb = c.row_bytes();
+        let mut p = vec![0u8; n * rb];
+        c.quantize_rows(&x, &mut p).map_err(lib)?;
+        let mut qr = q.clone();
+        c.rotation().rotate(&mut qr);
+        let f16_dot = per_row_ns(n, reps, |r| {
+            dot_f16_row(isa, &q, &x16[r * d..(r + 1) * d]).map_err(lib)
+        })?;
+        let dot = per_row_ns(n, reps, |r| {
+            c.dot_rotated(&qr, &p[r * rb..(r + 1) * rb], r).map_err(lib)
+        })?;
+        let f16_cvt = per_row_ns(n, reps, |r| {
+            f16_row_to_f32(&x16[r * d..(r + 1) * d], &mut buf).map_err(lib)?;
+            Ok(buf[r % d])
+        })?;
+        let deq = per_row_ns(n, reps, |r| {
+            c.dequantize_row_rotated(&p[r * rb..(r + 1) * rb], &mut buf)
+                .map_err(lib)?;
+            Ok(buf[r % d])
+        })?;
+        out.push(json!({
+            "method": "lm", "bits": bits, "head_dim": d, "row_bytes": rb, "rows": n,
+            "isa": isa_name(isa),
+            "dot_rotated_ns": dot, "f16_dot_ns": f16_dot,
+            "dequantize_row_rotated_ns": deq, "f16_to_f32_ns": f16_cvt,
+        }));
     }
-    Ok(json!({
-        "config": cfg.to_string(), "tokens": n, "head_dim": d, "isa": if isa.is_avx2() { "avx2" } else { "portable" },
-        "packed_us": t_packed * 1e6, "f16_us": t_f16 * 1e6, "speedup_vs_f16": t_f16 / t_packed,
-    }))
+    Ok(out)
 }
 
 /// Everything as JSON.
@@ -366,7 +476,9 @@ pub fn measure(a: &BenchQuantArgs) -> Result<Value, CliError> {
         q.push(quality(&kv, c, &refs, a.reps.min(2))?);
     }
     let mut s = Vec::new();
+    let mut rs = Vec::new();
     if !a.no_speed {
+        rs = row_speed(&kv, a.reps.max(3))?;
         let tokens = a
             .tokens
             .split(',')
@@ -391,6 +503,7 @@ pub fn measure(a: &BenchQuantArgs) -> Result<Value, CliError> {
         "query_positions": positions,
         "quality": q,
         "attention_speed": s,
+        "row_speed": rs,
     }))
 }
 
@@ -458,17 +571,49 @@ pub fn run(a: &BenchQuantArgs) -> Result<(), CliError> {
             a.reps
         );
         println!(
-            "  {:<14} {:>7} {:>10} {:>10} {:>8}",
-            "config", "tokens", "packed us", "f16 us", "speedup"
+            "  {:<14} {:>7} {:>7} {:>10} {:>10} {:>8} {:>14}",
+            "config", "tokens", "isa", "packed us", "f16 us", "speedup", "avx2 us (x)"
         );
         for c in s {
+            let avx2 = match c["packed_avx2_us"].as_f64() {
+                Some(u) => format!(
+                    "{u:.1} ({:.2})",
+                    c["avx2_speedup_vs_f16"].as_f64().unwrap_or(f64::NAN)
+                ),
+                None => "-".into(),
+            };
             println!(
-                "  {:<14} {:>7} {:>10.1} {:>10.1} {:>8.2}",
+                "  {:<14} {:>7} {:>7} {:>10.1} {:>10.1} {:>8.2} {:>14}",
                 c["config"].as_str().unwrap_or(""),
                 c["tokens"],
+                c["isa"].as_str().unwrap_or(""),
                 c["packed_us"].as_f64().unwrap_or(f64::NAN),
                 c["f16_us"].as_f64().unwrap_or(f64::NAN),
-                c["speedup_vs_f16"].as_f64().unwrap_or(f64::NAN)
+                c["speedup_vs_f16"].as_f64().unwrap_or(f64::NAN),
+                avx2
+            );
+        }
+    }
+    if let Some(s) = r["row_speed"].as_array().filter(|s| !s.is_empty()) {
+        println!(
+            "per-row entry points, one core, ns per row (best of {}; f16 row ops in the same run):",
+            a.reps.max(3)
+        );
+        println!(
+            "  {:<8} {:>4} {:>9} {:>10} {:>9} {:>11} {:>10}",
+            "method", "bits", "row bytes", "dot_rot", "f16 dot", "deq_rot", "f16->f32"
+        );
+        for c in s {
+            let f = |k: &str| c[k].as_f64().unwrap_or(f64::NAN);
+            println!(
+                "  {:<8} {:>4} {:>9} {:>10.2} {:>9.2} {:>11.2} {:>10.2}",
+                format!("lm d{}", c["head_dim"]),
+                c["bits"],
+                c["row_bytes"],
+                f("dot_rotated_ns"),
+                f("f16_dot_ns"),
+                f("dequantize_row_rotated_ns"),
+                f("f16_to_f32_ns")
             );
         }
     }
