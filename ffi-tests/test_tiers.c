@@ -1,9 +1,12 @@
 /* kvc_tiers from C: store a prefix through memory + disk (+ a Redis that is down: its
  * failures are counted fallbacks, never errors), then a second handle over the same disk
  * directory looks the prefix up and restores it bit-exactly; a damaged file is a counted
- * miss; every error path (NULL, bad config, no tier, wrong sizes, small buffers). */
+ * miss; every error path (NULL, bad config, no tier, wrong sizes, small buffers). A kvq
+ * handle (lossy) restores an approximation under f16/3.5 bytes and refuses a chunk with a
+ * NaN. */
 #define _POSIX_C_SOURCE 200809L
 #include <dirent.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -137,6 +140,59 @@ int main(void) {
     CHECK(bad == NULL);
     CHECK_STATUS(kvc_tiers_new(NULL, &bad), KVC_NULL_ARGUMENT);
     CHECK_STATUS(kvc_tiers_new(&c, NULL), KVC_NULL_ARGUMENT);
+    c2 = c;
+    c2.codec = KVC_TIERS_CODEC_KVQ_K4V4;
+    c2.head_dim = 80; /* kvq codes head_dim 64, 128, 256 */
+    CHECK_STATUS(kvc_tiers_new(&c2, &bad), KVC_INVALID_ARGUMENT);
+    CHECK(bad == NULL);
+
+    /* kvq k4v4 (memory only): lossy restore within a relative RMS error bound, every
+     * blob byte under f16/3.5, and a chunk with a NaN refused (not stored). */
+    c2 = c;
+    c2.codec = KVC_TIERS_CODEC_KVQ_K4V4;
+    c2.disk_dir = NULL;
+    c2.redis_url = NULL;
+    kvc_tiers* q = NULL;
+    CHECK_STATUS(kvc_tiers_new(&c2, &q), KVC_OK);
+    CHECK_STATUS(kvc_tiers_store(q, tokens, TOKENS, TOKENS, k, bytes, v, bytes, &rep), KVC_OK);
+    CHECK(rep.chunks == 4 && rep.chunks_encoded == 4 && rep.failures == 0);
+    CHECK(rep.bytes_stored * 35 < rep.bytes_raw * 10);
+    memset(rk, 0, bytes), memset(rv, 0, bytes);
+    CHECK_STATUS(kvc_tiers_restore(q, tokens, TOKENS, TOKENS, rk, bytes, rv, bytes, &n), KVC_OK);
+    CHECK(n == 4 * CHUNK);
+    size_t vals = n * ROW / 2;
+    float* want = malloc(vals * sizeof(float));
+    float* got = malloc(vals * sizeof(float));
+    CHECK(want && got);
+    for (int t = 0; t < 2; t++) {
+        const uint8_t* src = t ? v : k;
+        const uint8_t* dst = t ? rv : rk;
+        for (int l = 0; l < LAYERS; l++) {
+            size_t off = (size_t)l * TOKENS * ROW, len = 0;
+            CHECK_STATUS(kvc_convert(KVC_DTYPE_F16, src + off, vals, KVC_DTYPE_F32, want,
+                                     vals * sizeof(float), &len), KVC_OK);
+            CHECK_STATUS(kvc_convert(KVC_DTYPE_F16, dst + off, vals, KVC_DTYPE_F32, got,
+                                     vals * sizeof(float), &len), KVC_OK);
+            double err = 0, ref = 0;
+            for (size_t i = 0; i < vals; i++) {
+                err += ((double)got[i] - want[i]) * ((double)got[i] - want[i]);
+                ref += (double)want[i] * want[i];
+            }
+            CHECK(err > 0 && sqrt(err / ref) < 0.1);
+        }
+    }
+    free(want), free(got);
+    kvc_tiers_free(q);
+    q = NULL;
+    CHECK_STATUS(kvc_tiers_new(&c2, &q), KVC_OK);
+    uint16_t nan16 = 0x7e00;
+    memcpy(k + (size_t)TOKENS * ROW + (CHUNK + 5) * ROW, &nan16, 2); /* layer 1, chunk 1 */
+    CHECK_STATUS(kvc_tiers_store(q, tokens, TOKENS, TOKENS, k, bytes, v, bytes, &rep), KVC_OK);
+    CHECK(rep.chunks == 4 && rep.chunks_encoded == 3);
+    CHECK_STATUS(kvc_tiers_lookup(q, tokens, TOKENS, &n), KVC_OK);
+    CHECK(n == CHUNK);
+    kvc_tiers_free(q);
+
     uint8_t hash[32];
     CHECK_STATUS(kvc_tiers_hash_model_file("/nonexistent/model.gguf", hash), KVC_IO);
     CHECK_STATUS(kvc_tiers_hash_model_file(NULL, hash), KVC_NULL_ARGUMENT);

@@ -212,6 +212,22 @@
 #define KVC_TIERS_CODEC_GEAR_V2 2
 
 /**
+ * `kvc_tiers_config.codec`: kvq, 4-bit K and V rows (lossy: a restore approximates the
+ * stored KV, about f16/3.7 on the wire; head_dim 64, 128 or 256).
+ */
+#define KVC_TIERS_CODEC_KVQ_K4V4 3
+
+/**
+ * `kvc_tiers_config.codec`: kvq, 8-bit K and 4-bit V rows (lossy).
+ */
+#define KVC_TIERS_CODEC_KVQ_K8V4 4
+
+/**
+ * `kvc_tiers_config.codec`: kvq, 4-bit K and 2-bit V rows (lossy).
+ */
+#define KVC_TIERS_CODEC_KVQ_K4V2 5
+
+/**
  * Index of the memory tier in `kvc_tiers_metrics.tiers`.
  */
 #define KVC_TIERS_MEMORY 0
@@ -931,7 +947,8 @@ typedef struct kvc_tiers_config {
      */
     kvc_dtype dtype;
     /**
-     * `KVC_TIERS_CODEC_RAW`, `_GEAR_V1` or `_GEAR_V2` [gear-v2].
+     * `KVC_TIERS_CODEC_RAW`, `_GEAR_V1`, `_GEAR_V2` (lossless), `_KVQ_K4V4`, `_KVQ_K8V4`
+     * or `_KVQ_K4V2` (lossy) [gear-v2].
      */
     uint32_t codec;
     /**

@@ -412,6 +412,13 @@ struct TiersPrefix {
     std::vector<std::uint8_t> v;
 };
 
+/// Whether a `kvc_tiers_config.codec` restores the stored bytes exactly (raw, gear-v1,
+/// gear-v2) or approximately (the kvq codecs: compare logits by KL, not for identity).
+inline bool tiers_codec_lossless(std::uint32_t codec) noexcept {
+    return codec == KVC_TIERS_CODEC_RAW || codec == KVC_TIERS_CODEC_GEAR_V1 ||
+           codec == KVC_TIERS_CODEC_GEAR_V2;
+}
+
 /// kvc_tiers_lookup: tokens of the longest cached prefix of `tokens`.
 inline Result<std::size_t> tiers_lookup(const kvc_tiers* tiers,
                                         const std::vector<std::uint32_t>& tokens) {

@@ -145,7 +145,8 @@ const char * kUsage =
     "  --share-rounds N    rounds of --share-clients processes, one after the other; restore\n"
     "                      times are reported over all of them [1]\n"
     "  --share-chunk N     tokens per stored chunk [256]\n"
-    "  --share-codec C     gear-v2, gear-v1 or raw (all lossless) [gear-v2]\n"
+    "  --share-codec C     gear-v2, gear-v1, raw (lossless: logits must be identical), or\n"
+    "                      kvq (= kvq-k4v4), kvq-k8v4, kvq-k4v2 (lossy: KL is reported) [gear-v2]\n"
     "  --share-between CMD a shell command process 1 runs after storing, before it starts the\n"
     "                      process 2s (fault injection: kill Redis, damage a value); must exit 0\n"
     "  --verbose           llama.cpp's log on stderr\n";
@@ -257,8 +258,9 @@ Options parse_options(int argc, char ** argv) {
     if (o.budget != "fixed" && o.budget != "adaptive") throw UsageError("--budget: fixed or adaptive");
     if (o.c8_rule != "channel" && o.c8_rule != "rope") throw UsageError("--c8-rule: channel or rope");
     if (o.positions != "shift" && o.positions != "keep") throw UsageError("--positions: shift or keep");
-    if (o.share_codec != "gear-v2" && o.share_codec != "gear-v1" && o.share_codec != "raw") {
-        throw UsageError("--share-codec: gear-v2, gear-v1 or raw (the tiers' codecs, all lossless)");
+    if (o.share_codec != "gear-v2" && o.share_codec != "gear-v1" && o.share_codec != "raw" && o.share_codec != "kvq" &&
+        o.share_codec != "kvq-k4v4" && o.share_codec != "kvq-k8v4" && o.share_codec != "kvq-k4v2") {
+        throw UsageError("--share-codec: gear-v2, gear-v1, raw (lossless), kvq (= kvq-k4v4), kvq-k8v4 or kvq-k4v2 (lossy)");
     }
     if (!o.redis.empty() && o.redis.rfind("redis://", 0) != 0 && o.redis.rfind("redis+cluster://", 0) != 0) {
         throw UsageError("--redis: expected redis://host:port or redis+cluster://host:port,...");

@@ -136,7 +136,8 @@ PY
 # process 2s at once; with one stored value damaged between the store and the restore
 # (checksum: counted, the prefix ends before it, the rest recomputed); with the server killed
 # between the store and the restore (counted fallbacks, recomputed, exit 0); then with that
-# server gone for the store too; then through the disk tier with the raw codec.
+# server gone for the store too; then through the disk tier with the raw codec, and with the
+# lossy kvq codec (k4v4: logits differ, a small KL, under f16/3.5 on the wire).
 t2=$SECONDS
 rport="$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
 mkdir -p "$out/redis"
@@ -156,6 +157,7 @@ redis-cli -p "$rport" flushall >/dev/null
 { wait "$rpid"; } 2>/dev/null || true
 "$EVAL" "${share[@]}" --redis "$url" --json "$out/share-redis-down.json"
 "$EVAL" "${share[@]}" --share-codec raw --json "$out/share-disk.json"
+"$EVAL" "${share[@]}" --share-codec kvq --json "$out/share-disk-kvq.json"
 echo "50-llama: share runs took $((SECONDS - t2)) s"
 python3 - "$out" <<'PY'
 import json, sys
@@ -189,6 +191,16 @@ assert down["restored_tokens_min"] == 0, down
 assert disk["tier"] == "disk" and disk["chunks_stored"] == 2 and disk["fallbacks"] == 0, disk
 assert disk["restored_tokens_min"] == 256 and disk["control_caught"] is True, disk
 assert 0.98 < disk["wire_ratio_vs_f16"] < 1.0, disk
+# disk tier, kvq k4v4 (lossy): every chunk restored, logits not identical (expected) but
+# close, under f16/3.5 bytes per token with every blob byte counted
+kvq = row("share-disk-kvq")
+assert kvq["lossless"] is False and kvq["chunks_stored"] == 2 and kvq["fallbacks"] == 0, kvq
+assert kvq["restored_tokens_min"] == 256 and kvq["state_round_trip"] is True, kvq
+assert kvq["logits_identical"] is False and 0.0 < kvq["kl"] < 0.2, kvq
+assert kvq["wire_ratio_vs_f16"] > 3.5, kvq
+assert 0.0 < kvq["restore_rel_rms_k"] < 0.12 and 0.0 < kvq["restore_rel_rms_v"] < 0.12, kvq
+assert kvq["control_caught"] is True, kvq
+print(f"50-llama: share: kvq k4v4 {kvq['wire_ratio_vs_f16']:.3f}:1 vs f16, KL {kvq['kl']:.4f}")
 print(f"50-llama: share: redis {up['wire_ratio_vs_f16']:.3f}:1 vs f16, restore {up['restore_s']:.3f} s vs "
       f"prefill {up['prefill_s']:.3f} s; damaged value: {bad['client_detail'][0]['restored_tokens']} tokens restored; "
       f"killed: {killed['fallbacks']:.0f} fallbacks; down: {down['fallbacks']:.0f}; disk raw ok")

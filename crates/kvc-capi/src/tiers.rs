@@ -46,6 +46,13 @@ pub const KVC_TIERS_CODEC_RAW: u32 = 0;
 pub const KVC_TIERS_CODEC_GEAR_V1: u32 = 1;
 /// `kvc_tiers_config.codec`: gear-v2 (lossless).
 pub const KVC_TIERS_CODEC_GEAR_V2: u32 = 2;
+/// `kvc_tiers_config.codec`: kvq, 4-bit K and V rows (lossy: a restore approximates the
+/// stored KV, about f16/3.7 on the wire; head_dim 64, 128 or 256).
+pub const KVC_TIERS_CODEC_KVQ_K4V4: u32 = 3;
+/// `kvc_tiers_config.codec`: kvq, 8-bit K and 4-bit V rows (lossy).
+pub const KVC_TIERS_CODEC_KVQ_K8V4: u32 = 4;
+/// `kvc_tiers_config.codec`: kvq, 4-bit K and 2-bit V rows (lossy).
+pub const KVC_TIERS_CODEC_KVQ_K4V2: u32 = 5;
 /// Index of the memory tier in `kvc_tiers_metrics.tiers`.
 pub const KVC_TIERS_MEMORY: usize = 0;
 /// Index of the disk tier in `kvc_tiers_metrics.tiers`.
@@ -61,7 +68,8 @@ pub const KVC_TIERS_REDIS: usize = 2;
 pub struct KvcTiersConfig {
     /// `KVC_DTYPE_F16`, `_BF16` or `_F32` [f16].
     pub dtype: KvcDtype,
-    /// `KVC_TIERS_CODEC_RAW`, `_GEAR_V1` or `_GEAR_V2` [gear-v2].
+    /// `KVC_TIERS_CODEC_RAW`, `_GEAR_V1`, `_GEAR_V2` (lossless), `_KVQ_K4V4`, `_KVQ_K8V4`
+    /// or `_KVQ_K4V2` (lossy) [gear-v2].
     pub codec: u32,
     /// Layers [0: must be set].
     pub n_layer: usize,
@@ -280,10 +288,16 @@ pub unsafe extern "C" fn kvc_tiers_new(
             KVC_TIERS_CODEC_RAW => ChunkCodec::Raw,
             KVC_TIERS_CODEC_GEAR_V1 => ChunkCodec::GearV1,
             KVC_TIERS_CODEC_GEAR_V2 => ChunkCodec::GearV2,
+            KVC_TIERS_CODEC_KVQ_K4V4 => ChunkCodec::KvqK4V4,
+            KVC_TIERS_CODEC_KVQ_K8V4 => ChunkCodec::KvqK8V4,
+            KVC_TIERS_CODEC_KVQ_K4V2 => ChunkCodec::KvqK4V2,
             x => {
                 return Err(Error::invalid(
                     "config.codec",
-                    format!("{x} is not KVC_TIERS_CODEC_RAW (0), _GEAR_V1 (1) or _GEAR_V2 (2)"),
+                    format!(
+                        "{x} is not KVC_TIERS_CODEC_RAW (0), _GEAR_V1 (1), _GEAR_V2 (2), \
+                         _KVQ_K4V4 (3), _KVQ_K8V4 (4) or _KVQ_K4V2 (5)"
+                    ),
                 ))
             }
         };

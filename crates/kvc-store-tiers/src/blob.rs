@@ -311,7 +311,7 @@ pub fn verify(blob: &[u8]) -> Result<BlobHeader> {
     if ChunkCodec::from_id(h.codec).is_none() {
         return Err(Error::BadField {
             field: "codec",
-            expected: 2,
+            expected: 5,
             found: h.codec.into(),
         });
     }

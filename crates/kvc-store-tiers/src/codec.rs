@@ -1,10 +1,13 @@
 //! The codecs a chunk's sections are stored with: raw (the cache's own bytes), gear-v1 and
 //! gear-v2 (both lossless, from `kvc-codec` through `kvc-store-async`'s [`StoreCodec`]
-//! implementations, which keep reusable per-thread encoders and decoders).
+//! implementations, which keep reusable per-thread encoders and decoders), and kvq
+//! (lossy: `kvc-quant`'s rotated Lloyd-Max rows, three K/V bit presets).
 
 use std::sync::Arc;
 
+use half::{bf16, f16};
 use kvc_cache::DType;
+use kvc_quant::kvq::{config::DEFAULT_SEED, Method, RowCodec};
 use kvc_store_async::{ChunkInfo, GearV1Codec, GearV2Codec, StoreCodec, Tensor};
 
 use crate::error::{Error, Result};
@@ -18,11 +21,24 @@ pub enum ChunkCodec {
     GearV1,
     /// gear-v2 with its default random-access chunking (id 2), lossless.
     GearV2,
+    /// kvq, Lloyd-Max, 4-bit K and 4-bit V rows (id 3), lossy (docs/formats/kvq.md).
+    KvqK4V4,
+    /// kvq, Lloyd-Max, 8-bit K and 4-bit V rows (id 4), lossy.
+    KvqK8V4,
+    /// kvq, Lloyd-Max, 4-bit K and 2-bit V rows (id 5), lossy.
+    KvqK4V2,
 }
 
 impl ChunkCodec {
     /// Every codec.
-    pub const ALL: [ChunkCodec; 3] = [ChunkCodec::Raw, ChunkCodec::GearV1, ChunkCodec::GearV2];
+    pub const ALL: [ChunkCodec; 6] = [
+        ChunkCodec::Raw,
+        ChunkCodec::GearV1,
+        ChunkCodec::GearV2,
+        ChunkCodec::KvqK4V4,
+        ChunkCodec::KvqK8V4,
+        ChunkCodec::KvqK4V2,
+    ];
 
     /// The id stored in blobs.
     pub fn id(self) -> u8 {
@@ -30,6 +46,25 @@ impl ChunkCodec {
             ChunkCodec::Raw => 0,
             ChunkCodec::GearV1 => 1,
             ChunkCodec::GearV2 => 2,
+            ChunkCodec::KvqK4V4 => 3,
+            ChunkCodec::KvqK8V4 => 4,
+            ChunkCodec::KvqK4V2 => 5,
+        }
+    }
+
+    /// Whether a restore gives back exactly the stored bytes (raw, gear-v1, gear-v2) or
+    /// an approximation (kvq: callers must not expect identical bytes or logits).
+    pub fn lossless(self) -> bool {
+        self.kvq_bits().is_none()
+    }
+
+    /// K and V bits of a kvq preset; `None` for the lossless codecs.
+    pub fn kvq_bits(self) -> Option<(u8, u8)> {
+        match self {
+            ChunkCodec::Raw | ChunkCodec::GearV1 | ChunkCodec::GearV2 => None,
+            ChunkCodec::KvqK4V4 => Some((4, 4)),
+            ChunkCodec::KvqK8V4 => Some((8, 4)),
+            ChunkCodec::KvqK4V2 => Some((4, 2)),
         }
     }
 
@@ -38,24 +73,33 @@ impl ChunkCodec {
         ChunkCodec::ALL.into_iter().find(|c| c.id() == id)
     }
 
-    /// `raw`, `gear-v1` or `gear-v2`.
+    /// `raw`, `gear-v1`, `gear-v2`, `kvq-k4v4`, `kvq-k8v4` or `kvq-k4v2`.
     pub fn name(self) -> &'static str {
         match self {
             ChunkCodec::Raw => "raw",
             ChunkCodec::GearV1 => "gear-v1",
             ChunkCodec::GearV2 => "gear-v2",
+            ChunkCodec::KvqK4V4 => "kvq-k4v4",
+            ChunkCodec::KvqK8V4 => "kvq-k8v4",
+            ChunkCodec::KvqK4V2 => "kvq-k4v2",
         }
     }
 
-    /// The codec named `name` (as [`ChunkCodec::name`]).
+    /// The codec named `name` (as [`ChunkCodec::name`]; `kvq` alone is `kvq-k4v4`).
     pub fn from_name(name: &str) -> Result<ChunkCodec> {
+        if name == "kvq" {
+            return Ok(ChunkCodec::KvqK4V4);
+        }
         ChunkCodec::ALL
             .into_iter()
             .find(|c| c.name() == name)
             .ok_or_else(|| {
                 Error::invalid(
                     "codec",
-                    format!("{name:?}: expected raw, gear-v1 or gear-v2"),
+                    format!(
+                        "{name:?}: expected raw, gear-v1, gear-v2, kvq (= kvq-k4v4), \
+                         kvq-k8v4 or kvq-k4v2"
+                    ),
                 )
             })
     }
@@ -69,7 +113,51 @@ impl ChunkCodec {
                 "gear-v2/chunk_tokens={}",
                 kvc_codec::gear_v2::DEFAULT_CHUNK_TOKENS
             ),
+            ChunkCodec::KvqK4V4 | ChunkCodec::KvqK8V4 | ChunkCodec::KvqK4V2 => {
+                let (kb, vb) = self.kvq_bits().unwrap_or_default();
+                format!(
+                    "kvq/format={}/lm/k{kb}v{vb}/seed={DEFAULT_SEED:#x}",
+                    kvc_quant::kvq::FORMAT_VERSION
+                )
+            }
         }
+    }
+}
+
+/// The K and V row codecs of a kvq preset.
+struct KvqRows {
+    k: RowCodec,
+    v: RowCodec,
+}
+
+impl KvqRows {
+    fn row(&self, tensor: Tensor) -> &RowCodec {
+        match tensor {
+            Tensor::K => &self.k,
+            Tensor::V => &self.v,
+        }
+    }
+}
+
+/// Values per row (one token of one KV head): the largest head_dim kvq takes.
+const MAX_ROW: usize = 256;
+
+/// Reads element `i` of `raw` (in `dtype`) as f32.
+fn load(dtype: DType, raw: &[u8], i: usize) -> f32 {
+    match dtype {
+        DType::F16 => f16::from_le_bytes([raw[2 * i], raw[2 * i + 1]]).to_f32(),
+        DType::BF16 => bf16::from_le_bytes([raw[2 * i], raw[2 * i + 1]]).to_f32(),
+        // Tiers never hold int8 (ChunkShape::validate), f32 is the only other case.
+        _ => f32::from_le_bytes([raw[4 * i], raw[4 * i + 1], raw[4 * i + 2], raw[4 * i + 3]]),
+    }
+}
+
+/// Writes `x` as element `i` of `out` (in `dtype`).
+fn put(dtype: DType, out: &mut [u8], i: usize, x: f32) {
+    match dtype {
+        DType::F16 => out[2 * i..2 * i + 2].copy_from_slice(&f16::from_f32(x).to_le_bytes()),
+        DType::BF16 => out[2 * i..2 * i + 2].copy_from_slice(&bf16::from_f32(x).to_le_bytes()),
+        _ => out[4 * i..4 * i + 4].copy_from_slice(&x.to_le_bytes()),
     }
 }
 
@@ -78,12 +166,33 @@ impl ChunkCodec {
 pub(crate) struct SectionCoder {
     pub(crate) codec: ChunkCodec,
     inner: Option<Arc<dyn StoreCodec>>,
+    kvq: Option<Arc<KvqRows>>,
 }
 
 impl SectionCoder {
-    pub(crate) fn new(codec: ChunkCodec) -> Result<SectionCoder> {
+    /// The coder of `codec` for rows of `head_dim` values (kvq takes 64, 128 or 256).
+    pub(crate) fn new(codec: ChunkCodec, head_dim: usize) -> Result<SectionCoder> {
+        let kvq = match codec.kvq_bits() {
+            None => None,
+            Some((kb, vb)) => {
+                let mk = |bits| {
+                    RowCodec::new(Method::LloydMax, bits, head_dim, DEFAULT_SEED).map_err(|e| {
+                        Error::invalid(
+                            "codec",
+                            format!("{} at head_dim {head_dim}: {e}", codec.name()),
+                        )
+                    })
+                };
+                Some(Arc::new(KvqRows {
+                    k: mk(kb)?,
+                    v: mk(vb)?,
+                }))
+            }
+        };
         let inner: Option<Arc<dyn StoreCodec>> = match codec {
-            ChunkCodec::Raw => None,
+            ChunkCodec::Raw | ChunkCodec::KvqK4V4 | ChunkCodec::KvqK8V4 | ChunkCodec::KvqK4V2 => {
+                None
+            }
             ChunkCodec::GearV1 => Some(Arc::new(
                 GearV1Codec::new(kvc_codec::gear_v1::EncodeOptions::default()).map_err(|e| {
                     Error::invalid("codec", format!("gear-v1 options rejected: {e}"))
@@ -91,7 +200,88 @@ impl SectionCoder {
             )),
             ChunkCodec::GearV2 => Some(Arc::new(GearV2Codec::default())),
         };
-        Ok(SectionCoder { codec, inner })
+        Ok(SectionCoder { codec, inner, kvq })
+    }
+
+    /// Quantizes `n * heads` rows of `dim` values of `raw` into packed kvq rows on `out`.
+    /// A non-finite value refuses the whole section with [`Error::NonFinite`] before
+    /// anything is written for its row.
+    #[allow(clippy::too_many_arguments)]
+    fn kvq_encode(
+        rows: &KvqRows,
+        layer: usize,
+        tensor: Tensor,
+        dtype: DType,
+        dim: usize,
+        raw: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<()> {
+        let rc = rows.row(tensor);
+        let (rb, es) = (rc.row_bytes(), dtype.size());
+        let n_rows = raw.len() / (dim * es);
+        let mut x = [0f32; MAX_ROW];
+        let x = &mut x[..dim];
+        let start = out.len();
+        out.resize(start + n_rows * rb, 0);
+        for (r, src) in raw.chunks_exact(dim * es).enumerate() {
+            for (i, xi) in x.iter_mut().enumerate() {
+                *xi = load(dtype, src, i);
+            }
+            if let Some(i) = x.iter().position(|v| !v.is_finite()) {
+                out.truncate(start);
+                return Err(Error::NonFinite {
+                    layer,
+                    tensor: tensor.name(),
+                    row: r,
+                    index: i,
+                });
+            }
+            let o = start + r * rb;
+            if let Err(e) = rc.quantize_row(x, &mut out[o..o + rb]) {
+                out.truncate(start);
+                return Err(Error::Codec {
+                    layer,
+                    tensor: tensor.name(),
+                    reason: e.to_string(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Dequantizes packed kvq rows `blob` into exactly `out` (in `dtype`).
+    fn kvq_decode(
+        rows: &KvqRows,
+        layer: usize,
+        tensor: Tensor,
+        dtype: DType,
+        dim: usize,
+        blob: &[u8],
+        out: &mut [u8],
+    ) -> Result<()> {
+        let rc = rows.row(tensor);
+        let (rb, es) = (rc.row_bytes(), dtype.size());
+        let n_rows = out.len() / (dim * es);
+        if blob.len() != n_rows * rb {
+            return Err(Error::BadField {
+                field: "kvq section length",
+                expected: (n_rows * rb) as u64,
+                found: blob.len() as u64,
+            });
+        }
+        let mut x = [0f32; MAX_ROW];
+        let x = &mut x[..dim];
+        for (packed, dst) in blob.chunks_exact(rb).zip(out.chunks_exact_mut(dim * es)) {
+            rc.dequantize_row(packed, x).map_err(|e| Error::Codec {
+                layer,
+                tensor: tensor.name(),
+                reason: e.to_string(),
+            })?;
+            for (i, &xi) in x.iter().enumerate() {
+                put(dtype, dst, i, xi);
+            }
+        }
+        Ok(())
     }
 
     fn info(
@@ -127,6 +317,9 @@ impl SectionCoder {
         scratch: &mut Vec<u8>,
         out: &mut Vec<u8>,
     ) -> Result<()> {
+        if let Some(rows) = &self.kvq {
+            return Self::kvq_encode(rows, layer, tensor, dtype, dim, raw, out);
+        }
         match &self.inner {
             None => out.extend_from_slice(raw),
             Some(c) => {
@@ -155,6 +348,9 @@ impl SectionCoder {
         blob: &[u8],
         out: &mut [u8],
     ) -> Result<()> {
+        if let Some(rows) = &self.kvq {
+            return Self::kvq_decode(rows, layer, tensor, dtype, dim, blob, out);
+        }
         match &self.inner {
             None => {
                 if blob.len() != out.len() {

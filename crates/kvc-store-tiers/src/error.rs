@@ -73,6 +73,18 @@ pub enum Error {
         /// What the codec said.
         reason: String,
     },
+    /// A chunk holds a NaN or an infinity, which kvq cannot encode: the chunk is refused
+    /// (counted in `chunks_refused`), never stored approximately.
+    NonFinite {
+        /// The layer.
+        layer: usize,
+        /// `"K"` or `"V"`.
+        tensor: &'static str,
+        /// The row (token × KV head) within the chunk's section.
+        row: usize,
+        /// The value within the row.
+        index: usize,
+    },
     /// A file system operation of the disk tier failed.
     Io {
         /// What was being done, with the path.
@@ -93,7 +105,7 @@ impl Error {
     /// The coarse kind of this error.
     pub fn kind(&self) -> ErrorKind {
         match self {
-            Error::InvalidArgument { .. } => ErrorKind::InvalidArgument,
+            Error::InvalidArgument { .. } | Error::NonFinite { .. } => ErrorKind::InvalidArgument,
             Error::BadLength { .. }
             | Error::BadMagic { .. }
             | Error::BadVersion { .. }
@@ -143,6 +155,15 @@ impl fmt::Display for Error {
                 tensor,
                 reason,
             } => write!(f, "codec failed on layer {layer} {tensor}: {reason}"),
+            Error::NonFinite {
+                layer,
+                tensor,
+                row,
+                index,
+            } => write!(
+                f,
+                "layer {layer} {tensor} row {row} value {index} is not finite: kvq cannot encode it"
+            ),
             Error::Io { op, source } => write!(f, "{op}: {source}"),
             Error::Redis { op, reason } => write!(f, "redis {op}: {reason}"),
         }

@@ -289,10 +289,17 @@ mod tests {
             ),
             Fingerprint::new(&[1; 32], &shape(), &ChunkCodec::GearV1),
             Fingerprint::new(&[1; 32], &shape(), &ChunkCodec::Raw),
+            Fingerprint::new(&[1; 32], &shape(), &ChunkCodec::KvqK4V4),
+            Fingerprint::new(&[1; 32], &shape(), &ChunkCodec::KvqK8V4),
+            Fingerprint::new(&[1; 32], &shape(), &ChunkCodec::KvqK4V2),
         ];
-        for o in others {
-            assert_ne!(o, fp);
-            assert_ne!(chain_keys(&o, 4, &toks)[0], k[0]);
+        for (i, o) in others.iter().enumerate() {
+            assert_ne!(*o, fp);
+            assert_ne!(chain_keys(o, 4, &toks)[0], k[0]);
+            // ... and every pair differs (the kvq presets among themselves included).
+            for p in &others[i + 1..] {
+                assert_ne!(o, p);
+            }
         }
     }
 

@@ -6,7 +6,8 @@
 //! chained BLAKE3 hash (vLLM's block hash scheme) of the previous key, the chunk's token
 //! ids and a [`Fingerprint`] of the model file, the KV layout, the dtype, the chunk size
 //! and the codec; its value is a self-describing, checksummed blob (docs/formats/kv-chunk.md)
-//! whose sections are raw, gear-v1 or gear-v2. [`Tiers`] looks up the longest cached
+//! whose sections are raw, gear-v1, gear-v2 (lossless) or kvq rows (lossy, see
+//! [`ChunkCodec::lossless`]). [`Tiers`] looks up the longest cached
 //! prefix, restores it with fallthrough memory → disk → Redis and promotion, and stores
 //! through every tier; every failure is a counted miss, never a wrong restore.
 //!

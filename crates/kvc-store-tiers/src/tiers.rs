@@ -66,6 +66,9 @@ pub struct TiersMetrics {
     pub chunks_encoded: u64,
     /// Raw (uncompressed) bytes of the chunks encoded.
     pub raw_bytes_encoded: u64,
+    /// Chunks a store refused because the codec cannot encode them (kvq and a NaN or an
+    /// infinity in the KV): not written anywhere.
+    pub chunks_refused: u64,
     /// Blob bytes of the chunks encoded.
     pub blob_bytes_encoded: u64,
     /// Chunks copied from a lower tier into the tiers above it.
@@ -135,6 +138,9 @@ pub struct StoreReport {
     pub bytes_raw: u64,
     /// Tier writes that failed (counted in the metrics too).
     pub failures: usize,
+    /// Chunks refused because the codec cannot encode them (kvq and a non-finite value):
+    /// not written anywhere (counted in the metrics too).
+    pub chunks_refused: usize,
 }
 
 /// The front over the tiers. Shared by threads.
@@ -149,6 +155,7 @@ pub struct Tiers {
     chunks_restored: AtomicU64,
     chunks_encoded: AtomicU64,
     raw_bytes_encoded: AtomicU64,
+    chunks_refused: AtomicU64,
     blob_bytes_encoded: AtomicU64,
     promotions: AtomicU64,
 }
@@ -163,7 +170,7 @@ impl Tiers {
         Ok(Tiers {
             shape: cfg.shape,
             fp: Fingerprint::new(&cfg.model_hash, &cfg.shape, &cfg.codec),
-            coder: SectionCoder::new(cfg.codec)?,
+            coder: SectionCoder::new(cfg.codec, cfg.shape.head_dim)?,
             counters: tiers.iter().map(|_| Counters::default()).collect(),
             tiers,
             lookups: AtomicU64::new(0),
@@ -171,6 +178,7 @@ impl Tiers {
             chunks_restored: AtomicU64::new(0),
             chunks_encoded: AtomicU64::new(0),
             raw_bytes_encoded: AtomicU64::new(0),
+            chunks_refused: AtomicU64::new(0),
             blob_bytes_encoded: AtomicU64::new(0),
             promotions: AtomicU64::new(0),
         })
@@ -179,6 +187,12 @@ impl Tiers {
     /// The layout and chunk size.
     pub fn shape(&self) -> &ChunkShape {
         &self.shape
+    }
+
+    /// The codec of stored chunks (see [`ChunkCodec::lossless`]: a kvq restore is an
+    /// approximation of what was stored).
+    pub fn codec(&self) -> ChunkCodec {
+        self.coder.codec
     }
 
     /// The fingerprint every key is made with.
@@ -464,7 +478,18 @@ impl Tiers {
                 .map(|b| (i, Arc::new(b)))
             })
             .collect();
-        let blobs: Vec<(usize, Blob)> = blobs.into_iter().collect::<Result<_>>()?;
+        // A chunk the codec cannot encode (kvq and a NaN or an infinity) is refused and
+        // counted, never stored approximately; any other encode failure is an error.
+        let mut ok = Vec::with_capacity(blobs.len());
+        for b in blobs {
+            match b {
+                Ok(x) => ok.push(x),
+                Err(Error::NonFinite { .. }) => report.chunks_refused += 1,
+                Err(e) => return Err(e),
+            }
+        }
+        add(&self.chunks_refused, report.chunks_refused as u64);
+        let blobs = ok;
         report.chunks_encoded = blobs.len();
         report.bytes_stored = blobs.iter().map(|(_, b)| b.len() as u64).sum();
         report.bytes_raw = (blobs.len() * self.shape.chunk_raw_bytes()) as u64;
@@ -510,6 +535,7 @@ impl Tiers {
             chunks_restored: ld(&self.chunks_restored),
             chunks_encoded: ld(&self.chunks_encoded),
             raw_bytes_encoded: ld(&self.raw_bytes_encoded),
+            chunks_refused: ld(&self.chunks_refused),
             blob_bytes_encoded: ld(&self.blob_bytes_encoded),
             promotions: ld(&self.promotions),
             fallbacks: tiers.iter().map(|t| t.errors + t.corrupt + t.foreign).sum(),

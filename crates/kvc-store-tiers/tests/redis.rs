@@ -50,7 +50,7 @@ fn standalone_shares_chunks_between_instances() {
         assert_eq!(b.lookup(&tokens(seed)), 512);
         let got = b.restore(&tokens(seed));
         assert_eq!(got.tokens, 512);
-        assert_exact(&got);
+        assert_restored(&got, codec);
         let m = b.metrics();
         assert_eq!((m.tiers[1].hits, m.promotions, m.fallbacks), (8, 8, 0));
         assert_eq!(mem.stats().entries, 8);

@@ -1,9 +1,11 @@
 //! `kvc bench tiers`: kvc-store-tiers on real KV dumps (the embedded sample by default).
-//! For each tier (memory, disk, Redis) and codec (raw, gear-v1, gear-v2) it stores
+//! For each tier (memory, disk, Redis) and codec (raw, gear-v1, gear-v2, kvq-k4v4 by
+//! default; kvq-k8v4 and kvq-k4v2 on request) it stores
 //! `--prompts` distinct prompts of the dump's K and V through a fresh [`Tiers`] over that
 //! one tier and restores them `--reps` times: store and restore GB/s (uncompressed bytes),
 //! p50/p99 latency of a one-chunk restore, and bytes per token stored against f16. Every
-//! restore is checked bit for bit (lossless codecs) and must be complete. The baseline,
+//! restore must be complete; a lossless codec's is checked bit for bit, a kvq (lossy)
+//! one's relative RMS error of K and V is reported and must be finite and below 0.5. The baseline,
 //! measured in the same run on the same server, is Redis itself with raw values: the same
 //! bytes per chunk SET in pipelines and read with one MGET per prompt, no blob format,
 //! checksum or codec. `--redis URL` uses a server (or `redis+cluster://` nodes); without
@@ -47,8 +49,13 @@ pub struct BenchTiersArgs {
     /// Restores of every prompt.
     #[arg(long, default_value_t = 5)]
     pub reps: usize,
-    /// Codecs, comma-separated: raw, gear-v1, gear-v2.
-    #[arg(long, value_delimiter = ',', default_value = "raw,gear-v1,gear-v2")]
+    /// Codecs, comma-separated: raw, gear-v1, gear-v2 (lossless), kvq-k4v4 (or kvq),
+    /// kvq-k8v4, kvq-k4v2 (lossy).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "raw,gear-v1,gear-v2,kvq-k4v4"
+    )]
     pub codec: Vec<String>,
     /// Also write the results as JSON here.
     #[arg(long)]
@@ -309,12 +316,21 @@ fn run_one(
         }
     }
     let restore_s = t0.elapsed().as_secs_f64();
-    // Bit-exact (outside the timing): every codec here is lossless.
+    // Outside the timing: bit-exact for a lossless codec; for kvq the relative RMS error
+    // of K and V (a sanity bound only: the tests hold the per-bits bounds).
     let r = &restored[0];
-    let exact = r.k == s.prefix(s.k, full) && r.v == s.prefix(s.v, full);
-    if !exact {
+    let (want_k, want_v) = (s.prefix(s.k, full), s.prefix(s.v, full));
+    let exact = r.k == want_k && r.v == want_v;
+    let (err_k, err_v) = (rel_rms_f16(&r.k, &want_k), rel_rms_f16(&r.v, &want_v));
+    if codec.lossless() && !exact {
         return Err(CliError::input(format!(
             "{tier_name}/{}: a restore is not bit-exact",
+            codec.name()
+        )));
+    }
+    if !(codec.lossless() || (err_k < 0.5 && err_v < 0.5)) {
+        return Err(CliError::input(format!(
+            "{tier_name}/{}: restore error K {err_k} V {err_v} (relative RMS) is not below 0.5",
             codec.name()
         )));
     }
@@ -345,9 +361,28 @@ fn run_one(
         "chunk_restore_p99_ms": percentile(&lat, 0.99),
         "bytes_per_token": per_token,
         "f16_over_stored": f16_per_token / per_token,
+        "lossless": codec.lossless(),
         "bit_exact": exact,
+        "rel_rms_error_k": err_k,
+        "rel_rms_error_v": err_v,
         "fallbacks": m.fallbacks,
     }))
+}
+
+/// Relative RMS error of f16 `got` against f16 `want`: `sqrt(Σ(g-w)² / Σw²)`.
+fn rel_rms_f16(got: &[u8], want: &[u8]) -> f64 {
+    let (mut err, mut ref2) = (0f64, 0f64);
+    for (g, w) in got.chunks_exact(2).zip(want.chunks_exact(2)) {
+        let g = f64::from(half::f16::from_le_bytes([g[0], g[1]]).to_f32());
+        let w = f64::from(half::f16::from_le_bytes([w[0], w[1]]).to_f32());
+        err += (g - w) * (g - w);
+        ref2 += w * w;
+    }
+    if ref2 > 0.0 {
+        (err / ref2).sqrt()
+    } else {
+        0.0
+    }
 }
 
 /// Runs `kvc bench tiers`.
@@ -456,12 +491,20 @@ pub fn run(a: &BenchTiersArgs) -> Result<(), CliError> {
         }
     }
     println!(
-        "{:<20} {:<8} {:>10} {:>12} {:>9} {:>9} {:>9} {:>10}",
-        "tier", "codec", "store GB/s", "restore GB/s", "p50 ms", "p99 ms", "B/token", "f16/stored"
+        "{:<20} {:<8} {:>10} {:>12} {:>9} {:>9} {:>9} {:>10} {:>13}",
+        "tier",
+        "codec",
+        "store GB/s",
+        "restore GB/s",
+        "p50 ms",
+        "p99 ms",
+        "B/token",
+        "f16/stored",
+        "rel err K/V"
     );
     for r in base.iter().chain(rows.iter()) {
         println!(
-            "{:<20} {:<8} {:>10.3} {:>12.3} {:>9.3} {:>9.3} {:>9.0} {:>10}",
+            "{:<20} {:<8} {:>10.3} {:>12.3} {:>9.3} {:>9.3} {:>9.0} {:>10} {:>13}",
             r["tier"].as_str().unwrap_or(""),
             r["codec"]
                 .as_str()
@@ -477,6 +520,15 @@ pub fn run(a: &BenchTiersArgs) -> Result<(), CliError> {
             r["f16_over_stored"]
                 .as_f64()
                 .map_or("1 (raw)".to_string(), |x| format!("{x:.3}")),
+            match r["lossless"].as_bool() {
+                Some(false) => format!(
+                    "{:.4}/{:.4}",
+                    r["rel_rms_error_k"].as_f64().unwrap_or(f64::NAN),
+                    r["rel_rms_error_v"].as_f64().unwrap_or(f64::NAN)
+                ),
+                Some(true) => "0 (exact)".to_string(),
+                None => String::new(),
+            },
         );
     }
     if let Some(n) = note {
