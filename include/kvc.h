@@ -213,17 +213,17 @@
 
 /**
  * `kvc_tiers_config.codec`: kvq, 4-bit K and V rows (lossy: a restore approximates the
- * stored KV, about f16/3.7 on the wire; head_dim 64, 128 or 256).
+ * stored KV, about f16/3.7 on the wire; head_dim 64, 128 or 256). (ABI 0.8)
  */
 #define KVC_TIERS_CODEC_KVQ_K4V4 3
 
 /**
- * `kvc_tiers_config.codec`: kvq, 8-bit K and 4-bit V rows (lossy).
+ * `kvc_tiers_config.codec`: kvq, 8-bit K and 4-bit V rows (lossy). (ABI 0.8)
  */
 #define KVC_TIERS_CODEC_KVQ_K8V4 4
 
 /**
- * `kvc_tiers_config.codec`: kvq, 4-bit K and 2-bit V rows (lossy).
+ * `kvc_tiers_config.codec`: kvq, 4-bit K and 2-bit V rows (lossy). (ABI 0.8)
  */
 #define KVC_TIERS_CODEC_KVQ_K4V2 5
 

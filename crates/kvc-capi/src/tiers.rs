@@ -47,11 +47,11 @@ pub const KVC_TIERS_CODEC_GEAR_V1: u32 = 1;
 /// `kvc_tiers_config.codec`: gear-v2 (lossless).
 pub const KVC_TIERS_CODEC_GEAR_V2: u32 = 2;
 /// `kvc_tiers_config.codec`: kvq, 4-bit K and V rows (lossy: a restore approximates the
-/// stored KV, about f16/3.7 on the wire; head_dim 64, 128 or 256).
+/// stored KV, about f16/3.7 on the wire; head_dim 64, 128 or 256). (ABI 0.8)
 pub const KVC_TIERS_CODEC_KVQ_K4V4: u32 = 3;
-/// `kvc_tiers_config.codec`: kvq, 8-bit K and 4-bit V rows (lossy).
+/// `kvc_tiers_config.codec`: kvq, 8-bit K and 4-bit V rows (lossy). (ABI 0.8)
 pub const KVC_TIERS_CODEC_KVQ_K8V4: u32 = 4;
-/// `kvc_tiers_config.codec`: kvq, 4-bit K and 2-bit V rows (lossy).
+/// `kvc_tiers_config.codec`: kvq, 4-bit K and 2-bit V rows (lossy). (ABI 0.8)
 pub const KVC_TIERS_CODEC_KVQ_K4V2: u32 = 5;
 /// Index of the memory tier in `kvc_tiers_metrics.tiers`.
 pub const KVC_TIERS_MEMORY: usize = 0;
