@@ -545,7 +545,8 @@ pub struct KvcApi {
         bits: *mut u32,
     ) -> KvcStatus,
     /// See `kvc_kvq_block_bytes` (ABI 0.8).
-    pub kvq_block_bytes: unsafe extern "C" fn(head_dim: u32, bits: u32, out: *mut usize) -> KvcStatus,
+    pub kvq_block_bytes:
+        unsafe extern "C" fn(head_dim: u32, bits: u32, out: *mut usize) -> KvcStatus,
     /// See `kvc_kvq_block_quantize` (ABI 0.8).
     pub kvq_block_quantize: unsafe extern "C" fn(
         head_dim: u32,

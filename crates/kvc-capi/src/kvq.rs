@@ -97,7 +97,10 @@ fn from_plan(plan: &KvqPlan) -> Result<KvcKvq, Error> {
     let not_block = if plan.method()? != Method::LloydMax {
         Some(format!("method `{}` is not lm", plan.method))
     } else if plan.seed != DEFAULT_SEED {
-        Some(format!("rotation seed {} is not the default {DEFAULT_SEED}", plan.seed))
+        Some(format!(
+            "rotation seed {} is not the default {DEFAULT_SEED}",
+            plan.seed
+        ))
     } else if plan.sink_tokens != 0 || plan.recent_tokens != 0 {
         Some(format!(
             "the plan keeps {} sink and {} recent tokens in f16, which a cache of block rows cannot hold",

@@ -56,7 +56,12 @@ fn codec(head_dim: u32, bits: u32) -> Result<&'static RowCodec, Error> {
     if let Some(c) = slot.get() {
         return Ok(c);
     }
-    let c = RowCodec::new(Method::LloydMax, bits as u8, head_dim as usize, DEFAULT_SEED)?;
+    let c = RowCodec::new(
+        Method::LloydMax,
+        bits as u8,
+        head_dim as usize,
+        DEFAULT_SEED,
+    )?;
     Ok(slot.get_or_init(|| c))
 }
 
@@ -102,7 +107,11 @@ fn scale_is_finite(row: &[u8]) -> bool {
 /// `out` writable.
 #[no_mangle]
 #[must_use = "a kvc_status reports failure"]
-pub unsafe extern "C" fn kvc_kvq_block_bytes(head_dim: u32, bits: u32, out: *mut usize) -> KvcStatus {
+pub unsafe extern "C" fn kvc_kvq_block_bytes(
+    head_dim: u32,
+    bits: u32,
+    out: *mut usize,
+) -> KvcStatus {
     status_boundary("kvc_kvq_block_bytes", || {
         let c = codec(head_dim, bits)?;
         // SAFETY: caller contract.
@@ -150,7 +159,10 @@ pub unsafe extern "C" fn kvc_kvq_block_quantize(
         let x = unsafe { in_slice(src, n_values, "src") }?;
         // SAFETY: as above; disjoint from `src` (checked).
         let d = unsafe { out_slice(dst, need, "dst") }?;
-        for (xr, o) in x.chunks_exact(c.dim()).zip(d.chunks_exact_mut(c.row_bytes())) {
+        for (xr, o) in x
+            .chunks_exact(c.dim())
+            .zip(d.chunks_exact_mut(c.row_bytes()))
+        {
             if c.quantize_row(xr, o).is_err() {
                 // Non-finite input or a scale beyond f16: nothing was written; poison.
                 o.fill(0);
@@ -165,6 +177,7 @@ pub unsafe extern "C" fn kvc_kvq_block_quantize(
 ///
 /// # Safety
 /// As `kvc_kvq_block_dequantize`.
+#[allow(clippy::too_many_arguments)]
 unsafe fn dequantize(
     function: &str,
     head_dim: u32,
@@ -193,7 +206,10 @@ unsafe fn dequantize(
         let p = unsafe { in_slice(src, need, "src") }?;
         // SAFETY: as above; disjoint from `src` (checked).
         let y = unsafe { out_slice(dst, n_values, "dst") }?;
-        for (row, out) in p.chunks_exact(c.row_bytes()).zip(y.chunks_exact_mut(c.dim())) {
+        for (row, out) in p
+            .chunks_exact(c.row_bytes())
+            .zip(y.chunks_exact_mut(c.dim()))
+        {
             if !scale_is_finite(row) {
                 out.fill(f32::NAN);
                 continue;
@@ -314,7 +330,11 @@ unsafe fn rotation_in_place(
 /// `x` readable and writable for `n_values` floats.
 #[no_mangle]
 #[must_use = "a kvc_status reports failure"]
-pub unsafe extern "C" fn kvc_kvq_block_rotate(head_dim: u32, x: *mut f32, n_values: usize) -> KvcStatus {
+pub unsafe extern "C" fn kvc_kvq_block_rotate(
+    head_dim: u32,
+    x: *mut f32,
+    n_values: usize,
+) -> KvcStatus {
     // SAFETY: the same contract.
     unsafe { rotation_in_place("kvc_kvq_block_rotate", head_dim, x, n_values, false) }
 }

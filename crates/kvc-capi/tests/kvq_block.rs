@@ -7,8 +7,8 @@ use std::ptr;
 
 use kvc::codec::{KVC_TENSOR_K, KVC_TENSOR_V};
 use kvc::kvq::{
-    kvc_kvq_block_bits, kvc_kvq_dequantize_rows, kvc_kvq_free, kvc_kvq_new,
-    kvc_kvq_new_from_plan, kvc_kvq_quantize_rows, kvc_kvq_row_bytes, kvc_kvq_shape, KvcKvq,
+    kvc_kvq_block_bits, kvc_kvq_dequantize_rows, kvc_kvq_free, kvc_kvq_new, kvc_kvq_new_from_plan,
+    kvc_kvq_quantize_rows, kvc_kvq_row_bytes, kvc_kvq_shape, KvcKvq,
 };
 use kvc::kvq_block::{
     kvc_kvq_block_bytes, kvc_kvq_block_dequantize, kvc_kvq_block_dequantize_rotated,
@@ -39,7 +39,11 @@ fn values(n: usize, seed: u64) -> Vec<f32> {
 fn handle(config: &str, head_dim: u32) -> *mut KvcKvq {
     let c = std::ffi::CString::new(config).unwrap();
     let mut h = ptr::null_mut();
-    assert_eq!(unsafe { kvc_kvq_new(c.as_ptr(), head_dim, 2, 3, &mut h) }, OK);
+    assert_eq!(
+        // SAFETY: pointers to live locals of the lengths passed; handles live until freed.
+        unsafe { kvc_kvq_new(c.as_ptr(), head_dim, 2, 3, &mut h) },
+        OK
+    );
     h
 }
 
@@ -49,29 +53,57 @@ fn block_bytes_and_values_equal_the_handle_api() {
         for bits in 2u32..=8 {
             let h = handle(&format!("k{bits}v{bits}:lm"), d);
             let mut rb = 0usize;
-            assert_eq!(unsafe { kvc_kvq_row_bytes(h, 1, KVC_TENSOR_V, &mut rb) }, OK);
+            assert_eq!(
+                // SAFETY: pointers to live locals of the lengths passed; handles live until freed.
+                unsafe { kvc_kvq_row_bytes(h, 1, KVC_TENSOR_V, &mut rb) },
+                OK
+            );
             let mut bb = 0usize;
+            // SAFETY: pointers to live locals of the lengths passed; handles live until freed.
             assert_eq!(unsafe { kvc_kvq_block_bytes(d, bits, &mut bb) }, OK);
             assert_eq!(bb, rb, "d {d} bits {bits}");
             let rows = 5usize;
             let x = values(rows * d as usize, u64::from(d * 31 + bits));
             let mut a = vec![0u8; rows * rb];
             let mut b = vec![0u8; rows * rb];
+            // SAFETY: pointers to live locals of the lengths passed; handles live until freed.
             let st = unsafe {
-                kvc_kvq_quantize_rows(h, 1, KVC_TENSOR_K, x.as_ptr(), rows, a.as_mut_ptr(), a.len())
+                kvc_kvq_quantize_rows(
+                    h,
+                    1,
+                    KVC_TENSOR_K,
+                    x.as_ptr(),
+                    rows,
+                    a.as_mut_ptr(),
+                    a.len(),
+                )
             };
             assert_eq!(st, OK);
+            // SAFETY: pointers to live locals of the lengths passed; handles live until freed.
             let st = unsafe {
                 kvc_kvq_block_quantize(d, bits, x.as_ptr(), x.len(), b.as_mut_ptr(), b.len())
             };
             assert_eq!(st, OK);
-            assert_eq!(a, b, "d {d} bits {bits}: block bytes differ from the handle's");
+            assert_eq!(
+                a, b,
+                "d {d} bits {bits}: block bytes differ from the handle's"
+            );
             let mut ya = vec![0f32; x.len()];
             let mut yb = vec![0f32; x.len()];
+            // SAFETY: pointers to live locals of the lengths passed; handles live until freed.
             let st = unsafe {
-                kvc_kvq_dequantize_rows(h, 1, KVC_TENSOR_K, a.as_ptr(), a.len(), ya.as_mut_ptr(), rows)
+                kvc_kvq_dequantize_rows(
+                    h,
+                    1,
+                    KVC_TENSOR_K,
+                    a.as_ptr(),
+                    a.len(),
+                    ya.as_mut_ptr(),
+                    rows,
+                )
             };
             assert_eq!(st, OK);
+            // SAFETY: pointers to live locals of the lengths passed; handles live until freed.
             let st = unsafe {
                 kvc_kvq_block_dequantize(d, bits, b.as_ptr(), b.len(), yb.as_mut_ptr(), yb.len())
             };
@@ -79,22 +111,39 @@ fn block_bytes_and_values_equal_the_handle_api() {
             assert_eq!(ya, yb);
             // rotated rows, un-rotated, are the plain rows
             let mut yr = vec![0f32; x.len()];
+            // SAFETY: pointers to live locals of the lengths passed; handles live until freed.
             let st = unsafe {
-                kvc_kvq_block_dequantize_rotated(d, bits, b.as_ptr(), b.len(), yr.as_mut_ptr(), yr.len())
+                kvc_kvq_block_dequantize_rotated(
+                    d,
+                    bits,
+                    b.as_ptr(),
+                    b.len(),
+                    yr.as_mut_ptr(),
+                    yr.len(),
+                )
             };
             assert_eq!(st, OK);
             assert_ne!(yr, yb, "the rotated basis is another basis");
-            assert_eq!(unsafe { kvc_kvq_block_unrotate(d, yr.as_mut_ptr(), yr.len()) }, OK);
+            assert_eq!(
+                // SAFETY: pointers to live locals of the lengths passed; handles live until freed.
+                unsafe { kvc_kvq_block_unrotate(d, yr.as_mut_ptr(), yr.len()) },
+                OK
+            );
             for (p, q) in yr.iter().zip(&yb) {
                 assert!((p - q).abs() <= 1e-5 * (1.0 + q.abs()), "{p} vs {q}");
             }
             // the dot of a rotated query with packed rows is the dot with the values
             let q = values(d as usize, 99);
             let mut qr = q.clone();
-            assert_eq!(unsafe { kvc_kvq_block_rotate(d, qr.as_mut_ptr(), qr.len()) }, OK);
+            assert_eq!(
+                // SAFETY: pointers to live locals of the lengths passed; handles live until freed.
+                unsafe { kvc_kvq_block_rotate(d, qr.as_mut_ptr(), qr.len()) },
+                OK
+            );
             let rbz = rb;
             for r in 0..rows {
                 let mut s = f32::NAN;
+                // SAFETY: pointers to live locals of the lengths passed; handles live until freed.
                 let st = unsafe {
                     kvc_kvq_block_dot(
                         d,
@@ -122,6 +171,7 @@ fn block_bytes_and_values_equal_the_handle_api() {
                     "d {d} bits {bits} row {r}: {s} vs {want}"
                 );
             }
+            // SAFETY: pointers to live locals of the lengths passed; handles live until freed.
             unsafe { kvc_kvq_free(h) };
         }
     }
@@ -134,21 +184,32 @@ fn non_finite_rows_are_poisoned_not_errors() {
     x[64 + 7] = f32::INFINITY; // row 1
     x[2 * 64 + 1] = f32::NAN; // row 2
     let mut bb = 0usize;
+    // SAFETY: pointers to live locals of the lengths passed; handles live until freed.
     assert_eq!(unsafe { kvc_kvq_block_bytes(d, bits, &mut bb) }, OK);
     let mut p = vec![0xAAu8; 3 * bb];
-    let st = unsafe { kvc_kvq_block_quantize(d, bits, x.as_ptr(), x.len(), p.as_mut_ptr(), p.len()) };
+    let st =
+        // SAFETY: pointers to live locals of the lengths passed; handles live until freed.
+        unsafe { kvc_kvq_block_quantize(d, bits, x.as_ptr(), x.len(), p.as_mut_ptr(), p.len()) };
     assert_eq!(st, OK);
     let mut y = vec![0f32; x.len()];
-    let st = unsafe { kvc_kvq_block_dequantize(d, bits, p.as_ptr(), p.len(), y.as_mut_ptr(), y.len()) };
+    let st =
+        // SAFETY: pointers to live locals of the lengths passed; handles live until freed.
+        unsafe { kvc_kvq_block_dequantize(d, bits, p.as_ptr(), p.len(), y.as_mut_ptr(), y.len()) };
     assert_eq!(st, OK);
     assert!(y[..64].iter().all(|v| v.is_finite()));
-    assert!(y[64..].iter().all(|v| v.is_nan()), "poisoned rows read as NaN");
+    assert!(
+        y[64..].iter().all(|v| v.is_nan()),
+        "poisoned rows read as NaN"
+    );
     let mut q = values(64, 1);
+    // SAFETY: pointers to live locals of the lengths passed; handles live until freed.
     assert_eq!(unsafe { kvc_kvq_block_rotate(d, q.as_mut_ptr(), 64) }, OK);
     let mut s = 0f32;
+    // SAFETY: pointers to live locals of the lengths passed; handles live until freed.
     let st = unsafe { kvc_kvq_block_dot(d, bits, p[bb..].as_ptr(), bb, q.as_ptr(), 64, &mut s) };
     assert_eq!(st, OK);
     assert!(s.is_nan());
+    // SAFETY: pointers to live locals of the lengths passed; handles live until freed.
     let st = unsafe { kvc_kvq_block_dot(d, bits, p.as_ptr(), bb, q.as_ptr(), 64, &mut s) };
     assert_eq!(st, OK);
     assert!(s.is_finite());
@@ -160,29 +221,45 @@ fn bad_arguments_are_refused() {
     let mut p = vec![0u8; 4 * 34];
     let mut n = 0usize;
     let inv = KvcStatus::KVC_INVALID_ARGUMENT;
+    // SAFETY: pointers to live locals of the lengths passed; handles live until freed.
     assert_eq!(unsafe { kvc_kvq_block_bytes(96, 4, &mut n) }, inv);
+    // SAFETY: pointers to live locals of the lengths passed; handles live until freed.
     assert_eq!(unsafe { kvc_kvq_block_bytes(64, 1, &mut n) }, inv);
+    // SAFETY: pointers to live locals of the lengths passed; handles live until freed.
     assert_eq!(unsafe { kvc_kvq_block_bytes(64, 9, &mut n) }, inv);
-    assert_eq!(unsafe { kvc_kvq_block_bytes(64, 4, ptr::null_mut()) }, KvcStatus::KVC_NULL_ARGUMENT);
+    assert_eq!(
+        // SAFETY: pointers to live locals of the lengths passed; handles live until freed.
+        unsafe { kvc_kvq_block_bytes(64, 4, ptr::null_mut()) },
+        KvcStatus::KVC_NULL_ARGUMENT
+    );
     // not a whole number of rows
+    // SAFETY: pointers to live locals of the lengths passed; handles live until freed.
     let st = unsafe { kvc_kvq_block_quantize(64, 4, x.as_ptr(), 100, p.as_mut_ptr(), p.len()) };
     assert_eq!(st, inv);
     // a short destination
+    // SAFETY: pointers to live locals of the lengths passed; handles live until freed.
     let st = unsafe { kvc_kvq_block_quantize(64, 4, x.as_ptr(), 128, p.as_mut_ptr(), 67) };
     assert_eq!(st, KvcStatus::KVC_BUFFER_TOO_SMALL);
     let mut y = vec![0f32; 128];
+    // SAFETY: pointers to live locals of the lengths passed; handles live until freed.
     let st = unsafe { kvc_kvq_block_dequantize(64, 4, p.as_ptr(), 67, y.as_mut_ptr(), 128) };
     assert_eq!(st, KvcStatus::KVC_BUFFER_TOO_SMALL);
     let mut s = 0f32;
+    // SAFETY: pointers to live locals of the lengths passed; handles live until freed.
     let st = unsafe { kvc_kvq_block_dot(64, 4, p.as_ptr(), 33, y.as_ptr(), 64, &mut s) };
     assert_eq!(st, KvcStatus::KVC_BUFFER_TOO_SMALL);
+    // SAFETY: pointers to live locals of the lengths passed; handles live until freed.
     let st = unsafe { kvc_kvq_block_rotate(64, y.as_mut_ptr(), 65) };
     assert_eq!(st, inv);
 }
 
 fn plan_handle(json: &str) -> *mut KvcKvq {
     let mut h = ptr::null_mut();
-    assert_eq!(unsafe { kvc_kvq_new_from_plan(json.as_ptr().cast(), json.len(), &mut h) }, OK);
+    assert_eq!(
+        // SAFETY: pointers to live locals of the lengths passed; handles live until freed.
+        unsafe { kvc_kvq_new_from_plan(json.as_ptr().cast(), json.len(), &mut h) },
+        OK
+    );
     h
 }
 
@@ -193,29 +270,47 @@ fn plans_map_to_block_bits_or_are_refused() {
     let plan = kvc_quant::kvq::KvqPlan::from_json(&json).unwrap();
     let h = plan_handle(&json);
     let (mut l, mut k, mut d) = (0u32, 0u32, 0u32);
+    // SAFETY: pointers to live locals of the lengths passed; handles live until freed.
     assert_eq!(unsafe { kvc_kvq_shape(h, &mut l, &mut k, &mut d) }, OK);
     assert_eq!((l, k, d), (30, 3, 64));
     for (i, lb) in plan.layers.iter().enumerate() {
         let (mut kb, mut vb) = (0u32, 0u32);
-        assert_eq!(unsafe { kvc_kvq_block_bits(h, i as u32, KVC_TENSOR_K, &mut kb) }, OK);
-        assert_eq!(unsafe { kvc_kvq_block_bits(h, i as u32, KVC_TENSOR_V, &mut vb) }, OK);
+        assert_eq!(
+            // SAFETY: pointers to live locals of the lengths passed; handles live until freed.
+            unsafe { kvc_kvq_block_bits(h, i as u32, KVC_TENSOR_K, &mut kb) },
+            OK
+        );
+        assert_eq!(
+            // SAFETY: pointers to live locals of the lengths passed; handles live until freed.
+            unsafe { kvc_kvq_block_bits(h, i as u32, KVC_TENSOR_V, &mut vb) },
+            OK
+        );
         assert_eq!((kb, vb), (u32::from(lb.k_bits), u32::from(lb.v_bits)));
     }
     let mut b = 0u32;
-    assert_eq!(unsafe { kvc_kvq_block_bits(h, 30, KVC_TENSOR_K, &mut b) }, KvcStatus::KVC_INVALID_ARGUMENT);
+    assert_eq!(
+        // SAFETY: pointers to live locals of the lengths passed; handles live until freed.
+        unsafe { kvc_kvq_block_bits(h, 30, KVC_TENSOR_K, &mut b) },
+        KvcStatus::KVC_INVALID_ARGUMENT
+    );
+    // SAFETY: pointers to live locals of the lengths passed; handles live until freed.
     unsafe { kvc_kvq_free(h) };
     // uniform codes, another seed, f16 sink tokens: not block formats
     for (config, why) in [("k4v4:u32", "method"), ("k4v4:s7", "seed")] {
         let h = handle(config, 64);
+        // SAFETY: pointers to live locals of the lengths passed; handles live until freed.
         let st = unsafe { kvc_kvq_block_bits(h, 0, KVC_TENSOR_K, &mut b) };
         assert_eq!(st, KvcStatus::KVC_UNSUPPORTED, "{why}");
+        // SAFETY: pointers to live locals of the lengths passed; handles live until freed.
         unsafe { kvc_kvq_free(h) };
     }
     let sinks = json.replacen("\"sink_tokens\": 0", "\"sink_tokens\": 4", 1);
     assert_ne!(sinks, json, "the plan file spells sink_tokens as expected");
     let h = plan_handle(&sinks);
+    // SAFETY: pointers to live locals of the lengths passed; handles live until freed.
     let st = unsafe { kvc_kvq_block_bits(h, 0, KVC_TENSOR_K, &mut b) };
     assert_eq!(st, KvcStatus::KVC_UNSUPPORTED);
+    // SAFETY: pointers to live locals of the lengths passed; handles live until freed.
     unsafe { kvc_kvq_free(h) };
 }
 
@@ -224,33 +319,62 @@ fn strided_rows_equal_the_row_by_row_calls() {
     use kvc::kvq_block::{kvc_kvq_block_accumulate_rows, kvc_kvq_block_dot_rows};
     let (d, bits, heads, rows) = (64u32, 3u32, 3usize, 7usize);
     let mut bb = 0usize;
+    // SAFETY: pointers to live locals of the lengths passed; handles live until freed.
     assert_eq!(unsafe { kvc_kvq_block_bytes(d, bits, &mut bb) }, OK);
     // llama.cpp's layout: a token's row holds every KV head; head 1's rows are `stride` apart
     let stride = heads * bb;
     let mut x = values(rows * heads * d as usize, 17);
     x[(4 * heads + 1) * d as usize + 2] = f32::NAN; // token 4, head 1: poisoned
     let mut p = vec![0u8; rows * stride];
-    let st = unsafe { kvc_kvq_block_quantize(d, bits, x.as_ptr(), x.len(), p.as_mut_ptr(), p.len()) };
+    let st =
+        // SAFETY: pointers to live locals of the lengths passed; handles live until freed.
+        unsafe { kvc_kvq_block_quantize(d, bits, x.as_ptr(), x.len(), p.as_mut_ptr(), p.len()) };
     assert_eq!(st, OK);
     let mut q = values(d as usize, 3);
-    assert_eq!(unsafe { kvc_kvq_block_rotate(d, q.as_mut_ptr(), q.len()) }, OK);
+    assert_eq!(
+        // SAFETY: pointers to live locals of the lengths passed; handles live until freed.
+        unsafe { kvc_kvq_block_rotate(d, q.as_mut_ptr(), q.len()) },
+        OK
+    );
     let head1 = &p[bb..];
     let mut scores = vec![0f32; rows];
+    // SAFETY: pointers to live locals of the lengths passed; handles live until freed.
     let st = unsafe {
-        kvc_kvq_block_dot_rows(d, bits, head1.as_ptr(), stride, rows, q.as_ptr(), scores.as_mut_ptr())
+        kvc_kvq_block_dot_rows(
+            d,
+            bits,
+            head1.as_ptr(),
+            stride,
+            rows,
+            q.as_ptr(),
+            scores.as_mut_ptr(),
+        )
     };
     assert_eq!(st, OK);
-    let w: Vec<f32> = (0..rows).map(|i| if i == 4 { 0.0 } else { 0.1 * (i as f32 + 1.0) }).collect();
+    let w: Vec<f32> = (0..rows)
+        .map(|i| if i == 4 { 0.0 } else { 0.1 * (i as f32 + 1.0) })
+        .collect();
     let mut acc = vec![0.5f32; d as usize];
+    // SAFETY: pointers to live locals of the lengths passed; handles live until freed.
     let st = unsafe {
-        kvc_kvq_block_accumulate_rows(d, bits, head1.as_ptr(), stride, rows, w.as_ptr(), acc.as_mut_ptr())
+        kvc_kvq_block_accumulate_rows(
+            d,
+            bits,
+            head1.as_ptr(),
+            stride,
+            rows,
+            w.as_ptr(),
+            acc.as_mut_ptr(),
+        )
     };
     assert_eq!(st, OK);
     let mut want = vec![0.5f64; d as usize];
     for t in 0..rows {
         let row = &head1[t * stride..t * stride + bb];
         let mut s = 0f32;
-        let st = unsafe { kvc_kvq_block_dot(d, bits, row.as_ptr(), bb, q.as_ptr(), q.len(), &mut s) };
+        let st =
+            // SAFETY: pointers to live locals of the lengths passed; handles live until freed.
+            unsafe { kvc_kvq_block_dot(d, bits, row.as_ptr(), bb, q.as_ptr(), q.len(), &mut s) };
         assert_eq!(st, OK);
         if t == 4 {
             assert!(scores[t].is_nan() && s.is_nan());
@@ -258,6 +382,7 @@ fn strided_rows_equal_the_row_by_row_calls() {
         }
         assert_eq!(scores[t], s, "token {t}");
         let mut v = vec![0f32; d as usize];
+        // SAFETY: pointers to live locals of the lengths passed; handles live until freed.
         let st = unsafe {
             kvc_kvq_block_dequantize_rotated(d, bits, row.as_ptr(), bb, v.as_mut_ptr(), v.len())
         };
@@ -271,22 +396,51 @@ fn strided_rows_equal_the_row_by_row_calls() {
     }
     // a poisoned row of non-zero weight makes the sum NaN
     let w1 = vec![1.0f32; rows];
+    // SAFETY: pointers to live locals of the lengths passed; handles live until freed.
     let st = unsafe {
-        kvc_kvq_block_accumulate_rows(d, bits, head1.as_ptr(), stride, rows, w1.as_ptr(), acc.as_mut_ptr())
+        kvc_kvq_block_accumulate_rows(
+            d,
+            bits,
+            head1.as_ptr(),
+            stride,
+            rows,
+            w1.as_ptr(),
+            acc.as_mut_ptr(),
+        )
     };
     assert_eq!(st, OK);
     assert!(acc.iter().all(|v| v.is_nan()));
     // a stride shorter than a row, or a span past the buffer's end (checked by the caller's
     // length only through the pointer contract, so here: a zero stride), are refused
+    // SAFETY: pointers to live locals of the lengths passed; handles live until freed.
     let st = unsafe {
-        kvc_kvq_block_dot_rows(d, bits, head1.as_ptr(), bb - 1, rows, q.as_ptr(), scores.as_mut_ptr())
+        kvc_kvq_block_dot_rows(
+            d,
+            bits,
+            head1.as_ptr(),
+            bb - 1,
+            rows,
+            q.as_ptr(),
+            scores.as_mut_ptr(),
+        )
     };
     assert_eq!(st, KvcStatus::KVC_INVALID_ARGUMENT);
+    // SAFETY: pointers to live locals of the lengths passed; handles live until freed.
     let st = unsafe {
-        kvc_kvq_block_dot_rows(d, bits, head1.as_ptr(), usize::MAX / 2, rows, q.as_ptr(), scores.as_mut_ptr())
+        kvc_kvq_block_dot_rows(
+            d,
+            bits,
+            head1.as_ptr(),
+            usize::MAX / 2,
+            rows,
+            q.as_ptr(),
+            scores.as_mut_ptr(),
+        )
     };
     assert_eq!(st, KvcStatus::KVC_INVALID_ARGUMENT);
     // no rows: nothing read or written
-    let st = unsafe { kvc_kvq_block_dot_rows(d, bits, ptr::null(), 0, 0, q.as_ptr(), ptr::null_mut()) };
+    let st =
+        // SAFETY: pointers to live locals of the lengths passed; handles live until freed.
+        unsafe { kvc_kvq_block_dot_rows(d, bits, ptr::null(), 0, 0, q.as_ptr(), ptr::null_mut()) };
     assert_eq!(st, OK);
 }
