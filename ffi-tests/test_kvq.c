@@ -159,37 +159,37 @@ int main(void) {
     kvc_kvq_free(kvq);
     kvq = NULL;
     {
-        enum { D = 64, ROWS = 3 };
-        size_t bb = 0;
-        CHECK_STATUS(kvc_kvq_block_bytes(D, 4, &bb), KVC_OK);
-        CHECK(bb == 2 + 32);
-        CHECK_STATUS(kvc_kvq_block_bytes(96, 4, &bb), KVC_INVALID_ARGUMENT);
-        float x[ROWS * D], y[ROWS * D], yr[ROWS * D], q[D];
-        for (int i = 0; i < ROWS * D; ++i) x[i] = (float) ((i * 37) % 23) / 7.0f - 1.5f;
-        for (int i = 0; i < D; ++i) q[i] = (float) ((i * 11) % 13) / 5.0f - 1.0f;
-        x[2 * D + 3] = 1.0f / 0.0f; /* row 2 holds an infinity: stored poisoned */
-        unsigned char packed[ROWS * (2 + 32)];
-        CHECK_STATUS(kvc_kvq_block_quantize(D, 4, x, ROWS * D, packed, sizeof packed), KVC_OK);
-        CHECK_STATUS(kvc_kvq_block_quantize(D, 4, x, ROWS * D, packed, sizeof packed - 1),
+        enum { BROWS = 3 }; /* rows of D (64) values */
+        size_t bbytes = 0;
+        CHECK_STATUS(kvc_kvq_block_bytes(D, 4, &bbytes), KVC_OK);
+        CHECK(bbytes == 2 + 32);
+        CHECK_STATUS(kvc_kvq_block_bytes(96, 4, &bbytes), KVC_INVALID_ARGUMENT);
+        float bx[BROWS * D], by[BROWS * D], byr[BROWS * D], bq[D];
+        for (int i = 0; i < BROWS * D; ++i) bx[i] = (float) ((i * 37) % 23) / 7.0f - 1.5f;
+        for (int i = 0; i < D; ++i) bq[i] = (float) ((i * 11) % 13) / 5.0f - 1.0f;
+        bx[2 * D + 3] = INFINITY; /* row 2 holds an infinity: stored poisoned */
+        unsigned char bpacked[BROWS * (2 + 32)];
+        CHECK_STATUS(kvc_kvq_block_quantize(D, 4, bx, BROWS * D, bpacked, sizeof bpacked), KVC_OK);
+        CHECK_STATUS(kvc_kvq_block_quantize(D, 4, bx, BROWS * D, bpacked, sizeof bpacked - 1),
                      KVC_BUFFER_TOO_SMALL);
-        CHECK_STATUS(kvc_kvq_block_dequantize(D, 4, packed, sizeof packed, y, ROWS * D), KVC_OK);
-        CHECK_STATUS(kvc_kvq_block_dequantize_rotated(D, 4, packed, sizeof packed, yr, ROWS * D), KVC_OK);
-        CHECK_STATUS(kvc_kvq_block_unrotate(D, yr, ROWS * D), KVC_OK);
+        CHECK_STATUS(kvc_kvq_block_dequantize(D, 4, bpacked, sizeof bpacked, by, BROWS * D), KVC_OK);
+        CHECK_STATUS(kvc_kvq_block_dequantize_rotated(D, 4, bpacked, sizeof bpacked, byr, BROWS * D), KVC_OK);
+        CHECK_STATUS(kvc_kvq_block_unrotate(D, byr, BROWS * D), KVC_OK);
         for (int i = 0; i < 2 * D; ++i) {
-            CHECK(fabsf(yr[i] - y[i]) <= 1e-5f * (1.0f + fabsf(y[i])));
-            CHECK(fabsf(y[i] - x[i]) < 0.5f);
+            CHECK(fabsf(byr[i] - by[i]) <= 1e-5f * (1.0f + fabsf(by[i])));
+            CHECK(fabsf(by[i] - bx[i]) < 0.5f);
         }
-        for (int i = 2 * D; i < 3 * D; ++i) CHECK(y[i] != y[i]); /* NaN */
-        float qr[D], s = 0.0f;
-        memcpy(qr, q, sizeof qr);
-        CHECK_STATUS(kvc_kvq_block_rotate(D, qr, D), KVC_OK);
-        CHECK_STATUS(kvc_kvq_block_dot(D, 4, packed + (2 + 32), 2 + 32, qr, D, &s), KVC_OK);
-        double want = 0.0;
-        for (int i = 0; i < D; ++i) want += (double) q[i] * y[D + i];
-        CHECK(fabs((double) s - want) < 1e-3 * (1.0 + fabs(want)));
-        CHECK_STATUS(kvc_kvq_block_dot(D, 4, packed + 2 * (2 + 32), 2 + 32, qr, D, &s), KVC_OK);
-        CHECK(s != s);
-        CHECK_STATUS(kvc_kvq_block_dot(D, 4, packed, 2 + 32, qr, D - 1, &s), KVC_INVALID_ARGUMENT);
+        for (int i = 2 * D; i < 3 * D; ++i) CHECK(by[i] != by[i]); /* NaN */
+        float bqr[D], bs = 0.0f;
+        memcpy(bqr, bq, sizeof bqr);
+        CHECK_STATUS(kvc_kvq_block_rotate(D, bqr, D), KVC_OK);
+        CHECK_STATUS(kvc_kvq_block_dot(D, 4, bpacked + (2 + 32), 2 + 32, bqr, D, &bs), KVC_OK);
+        double bwant = 0.0;
+        for (int i = 0; i < D; ++i) bwant += (double) bq[i] * by[D + i];
+        CHECK(fabs((double) bs - bwant) < 1e-3 * (1.0 + fabs(bwant)));
+        CHECK_STATUS(kvc_kvq_block_dot(D, 4, bpacked + 2 * (2 + 32), 2 + 32, bqr, D, &bs), KVC_OK);
+        CHECK(bs != bs);
+        CHECK_STATUS(kvc_kvq_block_dot(D, 4, bpacked, 2 + 32, bqr, D - 1, &bs), KVC_INVALID_ARGUMENT);
     }
     puts("test_kvq: ok");
     return 0;
