@@ -13,6 +13,8 @@ command -v clang >/dev/null 2>&1 || need_apt+=(clang libclang-rt-14-dev)
 command -v ninja >/dev/null 2>&1 || need_apt+=(ninja-build)
 command -v pkg-config >/dev/null 2>&1 || need_apt+=(pkg-config)
 command -v valgrind >/dev/null 2>&1 || need_apt+=(valgrind)
+# patch: fetch-and-build.sh applies kvc's patch series to llama.cpp
+command -v patch >/dev/null 2>&1 || need_apt+=(patch)
 command -v python3 >/dev/null 2>&1 || need_apt+=(python3 python3-pip)
 # kvc-store-tiers' tests start their own Redis servers and cluster on 127.0.0.1.
 command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
