@@ -204,6 +204,8 @@ print(f"50-llama: share: kvq k4v4 {kvq['wire_ratio_vs_f16']:.3f}:1 vs f16, KL {k
 print(f"50-llama: share: redis {up['wire_ratio_vs_f16']:.3f}:1 vs f16, restore {up['restore_s']:.3f} s vs "
       f"prefill {up['prefill_s']:.3f} s; damaged value: {bad['client_detail'][0]['restored_tokens']} tokens restored; "
       f"killed: {killed['fallbacks']:.0f} fallbacks; down: {down['fallbacks']:.0f}; disk raw ok")
+PY
+
 # kvc-mlp's compressor in llama.cpp (mlp modes, integrations/llama/mlp_mode.hpp): the older
 # cells compressed in groups of 4 through the C API and the state rewritten with fewer cells.
 # Weights: KVC_MLP_WEIGHTS_F4 (a .bin v1 file of factor 4 for SmolLM2-135M), else the shipped one
