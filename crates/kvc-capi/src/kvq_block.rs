@@ -422,6 +422,28 @@ fn strided_span(c: &RowCodec, stride: usize, n_rows: usize) -> Result<usize, Err
         .ok_or_else(|| Error::invalid("n_rows", "(n_rows - 1) * stride + row bytes overflows"))
 }
 
+/// The codec of `(head_dim, bits)` and the bytes a strided run of `n_rows` rows spans at
+/// `packed`, or `None` for no rows (nothing is read then, and `packed` may be NULL).
+///
+/// # Safety
+/// `packed` readable for `(n_rows - 1) * stride + row bytes` when `n_rows > 0`.
+unsafe fn strided_rows<'a>(
+    head_dim: u32,
+    bits: u32,
+    packed: *const u8,
+    stride: usize,
+    n_rows: usize,
+) -> Result<Option<(&'static RowCodec, &'a [u8])>, Error> {
+    let c = codec(head_dim, bits)?;
+    let span = strided_span(c, stride, n_rows)?;
+    if n_rows == 0 {
+        return Ok(None);
+    }
+    // SAFETY: caller contract; NULL, alignment and size are checked.
+    let p = unsafe { in_slice(packed, span, "packed") }?;
+    Ok(Some((c, p)))
+}
+
 /// The dot products of one rotated query (`head_dim` floats at `q_rot`, from
 /// `kvc_kvq_block_rotate`) with `n_rows` packed rows, row `i` at `packed + i * stride`
 /// (`stride >= ` the row's bytes; an engine's cache keeps one head's rows a token apart),
@@ -445,14 +467,11 @@ pub unsafe extern "C" fn kvc_kvq_block_dot_rows(
     scores: *mut f32,
 ) -> KvcStatus {
     status_boundary("kvc_kvq_block_dot_rows", || {
-        let c = codec(head_dim, bits)?;
-        let span = strided_span(c, stride, n_rows)?;
-        if n_rows == 0 {
+        // SAFETY: caller contract.
+        let Some((c, p)) = unsafe { strided_rows(head_dim, bits, packed, stride, n_rows) }? else {
             return Ok(());
-        }
+        };
         // SAFETY: caller contract; NULL, alignment and size are checked.
-        let p = unsafe { in_slice(packed, span, "packed") }?;
-        // SAFETY: as above.
         let q = unsafe { in_slice(q_rot, c.dim(), "q_rot") }?;
         // SAFETY: as above.
         let s = unsafe { out_slice(scores, n_rows, "scores") }?;
@@ -492,14 +511,11 @@ pub unsafe extern "C" fn kvc_kvq_block_accumulate_rows(
     acc: *mut f32,
 ) -> KvcStatus {
     status_boundary("kvc_kvq_block_accumulate_rows", || {
-        let c = codec(head_dim, bits)?;
-        let span = strided_span(c, stride, n_rows)?;
-        if n_rows == 0 {
+        // SAFETY: caller contract.
+        let Some((c, p)) = unsafe { strided_rows(head_dim, bits, packed, stride, n_rows) }? else {
             return Ok(());
-        }
+        };
         // SAFETY: caller contract; NULL, alignment and size are checked.
-        let p = unsafe { in_slice(packed, span, "packed") }?;
-        // SAFETY: as above.
         let w = unsafe { in_slice(weights, n_rows, "weights") }?;
         // SAFETY: as above.
         let a = unsafe { out_slice(acc, c.dim(), "acc") }?;
