@@ -325,7 +325,7 @@ fi
 t2=$SECONDS
 plan=data/kvq-plans/smollm2-135m-r3.5-kw3.json
 "$EVAL" --model "$MODEL" --text "$TEXT_A" --n-tokens 320 --ppl-from 129 --kvq-fa \
-    --modes "full,kvq:k4v4,kvq-native:k4v4,kvq-native:k8v4,kvq-native-plan:$plan" \
+    --modes "full,kvq:k4v4,kvq:k8v4,kvq-native:k4v4,kvq-native:k8v4,kvq-native-plan:$plan" \
     --speed-modes "f16,kvq-native:k4v4" --speed-ctx 256 --speed-decode 4 \
     --json "$out/native.json" >"$out/native.txt"
 echo "50-llama: kvq-native run took $((SECONDS - t2)) s"
@@ -353,13 +353,19 @@ want_k = sum(cells * 3 * packed(l["k_bits"]) for l in plan["layers"])
 want_v = sum(cells * 3 * packed(l["v_bits"]) for l in plan["layers"])
 assert p["kv_alloc_k_bytes"] == want_k and p["kv_alloc_v_bytes"] == want_v, (p, want_k, want_v)
 assert f16_alloc / (p["kv_alloc_k_bytes"] + p["kv_alloc_v_bytes"]) >= 3.5, p
-# the same quantizer on the same attention path: native and fake-quant decode alike. At 320
-# tokens the bound is loose: four other rotation seeds of kvq:k4v4 spread PPL by 5 % and KL by
-# 20 % here, and a tiny upstream difference (f16 storage) moves codes across boundaries like
-# a seed does; docs/results/kvq-native.md has the 2048-token comparison
-n, f = rows["kvq-native:k4v4"], rows["kvq:k4v4"]
-assert abs(n["ppl"] / f["ppl"] - 1) < 0.08, (n["ppl"], f["ppl"])
-assert 0.6 < n["kl"] / f["kl"] < 1.6, (n["kl"], f["kl"])
+# native decoding is right: 8-bit K on llama.cpp's own kvq cache stays next to the full f16
+# run (a wrong kernel, basis or stride would not). The native-against-fake comparison is
+# printed, not asserted: at 320 tokens two runs of the same quantizer differ by realization
+# (other rotation seeds of kvq:k4v4 spread PPL by 5 % and KL by 20 %; the fake rows' f16 flash
+# attention moved k8v4 by 2-3 % on both builds); docs/results/kvq-native.md compares them at
+# 2048 tokens on both texts
+n = rows["kvq-native:k8v4"]
+assert abs(n["ppl"] / full["ppl"] - 1) < 0.02 and 0 < n["kl"] < 0.03, (n, full["ppl"])
+msg = []
+for c in ("k8v4", "k4v4"):
+    nn, ff = rows["kvq-native:" + c], rows["kvq:" + c]
+    msg.append(f"{c} PPL {nn['ppl'] / ff['ppl']:.4f} KL {nn['kl'] / ff['kl']:.3f}")
+print("50-llama: native/fake (not asserted): " + "; ".join(msg))
 speed = {(s["mode"], s["threads"]): s for s in res["speed"]}
 assert ("f16", 1) in speed and ("kvq-native:k4v4", 1) in speed, res["speed"]
 assert all(s["tok_s"] > 0 for s in res["speed"]), res["speed"]
