@@ -72,6 +72,10 @@ def main():
     ap.add_argument("--texts", help="texts.json of make_data.py [beside --tokens]")
     ap.add_argument("--init", required=True, help=".bin v1 to start from, or 'meanpool'")
     ap.add_argument("--factor", type=int, required=True)
+    ap.add_argument("--meanpool-offset", type=float, default=32.0,
+                    help="ReLU offset of the mean-pool MLP (--init meanpool and the reference): exact for group "
+                         "means above -offset (SmolLM2's |K|, |V| stay below ~24); the client's 256 makes Adam's "
+                         "first steps move the output by 256 x 64 x lr")
     ap.add_argument("--steps", type=int, default=600)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--prefix", default="256,512,768", help="prefix lengths P, one drawn per step")
@@ -79,6 +83,8 @@ def main():
     ap.add_argument("--sink", type=int, default=32, help="as the client's --sink")
     ap.add_argument("--keep", type=int, default=64, help="prefix tail kept uncompressed (the client's --recent)")
     ap.add_argument("--lr", type=float, default=1e-4)
+    ap.add_argument("--local-weight", type=float, default=0.0,
+                    help="weight of the layer-local attention-output loss (mean over layers) added to the KL")
     ap.add_argument("--warmup", type=float, default=0.05)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--val-windows", type=int, default=16, help="validation windows per prefix length")
@@ -104,7 +110,7 @@ def main():
           f"({time.time() - t_start:.1f} s to load)", flush=True)
 
     if a.init == "meanpool":
-        init = binv1.meanpool(cfg.n_layer, D, F)
+        init = binv1.meanpool(cfg.n_layer, D, F, a.meanpool_offset)
         init_hdr = {"compression_factor": F, "num_heads": cfg.n_head_kv, "min_seq_len": 1}
     else:
         init_hdr, init = binv1.read(a.init)
@@ -112,7 +118,7 @@ def main():
             sys.exit(f"--init {a.init}: factor {init_hdr['compression_factor']}, {len(init['k'])} layers, "
                      f"w0 {init['k'][0]['w0'].shape}; expected factor {F}, {cfg.n_layer} layers, ({D}, {D * F})")
     C0 = jax.tree.map(jnp.asarray, stack_params(init))
-    Cmp = jax.tree.map(jnp.asarray, stack_params(binv1.meanpool(cfg.n_layer, D, F)))
+    Cmp = jax.tree.map(jnp.asarray, stack_params(binv1.meanpool(cfg.n_layer, D, F, a.meanpool_offset)))
 
     data = np.load(a.tokens)
     texts = json.load(open(a.texts or os.path.join(os.path.dirname(a.tokens), "texts.json")))["texts"]
@@ -123,38 +129,41 @@ def main():
             sys.exit(f"--prefix {P}: no whole group of {F} between sink {a.sink} and keep {a.keep}")
     Q = a.queries
     train_spans = {P: windows_of(texts, "train", P + Q) for P in prefixes}
-    val_sets = {P: fixed_windows(data["val"], windows_of(texts, "val", P + Q), P + Q, a.val_windows) for P in prefixes}
+    val_sets = {}
+    for P in prefixes:
+        vs = fixed_windows(data["val"], windows_of(texts, "val", P + Q), P + Q, a.val_windows)
+        if len(vs) == 0:
+            sys.exit(f"no validation text has {P + Q} tokens")
+        # whole batches (the validation runs the compiled training step): cycle the windows
+        n = max(a.batch, len(vs) // a.batch * a.batch)
+        val_sets[P] = vs[np.arange(n) % len(vs)]
     for P in prefixes:
         if not train_spans[P]:
             sys.exit(f"no training text has {P + Q} tokens")
         print(f"P {P}: {smollm.plan(P, a.sink, a.keep, F)[0]} groups per head and layer, "
               f"{len(train_spans[P])} training texts long enough, {len(val_sets[P])} validation windows", flush=True)
 
-    def kl_of(C, toks, P):
-        t_logits, (K, V) = smollm.forward_full(cfg, M, toks, logits_from=P)
+    # M (the frozen model) is an argument of every jitted function, never a closure: a closed-over
+    # array becomes a constant of the compiled program (540 MB folded and copied per program).
+    def losses(C, M, toks, P, local_weight):
+        """(training loss, (KL, mean layer-local loss or 0))."""
+        if local_weight:
+            t_logits, (K, V, Qt) = smollm.forward_full(cfg, M, toks, return_qkv=True, logits_from=P)
+            tq = (Qt[:, :, P:], K[:, :, P:], V[:, :, P:])
+        else:
+            t_logits, (K, V) = smollm.forward_full(cfg, M, toks, logits_from=P)
+            tq = None
         kvp = (K[:, :, :P], V[:, :, :P])
-        s_logits = smollm.forward_student(cfg, M, C, toks, kvp, P, a.sink, a.keep, F)
-        return smollm.kl_teacher_student(jax.lax.stop_gradient(t_logits), s_logits)
+        out = smollm.forward_student(cfg, M, C, toks, kvp, P, a.sink, a.keep, F, teacher_qkv=tq)
+        s_logits, local = (out[0], jnp.mean(out[1])) if local_weight else (out, jnp.float32(0))
+        kl = smollm.kl_teacher_student(jax.lax.stop_gradient(t_logits), s_logits)
+        return kl + local_weight * local, (kl, local)
 
-    eval_kl = jax.jit(kl_of, static_argnums=(2,))
 
-    def validate(C):
-        out = {}
-        for P in prefixes:
-            vs = val_sets[P]
-            if len(vs) == 0:
-                continue
-            kls = [float(eval_kl(C, jnp.asarray(vs[i:i + a.batch]), P)) * len(vs[i:i + a.batch])
-                   for i in range(0, len(vs), a.batch)]
-            out[str(P)] = sum(kls) / len(vs)
-        out["mean"] = float(np.mean([v for v in out.values()]))
-        return out
-
-    sched = {"total": a.steps}
-    warm = max(1, int(a.warmup * a.steps))
+    sched = {"total": a.steps, "warm": max(1, int(a.warmup * a.steps))}
 
     def lr_at(step):
-        total = sched["total"]
+        total, warm = sched["total"], sched["warm"]
         if step < warm:
             return a.lr * (step + 1) / warm
         t = min(1.0, (step - warm) / max(1, total - warm))
@@ -162,15 +171,31 @@ def main():
 
     b1, b2, eps = 0.9, 0.999, 1e-8
 
-    def train_step(C, m, v, toks, lr, t, P):
-        loss, g = jax.value_and_grad(kl_of)(C, toks, P)
+    def train_step(C, m, v, M, toks, lr, t, P):
+        (_, (loss, local)), g = jax.value_and_grad(losses, has_aux=True)(C, M, toks, P, a.local_weight)
         m = jax.tree.map(lambda m, g: b1 * m + (1 - b1) * g, m, g)
         v = jax.tree.map(lambda v, g: b2 * v + (1 - b2) * g * g, v, g)
         C = jax.tree.map(lambda c, m, v: c - lr * (m / (1 - b1 ** t)) / (jnp.sqrt(v / (1 - b2 ** t)) + eps), C, m, v)
         gnorm = jnp.sqrt(sum(jnp.sum(x * x) for x in jax.tree.leaves(g)))
-        return C, m, v, loss, gnorm
+        return C, m, v, loss, local, gnorm
 
-    step_fn = jax.jit(train_step, static_argnums=(6,), donate_argnums=(0, 1, 2))
+    step_fn = jax.jit(train_step, static_argnums=(7,), donate_argnums=(0, 1, 2))
+
+    def validate(C):
+        """Mean KL over the fixed validation windows, through the compiled training step with
+        lr 0 on copies (one compiled program per prefix length, not two)."""
+        out = {}
+        for P in prefixes:
+            vs = val_sets[P]
+            kls = []
+            for i in range(0, len(vs), a.batch):
+                Cc = jax.tree.map(lambda x: x + 0, C)
+                z = jax.tree.map(jnp.zeros_like, C)
+                z2 = jax.tree.map(jnp.zeros_like, C)
+                kls.append(float(step_fn(Cc, z, z2, M, jnp.asarray(vs[i:i + a.batch]), jnp.float32(0), jnp.float32(1), P)[3]))
+            out[str(P)] = float(np.mean(kls))
+        out["mean"] = float(np.mean([v for v in out.values()]))
+        return out
 
     t0 = time.time()
     val_start = validate(C0)
@@ -185,43 +210,57 @@ def main():
     curve, evals = [], []
     t_train = time.time()
     done = 0
+    # --time-limit counts training steps only: not the first step of each prefix length (it
+    # compiles) nor validation passes during training
     seen_p, steady = set(), []
+    excluded = 0.0
+
+    def clock():
+        return time.time() - t_train - excluded
+
     step = 0
     while step < sched["total"]:
         total = sched["total"]
         P = prefixes[int(rng.integers(0, len(prefixes)))]
         toks = sample_batch(rng, data["train"], train_spans[P], P + Q, a.batch)
         ts = time.time()
-        C, m, v, loss, gn = step_fn(C, m, v, jnp.asarray(toks), jnp.float32(lr_at(step)), jnp.float32(step + 1), P)
+        C, m, v, loss, local, gn = step_fn(C, m, v, M, jnp.asarray(toks), jnp.float32(lr_at(step)), jnp.float32(step + 1), P)
         loss = float(loss)
         done = step + 1
         if P in seen_p:
             steady.append(time.time() - ts)
+        else:
+            excluded += time.time() - ts
         seen_p.add(P)
         if a.time_limit and len(steady) == 10:
             # the schedule is shortened to what fits the time limit (compile steps excluded)
             per = float(np.median(steady))
-            fit = done + int(max(0.0, a.time_limit - (time.time() - t_train)) / per)
+            fit = done + int(max(0.0, a.time_limit - clock()) / per)
             if fit < sched["total"]:
                 print(f"{per:.3f} s a step: {fit} steps fit in --time-limit {a.time_limit:g} s; schedule shortened",
                       flush=True)
                 sched["total"] = max(done + 1, fit)
+                sched["warm"] = min(sched["warm"], max(done, int(a.warmup * sched["total"]), 1))
         if not math.isfinite(loss):
             sys.exit(f"step {step}: loss {loss}: stopping, nothing written")
-        curve.append({"step": step, "P": P, "kl": loss})
+        curve.append({"step": step, "P": P, "kl": loss, **({"local": float(local)} if a.local_weight else {})})
         if step < 3 or (step + 1) % max(1, total // 50) == 0 or step + 1 == total:
             el = time.time() - t_train
-            print(f"step {step + 1}/{total} P {P} kl {loss:.5f} |g| {float(gn):.3g} lr {lr_at(step):.2e} "
+            lo = f" local {float(local):.4f}" if a.local_weight else ""
+            print(f"step {step + 1}/{total} P {P} kl {loss:.5f}{lo} |g| {float(gn):.3g} lr {lr_at(step):.2e} "
                   f"({time.time() - ts:.2f} s this step, {el:.0f} s so far)", flush=True)
         if a.eval_every and (step + 1) % a.eval_every == 0 and step + 1 < total:
+            te = time.time()
             ev = validate(C)
+            excluded += time.time() - te
             evals.append({"step": step + 1, **ev})
             print(f"validation KL at step {step + 1}: {ev['mean']:.5f} {ev}", flush=True)
-        if a.time_limit and time.time() - t_train > 1.2 * a.time_limit:
+        if a.time_limit and clock() > 1.2 * a.time_limit:
             print(f"time limit {a.time_limit} s passed by a fifth after {step + 1} steps: stopping", flush=True)
             break
         step += 1
     train_s = time.time() - t_train
+    compile_s = excluded
     val_end_f32 = validate(C)
     binv1.write(a.out, unstack_params(jax.device_get(C)), factor=F, head_dim=D, num_heads=cfg.n_head_kv,
                 min_seq_len=int(init_hdr.get("min_seq_len", 1)), dtype=a.dtype)
@@ -241,20 +280,26 @@ def main():
         "objective": {
             "name": "logit distillation: KL(full-KV model || compressed-KV model), all layers jointly",
             "recent": a.keep,
-            "loss": "KL(teacher || student) of next-token distributions, mean over the Q scored positions",
+            "loss": "KL(teacher || student) of next-token distributions, mean over the Q scored positions"
+                    + (f" + {a.local_weight} x layer-local attention-output error (mean over layers)" if a.local_weight else ""),
+            "local_weight": a.local_weight,
             "teacher": "full attention over the window",
             "student": "prefix [0,P) prefilled with full attention; per layer [sink, P-keep) compressed in whole "
                        "groups by the layer's K and V MLPs (post-RoPE, never re-rotated); tokens [P,P+Q) at their "
                        "true positions attend to sink + compressed cells + uncompressed rest + themselves",
             "sink": a.sink, "keep": a.keep, "prefix_lengths": prefixes, "queries": Q, "factor": F},
+        "texts": {split: [{"text_source": f"{sum(t['split'] == key for t in texts)} Debian texts, "
+                                          f"{int(data[key].size)} tokens (make_data.py's texts.json)"}]
+                  for split, key in (("train", "train"), ("validation", "val"))},
         "data": {"tokens": os.path.basename(a.tokens), "train_tokens": int(data["train"].size),
                  "val_tokens": int(data["val"].size),
                  "texts": sorted({t["file"] for t in texts}), "val_texts": sorted({t["file"] for t in texts
                                                                                     if t["split"] == "val"}),
                  "texts_json": "texts.json of make_data.py (files, licences)"},
         "training": {"init": a.init, "steps": done, "steps_planned": a.steps, "steps_scheduled": sched["total"], "batch": a.batch, "lr": a.lr,
-                     "schedule": f"linear warm-up {warm} steps, cosine to lr/10", "optimizer": "Adam (0.9, 0.999, 1e-8)",
+                     "schedule": f"linear warm-up {sched['warm']} steps, cosine to lr/10", "optimizer": "Adam (0.9, 0.999, 1e-8)",
                      "seed": a.seed, "train_seconds": round(train_s, 1),
+                     "first_step_and_validation_seconds": round(compile_s, 1),
                      "device": f"{jax.devices()[0].platform} {jax.devices()[0].device_kind}",
                      "jax": jax.__version__, "matmul_precision": str(jax.config.jax_default_matmul_precision)},
         "validation_kl": {"windows_per_prefix": a.val_windows, "start": val_start, "mean_pooling": val_mp,

@@ -216,13 +216,17 @@ def plan(P, sink, keep, factor):
     return groups, sink + groups * factor
 
 
-def forward_student(cfg, M, C, tokens, kv_prefix, P, sink, keep, factor):
+def forward_student(cfg, M, C, tokens, kv_prefix, P, sink, keep, factor, teacher_qkv=None):
     """Tokens [B, T]: the prefix [0, P) was prefilled with full attention (its K, V per layer
     are kv_prefix = ([L,B,P,Hkv,D], [L,B,P,Hkv,D])); in every layer [sink, P - keep) is
     compressed in whole groups by that layer's K and V MLPs (C: stacked params), and the
     tokens [P, T) run through the model at their true positions, attending to the sink, the
     compressed cells (never re-rotated), the uncompressed rest of the prefix and causally to
-    themselves. Returns logits [B, T-P, V]."""
+    themselves. Returns logits [B, T-P, V].
+
+    With teacher_qkv = (q, k, v) of the teacher at [P, T) per layer ([L,B,T-P,H,D]), it also
+    returns the layer-local loss of the Rust trainer per layer [L]: the teacher's queries
+    attending to the compressed cache against the full one, sum |o' - o|^2 / sum |o|^2."""
     B, T = tokens.shape
     Tq = T - P
     groups, rest = plan(P, sink, keep, factor)
@@ -231,18 +235,30 @@ def forward_student(cfg, M, C, tokens, kv_prefix, P, sink, keep, factor):
     mask = jnp.concatenate([jnp.ones((Tq, S), bool), jnp.tril(jnp.ones((Tq, Tq), bool))], axis=1)
     x = M["tok_embd"][tokens[:, P:]]
 
+    full_mask = jnp.concatenate([jnp.ones((Tq, P), bool), jnp.tril(jnp.ones((Tq, Tq), bool))], axis=1)
+
     def layer(x, inp):
-        L, ck, cv, kp, vp = inp
+        L, ck, cv, kp, vp = inp[:5]
         kc = jnp.concatenate([kp[:, :sink], compress_span(ck, kp, sink, groups, factor), kp[:, rest:P]], axis=1)
         vc = jnp.concatenate([vp[:, :sink], compress_span(cv, vp, sink, groups, factor), vp[:, rest:P]], axis=1)
         q, k, v = qkv(cfg, L, x, pos)
         a = attend(cfg, q, jnp.concatenate([kc, k], 1), jnp.concatenate([vc, v], 1), mask)
         x = x + a @ L["attn_output"].T
         x = x + ffn(cfg, L, x)
-        return x, None
+        if teacher_qkv is None:
+            return x, None
+        qt, kt, vt = inp[5:]
+        oc = attend(cfg, qt, jnp.concatenate([kc, kt], 1), jnp.concatenate([vc, vt], 1), mask)
+        of = attend(cfg, qt, jnp.concatenate([kp, kt], 1), jnp.concatenate([vp, vt], 1), full_mask)
+        return x, jnp.sum((oc - of) ** 2) / jnp.sum(of ** 2)
 
-    x, _ = jax.lax.scan(layer, x, (M["layers"], C["k"], C["v"], kv_prefix[0], kv_prefix[1]))
-    return logits_of(cfg, M, x)
+    xs = (M["layers"], C["k"], C["v"], kv_prefix[0], kv_prefix[1])
+    if teacher_qkv is not None:
+        xs = xs + tuple(teacher_qkv)
+    x, local = jax.lax.scan(layer, x, xs)
+    if teacher_qkv is None:
+        return logits_of(cfg, M, x)
+    return logits_of(cfg, M, x), local
 
 
 def kl_teacher_student(t_logits, s_logits):
