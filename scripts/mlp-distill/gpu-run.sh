@@ -4,8 +4,10 @@
 # in two, `split -n 2 -d GGUF model.gguf.part`), tokens.npz, texts.json and the gguf wheel
 # (wheels/). Writes OUT (default $OUT, else ./distill-out): smollm2-135m-distill-f{4,5}.{bin,json}
 # and the logs.
-#   STAGE=/tmp/kvcd OUT=/tmp/out STEPS=1200 TIME_LIMIT=200 scripts/mlp-distill/gpu-run.sh [FACTORS]
+#   STAGE=/tmp/kvcd OUT=/tmp/out STEPS=1500 TIME_LIMIT=100 scripts/mlp-distill/gpu-run.sh [FACTORS]
+# (also BATCH, PREFIX, QUERIES, LR, SINK, KEEP, VAL_WINDOWS, LOCAL_WEIGHT, EVAL_EVERY; defaults below)
 set -euo pipefail
+# pipefail: a failing distill.py fails the script although tee succeeds
 here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
 stage="${STAGE:-/tmp/kvcd}"
@@ -22,8 +24,9 @@ python3 -c "import gguf" 2>/dev/null || pip install -q --no-deps --no-index "$st
 for f in $factors; do
     python3 "$here/distill.py" --gguf "$stage/model.gguf" --tokens "$stage/tokens.npz" --texts "$stage/texts.json" \
         --init "$repo/data/mlp-weights/smollm2-135m-f$f.bin" --factor "$f" \
-        --steps "${STEPS:-1200}" --time-limit "${TIME_LIMIT:-200}" --batch "${BATCH:-8}" \
+        --steps "${STEPS:-1500}" --time-limit "${TIME_LIMIT:-100}" --batch "${BATCH:-8}" \
         --prefix "${PREFIX:-256,512,1024}" --queries "${QUERIES:-128}" --lr "${LR:-1e-4}" \
-        --eval-every "${EVAL_EVERY:-0}" --out "$out/smollm2-135m-distill-f$f.bin" 2>&1 | tee "$out/distill-f$f.log"
+        --eval-every "${EVAL_EVERY:-0}" --sink "${SINK:-32}" --keep "${KEEP:-64}" \
+        --val-windows "${VAL_WINDOWS:-16}" --local-weight "${LOCAL_WEIGHT:-0}" --out "$out/smollm2-135m-distill-f$f.bin" 2>&1 | tee "$out/distill-f$f.log"
 done
 cp "$stage/texts.json" "$out/texts.json"

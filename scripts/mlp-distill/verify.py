@@ -69,6 +69,21 @@ def main():
     ppl = float(np.exp(sel.mean()))
     print(f"PPL over target positions {a.ppl_from}..{n - 1} ({sel.size} predictions): {ppl:.4f}")
     print(f"worst per-layer relative error (K and Q): {worst:.4f}")
+    # the student's path (prefix K/V from the teacher, suffix run alone at its true positions)
+    # with nothing to compress must give the teacher's logits
+    P, T = n // 2, min(n, n // 2 + 64)
+    toks = jnp.asarray(ids[:T])[None]
+    t_logits, (Kp, Vp) = smollm.forward_full(cfg, M, toks, logits_from=P)
+    C = {kv: {k: jnp.zeros((cfg.n_layer,) + x.shape) for k, x in
+              (("w0", np.zeros((cfg.head_dim, 2 * cfg.head_dim))), ("b0", np.zeros(cfg.head_dim)),
+               ("w1", np.zeros((cfg.head_dim, cfg.head_dim))), ("b1", np.zeros(cfg.head_dim)),
+               ("w2", np.zeros((cfg.head_dim, cfg.head_dim))), ("b2", np.zeros(cfg.head_dim)))} for kv in ("k", "v")}
+    s_logits = smollm.forward_student(cfg, M, C, toks, (Kp[:, :, :P], Vp[:, :, :P]), P, 4, P, 2)
+    same = float(jnp.abs(s_logits - t_logits).max())
+    print(f"student path without compression vs full forward: max |logit difference| {same:.2e}")
+    out["student_no_compression_max_logit_diff"] = same
+    if same > 1e-3:
+        sys.exit(f"FAIL: the student path differs from the full forward by {same}")
     out.update(ppl=ppl, ppl_from=a.ppl_from, worst_rel_err=worst, first_ids=ids[:16].tolist())
     if a.json:
         smollm.write_json(a.json, out)
