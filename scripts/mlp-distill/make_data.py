@@ -130,7 +130,8 @@ def main():
         "tokenizer": f"llama.cpp's of {os.path.basename(a.gguf)} (gpt2 BPE, smollm pre-tokenizer), no BOS",
         "dtype": "uint16", "tokens": total,
         "rule": "English prose from Debian (common-licenses, /usr/share/doc README*, *.txt, NEWS*, *.md, upstream changelog.gz); "
-                "files sharing >3 12-word runs with the evaluation texts (GPL-3, Debian Constitution) refused",
+                "files sharing >3 12-word runs with the evaluation texts (GPL-3, Debian Constitution) refused; "
+                f"each text's first {a.max_tokens_per_file} tokens at most; at most {a.max_total} tokens in all",
         "refused": refused, "texts": texts})
     print(f"{len(texts)} texts: train {total['train']} tokens, val {total['val']} tokens; refused {len(refused)}")
 
