@@ -16,6 +16,9 @@ factors="${1:-4 5}"
 mkdir -p "$out"
 want=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53  # SmolLM2-135M-Instruct.Q4_1.gguf
 if [ ! -f "$stage/model.gguf" ]; then
+    for part in "$stage"/model.gguf.part00 "$stage"/model.gguf.part01; do
+        [ -f "$part" ] || { echo "$part is missing: the machine was released between the staging calls? stage both halves again"; exit 1; }
+    done
     cat "$stage"/model.gguf.part00 "$stage"/model.gguf.part01 >"$stage/model.gguf"
 fi
 got="$(sha256sum "$stage/model.gguf" | cut -d' ' -f1)"
