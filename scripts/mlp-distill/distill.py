@@ -14,7 +14,9 @@ to themselves. Loss: KL(teacher || student) of the next-token distributions at [
 averaged. Gradients reach every layer's K and V MLPs jointly; the model is frozen.
 P is drawn per step from --prefix (one compiled step per value). Adam, linear warm-up then
 cosine decay to a tenth. Validation: fixed windows of the validation texts, KL of the start
-weights, of mean pooling and of the trained weights as stored (f16, read back from the file).
+weights, of mean pooling, at --eval-points points of the schedule and of the weights written
+as stored (f16, read back from the file). The weights written are those of lowest validation
+KL among the start, those points and the last step (--no-keep-best: the last step).
 Writes OUT (.bin v1) and OUT with .json (the sidecar).
 """
 
@@ -82,13 +84,17 @@ def main():
     ap.add_argument("--queries", type=int, default=128, help="tokens Q after the prefix, scored")
     ap.add_argument("--sink", type=int, default=32, help="as the client's --sink")
     ap.add_argument("--keep", type=int, default=64, help="prefix tail kept uncompressed (the client's --recent)")
-    ap.add_argument("--lr", type=float, default=1e-4)
+    ap.add_argument("--lr", type=float, default=5e-5)
     ap.add_argument("--local-weight", type=float, default=0.0,
                     help="weight of the layer-local attention-output loss (mean over layers) added to the KL")
     ap.add_argument("--warmup", type=float, default=0.05)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--val-windows", type=int, default=16, help="validation windows per prefix length")
-    ap.add_argument("--eval-every", type=int, default=0, help="validation KL every N steps (0: start and end)")
+    ap.add_argument("--eval-every", type=int, default=0, help="validation KL every N steps as well (0: no)")
+    ap.add_argument("--eval-points", type=int, default=4,
+                    help="validation KL at k/N of the schedule, k = 1..N-1, and at the end")
+    ap.add_argument("--keep-best", action=argparse.BooleanOptionalAction, default=True,
+                    help="write the weights of lowest validation KL (start included), not the last")
     ap.add_argument("--time-limit", type=float, default=0,
                     help="seconds of training: the schedule is shortened to the steps that fit (0: no limit)")
     ap.add_argument("--dtype", choices=["f16", "f32"], default="f16")
@@ -208,6 +214,10 @@ def main():
     m = jax.tree.map(jnp.zeros_like, C)
     v = jax.tree.map(jnp.zeros_like, C)
     curve, evals = [], []
+    point = 1
+    # the weights written are those of lowest validation KL among the start, the validation
+    # points and the end (--no-keep-best: the end)
+    best = {"step": 0, "kl": val_start["mean"] if a.keep_best else math.inf, "C": C0}
     t_train = time.time()
     done = 0
     # --time-limit counts training steps only: not the first step of each prefix length (it
@@ -249,24 +259,35 @@ def main():
             lo = f" local {float(local):.4f}" if a.local_weight else ""
             print(f"step {step + 1}/{total} P {P} kl {loss:.5f}{lo} |g| {float(gn):.3g} lr {lr_at(step):.2e} "
                   f"({time.time() - ts:.2f} s this step, {el:.0f} s so far)", flush=True)
-        if a.eval_every and (step + 1) % a.eval_every == 0 and step + 1 < total:
+        due = a.eval_every and (step + 1) % a.eval_every == 0
+        if a.eval_points > 1 and point < a.eval_points and step + 1 >= math.ceil(point * total / a.eval_points):
+            due, point = True, point + 1
+        if due and step + 1 < total:
             te = time.time()
             ev = validate(C)
-            excluded += time.time() - te
             evals.append({"step": step + 1, **ev})
             print(f"validation KL at step {step + 1}: {ev['mean']:.5f} {ev}", flush=True)
+            if ev["mean"] < best["kl"]:
+                best = {"step": step + 1, "kl": ev["mean"], "C": jax.tree.map(lambda x: x + 0, C)}
+            excluded += time.time() - te
         if a.time_limit and clock() > 1.2 * a.time_limit:
             print(f"time limit {a.time_limit} s passed by a fifth after {step + 1} steps: stopping", flush=True)
             break
         step += 1
     train_s = time.time() - t_train
     compile_s = excluded
-    val_end_f32 = validate(C)
-    binv1.write(a.out, unstack_params(jax.device_get(C)), factor=F, head_dim=D, num_heads=cfg.n_head_kv,
+    val_last = validate(C)
+    if val_last["mean"] <= best["kl"]:
+        best = {"step": done, "kl": val_last["mean"], "C": C}
+    val_end_f32 = val_last if best["step"] == done else next(
+        ({k: v for k, v in e.items() if k != "step"} for e in evals if e["step"] == best["step"]), val_start)
+    print(f"validation KL after the last step {val_last['mean']:.5f}; writing the weights of step {best['step']} "
+          f"({best['kl']:.5f}){' = the start: training did not help' if best['step'] == 0 else ''}", flush=True)
+    binv1.write(a.out, unstack_params(jax.device_get(best["C"])), factor=F, head_dim=D, num_heads=cfg.n_head_kv,
                 min_seq_len=int(init_hdr.get("min_seq_len", 1)), dtype=a.dtype)
     _, stored = binv1.read(a.out)
     val_end = validate(jax.tree.map(jnp.asarray, stack_params(stored)))
-    print(f"validation KL: start {val_start['mean']:.5f}, end {val_end['mean']:.5f} (as stored, {a.dtype}; "
+    print(f"validation KL: start {val_start['mean']:.5f}, written {val_end['mean']:.5f} (as stored, {a.dtype}; "
           f"f32 {val_end_f32['mean']:.5f}), mean pooling {val_mp['mean']:.5f}", flush=True)
 
     tenth = max(1, len(curve) // 10)
@@ -303,7 +324,10 @@ def main():
                      "device": f"{jax.devices()[0].platform} {jax.devices()[0].device_kind}",
                      "jax": jax.__version__, "matmul_precision": str(jax.config.jax_default_matmul_precision)},
         "validation_kl": {"windows_per_prefix": a.val_windows, "start": val_start, "mean_pooling": val_mp,
-                          "end_stored": val_end, "end_f32": val_end_f32, "during": evals},
+                          "end_stored": val_end, "end_f32": val_end_f32, "last_step_f32": val_last,
+                          "written_step": best["step"], "during": evals,
+                          "selection": "the weights written are those of lowest validation KL among start, "
+                                       "validation points and the last step" if a.keep_best else "the last step"},
         "curve_by_tenths": [{"step": c["step"], "kl_mean": float(np.mean([x["kl"] for x in curve[c["step"]:c["step"] + tenth]]))}
                             for c in curve[::tenth]],
         "dtype": a.dtype,

@@ -28,7 +28,7 @@ for f in $factors; do
     python3 "$here/distill.py" --gguf "$stage/model.gguf" --tokens "$stage/tokens.npz" --texts "$stage/texts.json" \
         --init "$repo/data/mlp-weights/smollm2-135m-f$f.bin" --factor "$f" \
         --steps "${STEPS:-1500}" --time-limit "${TIME_LIMIT:-100}" --batch "${BATCH:-8}" \
-        --prefix "${PREFIX:-256,512,1024}" --queries "${QUERIES:-128}" --lr "${LR:-1e-4}" \
+        --prefix "${PREFIX:-256,512,1024}" --queries "${QUERIES:-128}" --lr "${LR:-5e-5}" \
         --eval-every "${EVAL_EVERY:-0}" --sink "${SINK:-32}" --keep "${KEEP:-64}" \
         --val-windows "${VAL_WINDOWS:-16}" --local-weight "${LOCAL_WEIGHT:-0}" --out "$out/smollm2-135m-distill-f$f.bin" 2>&1 | tee "$out/distill-f$f.log"
 done
