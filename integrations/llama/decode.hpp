@@ -310,6 +310,11 @@ RunResult run_decode(llama_model * model, const ModelInfo & mi, const Options & 
              std::to_string(r.cells_end));
     }
     if (spec.policy) r.detail = spec.policy->name();
+    if (o.progress) {
+        std::fprintf(stderr, "kvc_llama_eval: %s: PPL %.4f KL %.5f mean ratio %.4f end ratio %.4f cells %ld, %.1f tok/s\n",
+                     spec.mode.c_str(), r.ppl, r.kl, r.held_ratio_mean, r.held_ratio_end, r.cells_end, r.tok_s);
+        std::fflush(stderr);
+    }
     return r;
 }
 

@@ -74,6 +74,7 @@ struct Options {
     int dump_tokens = 0;  // 0: n_tokens
     std::vector<std::string> mlp_weights;  // mlp modes: .bin v1 compressor files (mlp_mode.hpp)
     bool verbose = false;
+    bool progress = false;  // one line on stderr per finished decode (long runs: numbers before the end)
     // share mode (share_mode.hpp)
     std::string redis;               // redis:// or redis+cluster:// URL; empty: the disk tier
     std::string share_dir;           // disk tier directory; empty: a temporary one, removed after
@@ -156,7 +157,8 @@ const char * kUsage =
     "                      kvq (= kvq-k4v4), kvq-k8v4, kvq-k4v2 (lossy: KL is reported) [gear-v2]\n"
     "  --share-between CMD a shell command process 1 runs after storing, before it starts the\n"
     "                      process 2s (fault injection: kill Redis, damage a value); must exit 0\n"
-    "  --verbose           llama.cpp's log on stderr\n";
+    "  --verbose           llama.cpp's log on stderr\n"
+    "  --progress          one line on stderr per finished decode: mode, PPL, KL, mean ratio\n";
 
 int parse_int(const std::string & flag, const std::string & v, int lo, int hi) {
     char * end = nullptr;
@@ -239,6 +241,7 @@ Options parse_options(int argc, char ** argv) {
         else if (a == "--realkv-dir") o.realkv_dir = val();
         else if (a == "--mlp-weights") o.mlp_weights.push_back(val());
         else if (a == "--verbose") o.verbose = true;
+        else if (a == "--progress") o.progress = true;
         else if (a == "--redis") o.redis = val();
         else if (a == "--share-dir") o.share_dir = val();
         else if (a == "--share-prefix") o.share_prefix = parse_int(a, val(), 1, 1 << 20);
