@@ -310,7 +310,75 @@ RunResult run_decode(llama_model * model, const ModelInfo & mi, const Options & 
              std::to_string(r.cells_end));
     }
     if (spec.policy) r.detail = spec.policy->name();
+    if (o.progress) {
+        std::fprintf(stderr, "kvc_llama_eval: %s: PPL %.4f KL %.5f mean ratio %.4f end ratio %.4f cells %ld, %.1f tok/s\n",
+                     spec.mode.c_str(), r.ppl, r.kl, r.held_ratio_mean, r.held_ratio_end, r.cells_end, r.tok_s);
+        std::fflush(stderr);
+    }
     return r;
 }
+
+// ------------------------------------------------------------------------------------------
+// kvq rows, alone or combined with another mode (kvq_hooks.hpp)
+
+// One kvq row's quantizer, hook and memory accounting, from a "kvq:CONFIG" / "kvq-plan:FILE"
+// mode string; attach() sets a decode up with it, finish() checks and reports what it did.
+struct KvqSetup {
+    std::string config;
+    bool from_plan;
+    std::string plan_json;
+    KvqPtr kvq;
+    double k_bits = 0, v_bits = 0, cell = 0, f16_cell = 0;
+    int sink;
+    KvqRoundTripHook hook;
+
+    KvqSetup(const std::string & kvq_mode, const ModelInfo & mi, const Options & o)
+        : config(kvq_mode.substr(kvq_mode.rfind("kvq-plan:", 0) == 0 ? 9 : 4)),
+          from_plan(kvq_mode.rfind("kvq-plan:", 0) == 0),
+          plan_json(from_plan ? read_file(config) : std::string()),
+          kvq(config, mi, from_plan ? &plan_json : nullptr),
+          sink(std::min(o.kvq_sink, o.n_tokens)),
+          hook(kvq.q, mi, sink) {
+        cell = kvq_cell_bytes(kvq.q, mi, &k_bits, &v_bits);
+        f16_cell = (double) mi.cell_bytes(GGML_TYPE_F16, GGML_TYPE_F16);
+    }
+
+    void attach(EvalTap & tap, DecodeSpec & s) {
+        tap.want_rows = true;
+        tap.want_set_rows = true;
+        tap.hook = &hook;
+        s.cfg.tap = &tap;
+        // memory as a kvq cache holds it: packed rows per cell; the protected sink cells at f16
+        s.cell_bytes = cell;
+        s.fixed_bytes = (double) sink * (f16_cell - cell);
+    }
+
+    // Checks the hook saw every row SET_ROWS wrote, adds kvq's numbers to the row and returns
+    // the detail text.
+    std::string finish(const EvalTap & tap, RunResult & r) const {
+        if (!tap.stats.set_rows_reads_hooked_tensor) fail(r.mode + ": a SET_ROWS node reads rows the hook did not see");
+        for (int v = 0; v < 2; ++v) {
+            const auto & e = hook.err(v == 1);
+            const std::string k = v ? "kvq_v_" : "kvq_k_";
+            if (e.n == 0) fail(r.mode + ": the kvq hook saw no rows");
+            r.extra.push_back({k + "rel_rms_err", json_num(std::sqrt(e.sq / std::max(1e-30, e.ref)))});
+            r.extra.push_back({k + "max_abs_err", json_num(e.max)});
+            r.extra.push_back({k + "rows", std::to_string(e.rows)});
+            r.extra.push_back({k + "packed_bytes", json_num(e.bytes)});
+            r.extra.push_back({k + "bits_per_value", json_num(v ? v_bits : k_bits)});
+        }
+        r.extra.push_back({"kvq_config", "\"" + json_escape(config) + "\""});
+        r.extra.push_back({"kvq_sink", std::to_string(sink)});
+        r.extra.push_back({"kvq_cell_bytes", json_num(cell)});
+        r.extra.push_back({"kv_accounting", "\"kvq: packed rows per cell (kvc_kvq_row_bytes, scales included), sink cells at f16 (llama.cpp holds f16: kvc dequantizes)\""});
+        char buf[240];
+        const auto & ek = hook.err(false);
+        const auto & ev = hook.err(true);
+        std::snprintf(buf, sizeof buf, "kvc kvq %s, %.3g+%.3g bits/value (K+V, scales included), sink %d f16; rel RMS err K %.4f V %.4f",
+                      config.c_str(), k_bits, v_bits, sink, std::sqrt(ek.sq / std::max(1e-30, ek.ref)),
+                      std::sqrt(ev.sq / std::max(1e-30, ev.ref)));
+        return buf;
+    }
+};
 
 }  // namespace

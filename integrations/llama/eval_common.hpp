@@ -74,6 +74,7 @@ struct Options {
     int dump_tokens = 0;  // 0: n_tokens
     std::vector<std::string> mlp_weights;  // mlp modes: .bin v1 compressor files (mlp_mode.hpp)
     bool verbose = false;
+    bool progress = false;  // one line on stderr per finished decode (long runs: numbers before the end)
     // share mode (share_mode.hpp)
     std::string redis;               // redis:// or redis+cluster:// URL; empty: the disk tier
     std::string share_dir;           // disk tier directory; empty: a temporary one, removed after
@@ -104,6 +105,13 @@ const char * kUsage =
     "                      file's factor), every --interval steps from --trigger, as far as\n"
     "                      --ratio and --budget ask; mlp-meanpool@F the same with generated\n"
     "                      weights computing each group's mean (a baseline, not trained)\n"
+    "                      h2o@R / kvc-streaming@R: that mode at eviction ratio R alone (not\n"
+    "                      every --kv-ratios)\n"
+    "                      BASE+kvq:CONFIG / BASE+kvq-plan:FILE, BASE one of mlp@F,\n"
+    "                      mlp-meanpool@F, mlp, h2o@R, kvc-streaming@R, h2o, kvc-streaming\n"
+    "                      (the last two at every --kv-ratios): the base mode with every held\n"
+    "                      cell a kvq cell (compressed mlp cells re-quantized), memory in kvq's\n"
+    "                      packed bytes, e.g. mlp@4+kvq:k8v4, h2o@4.75+kvq:k4v4; --kvq-sink <= --sink\n"
     "  --mlp-weights FILE  a .bin v1 compressor for the model (repeatable, one per factor)\n"
     "  --kvq-sink N        kvq modes: the first N tokens stay f16 (counted at f16 bytes) [0]\n"
     "                      kvq-native:CONFIG / kvq-native-plan:FILE: llama.cpp's cache itself in\n"
@@ -149,7 +157,8 @@ const char * kUsage =
     "                      kvq (= kvq-k4v4), kvq-k8v4, kvq-k4v2 (lossy: KL is reported) [gear-v2]\n"
     "  --share-between CMD a shell command process 1 runs after storing, before it starts the\n"
     "                      process 2s (fault injection: kill Redis, damage a value); must exit 0\n"
-    "  --verbose           llama.cpp's log on stderr\n";
+    "  --verbose           llama.cpp's log on stderr\n"
+    "  --progress          one line on stderr per finished decode: mode, PPL, KL, mean ratio\n";
 
 int parse_int(const std::string & flag, const std::string & v, int lo, int hi) {
     char * end = nullptr;
@@ -232,6 +241,7 @@ Options parse_options(int argc, char ** argv) {
         else if (a == "--realkv-dir") o.realkv_dir = val();
         else if (a == "--mlp-weights") o.mlp_weights.push_back(val());
         else if (a == "--verbose") o.verbose = true;
+        else if (a == "--progress") o.progress = true;
         else if (a == "--redis") o.redis = val();
         else if (a == "--share-dir") o.share_dir = val();
         else if (a == "--share-prefix") o.share_prefix = parse_int(a, val(), 1, 1 << 20);
@@ -270,7 +280,41 @@ Options parse_options(int argc, char ** argv) {
     static const char * known[] = {"full", "streaming", "kvc-streaming", "h2o",       "h2o-fa", "c8",  "c8-h2o",
                                    "f16-fa", "q8_0", "q4_0",      "q8_0-q4_0",     "probe",     "state",  "dump",
                                    "share"};
-    for (const auto & m : o.modes) {
+    for (const auto & mode : o.modes) {
+        // a combined mode BASE+kvq:CONFIG / BASE+kvq-plan:FILE: the kvq part is checked as the
+        // kvq modes are, the base must be an mlp mode or a kvc_h2o eviction
+        std::string m = mode;
+        for (const char * tag : {"+kvq:", "+kvq-plan:"}) {
+            const auto at = mode.find(tag);
+            if (at == std::string::npos) continue;
+            m = mode.substr(0, at);
+            const std::string kvq_mode = mode.substr(at + 1);
+            if (kvq_mode == "kvq:" || kvq_mode == "kvq-plan:") throw UsageError("--modes " + mode + ": needs a config or a plan file");
+            if (kvq_mode.rfind("kvq-plan:", 0) == 0) {
+                const std::string json = read_file(kvq_mode.substr(9));
+                kvc_kvq * probe = nullptr;
+                if (kvc_kvq_new_from_plan(json.data(), json.size(), &probe) != KVC_OK) {
+                    throw UsageError("--modes " + mode + ": " + kvq_mode.substr(9) + " is not a kvq plan kvc can read");
+                }
+                kvc_kvq_free(probe);
+            }
+            const bool evict = m == "h2o" || m == "kvc-streaming" || m.rfind("h2o@", 0) == 0 || m.rfind("kvc-streaming@", 0) == 0;
+            const bool mlp = m == "mlp" || m.rfind("mlp@", 0) == 0 || m.rfind("mlp-meanpool@", 0) == 0;
+            if (!evict && !mlp) {
+                throw UsageError("--modes " + mode + ": kvq combines with mlp, mlp@F, mlp-meanpool@F, h2o, kvc-streaming, "
+                                 "h2o@R and kvc-streaming@R only");
+            }
+            // the --kvq-sink cells are counted at f16 for the whole run: the base mode must hold them
+            if (o.kvq_sink > o.sink) {
+                throw UsageError("--modes " + mode + ": --kvq-sink " + std::to_string(o.kvq_sink) + " exceeds --sink " +
+                                 std::to_string(o.sink) + " (the base mode could evict or compress a protected cell)");
+            }
+            break;
+        }
+        if (m.rfind("h2o@", 0) == 0 || m.rfind("kvc-streaming@", 0) == 0) {
+            parse_double("--modes " + mode, m.substr(m.find('@') + 1), 1.0, 1e6);
+            continue;
+        }
         if (m.rfind("kvq-native:", 0) == 0 || m.rfind("kvq-native-plan:", 0) == 0) {
             if (m.back() == ':') throw UsageError("--modes: " + m + " needs a config or a plan file");
             continue;  // checked against the model before anything runs (resolve_native)

@@ -26,6 +26,9 @@
 //   mlp@F      kvc-mlp's learned compressor (--mlp-weights) on the older cells, in place, by
 //              rewriting the sequence state with fewer cells; mlp-meanpool@F the same with
 //              generated weights computing each group's mean (a baseline)
+//   BASE+kvq:CFG an mlp mode or a kvc_h2o eviction (h2o, kvc-streaming, at every --kv-ratios,
+//              or h2o@R, kvc-streaming@R) with every held cell a kvq cell (mlp@4+kvq:k8v4,
+//              h2o@4.75+kvq:k4v4; BASE+kvq-plan:FILE likewise): memory in kvq's packed bytes
 // Output: a table on stdout and, with --json FILE, the same numbers as JSON.
 // Bad input (missing files, bad options, a text too short) exits with status 2 and one line.
 //
@@ -122,62 +125,85 @@ int run(int argc, char ** argv) {
                        ", positions " + o.positions;
             rep.rows.push_back(r);
         }
+        // one kvc_h2o row: mode kvc-streaming, h2o or h2o-fa at eviction ratio R (cells), its
+        // held cells kvq cells when kvq_mode is given (the "+kvq:" combined modes)
+        auto run_evict = [&](const std::string & mode, double R, const std::string & kvq_mode) {
+            const bool fa = mode == "h2o-fa";
+            const KvcBudget bud = kvc_budget(R, o);
+            KvcH2oPolicy pol(mi, o, mode == "kvc-streaming", bud);
+            EvalTap tap(mi);
+            std::unique_ptr<KvqSetup> kq;
+            DecodeSpec s;
+            if (!kvq_mode.empty()) {
+                kq.reset(new KvqSetup(kvq_mode, mi, o));
+                kq->attach(tap, s);
+            }
+            tap.want_set_rows = true;
+            tap.want_kq = !fa;
+            tap.want_fattn = fa;
+            tap.scorer = &pol;
+            s.mode = mode + "@" + json_num(R) + (kvq_mode.empty() ? "" : "+" + kvq_mode);
+            s.cfg.n_ctx = o.n_tokens;
+            s.cfg.flash_attn = fa;
+            s.cfg.tap = &tap;
+            s.policy = &pol;
+            s.shift_positions = o.positions == "shift";
+            RunResult r = run_decode(model, mi, o, toks, ref, s);
+            pol.report(r.extra);
+            if (fa) {
+                r.extra.push_back({"fattn_recompute_max_out_err", json_num(tap.fattn_max_out_err)});
+                r.extra.push_back({"fattn_checked_calls", std::to_string(tap.fattn_checked)});
+                r.extra.push_back({"fattn_err_over_bound", json_num(tap.fattn_max_excess)});
+                r.extra.push_back({"fattn_control_head_caught", std::to_string(tap.fattn_ctrl_head_caught)});
+                r.extra.push_back({"fattn_control_head_calls", std::to_string(tap.fattn_ctrl_head_calls)});
+                r.extra.push_back({"fattn_control_cell_caught", std::to_string(tap.fattn_ctrl_cell_caught)});
+                r.extra.push_back({"fattn_control_scale_caught", std::to_string(tap.fattn_ctrl_scale_caught)});
+                // within the rounding bound of fattn_bound.hpp (derived from the kernel's f16
+                // arithmetic, not tuned to one machine), and every checked call able to fail:
+                // each deliberate mistake lands outside the same bound
+                if (!(tap.fattn_checked > 0 && tap.fattn_max_excess <= 1.0)) {
+                    fail(s.mode + ": recomputed attention output differs from llama.cpp's by " +
+                         json_num(tap.fattn_max_out_err) + ", " + json_num(tap.fattn_max_excess) +
+                         " times the rounding bound");
+                }
+                if (tap.fattn_ctrl_head_caught != tap.fattn_ctrl_head_calls ||
+                    tap.fattn_ctrl_cell_caught != tap.fattn_checked || tap.fattn_ctrl_scale_caught != tap.fattn_checked) {
+                    fail(s.mode + ": the attention check missed a deliberate mistake (caught: wrong head " +
+                         std::to_string(tap.fattn_ctrl_head_caught) + ", missing cell " +
+                         std::to_string(tap.fattn_ctrl_cell_caught) + ", scale " +
+                         std::to_string(tap.fattn_ctrl_scale_caught) + " of " + std::to_string(tap.fattn_checked) +
+                         " calls)");
+                }
+            }
+            if (!(pol.unmapped_max() < 1e-3)) {
+                fail(s.mode + ": " + json_num(pol.unmapped_max()) + " of the attention fell on cells the harness does not hold");
+            }
+            char buf[200];
+            std::snprintf(buf, sizeof buf, "%s, cap %d cells (sink %d, recent %d, block %d), positions %s%s",
+                          pol.name().c_str(), bud.cap, o.sink, bud.recent, o.block, o.positions.c_str(),
+                          fa ? ", flash attention on (scores recomputed)" : "");
+            r.detail = buf;
+            if (kq) r.detail += "; " + kq->finish(tap, r);
+            rep.rows.push_back(r);
+        };
         for (double R : o.kv_ratios) {
             for (const char * m : {"kvc-streaming", "h2o", "h2o-fa"}) {
-                if (!has_mode(o, m)) continue;
-                const std::string mode = m;
-                const bool fa = mode == "h2o-fa";
-                const KvcBudget bud = kvc_budget(R, o);
-                KvcH2oPolicy pol(mi, o, mode == "kvc-streaming", bud);
-                EvalTap tap(mi);
-                tap.want_set_rows = true;
-                tap.want_kq = !fa;
-                tap.want_fattn = fa;
-                tap.scorer = &pol;
-                DecodeSpec s;
-                s.mode = mode + "@" + json_num(R);
-                s.cfg.n_ctx = o.n_tokens;
-                s.cfg.flash_attn = fa;
-                s.cfg.tap = &tap;
-                s.policy = &pol;
-                s.shift_positions = o.positions == "shift";
-                RunResult r = run_decode(model, mi, o, toks, ref, s);
-                pol.report(r.extra);
-                if (fa) {
-                    r.extra.push_back({"fattn_recompute_max_out_err", json_num(tap.fattn_max_out_err)});
-                    r.extra.push_back({"fattn_checked_calls", std::to_string(tap.fattn_checked)});
-                    r.extra.push_back({"fattn_err_over_bound", json_num(tap.fattn_max_excess)});
-                    r.extra.push_back({"fattn_control_head_caught", std::to_string(tap.fattn_ctrl_head_caught)});
-                    r.extra.push_back({"fattn_control_head_calls", std::to_string(tap.fattn_ctrl_head_calls)});
-                    r.extra.push_back({"fattn_control_cell_caught", std::to_string(tap.fattn_ctrl_cell_caught)});
-                    r.extra.push_back({"fattn_control_scale_caught", std::to_string(tap.fattn_ctrl_scale_caught)});
-                    // within the rounding bound of fattn_bound.hpp (derived from the kernel's f16
-                    // arithmetic, not tuned to one machine), and every checked call able to fail:
-                    // each deliberate mistake lands outside the same bound
-                    if (!(tap.fattn_checked > 0 && tap.fattn_max_excess <= 1.0)) {
-                        fail(s.mode + ": recomputed attention output differs from llama.cpp's by " +
-                             json_num(tap.fattn_max_out_err) + ", " + json_num(tap.fattn_max_excess) +
-                             " times the rounding bound");
-                    }
-                    if (tap.fattn_ctrl_head_caught != tap.fattn_ctrl_head_calls ||
-                        tap.fattn_ctrl_cell_caught != tap.fattn_checked || tap.fattn_ctrl_scale_caught != tap.fattn_checked) {
-                        fail(s.mode + ": the attention check missed a deliberate mistake (caught: wrong head " +
-                             std::to_string(tap.fattn_ctrl_head_caught) + ", missing cell " +
-                             std::to_string(tap.fattn_ctrl_cell_caught) + ", scale " +
-                             std::to_string(tap.fattn_ctrl_scale_caught) + " of " + std::to_string(tap.fattn_checked) +
-                             " calls)");
-                    }
-                }
-                if (!(pol.unmapped_max() < 1e-3)) {
-                    fail(s.mode + ": " + json_num(pol.unmapped_max()) + " of the attention fell on cells the harness does not hold");
-                }
-                char buf[200];
-                std::snprintf(buf, sizeof buf, "%s, cap %d cells (sink %d, recent %d, block %d), positions %s%s",
-                              pol.name().c_str(), bud.cap, o.sink, bud.recent, o.block, o.positions.c_str(),
-                              fa ? ", flash attention on (scores recomputed)" : "");
-                r.detail = buf;
-                rep.rows.push_back(r);
+                if (has_mode(o, m)) run_evict(m, R, "");
             }
+            for (const auto & m : o.modes) {  // h2o+kvq:CONFIG, kvc-streaming+kvq-plan:FILE, ...
+                std::string base, kvq_mode;
+                if (split_kvq_suffix(m, &base, &kvq_mode) && (base == "h2o" || base == "kvc-streaming")) {
+                    run_evict(base, R, kvq_mode);
+                }
+            }
+        }
+        for (const auto & m : o.modes) {  // h2o@R, kvc-streaming@R, each with an optional +kvq suffix
+            std::string base = m, kvq_mode;
+            split_kvq_suffix(m, &base, &kvq_mode);
+            const auto at = base.find('@');
+            if (at == std::string::npos) continue;
+            const std::string name = base.substr(0, at);
+            if (name == "h2o" || name == "kvc-streaming") run_evict(name, std::atof(base.c_str() + at + 1), kvq_mode);
         }
         if (has_mode(o, "c8") || has_mode(o, "c8-h2o")) {
             // calibration: the first --c8-calib tokens in one batch, rows observed as f16
@@ -294,51 +320,16 @@ int run(int argc, char ** argv) {
             if (is_native_mode(m)) rep.rows.push_back(run_kvq_native(model, mi, o, toks, ref, m));
         }
         for (const auto & m : o.modes) {
-            const bool from_plan = m.rfind("kvq-plan:", 0) == 0;
-            if (m.rfind("kvq:", 0) != 0 && !from_plan) continue;
-            const std::string config = m.substr(from_plan ? 9 : 4);
-            const std::string plan_json = from_plan ? read_file(config) : std::string();
-            KvqPtr kvq(config, mi, from_plan ? &plan_json : nullptr);
-            double k_bits = 0, v_bits = 0;
-            const double kvq_cell = kvq_cell_bytes(kvq.q, mi, &k_bits, &v_bits);
-            const double f16_cell = (double) mi.cell_bytes(GGML_TYPE_F16, GGML_TYPE_F16);
-            const int sink = std::min(o.kvq_sink, o.n_tokens);
-            KvqRoundTripHook hook(kvq.q, mi, sink);
+            if (m.rfind("kvq:", 0) != 0 && m.rfind("kvq-plan:", 0) != 0) continue;
+            KvqSetup kq(m, mi, o);
             EvalTap tap(mi);
-            tap.want_rows = true;
-            tap.want_set_rows = true;
-            tap.hook = &hook;
             DecodeSpec s;
             s.mode = m;
             s.cfg.n_ctx = o.n_tokens;
-            s.cfg.tap = &tap;
             s.cfg.flash_attn = o.kvq_fa;
-            // memory as a kvq cache holds it: packed rows per cell; the protected sink cells at f16
-            s.cell_bytes = kvq_cell;
-            s.fixed_bytes = (double) sink * (f16_cell - kvq_cell);
+            kq.attach(tap, s);
             RunResult r = run_decode(model, mi, o, toks, ref, s);
-            if (!tap.stats.set_rows_reads_hooked_tensor) fail(m + ": a SET_ROWS node reads rows the hook did not see");
-            for (int v = 0; v < 2; ++v) {
-                const auto & e = hook.err(v == 1);
-                const std::string k = v ? "kvq_v_" : "kvq_k_";
-                if (e.n == 0) fail(m + ": the kvq hook saw no rows");
-                r.extra.push_back({k + "rel_rms_err", json_num(std::sqrt(e.sq / std::max(1e-30, e.ref)))});
-                r.extra.push_back({k + "max_abs_err", json_num(e.max)});
-                r.extra.push_back({k + "rows", std::to_string(e.rows)});
-                r.extra.push_back({k + "packed_bytes", json_num(e.bytes)});
-                r.extra.push_back({k + "bits_per_value", json_num(v ? v_bits : k_bits)});
-            }
-            r.extra.push_back({"kvq_config", "\"" + json_escape(config) + "\""});
-            r.extra.push_back({"kvq_sink", std::to_string(sink)});
-            r.extra.push_back({"kvq_cell_bytes", json_num(kvq_cell)});
-            r.extra.push_back({"kv_accounting", "\"kvq: packed rows per cell (kvc_kvq_row_bytes, scales included), sink cells at f16 (llama.cpp holds f16: kvc dequantizes)\""});
-            char buf[240];
-            const auto & ek = hook.err(false);
-            const auto & ev = hook.err(true);
-            std::snprintf(buf, sizeof buf, "kvc kvq %s, %.3g+%.3g bits/value (K+V, scales included), sink %d f16; rel RMS err K %.4f V %.4f",
-                          config.c_str(), k_bits, v_bits, sink, std::sqrt(ek.sq / std::max(1e-30, ek.ref)),
-                          std::sqrt(ev.sq / std::max(1e-30, ev.ref)));
-            r.detail = buf;
+            r.detail = kq.finish(tap, r);
             rep.rows.push_back(r);
         }
         for (const auto & m : o.modes) {

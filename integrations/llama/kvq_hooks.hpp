@@ -114,4 +114,49 @@ private:
     Err err_[2];
 };
 
+// ------------------------------------------------------------------------------------------
+// kvq combined with a mode that changes which cells the cache holds: "BASE+kvq:CONFIG" or
+// "BASE+kvq-plan:FILE", BASE one of mlp@F, mlp-meanpool@F, mlp, h2o, kvc-streaming (at every
+// --kv-ratios), h2o@R, kvc-streaming@R. Every cell the cache holds is a kvq cell: new rows go
+// through the same SET_ROWS round trip as the kvq: modes, and cells the mode writes itself (the
+// mlp modes' compressed groups) through kvq_requantize_f16 (KvqSetup, in decode.hpp, sets a decode up). Memory: kvq's packed row bytes per
+// held cell, the --kvq-sink cells at f16, so the mean ratio is what a kvq engine running the
+// mode would get.
+
+// Splits a combined mode; false (base and kvq untouched) when m has no kvq suffix.
+bool split_kvq_suffix(const std::string & m, std::string * base, std::string * kvq_mode) {
+    for (const char * tag : {"+kvq:", "+kvq-plan:"}) {
+        const auto at = m.find(tag);
+        if (at == std::string::npos) continue;
+        *base = m.substr(0, at);
+        *kvq_mode = m.substr(at + 1);
+        return true;
+    }
+    return false;
+}
+
+// Puts n_rows f16 rows of head_dim values (a cell's rows of one layer, K or V) through kvq's
+// quantizer and back, in place: what a kvq cache would hold for rows the mode wrote itself.
+// Returns the squared error and the squared reference summed into sq / ref.
+void kvq_requantize_f16(const kvc_kvq * q, const ModelInfo & mi, int layer, bool is_v, uint16_t * rows, size_t n_rows,
+                        double * sq, double * ref) {
+    const size_t D = (size_t) mi.head_dim;
+    const kvc_tensor which = is_v ? KVC_TENSOR_V : KVC_TENSOR_K;
+    size_t row_bytes = 0;
+    kvc_ok(kvc_kvq_row_bytes(q, (uint32_t) layer, which, &row_bytes), "kvc_kvq_row_bytes");
+    std::vector<float> x(n_rows * D), y(n_rows * D);
+    std::vector<uint8_t> packed(n_rows * row_bytes);
+    for (size_t i = 0; i < x.size(); ++i) x[i] = ggml_fp16_to_fp32(rows[i]);
+    kvc_ok(kvc_kvq_quantize_rows(q, (uint32_t) layer, which, x.data(), n_rows, packed.data(), packed.size()),
+           "kvc_kvq_quantize_rows");
+    kvc_ok(kvc_kvq_dequantize_rows(q, (uint32_t) layer, which, packed.data(), packed.size(), y.data(), n_rows),
+           "kvc_kvq_dequantize_rows");
+    for (size_t i = 0; i < x.size(); ++i) {
+        if (!std::isfinite(y[i])) fail("kvq: a dequantized value is not finite");
+        rows[i] = ggml_fp32_to_fp16(y[i]);
+        *sq += ((double) x[i] - y[i]) * ((double) x[i] - y[i]);
+        *ref += (double) x[i] * x[i];
+    }
+}
+
 }  // namespace

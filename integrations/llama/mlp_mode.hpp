@@ -22,6 +22,14 @@
 // after RoPE, so a compressed cell needs no position of its own; it takes its group's last
 // position (only the causal mask reads it), and new tokens keep their true positions.
 // Memory: every cell counts as an f16 cell, compressed or not.
+//
+// With a "+kvq:CONFIG" / "+kvq-plan:FILE" suffix (mlp@4+kvq:k8v4) every cell is a kvq cell:
+// new rows go through kvq's quantizer as they are written (KvqSetup), so the MLP reads the
+// values a kvq cache holds (dequantized, as an engine compressing its kvq cache would have to),
+// and each compressed group's K and V rows go through the quantizer again before the state is
+// written back: the cache never holds a value a kvq cache could not. Memory: kvq's packed bytes
+// per held cell (compressed or not), the --kvq-sink cells at f16 (--kvq-sink may not exceed
+// --sink, so no compressed cell is ever a protected one).
 #pragma once
 
 #include "share_mode.hpp"
@@ -42,12 +50,21 @@ struct MlpWeights {
     kvc_mlp_info info{};
 };
 
-bool is_mlp_mode(const std::string & m) {
+// The mode without its "+kvq:" / "+kvq-plan:" suffix (kvq_hooks.hpp), if any.
+std::string mlp_base_mode(const std::string & m) {
+    std::string base = m, kvq_mode;
+    split_kvq_suffix(m, &base, &kvq_mode);
+    return base;
+}
+
+bool is_mlp_mode(const std::string & mode) {
+    const std::string m = mlp_base_mode(mode);
     return m == "mlp" || m.rfind("mlp@", 0) == 0 || m.rfind("mlp-meanpool@", 0) == 0;
 }
 
 // The factor a mode names, 0 for plain mlp (parse_options has checked it is 2..64).
-int mlp_mode_factor(const std::string & m) {
+int mlp_mode_factor(const std::string & mode) {
+    const std::string m = mlp_base_mode(mode);
     const auto at = m.find('@');
     return at == std::string::npos ? 0 : std::atoi(m.c_str() + at + 1);
 }
@@ -164,7 +181,7 @@ MlpSet load_mlp_set(const Options & o, const ModelInfo & mi) {
     MlpSet s;
     for (const auto & p : o.mlp_weights) s.files.push_back(load_mlp(p, nullptr, mi));
     for (const auto & m : o.modes) {
-        if (is_mlp_mode(m) && m.rfind("mlp-meanpool@", 0) != 0) s.pick(m);
+        if (is_mlp_mode(m) && mlp_base_mode(m).rfind("mlp-meanpool@", 0) != 0) s.pick(m);
     }
     return s;
 }
@@ -174,8 +191,9 @@ MlpSet load_mlp_set(const Options & o, const ModelInfo & mi) {
 
 class MlpCompressEditor : public CacheEditor {
 public:
-    MlpCompressEditor(const ModelInfo & mi, const Options & o, const MlpWeights & w)
-        : mi_(mi), o_(o), w_(w), factor_((int) w.info.compression_factor),
+    // kvq: null, or the quantizer every compressed row goes through before it is written back
+    MlpCompressEditor(const ModelInfo & mi, const Options & o, const MlpWeights & w, const kvc_kvq * kvq = nullptr)
+        : mi_(mi), o_(o), w_(w), kvq_(kvq), factor_((int) w.info.compression_factor),
           min_groups_(std::max<long>(1, (long) w.info.min_seq_len)) {}
 
     long target(int n_seen) const {
@@ -221,6 +239,11 @@ public:
         extra.push_back({"target_ratio", json_num(o_.ratio)});
         extra.push_back({"sink", std::to_string(o_.sink)});
         extra.push_back({"recent", std::to_string(o_.recent)});
+        if (kvq_) {
+            extra.push_back({"mlp_kvq_requantized_rows", std::to_string(requant_rows_)});
+            extra.push_back({"mlp_kvq_requant_k_rel_rms_err", json_num(std::sqrt(requant_sq_[0] / std::max(1e-30, requant_ref_[0])))});
+            extra.push_back({"mlp_kvq_requant_v_rel_rms_err", json_num(std::sqrt(requant_sq_[1] / std::max(1e-30, requant_ref_[1])))});
+        }
         if (w_.meanpool) {
             extra.push_back({"meanpool_values_checked", std::to_string(mean_values_)});
             extra.push_back({"meanpool_max_abs_err", json_num(mean_max_abs_)});
@@ -239,6 +262,7 @@ public:
     }
 
     long rewrites() const { return rewrites_; }
+    long requantized_rows() const { return requant_rows_; }
     long mean_values() const { return mean_values_; }
     double mean_over_tol() const { return mean_over_tol_; }
 
@@ -318,6 +342,15 @@ private:
                 }
             }
             if (w_.meanpool && rewrites_ == 0) check_mean(K, V, at, first, g, kb, vb);
+            if (kvq_) {
+                // the compressed cells as a kvq cache would hold them: row (cell j, head h) of
+                // the [heads, tokens, head_dim] buffer, first g tokens of each head
+                for (size_t h = 0; h < H; ++h) {
+                    kvq_requantize_f16(kvq_, mi_, (int) l, false, &kb[h * span * D], g, &requant_sq_[0], &requant_ref_[0]);
+                    kvq_requantize_f16(kvq_, mi_, (int) l, true, &vb[h * span * D], g, &requant_sq_[1], &requant_ref_[1]);
+                }
+                requant_rows_ += (long) (2 * H * g);
+            }
             for (size_t i = 0; i < n2; ++i) {
                 if (i >= first && i < first + g) {
                     for (size_t h = 0; h < H; ++h) {
@@ -379,6 +412,7 @@ private:
     const ModelInfo & mi_;
     const Options & o_;
     const MlpWeights & w_;
+    const kvc_kvq * kvq_;
     int factor_;
     long min_groups_;
     long compressed_cells_ = 0, groups_ = 0, rewrites_ = 0, checks_ = 0, short_ = 0;
@@ -386,6 +420,8 @@ private:
     bool writer_checked_ = false;
     long mean_values_ = 0;
     double mean_max_abs_ = 0.0, mean_over_tol_ = 0.0;
+    double requant_sq_[2] = {0, 0}, requant_ref_[2] = {0, 0};
+    long requant_rows_ = 0;
 };
 
 // ------------------------------------------------------------------------------------------
@@ -395,7 +431,9 @@ RunResult run_mlp(llama_model * model, const ModelInfo & mi, const Options & o, 
                   RefStore & ref, const std::string & mode, const MlpSet & set) {
     MlpWeights generated;
     const MlpWeights * w = nullptr;
-    if (mode.rfind("mlp-meanpool@", 0) == 0) {
+    std::string base = mode, kvq_mode;
+    split_kvq_suffix(mode, &base, &kvq_mode);
+    if (base.rfind("mlp-meanpool@", 0) == 0) {
         const std::vector<uint8_t> bytes = meanpool_weights(mi, mlp_mode_factor(mode));
         generated = load_mlp("mean-pool weights generated for " + mi.file, &bytes, mi);
         generated.meanpool = true;
@@ -403,15 +441,26 @@ RunResult run_mlp(llama_model * model, const ModelInfo & mi, const Options & o, 
     } else {
         w = &set.pick(mode);
     }
-    MlpCompressEditor ed(mi, o, *w);
+    std::unique_ptr<KvqSetup> kq;
+    EvalTap tap(mi);
     DecodeSpec s;
-    s.mode = mode == "mlp" ? "mlp@" + std::to_string(w->info.compression_factor) : mode;
+    if (!kvq_mode.empty()) {
+        kq.reset(new KvqSetup(kvq_mode, mi, o));
+        kq->attach(tap, s);
+    }
+    MlpCompressEditor ed(mi, o, *w, kq ? kq->kvq.q : nullptr);
+    s.mode = (base == "mlp" ? "mlp@" + std::to_string(w->info.compression_factor) : base) +
+             (kvq_mode.empty() ? "" : "+" + kvq_mode);
     s.cfg.n_ctx = o.n_tokens;
     s.editor = &ed;
     s.shift_positions = false;
     RunResult r = run_decode(model, mi, o, toks, ref, s);
     ed.report(r.extra);
     r.detail = ed.detail();
+    if (kq) {
+        if (ed.rewrites() > 0 && ed.requantized_rows() == 0) fail(s.mode + ": compressed cells skipped kvq's quantizer");
+        r.detail += "; " + kq->finish(tap, r);
+    }
     if (w->meanpool && ed.rewrites() > 0) {
         // the generated weights compute the mean: anything else is a layout or offset mistake
         if (ed.mean_values() == 0 || !(ed.mean_over_tol() <= 1.0)) {

@@ -226,7 +226,7 @@ echo "50-llama: mlp@4 runs with $mlp_w"
 t2=$SECONDS
 "$EVAL" --model "$MODEL" --text "$TEXT_A" --text "$TEXT_B" \
     --n-tokens 320 --ppl-from 129 --sink 16 --recent 32 --trigger 128 --interval 16 --ratio 3 \
-    --modes full,mlp-meanpool@4,mlp@4 --mlp-weights "$mlp_w" --json "$out/mlp.json"
+    --modes full,mlp-meanpool@4,mlp@4,mlp@4+kvq:k8v4 --mlp-weights "$mlp_w" --json "$out/mlp.json"
 echo "50-llama: mlp evaluation took $((SECONDS - t2)) s"
 python3 - "$out/mlp.json" "$mlp_w" "$out/meanpool4.bin" <<'PY'
 import json, math, struct, sys
@@ -272,6 +272,20 @@ for t in res["texts"]:
         assert abs(r["kv_ratio_mean"] - mean_ratio) < 1e-6 and mean_ratio > 2.0, (m, r, mean_ratio)
         assert r["mlp_writer_checked"] and r["mlp_factor"] == 4, (m, r)
         assert math.isfinite(r["ppl"]) and r["ppl"] < 3.0 * full["ppl"] and r["kl"] > 0.0, (m, r)
+    # mlp combined with kvq (every held cell, compressed ones re-quantized, a kvq k8v4 cell):
+    # the same schedule, and the mean ratio the product of the schedule's and kvq's own, the
+    # latter from docs/formats/kvq.md's row sizes (lm: one f16 scale + d * b / 8 code bytes)
+    r = rows["mlp@4+kvq:k8v4"]
+    cells, groups, _, mean_ratio = schedule(max(1, min_seq_len))
+    kvq_ratio = (2 * 64 * 2) / ((2 + 64 * 8 // 8) + (2 + 64 * 4 // 8))
+    assert r["kvq_cell_bytes"] == 30 * 3 * (66 + 34), r
+    assert r["cells_end"] == r["cells_verified"] == cells and r["mlp_groups"] == groups, (r, cells, groups)
+    assert abs(r["kv_ratio_mean"] - mean_ratio * kvq_ratio) < 1e-6 * mean_ratio * kvq_ratio, (r, mean_ratio, kvq_ratio)
+    assert r["mlp_kvq_requantized_rows"] == 2 * 3 * 30 * groups, r
+    assert 0.0 < r["mlp_kvq_requant_k_rel_rms_err"] < 0.05 and 0.0 < r["mlp_kvq_requant_v_rel_rms_err"] < 0.2, r
+    assert math.isfinite(r["ppl"]) and r["ppl"] < 3.0 * full["ppl"] and r["kl"] > 0.0, r
+    print(f"50-llama: {t['text']}: mlp@4 PPL {rows['mlp@4']['ppl']:.3f} at {rows['mlp@4']['kv_ratio_mean']:.3f}, "
+          f"mlp@4+kvq:k8v4 PPL {r['ppl']:.3f} at {r['kv_ratio_mean']:.3f} (= {mean_ratio:.3f} x {kvq_ratio:.3f})")
     mp = rows["mlp-meanpool@4"]
     # the generated mean-pool weights compute each group's mean within f16 rounding: every K
     # and V value of the first rewrite checked (layers x K/V x groups x KV heads x head_dim)
@@ -301,12 +315,14 @@ head -c 1000 "$out/meanpool4.bin" >"$out/meanpool4-cut.bin"
 "$EVAL" --model "$MODEL" --text "$TEXT_A" --modes mlp@4 --mlp-weights "$out/meanpool4-cut.bin" 2>"$out/err10.txt"; rc10=$?
 "$EVAL" --model "$MODEL" --text "$TEXT_A" --modes mlp@4 --mlp-weights "$out/meanpool4-l24.bin" 2>"$out/err11.txt"; rc11=$?
 "$EVAL" --model "$MODEL" --text "$TEXT_A" --modes mlp@5 --mlp-weights "$out/meanpool4.bin" 2>"$out/err12.txt"; rc12=$?
+# kvq combined with a mode it does not combine with
+"$EVAL" --model "$MODEL" --text "$TEXT_A" --modes full,q4_0+kvq:k4v4 2>"$out/err13.txt"; rc13=$?
 set -e
 grep -q "24 layers" "$out/err11.txt" || { echo "50-llama: wrong-shape weights: $(cat "$out/err11.txt")" >&2; exit 1; }
 grep -q "factor 5" "$out/err12.txt" || { echo "50-llama: factor mismatch: $(cat "$out/err12.txt")" >&2; exit 1; }
 for r in "$rc:$out/err.txt" "$rc2:$out/err2.txt" "$rc3:$out/err3.txt" "$rc4:$out/err4.txt" "$rc5:$out/err5.txt" \
          "$rc7:$out/err7.txt" "$rc8:$out/err8.txt" "$rc9:$out/err9.txt" "$rc10:$out/err10.txt" \
-         "$rc11:$out/err11.txt" "$rc12:$out/err12.txt"; do
+         "$rc11:$out/err11.txt" "$rc12:$out/err12.txt" "$rc13:$out/err13.txt"; do
     code="${r%%:*}"; file="${r#*:}"
     if [ "$code" -ne 2 ] || [ "$(wc -l <"$file")" -ne 1 ]; then
         echo "50-llama: bad input gave status $code with: $(cat "$file")" >&2
