@@ -386,9 +386,14 @@ fn kv_bytes(t: &Tiers, kv_tokens: usize) -> Result<usize, Error> {
 /// `[n_layer][kv_tokens][n_kv_head][head_dim]` in the config's dtype (`k_len`/`v_len`
 /// bytes, at least `n_layer * kv_tokens * row`), tokens `[0, *out_tokens)` of every
 /// layer; stores the tokens restored (a multiple of the chunk size, at most `kv_tokens`)
-/// in `*out_tokens`. Bytes past them are untouched. Nothing found or every tier failing
-/// is `KVC_OK` with 0 tokens (failures are counted in the metrics). Buffers too small:
-/// `KVC_BUFFER_TOO_SMALL`.
+/// in `*out_tokens`. Each chunk is decoded straight into its place in `k` and `v`. Bytes of
+/// tokens past `*out_tokens` are untouched, except when a chunk whose blob passed its
+/// checksum failed to decode (a codec bug or a crafted value, counted as `corrupt`): then
+/// the bytes of that chunk's tokens and of the later chunks fetched for this call (all
+/// below `min(n_tokens, kv_tokens)`) are unspecified; the engine prefills from
+/// `*out_tokens` on, which overwrites them. Nothing found or every tier failing is `KVC_OK`
+/// with 0 tokens (failures are counted in the metrics). Buffers too small:
+/// `KVC_BUFFER_TOO_SMALL`, with nothing written.
 ///
 /// Ownership: all caller-owned. Threads: safe, concurrently on one handle.
 ///
@@ -429,15 +434,8 @@ pub unsafe extern "C" fn kvc_tiers_restore(
                 capacity: k.len().min(v.len()),
             });
         }
-        let r = t.tiers.restore(&tokens[..n_tokens.min(kv_tokens)]);
-        let row = t.tiers.shape().row_bytes();
-        let n = r.tokens * row;
-        for l in 0..t.tiers.shape().n_layer {
-            let dst = l * kv_tokens * row;
-            k[dst..dst + n].copy_from_slice(&r.k[l * n..(l + 1) * n]);
-            v[dst..dst + n].copy_from_slice(&r.v[l * n..(l + 1) * n]);
-        }
-        *out = r.tokens;
+        // Decoded straight into the caller's buffers (no buffer of our own, no copy).
+        *out = t.tiers.restore_into(tokens, kv_tokens, k, v)?;
         Ok(())
     })
 }

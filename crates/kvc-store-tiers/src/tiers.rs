@@ -96,11 +96,21 @@ fn add(a: &AtomicU64, n: u64) {
     a.fetch_add(n, Ordering::Relaxed);
 }
 
-/// Splits `[n_layer][n chunks][sec]` into, per chunk, its piece of every layer.
-fn pieces(buf: &mut [u8], n: usize, sec: usize, nl: usize) -> Vec<Vec<&mut [u8]>> {
+/// Splits the first `n` chunk sections (`sec` bytes each) of every one of the `nl` layers
+/// of `buf` (layer `l` at `l * layer_stride`) into, per chunk, its piece of every layer.
+fn pieces(
+    buf: &mut [u8],
+    n: usize,
+    sec: usize,
+    layer_stride: usize,
+    nl: usize,
+) -> Vec<Vec<&mut [u8]>> {
     let mut per: Vec<Vec<&mut [u8]>> = (0..n).map(|_| Vec::with_capacity(nl)).collect();
-    for layer in buf.chunks_exact_mut(n * sec) {
-        for (c, piece) in layer.chunks_exact_mut(sec).enumerate() {
+    if n == 0 {
+        return per;
+    }
+    for layer in buf.chunks_mut(layer_stride).take(nl) {
+        for (c, piece) in layer[..n * sec].chunks_exact_mut(sec).enumerate() {
             per[c].push(piece);
         }
     }
@@ -327,15 +337,91 @@ impl Tiers {
         }
     }
 
-    /// Restores the longest prefix of `tokens`'s full chunks that the tiers hold valid.
+    /// Restores the longest prefix of `tokens`'s full chunks that the tiers hold valid, into
+    /// new buffers (layer stride: the tokens restored). [`Tiers::restore_into`] writes into
+    /// the caller's buffers instead, without this allocation.
     pub fn restore(&self, tokens: &[u32]) -> Restored {
+        let (keys, found, n) = self.fetch_prefix(tokens);
+        let sec = self.shape.section_bytes();
+        let nl = self.shape.n_layer;
+        let kv_tokens = n * self.shape.chunk_tokens;
+        let mut k = vec![0u8; nl * n * sec];
+        let mut v = vec![0u8; nl * n * sec];
+        let got = self.decode_prefix(&keys, &found, n, kv_tokens, &mut k, &mut v);
+        if got < n {
+            // A chunk failed to decode (rare: its checksum held): keep the leading chunks
+            // that did, at the layer stride of the shorter prefix.
+            let keep = |buf: &[u8]| -> Vec<u8> {
+                buf.chunks(n * sec)
+                    .flat_map(|layer| &layer[..got * sec])
+                    .copied()
+                    .collect()
+            };
+            (k, v) = (keep(&k), keep(&v));
+        }
+        Restored {
+            tokens: got * self.shape.chunk_tokens,
+            k,
+            v,
+        }
+    }
+
+    /// Restores the longest prefix of the full chunks of `tokens[..min(tokens.len(),
+    /// kv_tokens)]` that the tiers hold valid straight into the caller's `k` and `v`, each
+    /// `[n_layer][kv_tokens][n_kv_head][head_dim]` in the cache's dtype (at least `n_layer *
+    /// kv_tokens * row` bytes); returns the tokens restored (a multiple of the chunk size):
+    /// tokens `[0, returned)` of every layer hold the restored prefix.
+    ///
+    /// Every chunk decodes in parallel straight into its place, with no buffer of its own
+    /// and no copy. Tokens past the returned count are untouched, except in one case: a
+    /// chunk whose blob passed its checksum and every header check but whose sections then
+    /// failed to decode (a codec bug or a crafted value; counted as corrupt and removed,
+    /// like any bad blob). Its tokens, and those of the chunks after it that were fetched
+    /// for this restore, may then have been written, and their content is unspecified. The
+    /// caller recomputes every token from the returned count on, which overwrites them;
+    /// keeping them untouched would need a buffer per chunk and the copy this avoids.
+    ///
+    /// Errors (before anything is written): `k` or `v` shorter than `n_layer * kv_tokens *
+    /// row` bytes.
+    pub fn restore_into(
+        &self,
+        tokens: &[u32],
+        kv_tokens: usize,
+        k: &mut [u8],
+        v: &mut [u8],
+    ) -> Result<usize> {
+        let need = self
+            .shape
+            .n_layer
+            .checked_mul(kv_tokens)
+            .and_then(|x| x.checked_mul(self.shape.row_bytes()));
+        for (name, t) in [("k", &*k), ("v", &*v)] {
+            if need.is_none_or(|need| t.len() < need) {
+                return Err(Error::invalid(
+                    name,
+                    format!(
+                        "{} bytes, expected at least n_layer {} x kv_tokens {kv_tokens} x {}",
+                        t.len(),
+                        self.shape.n_layer,
+                        self.shape.row_bytes()
+                    ),
+                ));
+            }
+        }
+        let (keys, found, n) = self.fetch_prefix(&tokens[..tokens.len().min(kv_tokens)]);
+        let got = self.decode_prefix(&keys, &found, n, kv_tokens, k, v);
+        Ok(got * self.shape.chunk_tokens)
+    }
+
+    /// Fetches and checks the chunks of `tokens`; returns their keys, what was found and
+    /// the length of the leading run of found chunks.
+    fn fetch_prefix(&self, tokens: &[u32]) -> (Vec<ChunkKey>, Vec<Option<Checked>>, usize) {
         add(&self.restores, 1);
         let keys = self.keys(tokens);
         // Batches of chunks are fetched and checked (checksum, key, shape) concurrently on
-        // the rayon pool, so one batch's transfer overlaps another's checksum; then every
-        // chunk of the prefix decodes in parallel straight into the output (no per-chunk
-        // buffer, no second copy). A batch past the first miss is wasted work, never a
-        // wrong result: only the leading run of valid chunks is returned.
+        // the rayon pool, so one batch's transfer overlaps another's checksum. A batch past
+        // the first miss is wasted work, never a wrong result: only the leading run of
+        // valid chunks is decoded.
         let batch = keys
             .len()
             .div_ceil(2 * rayon::current_num_threads())
@@ -344,52 +430,55 @@ impl Tiers {
             .par_chunks(batch)
             .flat_map_iter(|ks| self.fetch(ks))
             .collect();
-        let mut n = found.iter().take_while(|c| c.is_some()).count();
+        let n = found.iter().take_while(|c| c.is_some()).count();
+        (keys, found, n)
+    }
+
+    /// Decodes the first `n` chunks of `found` in parallel, each straight into its piece of
+    /// every layer of `k` and `v` (layer stride `kv_tokens` tokens, large enough); returns
+    /// the leading chunks that decoded. A chunk that fails is counted and removed, and the
+    /// prefix ends before it.
+    fn decode_prefix(
+        &self,
+        keys: &[ChunkKey],
+        found: &[Option<Checked>],
+        n: usize,
+        kv_tokens: usize,
+        k: &mut [u8],
+        v: &mut [u8],
+    ) -> usize {
         let sec = self.shape.section_bytes();
         let nl = self.shape.n_layer;
-        loop {
-            let mut k = vec![0u8; nl * n * sec];
-            let mut v = vec![0u8; nl * n * sec];
-            if n == 0 {
-                return Restored { tokens: 0, k, v };
+        let stride = kv_tokens * self.shape.row_bytes();
+        let (kp, vp) = (pieces(k, n, sec, stride, nl), pieces(v, n, sec, stride, nl));
+        let failed: Vec<(usize, Error)> = kp
+            .into_par_iter()
+            .zip(vp)
+            .enumerate()
+            .filter_map(|(c, (mut kp, mut vp))| {
+                let ch = found[c].as_ref()?;
+                decode_checked(
+                    &self.coder,
+                    &self.shape,
+                    &ch.blob,
+                    &ch.lens,
+                    &mut kp,
+                    &mut vp,
+                )
+                .err()
+                .map(|e| (c, e))
+            })
+            .collect();
+        // A blob whose checksum held but whose sections do not decode (a codec bug or a
+        // crafted value): counted, removed, and the prefix ends before it.
+        for (c, e) in &failed {
+            if let Some(ch) = &found[*c] {
+                self.count_bad(ch.tier, &keys[*c], e);
             }
-            // Each chunk decodes straight into its piece of every layer of the output.
-            let (kp, vp) = (pieces(&mut k, n, sec, nl), pieces(&mut v, n, sec, nl));
-            let failed: Vec<(usize, Error)> = kp
-                .into_par_iter()
-                .zip(vp)
-                .enumerate()
-                .filter_map(|(c, (mut kp, mut vp))| {
-                    let ch = found[c].as_ref()?;
-                    decode_checked(
-                        &self.coder,
-                        &self.shape,
-                        &ch.blob,
-                        &ch.lens,
-                        &mut kp,
-                        &mut vp,
-                    )
-                    .err()
-                    .map(|e| (c, e))
-                })
-                .collect();
-            let Some(first) = failed.iter().map(|(c, _)| *c).min() else {
-                add(&self.chunks_restored, n as u64);
-                return Restored {
-                    tokens: n * self.shape.chunk_tokens,
-                    k,
-                    v,
-                };
-            };
-            // A blob whose checksum held but whose sections do not decode (a codec bug or
-            // a crafted value): counted, removed, and the prefix ends before it.
-            for (c, e) in &failed {
-                if let Some(ch) = &found[*c] {
-                    self.count_bad(ch.tier, &keys[*c], e);
-                }
-            }
-            n = first;
         }
+        let got = failed.iter().map(|(c, _)| *c).min().unwrap_or(n);
+        add(&self.chunks_restored, got as u64);
+        got
     }
 
     /// Starts [`Tiers::restore`] of `tokens` on a background thread (an engine prefetches

@@ -2,7 +2,8 @@
 //! For each tier (memory, disk, Redis) and codec (raw, gear-v1, gear-v2, kvq-k4v4 by
 //! default; kvq-k8v4 and kvq-k4v2 on request) it stores
 //! `--prompts` distinct prompts of the dump's K and V through a fresh [`Tiers`] over that
-//! one tier and restores them `--reps` times: store and restore GB/s (uncompressed bytes),
+//! one tier and restores them `--reps` times (`Tiers::restore_into`, into K and V buffers
+//! allocated once, as `kvc_tiers_restore` writes an engine's cache): store and restore GB/s (uncompressed bytes),
 //! p50/p99 latency of a one-chunk restore, and bytes per token stored against f16. Every
 //! restore must be complete; a lossless codec's is checked bit for bit, a kvq (lossy)
 //! one's relative RMS error of K and V is reported and must be finite and below 0.5. The baseline,
@@ -298,30 +299,30 @@ fn run_one(
     }
     let store_s = t0.elapsed().as_secs_f64();
     let full = s.chunks * s.shape.chunk_tokens;
+    // Restores go straight into buffers allocated once, as an engine's KV cache is
+    // (`Tiers::restore_into`, what `kvc_tiers_restore` does); every prompt holds the same KV.
+    let (mut rk, mut rv) = (vec![0u8; s.k.len()], vec![0u8; s.v.len()]);
     let t0 = Instant::now();
-    let mut restored = Vec::new();
-    for rep in 0..s.reps {
+    for _ in 0..s.reps {
         for p in 0..s.prompts {
-            let r = t.restore(&s.tokens(p));
-            if r.tokens != full {
+            let got = t
+                .restore_into(&s.tokens(p), full, &mut rk, &mut rv)
+                .map_err(lib)?;
+            if got != full {
                 return Err(CliError::input(format!(
-                    "{tier_name}/{}: restore of prompt {p} gave {} of {full} tokens",
+                    "{tier_name}/{}: restore of prompt {p} gave {got} of {full} tokens",
                     codec.name(),
-                    r.tokens
                 )));
-            }
-            if rep == 0 && p == 0 {
-                restored.push(r);
             }
         }
     }
     let restore_s = t0.elapsed().as_secs_f64();
     // Outside the timing: bit-exact for a lossless codec; for kvq the relative RMS error
     // of K and V (a sanity bound only: the tests hold the per-bits bounds).
-    let r = &restored[0];
     let (want_k, want_v) = (s.prefix(s.k, full), s.prefix(s.v, full));
-    let exact = r.k == want_k && r.v == want_v;
-    let (err_k, err_v) = (rel_rms_f16(&r.k, &want_k), rel_rms_f16(&r.v, &want_v));
+    let (rk, rv) = (&mut rk[..want_k.len()], &mut rv[..want_v.len()]);
+    let exact = *rk == want_k && *rv == want_v;
+    let (err_k, err_v) = (rel_rms_f16(rk, &want_k), rel_rms_f16(rv, &want_v));
     if codec.lossless() && !exact {
         return Err(CliError::input(format!(
             "{tier_name}/{}: a restore is not bit-exact",
@@ -339,9 +340,11 @@ fn run_one(
         for p in 0..s.prompts {
             let toks = s.tokens(p);
             let t1 = Instant::now();
-            let r = t.restore(&toks[..s.shape.chunk_tokens]);
+            let got = t
+                .restore_into(&toks[..s.shape.chunk_tokens], full, rk, rv)
+                .map_err(lib)?;
             lat.push(t1.elapsed().as_secs_f64() * 1e3);
-            if r.tokens != s.shape.chunk_tokens {
+            if got != s.shape.chunk_tokens {
                 return Err(CliError::input("a one-chunk restore missed"));
             }
         }
