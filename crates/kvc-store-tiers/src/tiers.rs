@@ -124,6 +124,16 @@ struct Checked {
     lens: Vec<[usize; 2]>,
 }
 
+/// What became of one chunk of a restore.
+enum Restore {
+    /// Fetched, checked and decoded into the output.
+    Done,
+    /// No tier had a valid blob.
+    Missing,
+    /// The blob from tier `.0` passed its checks but did not decode.
+    Failed(usize, Error),
+}
+
 /// A restored prefix: `tokens` tokens of K and V, each `[n_layer][tokens][n_kv_head][head_dim]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Restored {
@@ -341,18 +351,19 @@ impl Tiers {
     /// new buffers (layer stride: the tokens restored). [`Tiers::restore_into`] writes into
     /// the caller's buffers instead, without this allocation.
     pub fn restore(&self, tokens: &[u32]) -> Restored {
-        let (keys, found, n) = self.fetch_prefix(tokens);
         let sec = self.shape.section_bytes();
         let nl = self.shape.n_layer;
-        let kv_tokens = n * self.shape.chunk_tokens;
-        let mut k = vec![0u8; nl * n * sec];
-        let mut v = vec![0u8; nl * n * sec];
-        let got = self.decode_prefix(&keys, &found, n, kv_tokens, &mut k, &mut v);
-        if got < n {
-            // A chunk failed to decode (rare: its checksum held): keep the leading chunks
-            // that did, at the layer stride of the shorter prefix.
+        let asked = tokens.len() / self.shape.chunk_tokens;
+        // Pages no chunk touches are never faulted in (a large zeroed allocation is lazily
+        // mapped), so a short restore costs what it restores.
+        let mut k = vec![0u8; nl * asked * sec];
+        let mut v = vec![0u8; nl * asked * sec];
+        let kv_tokens = asked * self.shape.chunk_tokens;
+        let got = self.restore_chunks(tokens, kv_tokens, &mut k, &mut v);
+        if got < asked {
+            // Keep the leading chunks restored, at the layer stride of the shorter prefix.
             let keep = |buf: &[u8]| -> Vec<u8> {
-                buf.chunks(n * sec)
+                buf.chunks(asked * sec)
                     .flat_map(|layer| &layer[..got * sec])
                     .copied()
                     .collect()
@@ -372,14 +383,14 @@ impl Tiers {
     /// kv_tokens * row` bytes); returns the tokens restored (a multiple of the chunk size):
     /// tokens `[0, returned)` of every layer hold the restored prefix.
     ///
-    /// Every chunk decodes in parallel straight into its place, with no buffer of its own
-    /// and no copy. Tokens past the returned count are untouched, except in one case: a
-    /// chunk whose blob passed its checksum and every header check but whose sections then
-    /// failed to decode (a codec bug or a crafted value; counted as corrupt and removed,
-    /// like any bad blob). Its tokens, and those of the chunks after it that were fetched
-    /// for this restore, may then have been written, and their content is unspecified. The
-    /// caller recomputes every token from the returned count on, which overwrites them;
-    /// keeping them untouched would need a buffer per chunk and the copy this avoids.
+    /// Each batch of chunks is decoded as soon as it has been fetched and checked, while
+    /// other batches are still in flight, straight into its place in `k` and `v` (no buffer
+    /// of its own, no copy). So chunks past the end of the valid prefix may have been
+    /// written before the restore knows where it ends (a chunk after a miss, a chunk whose
+    /// blob passed its checksum but failed to decode): the bytes of tokens from the
+    /// returned count up to the last full chunk of `tokens[..min(tokens.len(), kv_tokens)]`
+    /// are unspecified; bytes past that are untouched. The caller recomputes every token
+    /// from the returned count on, which overwrites them.
     ///
     /// Errors (before anything is written): `k` or `v` shorter than `n_layer * kv_tokens *
     /// row` bytes.
@@ -408,75 +419,72 @@ impl Tiers {
                 ));
             }
         }
-        let (keys, found, n) = self.fetch_prefix(&tokens[..tokens.len().min(kv_tokens)]);
-        let got = self.decode_prefix(&keys, &found, n, kv_tokens, k, v);
-        Ok(got * self.shape.chunk_tokens)
+        let tokens = &tokens[..tokens.len().min(kv_tokens)];
+        Ok(self.restore_chunks(tokens, kv_tokens, k, v) * self.shape.chunk_tokens)
     }
 
-    /// Fetches and checks the chunks of `tokens`; returns their keys, what was found and
-    /// the length of the leading run of found chunks.
-    fn fetch_prefix(&self, tokens: &[u32]) -> (Vec<ChunkKey>, Vec<Option<Checked>>, usize) {
-        add(&self.restores, 1);
-        let keys = self.keys(tokens);
-        // Batches of chunks are fetched and checked (checksum, key, shape) concurrently on
-        // the rayon pool, so one batch's transfer overlaps another's checksum. A batch past
-        // the first miss is wasted work, never a wrong result: only the leading run of
-        // valid chunks is decoded.
-        let batch = keys
-            .len()
-            .div_ceil(2 * rayon::current_num_threads())
-            .clamp(1, 8);
-        let found: Vec<Option<Checked>> = keys
-            .par_chunks(batch)
-            .flat_map_iter(|ks| self.fetch(ks))
-            .collect();
-        let n = found.iter().take_while(|c| c.is_some()).count();
-        (keys, found, n)
-    }
-
-    /// Decodes the first `n` chunks of `found` in parallel, each straight into its piece of
-    /// every layer of `k` and `v` (layer stride `kv_tokens` tokens, large enough); returns
-    /// the leading chunks that decoded. A chunk that fails is counted and removed, and the
-    /// prefix ends before it.
-    fn decode_prefix(
+    /// Fetches, checks and decodes the full chunks of `tokens` (at most `kv_tokens`) into
+    /// `k` and `v` (layer stride `kv_tokens` tokens, large enough); returns the leading
+    /// chunks restored.
+    fn restore_chunks(
         &self,
-        keys: &[ChunkKey],
-        found: &[Option<Checked>],
-        n: usize,
+        tokens: &[u32],
         kv_tokens: usize,
         k: &mut [u8],
         v: &mut [u8],
     ) -> usize {
+        add(&self.restores, 1);
+        let keys = self.keys(tokens);
         let sec = self.shape.section_bytes();
         let nl = self.shape.n_layer;
         let stride = kv_tokens * self.shape.row_bytes();
-        let (kp, vp) = (pieces(k, n, sec, stride, nl), pieces(v, n, sec, stride, nl));
-        let failed: Vec<(usize, Error)> = kp
-            .into_par_iter()
-            .zip(vp)
-            .enumerate()
-            .filter_map(|(c, (mut kp, mut vp))| {
-                let ch = found[c].as_ref()?;
-                decode_checked(
-                    &self.coder,
-                    &self.shape,
-                    &ch.blob,
-                    &ch.lens,
-                    &mut kp,
-                    &mut vp,
-                )
-                .err()
-                .map(|e| (c, e))
+        let mut kp = pieces(k, keys.len(), sec, stride, nl);
+        let mut vp = pieces(v, keys.len(), sec, stride, nl);
+        // Batches of chunks are fetched, checked (checksum, key, shape) and decoded
+        // concurrently on the rayon pool, so one batch's transfer overlaps another's
+        // checksum and decode. A batch past the first miss is wasted work, never a wrong
+        // result: only the leading run of chunks that decoded is returned.
+        let batch = keys
+            .len()
+            .div_ceil(2 * rayon::current_num_threads())
+            .clamp(1, 8);
+        let done: Vec<Restore> = keys
+            .par_chunks(batch)
+            .zip(kp.par_chunks_mut(batch))
+            .zip(vp.par_chunks_mut(batch))
+            .flat_map_iter(|((ks, kp), vp)| {
+                let found = self.fetch(ks);
+                found
+                    .into_iter()
+                    .zip(kp.iter_mut().zip(vp.iter_mut()))
+                    .map(|(ch, (kp, vp))| match ch {
+                        None => Restore::Missing,
+                        Some(ch) => match decode_checked(
+                            &self.coder,
+                            &self.shape,
+                            &ch.blob,
+                            &ch.lens,
+                            kp,
+                            vp,
+                        ) {
+                            Ok(()) => Restore::Done,
+                            Err(e) => Restore::Failed(ch.tier, e),
+                        },
+                    })
+                    .collect::<Vec<_>>()
             })
             .collect();
         // A blob whose checksum held but whose sections do not decode (a codec bug or a
         // crafted value): counted, removed, and the prefix ends before it.
-        for (c, e) in &failed {
-            if let Some(ch) = &found[*c] {
-                self.count_bad(ch.tier, &keys[*c], e);
+        for (c, r) in done.iter().enumerate() {
+            if let Restore::Failed(tier, e) = r {
+                self.count_bad(*tier, &keys[c], e);
             }
         }
-        let got = failed.iter().map(|(c, _)| *c).min().unwrap_or(n);
+        let got = done
+            .iter()
+            .take_while(|r| matches!(r, Restore::Done))
+            .count();
         add(&self.chunks_restored, got as u64);
         got
     }

@@ -631,7 +631,7 @@ fn restore_into_writes_the_prefix_in_place_and_leaves_the_rest() {
 }
 
 #[test]
-fn restore_into_a_broken_chunk_ends_the_prefix_and_leaves_bytes_past_the_fetch() {
+fn restore_into_a_broken_chunk_ends_the_prefix_and_leaves_bytes_past_the_asked_chunks() {
     let mem = Arc::new(MemoryTier::new(64 << 20));
     let t = Tiers::new(config(ChunkCodec::GearV2), vec![Box::new(mem.clone())]).unwrap();
     store_sample(&t, 13);
@@ -661,7 +661,7 @@ fn restore_into_a_broken_chunk_ends_the_prefix_and_leaves_bytes_past_the_fetch()
         let want = |src: &[u8]| src[l * kv * row..(l * kv + 128) * row].to_vec();
         assert_eq!(tokens_of(&k, kv, l, 0, 128), want(SAMPLE_K));
         assert_eq!(tokens_of(&v, kv, l, 0, 128), want(SAMPLE_V));
-        // Past the chunks fetched for the call: untouched.
+        // Past the chunks asked for: untouched.
         assert!(tokens_of(&k, kv, l, 256, kv).iter().all(|&b| b == 0xee));
         assert!(tokens_of(&v, kv, l, 256, kv).iter().all(|&b| b == 0xee));
     }
@@ -671,4 +671,39 @@ fn restore_into_a_broken_chunk_ends_the_prefix_and_leaves_bytes_past_the_fetch()
         (1, 1, 2)
     );
     assert!(!mem.contains(&keys[2..3]).unwrap()[0]);
+}
+
+#[test]
+fn restore_into_stops_at_a_missing_chunk_even_when_later_ones_decoded() {
+    let mem = Arc::new(MemoryTier::new(64 << 20));
+    let t = Tiers::new(config(ChunkCodec::GearV2), vec![Box::new(mem.clone())]).unwrap();
+    store_sample(&t, 14);
+    let keys = t.keys(&tokens(14));
+    mem.remove(&keys[3]).unwrap();
+    let row = shape().row_bytes();
+    let kv = SAMPLE_TOKENS;
+    let (mut k, mut v) = (vec![0u8; 4 * kv * row], vec![0u8; 4 * kv * row]);
+    assert_eq!(
+        t.restore_into(&tokens(14), kv, &mut k, &mut v).unwrap(),
+        192
+    );
+    for l in 0..4 {
+        assert_eq!(
+            tokens_of(&k, kv, l, 0, 192),
+            &SAMPLE_K[l * kv * row..(l * kv + 192) * row]
+        );
+        assert_eq!(
+            tokens_of(&v, kv, l, 0, 192),
+            &SAMPLE_V[l * kv * row..(l * kv + 192) * row]
+        );
+    }
+    let m = t.metrics();
+    assert_eq!(
+        (m.tiers[0].misses, m.chunks_restored, m.fallbacks),
+        (1, 3, 0)
+    );
+    // The allocating restore gives the same prefix at its own layer stride.
+    let r = t.restore(&tokens(14));
+    assert_eq!((r.tokens, r.k.clone()), (192, prefix(SAMPLE_K, 192)));
+    assert_eq!(r.v, prefix(SAMPLE_V, 192));
 }
