@@ -184,6 +184,24 @@ impl Setup<'_> {
     }
 }
 
+/// CPU seconds (user + system, every thread) this process has used, from
+/// `/proc/self/stat` (in USER_HZ = 100 ticks per second, Linux's fixed ABI value); `None`
+/// where it cannot be read. A Redis server's own CPU is not in it.
+fn process_cpu_s() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the command name (which may hold spaces) close with ')'.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name.
+    let ticks = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
+    Some(ticks / 100.0)
+}
+
+/// CPU seconds per GB of `bytes` between two [`process_cpu_s`] readings.
+fn cpu_per_gb(before: Option<f64>, after: Option<f64>, bytes: f64) -> Option<f64> {
+    Some((after? - before?) / (bytes / 1e9))
+}
+
 fn gbs(bytes: f64, s: f64) -> f64 {
     if s > 0.0 {
         bytes / s / 1e9
@@ -229,6 +247,7 @@ fn baseline(s: &Setup, url: &str) -> Result<Value, CliError> {
         tier.put(&items).map_err(lib)?;
     }
     let store_s = t.elapsed().as_secs_f64();
+    let cpu0 = process_cpu_s();
     let t = Instant::now();
     for _ in 0..s.reps {
         for p in 0..s.prompts {
@@ -242,6 +261,7 @@ fn baseline(s: &Setup, url: &str) -> Result<Value, CliError> {
         }
     }
     let restore_s = t.elapsed().as_secs_f64();
+    let cpu1 = process_cpu_s();
     let mut lat = Vec::new();
     for _ in 0..s.reps {
         for p in 0..s.prompts {
@@ -262,6 +282,7 @@ fn baseline(s: &Setup, url: &str) -> Result<Value, CliError> {
         "codec": "none (raw f16 values, no blob format)",
         "store_gbs": gbs(bytes, store_s),
         "restore_gbs": gbs(bytes * s.reps as f64, restore_s),
+        "restore_cpu_s_per_gb": cpu_per_gb(cpu0, cpu1, bytes * s.reps as f64),
         "chunk_restore_p50_ms": percentile(&lat, 0.5),
         "chunk_restore_p99_ms": percentile(&lat, 0.99),
         "bytes_per_token": s.shape.chunk_raw_bytes() as f64 / s.shape.chunk_tokens as f64,
@@ -302,6 +323,7 @@ fn run_one(
     // Restores go straight into buffers allocated once, as an engine's KV cache is
     // (`Tiers::restore_into`, what `kvc_tiers_restore` does); every prompt holds the same KV.
     let (mut rk, mut rv) = (vec![0u8; s.k.len()], vec![0u8; s.v.len()]);
+    let cpu0 = process_cpu_s();
     let t0 = Instant::now();
     for _ in 0..s.reps {
         for p in 0..s.prompts {
@@ -317,6 +339,7 @@ fn run_one(
         }
     }
     let restore_s = t0.elapsed().as_secs_f64();
+    let cpu1 = process_cpu_s();
     // Outside the timing: bit-exact for a lossless codec; for kvq the relative RMS error
     // of K and V (a sanity bound only: the tests hold the per-bits bounds).
     let (want_k, want_v) = (s.prefix(s.k, full), s.prefix(s.v, full));
@@ -360,6 +383,7 @@ fn run_one(
         "codec": codec.name(),
         "store_gbs": gbs(bytes, store_s),
         "restore_gbs": gbs(bytes * s.reps as f64, restore_s),
+        "restore_cpu_s_per_gb": cpu_per_gb(cpu0, cpu1, bytes * s.reps as f64),
         "chunk_restore_p50_ms": percentile(&lat, 0.5),
         "chunk_restore_p99_ms": percentile(&lat, 0.99),
         "bytes_per_token": per_token,
@@ -494,11 +518,12 @@ pub fn run(a: &BenchTiersArgs) -> Result<(), CliError> {
         }
     }
     println!(
-        "{:<20} {:<8} {:>10} {:>12} {:>9} {:>9} {:>9} {:>10} {:>13}",
+        "{:<20} {:<8} {:>10} {:>12} {:>9} {:>9} {:>9} {:>9} {:>10} {:>13}",
         "tier",
         "codec",
         "store GB/s",
         "restore GB/s",
+        "CPU s/GB",
         "p50 ms",
         "p99 ms",
         "B/token",
@@ -507,7 +532,7 @@ pub fn run(a: &BenchTiersArgs) -> Result<(), CliError> {
     );
     for r in base.iter().chain(rows.iter()) {
         println!(
-            "{:<20} {:<8} {:>10.3} {:>12.3} {:>9.3} {:>9.3} {:>9.0} {:>10} {:>13}",
+            "{:<20} {:<8} {:>10.3} {:>12.3} {:>9.3} {:>9.3} {:>9.3} {:>9.0} {:>10} {:>13}",
             r["tier"].as_str().unwrap_or(""),
             r["codec"]
                 .as_str()
@@ -517,6 +542,7 @@ pub fn run(a: &BenchTiersArgs) -> Result<(), CliError> {
                 .unwrap_or(""),
             r["store_gbs"].as_f64().unwrap_or(0.0),
             r["restore_gbs"].as_f64().unwrap_or(0.0),
+            r["restore_cpu_s_per_gb"].as_f64().unwrap_or(f64::NAN),
             r["chunk_restore_p50_ms"].as_f64().unwrap_or(0.0),
             r["chunk_restore_p99_ms"].as_f64().unwrap_or(0.0),
             r["bytes_per_token"].as_f64().unwrap_or(0.0),
@@ -538,6 +564,9 @@ pub fn run(a: &BenchTiersArgs) -> Result<(), CliError> {
         println!("note: {n}");
     }
     println!("GB/s are of uncompressed f16 K+V; the disk tier reads through the page cache.");
+    println!(
+        "CPU s/GB: this process's CPU (all threads) per GB restored, without the Redis server's."
+    );
     let out = json!({
         "source": ds.source,
         "shape": {"n_layer": shape.n_layer, "n_kv_head": shape.n_kv_head, "head_dim": shape.head_dim,
