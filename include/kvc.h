@@ -3308,9 +3308,15 @@ enum kvc_status kvc_tiers_lookup(const struct kvc_tiers *tiers,
  * `[n_layer][kv_tokens][n_kv_head][head_dim]` in the config's dtype (`k_len`/`v_len`
  * bytes, at least `n_layer * kv_tokens * row`), tokens `[0, *out_tokens)` of every
  * layer; stores the tokens restored (a multiple of the chunk size, at most `kv_tokens`)
- * in `*out_tokens`. Bytes past them are untouched. Nothing found or every tier failing
- * is `KVC_OK` with 0 tokens (failures are counted in the metrics). Buffers too small:
- * `KVC_BUFFER_TOO_SMALL`.
+ * in `*out_tokens`. Chunks are decoded as they arrive, in parallel, straight into their
+ * place in `k` and `v`, before the restore knows where the valid prefix ends: the bytes
+ * of tokens from `*out_tokens` up to the last full chunk of the first `min(n_tokens,
+ * kv_tokens)` tokens are unspecified (a chunk after a miss, or one whose blob passed its
+ * checksum but failed to decode, may have been written); bytes past that are untouched.
+ * The engine prefills from `*out_tokens` on, which overwrites them. Nothing found or
+ * every tier failing is `KVC_OK` with 0 tokens (failures are counted in the metrics).
+ * Buffers too small:
+ * `KVC_BUFFER_TOO_SMALL`, with nothing written.
  *
  * Ownership: all caller-owned. Threads: safe, concurrently on one handle.
  *

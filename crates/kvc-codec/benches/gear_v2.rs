@@ -106,5 +106,53 @@ fn bench(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, bench);
+/// The restore path of `kvc-store-tiers`: one blob per layer and 256-token section (what a
+/// tier chunk holds), each opened (header, model, tables) and decoded alone, one core.
+/// `open` is the per-blob table build alone; `decompress_1core` is open plus decode.
+fn bench_sections(c: &mut Criterion) {
+    let dir = realkv::data_dir();
+    for name in ["K.f16", "V.f16"] {
+        let Some(layers) = layers(&dir, name) else {
+            continue;
+        };
+        let mut params = EncodeParams::new(Dtype::F16, 192);
+        params.kind = realkv::tensor_kind(name);
+        let section = params.chunk_tokens as usize * 192 * 2;
+        let mut enc = Encoder::new();
+        let mut dec = Decoder::new();
+        let sections: Vec<&[u8]> = layers
+            .iter()
+            .flat_map(|l| l.chunks_exact(section))
+            .collect();
+        let blobs: Vec<Vec<u8>> = sections
+            .iter()
+            .map(|s| enc.encode(&params, s).unwrap())
+            .collect();
+        for (s, b) in sections.iter().zip(&blobs) {
+            assert_eq!(&dec.decode(b).unwrap()[..], *s);
+        }
+        let raw = sections.len() * section;
+        let mut g = c.benchmark_group(format!("gear_v2_sections/{name}"));
+        g.throughput(Throughput::Bytes(raw as u64));
+        g.sample_size(10);
+        let mut buf = vec![0u8; section];
+        g.bench_function("open", |b| {
+            b.iter(|| {
+                for blob in &blobs {
+                    std::hint::black_box(dec.open(blob).unwrap().chunk_count());
+                }
+            })
+        });
+        g.bench_function("decompress_1core", |b| {
+            b.iter(|| {
+                for blob in &blobs {
+                    dec.decode_into(blob, &mut buf).unwrap();
+                }
+            })
+        });
+        g.finish();
+    }
+}
+
+criterion_group!(benches, bench, bench_sections);
 criterion_main!(benches);

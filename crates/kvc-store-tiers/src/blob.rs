@@ -4,6 +4,7 @@
 
 use kvc_cache::DType;
 use kvc_store_async::Tensor;
+use rayon::prelude::*;
 
 use crate::codec::{ChunkCodec, SectionCoder};
 use crate::error::{Error, Result};
@@ -262,7 +263,9 @@ pub(crate) fn check_chunk(
 }
 
 /// Decodes a blob that passed [`check_chunk`] (with its section lengths) into one piece
-/// per layer of K and of V, each exactly one section's bytes.
+/// per layer of K and of V, each exactly one section's bytes. The sections decode in
+/// parallel on the rayon pool (each is independent), so a restore of fewer chunks than
+/// threads still uses them all; the first error in section order is returned.
 pub(crate) fn decode_checked(
     coder: &SectionCoder,
     shape: &ChunkShape,
@@ -272,12 +275,18 @@ pub(crate) fn decode_checked(
     v: &mut [&mut [u8]],
 ) -> Result<()> {
     let mut at = HEADER_LEN + 8 * shape.n_layer;
-    for (layer, pair) in lens.iter().enumerate() {
-        for (ti, tensor) in [Tensor::K, Tensor::V].into_iter().enumerate() {
-            let dst: &mut [u8] = match tensor {
-                Tensor::K => k[layer],
-                Tensor::V => v[layer],
-            };
+    let mut jobs: Vec<(usize, Tensor, &[u8], &mut [u8])> = Vec::with_capacity(2 * lens.len());
+    for ((layer, pair), (kd, vd)) in lens.iter().enumerate().zip(k.iter_mut().zip(v.iter_mut())) {
+        for (ti, (tensor, dst)) in [(Tensor::K, &mut **kd), (Tensor::V, &mut **vd)]
+            .into_iter()
+            .enumerate()
+        {
+            jobs.push((layer, tensor, &blob[at..at + pair[ti]], dst));
+            at += pair[ti];
+        }
+    }
+    jobs.into_par_iter()
+        .map(|(layer, tensor, section, dst)| {
             coder.decode(
                 layer,
                 tensor,
@@ -285,13 +294,13 @@ pub(crate) fn decode_checked(
                 shape.n_kv_head,
                 shape.head_dim,
                 shape.chunk_tokens,
-                &blob[at..at + pair[ti]],
+                section,
                 dst,
-            )?;
-            at += pair[ti];
-        }
-    }
-    Ok(())
+            )
+        })
+        .collect::<Vec<Result<()>>>()
+        .into_iter()
+        .collect()
 }
 
 /// Checks what a blob says about itself: header, exact length and checksum. Tiers use it

@@ -96,11 +96,21 @@ fn add(a: &AtomicU64, n: u64) {
     a.fetch_add(n, Ordering::Relaxed);
 }
 
-/// Splits `[n_layer][n chunks][sec]` into, per chunk, its piece of every layer.
-fn pieces(buf: &mut [u8], n: usize, sec: usize, nl: usize) -> Vec<Vec<&mut [u8]>> {
+/// Splits the first `n` chunk sections (`sec` bytes each) of every one of the `nl` layers
+/// of `buf` (layer `l` at `l * layer_stride`) into, per chunk, its piece of every layer.
+fn pieces(
+    buf: &mut [u8],
+    n: usize,
+    sec: usize,
+    layer_stride: usize,
+    nl: usize,
+) -> Vec<Vec<&mut [u8]>> {
     let mut per: Vec<Vec<&mut [u8]>> = (0..n).map(|_| Vec::with_capacity(nl)).collect();
-    for layer in buf.chunks_exact_mut(n * sec) {
-        for (c, piece) in layer.chunks_exact_mut(sec).enumerate() {
+    if n == 0 {
+        return per;
+    }
+    for layer in buf.chunks_mut(layer_stride).take(nl) {
+        for (c, piece) in layer[..n * sec].chunks_exact_mut(sec).enumerate() {
             per[c].push(piece);
         }
     }
@@ -112,6 +122,16 @@ struct Checked {
     tier: usize,
     blob: Blob,
     lens: Vec<[usize; 2]>,
+}
+
+/// What became of one chunk of a restore.
+enum Restore {
+    /// Fetched, checked and decoded into the output.
+    Done,
+    /// No tier had a valid blob.
+    Missing,
+    /// The blob from tier `.0` passed its checks but did not decode.
+    Failed(usize, Error),
 }
 
 /// A restored prefix: `tokens` tokens of K and V, each `[n_layer][tokens][n_kv_head][head_dim]`.
@@ -327,69 +347,146 @@ impl Tiers {
         }
     }
 
-    /// Restores the longest prefix of `tokens`'s full chunks that the tiers hold valid.
+    /// Restores the longest prefix of `tokens`'s full chunks that the tiers hold valid, into
+    /// new buffers (layer stride: the tokens restored). [`Tiers::restore_into`] writes into
+    /// the caller's buffers instead, without this allocation.
     pub fn restore(&self, tokens: &[u32]) -> Restored {
+        let sec = self.shape.section_bytes();
+        let nl = self.shape.n_layer;
+        let asked = tokens.len() / self.shape.chunk_tokens;
+        // Pages no chunk touches are never faulted in (a large zeroed allocation is lazily
+        // mapped), so a short restore costs what it restores.
+        let mut k = vec![0u8; nl * asked * sec];
+        let mut v = vec![0u8; nl * asked * sec];
+        let kv_tokens = asked * self.shape.chunk_tokens;
+        let got = self.restore_chunks(tokens, kv_tokens, &mut k, &mut v);
+        if got < asked {
+            // Keep the leading chunks restored, at the layer stride of the shorter prefix.
+            let keep = |buf: &[u8]| -> Vec<u8> {
+                buf.chunks(asked * sec)
+                    .flat_map(|layer| &layer[..got * sec])
+                    .copied()
+                    .collect()
+            };
+            (k, v) = (keep(&k), keep(&v));
+        }
+        Restored {
+            tokens: got * self.shape.chunk_tokens,
+            k,
+            v,
+        }
+    }
+
+    /// Restores the longest prefix of the full chunks of `tokens[..min(tokens.len(),
+    /// kv_tokens)]` that the tiers hold valid straight into the caller's `k` and `v`, each
+    /// `[n_layer][kv_tokens][n_kv_head][head_dim]` in the cache's dtype (at least `n_layer *
+    /// kv_tokens * row` bytes); returns the tokens restored (a multiple of the chunk size):
+    /// tokens `[0, returned)` of every layer hold the restored prefix.
+    ///
+    /// Each batch of chunks is decoded as soon as it has been fetched and checked, while
+    /// other batches are still in flight, straight into its place in `k` and `v` (no buffer
+    /// of its own, no copy). So chunks past the end of the valid prefix may have been
+    /// written before the restore knows where it ends (a chunk after a miss, a chunk whose
+    /// blob passed its checksum but failed to decode): the bytes of tokens from the
+    /// returned count up to the last full chunk of `tokens[..min(tokens.len(), kv_tokens)]`
+    /// are unspecified; bytes past that are untouched. The caller recomputes every token
+    /// from the returned count on, which overwrites them.
+    ///
+    /// Errors (before anything is written): `k` or `v` shorter than `n_layer * kv_tokens *
+    /// row` bytes.
+    pub fn restore_into(
+        &self,
+        tokens: &[u32],
+        kv_tokens: usize,
+        k: &mut [u8],
+        v: &mut [u8],
+    ) -> Result<usize> {
+        let need = self
+            .shape
+            .n_layer
+            .checked_mul(kv_tokens)
+            .and_then(|x| x.checked_mul(self.shape.row_bytes()));
+        for (name, t) in [("k", &*k), ("v", &*v)] {
+            if need.is_none_or(|need| t.len() < need) {
+                return Err(Error::invalid(
+                    name,
+                    format!(
+                        "{} bytes, expected at least n_layer {} x kv_tokens {kv_tokens} x {}",
+                        t.len(),
+                        self.shape.n_layer,
+                        self.shape.row_bytes()
+                    ),
+                ));
+            }
+        }
+        let tokens = &tokens[..tokens.len().min(kv_tokens)];
+        Ok(self.restore_chunks(tokens, kv_tokens, k, v) * self.shape.chunk_tokens)
+    }
+
+    /// Fetches, checks and decodes the full chunks of `tokens` (at most `kv_tokens`) into
+    /// `k` and `v` (layer stride `kv_tokens` tokens, large enough); returns the leading
+    /// chunks restored.
+    fn restore_chunks(
+        &self,
+        tokens: &[u32],
+        kv_tokens: usize,
+        k: &mut [u8],
+        v: &mut [u8],
+    ) -> usize {
         add(&self.restores, 1);
         let keys = self.keys(tokens);
-        // Batches of chunks are fetched and checked (checksum, key, shape) concurrently on
-        // the rayon pool, so one batch's transfer overlaps another's checksum; then every
-        // chunk of the prefix decodes in parallel straight into the output (no per-chunk
-        // buffer, no second copy). A batch past the first miss is wasted work, never a
-        // wrong result: only the leading run of valid chunks is returned.
+        let sec = self.shape.section_bytes();
+        let nl = self.shape.n_layer;
+        let stride = kv_tokens * self.shape.row_bytes();
+        let mut kp = pieces(k, keys.len(), sec, stride, nl);
+        let mut vp = pieces(v, keys.len(), sec, stride, nl);
+        // Batches of chunks are fetched, checked (checksum, key, shape) and decoded
+        // concurrently on the rayon pool, so one batch's transfer overlaps another's
+        // checksum and decode. A batch past the first miss is wasted work, never a wrong
+        // result: only the leading run of chunks that decoded is returned.
         let batch = keys
             .len()
             .div_ceil(2 * rayon::current_num_threads())
             .clamp(1, 8);
-        let found: Vec<Option<Checked>> = keys
+        let done: Vec<Restore> = keys
             .par_chunks(batch)
-            .flat_map_iter(|ks| self.fetch(ks))
+            .zip(kp.par_chunks_mut(batch))
+            .zip(vp.par_chunks_mut(batch))
+            .flat_map_iter(|((ks, kp), vp)| {
+                let found = self.fetch(ks);
+                found
+                    .into_iter()
+                    .zip(kp.iter_mut().zip(vp.iter_mut()))
+                    .map(|(ch, (kp, vp))| match ch {
+                        None => Restore::Missing,
+                        Some(ch) => match decode_checked(
+                            &self.coder,
+                            &self.shape,
+                            &ch.blob,
+                            &ch.lens,
+                            kp,
+                            vp,
+                        ) {
+                            Ok(()) => Restore::Done,
+                            Err(e) => Restore::Failed(ch.tier, e),
+                        },
+                    })
+                    .collect::<Vec<_>>()
+            })
             .collect();
-        let mut n = found.iter().take_while(|c| c.is_some()).count();
-        let sec = self.shape.section_bytes();
-        let nl = self.shape.n_layer;
-        loop {
-            let mut k = vec![0u8; nl * n * sec];
-            let mut v = vec![0u8; nl * n * sec];
-            if n == 0 {
-                return Restored { tokens: 0, k, v };
+        // A blob whose checksum held but whose sections do not decode (a codec bug or a
+        // crafted value): counted, removed, and the prefix ends before it.
+        for (c, r) in done.iter().enumerate() {
+            if let Restore::Failed(tier, e) = r {
+                self.count_bad(*tier, &keys[c], e);
             }
-            // Each chunk decodes straight into its piece of every layer of the output.
-            let (kp, vp) = (pieces(&mut k, n, sec, nl), pieces(&mut v, n, sec, nl));
-            let failed: Vec<(usize, Error)> = kp
-                .into_par_iter()
-                .zip(vp)
-                .enumerate()
-                .filter_map(|(c, (mut kp, mut vp))| {
-                    let ch = found[c].as_ref()?;
-                    decode_checked(
-                        &self.coder,
-                        &self.shape,
-                        &ch.blob,
-                        &ch.lens,
-                        &mut kp,
-                        &mut vp,
-                    )
-                    .err()
-                    .map(|e| (c, e))
-                })
-                .collect();
-            let Some(first) = failed.iter().map(|(c, _)| *c).min() else {
-                add(&self.chunks_restored, n as u64);
-                return Restored {
-                    tokens: n * self.shape.chunk_tokens,
-                    k,
-                    v,
-                };
-            };
-            // A blob whose checksum held but whose sections do not decode (a codec bug or
-            // a crafted value): counted, removed, and the prefix ends before it.
-            for (c, e) in &failed {
-                if let Some(ch) = &found[*c] {
-                    self.count_bad(ch.tier, &keys[*c], e);
-                }
-            }
-            n = first;
         }
+        let got = done
+            .iter()
+            .take_while(|r| matches!(r, Restore::Done))
+            .count();
+        add(&self.chunks_restored, got as u64);
+        got
     }
 
     /// Starts [`Tiers::restore`] of `tokens` on a background thread (an engine prefetches

@@ -578,3 +578,132 @@ fn kvq_needs_a_head_dim_it_codes() {
     }
     assert_eq!(ChunkCodec::from_id(6), None);
 }
+
+/// Layer `l`'s tokens `[from, to)` of a `[4][kv_tokens][row]` buffer.
+fn tokens_of(buf: &[u8], kv_tokens: usize, l: usize, from: usize, to: usize) -> &[u8] {
+    let row = shape().row_bytes();
+    &buf[(l * kv_tokens + from) * row..(l * kv_tokens + to) * row]
+}
+
+#[test]
+fn restore_into_writes_the_prefix_in_place_and_leaves_the_rest() {
+    for codec in [ChunkCodec::Raw, ChunkCodec::GearV2] {
+        let t = Tiers::new(config(codec), vec![Box::new(MemoryTier::new(64 << 20))]).unwrap();
+        store_sample(&t, 11);
+        let row = shape().row_bytes();
+        // A cache with room for 100 more tokens than the prompt; 5.5 chunks asked for.
+        let kv = SAMPLE_TOKENS + 100;
+        let (mut k, mut v) = (vec![0xa5u8; 4 * kv * row], vec![0x5au8; 4 * kv * row]);
+        let asked = &tokens(11)[..352];
+        assert_eq!(t.restore_into(asked, kv, &mut k, &mut v).unwrap(), 320);
+        let r = t.restore(asked);
+        assert_eq!(r.tokens, 320);
+        for l in 0..4 {
+            assert_eq!(
+                tokens_of(&k, kv, l, 0, 320),
+                &r.k[l * 320 * row..(l + 1) * 320 * row]
+            );
+            assert_eq!(
+                tokens_of(&v, kv, l, 0, 320),
+                &r.v[l * 320 * row..(l + 1) * 320 * row]
+            );
+            assert!(tokens_of(&k, kv, l, 320, kv).iter().all(|&b| b == 0xa5));
+            assert!(tokens_of(&v, kv, l, 320, kv).iter().all(|&b| b == 0x5a));
+        }
+        assert_eq!(prefix(SAMPLE_K, 320), r.k, "{codec:?}");
+        // kv_tokens bounds the restore; buffers shorter than n_layer * kv_tokens * row are
+        // refused before anything is written.
+        let (mut k2, mut v2) = (vec![7u8; 4 * 200 * row], vec![7u8; 4 * 200 * row]);
+        assert_eq!(
+            t.restore_into(&tokens(11), 200, &mut k2, &mut v2).unwrap(),
+            192
+        );
+        assert_eq!(tokens_of(&k2, 200, 3, 0, 192), tokens_of(&k, kv, 3, 0, 192));
+        let e = t
+            .restore_into(&tokens(11), 201, &mut k2, &mut v2)
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+        assert_eq!(
+            t.restore_into(&tokens(12), 200, &mut k2, &mut v2).unwrap(),
+            0
+        );
+    }
+}
+
+#[test]
+fn restore_into_a_broken_chunk_ends_the_prefix_and_leaves_bytes_past_the_asked_chunks() {
+    let mem = Arc::new(MemoryTier::new(64 << 20));
+    let t = Tiers::new(config(ChunkCodec::GearV2), vec![Box::new(mem.clone())]).unwrap();
+    store_sample(&t, 13);
+    let keys = t.keys(&tokens(13));
+    // Chunk 2: layer 3's V section zeroed with a valid checksum (as in
+    // a_blob_with_a_valid_checksum_but_a_broken_section_ends_the_prefix): its earlier
+    // sections decode into the caller's buffer before the broken one fails.
+    let mut b = mem.get(&keys[2..3]).unwrap()[0].as_deref().unwrap().clone();
+    let u32_at = |b: &[u8], o: usize| u32::from_le_bytes(b[o..o + 4].try_into().unwrap()) as usize;
+    let lens: Vec<usize> = (0..8).map(|i| u32_at(&b, 112 + 4 * i)).collect();
+    let start = 112 + 8 * 4 + lens[..7].iter().sum::<usize>();
+    b[start..start + lens[7]].fill(0);
+    let n = b.len();
+    let sum = *blake3::hash(&b[..n - 32]).as_bytes();
+    b[n - 32..].copy_from_slice(&sum);
+    plant(&t, &*mem, 13, 2, b);
+    let row = shape().row_bytes();
+    let kv = SAMPLE_TOKENS;
+    let (mut k, mut v) = (vec![0xeeu8; 4 * kv * row], vec![0xeeu8; 4 * kv * row]);
+    // Four chunks asked for: 0 and 1 restored, 2 broken, 3 fetched and decoded (unspecified).
+    assert_eq!(
+        t.restore_into(&tokens(13)[..256], kv, &mut k, &mut v)
+            .unwrap(),
+        128
+    );
+    for l in 0..4 {
+        let want = |src: &[u8]| src[l * kv * row..(l * kv + 128) * row].to_vec();
+        assert_eq!(tokens_of(&k, kv, l, 0, 128), want(SAMPLE_K));
+        assert_eq!(tokens_of(&v, kv, l, 0, 128), want(SAMPLE_V));
+        // Past the chunks asked for: untouched.
+        assert!(tokens_of(&k, kv, l, 256, kv).iter().all(|&b| b == 0xee));
+        assert!(tokens_of(&v, kv, l, 256, kv).iter().all(|&b| b == 0xee));
+    }
+    let m = t.metrics();
+    assert_eq!(
+        (m.tiers[0].corrupt, m.fallbacks, m.chunks_restored),
+        (1, 1, 2)
+    );
+    assert!(!mem.contains(&keys[2..3]).unwrap()[0]);
+}
+
+#[test]
+fn restore_into_stops_at_a_missing_chunk_even_when_later_ones_decoded() {
+    let mem = Arc::new(MemoryTier::new(64 << 20));
+    let t = Tiers::new(config(ChunkCodec::GearV2), vec![Box::new(mem.clone())]).unwrap();
+    store_sample(&t, 14);
+    let keys = t.keys(&tokens(14));
+    mem.remove(&keys[3]).unwrap();
+    let row = shape().row_bytes();
+    let kv = SAMPLE_TOKENS;
+    let (mut k, mut v) = (vec![0u8; 4 * kv * row], vec![0u8; 4 * kv * row]);
+    assert_eq!(
+        t.restore_into(&tokens(14), kv, &mut k, &mut v).unwrap(),
+        192
+    );
+    for l in 0..4 {
+        assert_eq!(
+            tokens_of(&k, kv, l, 0, 192),
+            &SAMPLE_K[l * kv * row..(l * kv + 192) * row]
+        );
+        assert_eq!(
+            tokens_of(&v, kv, l, 0, 192),
+            &SAMPLE_V[l * kv * row..(l * kv + 192) * row]
+        );
+    }
+    let m = t.metrics();
+    assert_eq!(
+        (m.tiers[0].misses, m.chunks_restored, m.fallbacks),
+        (1, 3, 0)
+    );
+    // The allocating restore gives the same prefix at its own layer stride.
+    let r = t.restore(&tokens(14));
+    assert_eq!((r.tokens, r.k.clone()), (192, prefix(SAMPLE_K, 192)));
+    assert_eq!(r.v, prefix(SAMPLE_V, 192));
+}

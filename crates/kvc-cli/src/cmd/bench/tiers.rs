@@ -2,7 +2,8 @@
 //! For each tier (memory, disk, Redis) and codec (raw, gear-v1, gear-v2, kvq-k4v4 by
 //! default; kvq-k8v4 and kvq-k4v2 on request) it stores
 //! `--prompts` distinct prompts of the dump's K and V through a fresh [`Tiers`] over that
-//! one tier and restores them `--reps` times: store and restore GB/s (uncompressed bytes),
+//! one tier and restores them `--reps` times (`Tiers::restore_into`, into K and V buffers
+//! allocated once, as `kvc_tiers_restore` writes an engine's cache): store and restore GB/s (uncompressed bytes),
 //! p50/p99 latency of a one-chunk restore, and bytes per token stored against f16. Every
 //! restore must be complete; a lossless codec's is checked bit for bit, a kvq (lossy)
 //! one's relative RMS error of K and V is reported and must be finite and below 0.5. The baseline,
@@ -183,6 +184,24 @@ impl Setup<'_> {
     }
 }
 
+/// CPU seconds (user + system, every thread) this process has used, from
+/// `/proc/self/stat` (in USER_HZ = 100 ticks per second, Linux's fixed ABI value); `None`
+/// where it cannot be read. A Redis server's own CPU is not in it.
+fn process_cpu_s() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the command name (which may hold spaces) close with ')'.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name.
+    let ticks = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
+    Some(ticks / 100.0)
+}
+
+/// CPU seconds per GB of `bytes` between two [`process_cpu_s`] readings.
+fn cpu_per_gb(before: Option<f64>, after: Option<f64>, bytes: f64) -> Option<f64> {
+    Some((after? - before?) / (bytes / 1e9))
+}
+
 fn gbs(bytes: f64, s: f64) -> f64 {
     if s > 0.0 {
         bytes / s / 1e9
@@ -228,6 +247,7 @@ fn baseline(s: &Setup, url: &str) -> Result<Value, CliError> {
         tier.put(&items).map_err(lib)?;
     }
     let store_s = t.elapsed().as_secs_f64();
+    let cpu0 = process_cpu_s();
     let t = Instant::now();
     for _ in 0..s.reps {
         for p in 0..s.prompts {
@@ -241,6 +261,7 @@ fn baseline(s: &Setup, url: &str) -> Result<Value, CliError> {
         }
     }
     let restore_s = t.elapsed().as_secs_f64();
+    let cpu1 = process_cpu_s();
     let mut lat = Vec::new();
     for _ in 0..s.reps {
         for p in 0..s.prompts {
@@ -261,6 +282,7 @@ fn baseline(s: &Setup, url: &str) -> Result<Value, CliError> {
         "codec": "none (raw f16 values, no blob format)",
         "store_gbs": gbs(bytes, store_s),
         "restore_gbs": gbs(bytes * s.reps as f64, restore_s),
+        "restore_cpu_s_per_gb": cpu_per_gb(cpu0, cpu1, bytes * s.reps as f64),
         "chunk_restore_p50_ms": percentile(&lat, 0.5),
         "chunk_restore_p99_ms": percentile(&lat, 0.99),
         "bytes_per_token": s.shape.chunk_raw_bytes() as f64 / s.shape.chunk_tokens as f64,
@@ -298,30 +320,32 @@ fn run_one(
     }
     let store_s = t0.elapsed().as_secs_f64();
     let full = s.chunks * s.shape.chunk_tokens;
+    // Restores go straight into buffers allocated once, as an engine's KV cache is
+    // (`Tiers::restore_into`, what `kvc_tiers_restore` does); every prompt holds the same KV.
+    let (mut rk, mut rv) = (vec![0u8; s.k.len()], vec![0u8; s.v.len()]);
+    let cpu0 = process_cpu_s();
     let t0 = Instant::now();
-    let mut restored = Vec::new();
-    for rep in 0..s.reps {
+    for _ in 0..s.reps {
         for p in 0..s.prompts {
-            let r = t.restore(&s.tokens(p));
-            if r.tokens != full {
+            let got = t
+                .restore_into(&s.tokens(p), full, &mut rk, &mut rv)
+                .map_err(lib)?;
+            if got != full {
                 return Err(CliError::input(format!(
-                    "{tier_name}/{}: restore of prompt {p} gave {} of {full} tokens",
+                    "{tier_name}/{}: restore of prompt {p} gave {got} of {full} tokens",
                     codec.name(),
-                    r.tokens
                 )));
-            }
-            if rep == 0 && p == 0 {
-                restored.push(r);
             }
         }
     }
     let restore_s = t0.elapsed().as_secs_f64();
+    let cpu1 = process_cpu_s();
     // Outside the timing: bit-exact for a lossless codec; for kvq the relative RMS error
     // of K and V (a sanity bound only: the tests hold the per-bits bounds).
-    let r = &restored[0];
     let (want_k, want_v) = (s.prefix(s.k, full), s.prefix(s.v, full));
-    let exact = r.k == want_k && r.v == want_v;
-    let (err_k, err_v) = (rel_rms_f16(&r.k, &want_k), rel_rms_f16(&r.v, &want_v));
+    let (rk, rv) = (&mut rk[..want_k.len()], &mut rv[..want_v.len()]);
+    let exact = *rk == want_k && *rv == want_v;
+    let (err_k, err_v) = (rel_rms_f16(rk, &want_k), rel_rms_f16(rv, &want_v));
     if codec.lossless() && !exact {
         return Err(CliError::input(format!(
             "{tier_name}/{}: a restore is not bit-exact",
@@ -339,9 +363,11 @@ fn run_one(
         for p in 0..s.prompts {
             let toks = s.tokens(p);
             let t1 = Instant::now();
-            let r = t.restore(&toks[..s.shape.chunk_tokens]);
+            let got = t
+                .restore_into(&toks[..s.shape.chunk_tokens], full, rk, rv)
+                .map_err(lib)?;
             lat.push(t1.elapsed().as_secs_f64() * 1e3);
-            if r.tokens != s.shape.chunk_tokens {
+            if got != s.shape.chunk_tokens {
                 return Err(CliError::input("a one-chunk restore missed"));
             }
         }
@@ -357,6 +383,7 @@ fn run_one(
         "codec": codec.name(),
         "store_gbs": gbs(bytes, store_s),
         "restore_gbs": gbs(bytes * s.reps as f64, restore_s),
+        "restore_cpu_s_per_gb": cpu_per_gb(cpu0, cpu1, bytes * s.reps as f64),
         "chunk_restore_p50_ms": percentile(&lat, 0.5),
         "chunk_restore_p99_ms": percentile(&lat, 0.99),
         "bytes_per_token": per_token,
@@ -491,11 +518,12 @@ pub fn run(a: &BenchTiersArgs) -> Result<(), CliError> {
         }
     }
     println!(
-        "{:<20} {:<8} {:>10} {:>12} {:>9} {:>9} {:>9} {:>10} {:>13}",
+        "{:<20} {:<8} {:>10} {:>12} {:>9} {:>9} {:>9} {:>9} {:>10} {:>13}",
         "tier",
         "codec",
         "store GB/s",
         "restore GB/s",
+        "CPU s/GB",
         "p50 ms",
         "p99 ms",
         "B/token",
@@ -504,7 +532,7 @@ pub fn run(a: &BenchTiersArgs) -> Result<(), CliError> {
     );
     for r in base.iter().chain(rows.iter()) {
         println!(
-            "{:<20} {:<8} {:>10.3} {:>12.3} {:>9.3} {:>9.3} {:>9.0} {:>10} {:>13}",
+            "{:<20} {:<8} {:>10.3} {:>12.3} {:>9.3} {:>9.3} {:>9.3} {:>9.0} {:>10} {:>13}",
             r["tier"].as_str().unwrap_or(""),
             r["codec"]
                 .as_str()
@@ -514,6 +542,7 @@ pub fn run(a: &BenchTiersArgs) -> Result<(), CliError> {
                 .unwrap_or(""),
             r["store_gbs"].as_f64().unwrap_or(0.0),
             r["restore_gbs"].as_f64().unwrap_or(0.0),
+            r["restore_cpu_s_per_gb"].as_f64().unwrap_or(f64::NAN),
             r["chunk_restore_p50_ms"].as_f64().unwrap_or(0.0),
             r["chunk_restore_p99_ms"].as_f64().unwrap_or(0.0),
             r["bytes_per_token"].as_f64().unwrap_or(0.0),
@@ -535,6 +564,9 @@ pub fn run(a: &BenchTiersArgs) -> Result<(), CliError> {
         println!("note: {n}");
     }
     println!("GB/s are of uncompressed f16 K+V; the disk tier reads through the page cache.");
+    println!(
+        "CPU s/GB: this process's CPU (all threads) per GB restored, without the Redis server's."
+    );
     let out = json!({
         "source": ds.source,
         "shape": {"n_layer": shape.n_layer, "n_kv_head": shape.n_kv_head, "head_dim": shape.head_dim,
