@@ -209,10 +209,10 @@ PY
 # kvc-mlp's compressor in llama.cpp (mlp modes, integrations/llama/mlp_mode.hpp): the older
 # cells compressed in groups of 4 through the C API and the state rewritten with fewer cells.
 # Weights: KVC_MLP_WEIGHTS_F4 (a .bin v1 file of factor 4 for SmolLM2-135M), else the shipped one
-# in data/mlp-weights/ whose header says factor 4, else the mean-pool file the script writes.
+# data/mlp-weights/smollm2-135m-f4.bin (the Rust-trained file), else any there whose header says factor 4, else the mean-pool file the script writes.
 mlp_w="${KVC_MLP_WEIGHTS_F4:-}"
 if [ -z "$mlp_w" ]; then
-    for f in data/mlp-weights/*.bin; do
+    for f in data/mlp-weights/smollm2-135m-f4.bin data/mlp-weights/*.bin; do
         [ -f "$f" ] || continue
         if python3 -c 'import struct,sys; h=open(sys.argv[1],"rb").read(44); sys.exit(0 if len(h)==44 and struct.unpack("<IIHHIIIIIIII",h)[8]==4 else 1)' "$f"; then
             mlp_w="$f"

@@ -122,3 +122,58 @@ fn shipped_weights_load_and_match_the_trainers_forward_pass() {
         eprintln!("factor {f}: kvc-mlp vs trainer forward, worst |diff| / max|y| = {worst:.2e}");
     }
 }
+
+/// The logit-distilled files (`scripts/mlp-distill`) load with kvc-mlp, compress real K/V
+/// to finite rows, and carry a sidecar that names their data and shows the validation KL
+/// they were chosen by, below their start and below mean pooling.
+#[test]
+fn distilled_weights_load_and_their_sidecars_hold() {
+    let texts: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(repo().join("data/mlp-weights/smollm2-135m-distill-texts.json"))
+            .unwrap(),
+    )
+    .unwrap();
+    for t in texts["texts"].as_array().unwrap() {
+        let file = t["file"].as_str().unwrap();
+        assert!(
+            !file.ends_with("/GPL-3") && !file.contains("onstitution"),
+            "{file}"
+        );
+        assert!(t["licence"].is_string(), "{t}");
+    }
+    for f in [4usize, 5] {
+        let bin = repo().join(format!("data/mlp-weights/smollm2-135m-distill-f{f}.bin"));
+        let w = CompressorWeights::load(&bin).unwrap_or_else(|e| panic!("{}: {e}", bin.display()));
+        assert_eq!((w.factor(), w.head_dim(), w.num_layers()), (f, 64, 30));
+        assert_eq!(w.header().unwrap().dtype, kvc_mlp::WeightDtype::F16);
+        let side: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(bin.with_extension("json")).unwrap())
+                .unwrap();
+        assert_eq!(side["kind"], "kvc-mlp-distill sidecar v1");
+        assert_eq!(side["model"]["n_layer"], 30);
+        let kl = &side["validation_kl"];
+        let (start, mean_pool, end) = (
+            kl["start"]["mean"].as_f64().unwrap(),
+            kl["mean_pooling"]["mean"].as_f64().unwrap(),
+            kl["end_stored"]["mean"].as_f64().unwrap(),
+        );
+        assert!(end > 0.0 && end < start && start < mean_pool, "{kl}");
+
+        let comp = Compressor::new(w);
+        let params = CompressParams {
+            factor: f,
+            min_seq_len: 1,
+            image_kv_len: 0,
+        };
+        let (k, shape) = sample_layer("K", 0);
+        let (v, _) = sample_layer("V", 0);
+        let mut ok = vec![0f32; k.len()];
+        let mut ov = vec![0f32; v.len()];
+        let lens = comp
+            .compress_layer(0, shape, &k, &v, &mut ok, &mut ov, &params)
+            .unwrap();
+        assert_eq!(lens.kv_len, shape.seq_len / f + shape.seq_len % f);
+        let held = shape.heads * lens.kv_len * shape.head_dim;
+        assert!(ok[..held].iter().chain(&ov[..held]).all(|x| x.is_finite()));
+    }
+}
