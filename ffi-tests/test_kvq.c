@@ -190,6 +190,37 @@ int main(void) {
         CHECK_STATUS(kvc_kvq_block_dot(D, 4, bpacked + 2 * (2 + 32), 2 + 32, bqr, D, &bs), KVC_OK);
         CHECK(bs != bs);
         CHECK_STATUS(kvc_kvq_block_dot(D, 4, bpacked, 2 + 32, bqr, D - 1, &bs), KVC_INVALID_ARGUMENT);
+
+        /* ABI 0.9: two queries per tile (grouped-query attention) equal one call each, bit
+           for bit; the poisoned row 2 scores NaN for both and is weighted by query 1 only. */
+        enum { G = 2 };
+        float gq[G * D], gs[G * BROWS], gw[G * BROWS] = {0.5f, 0.25f, 0.0f, 0.0f, 1.0f, 2.0f};
+        float gacc[G * D], s1[BROWS], a1[D];
+        for (int i = 0; i < G * D; ++i) gq[i] = (float) ((i * 7) % 19) / 9.0f - 1.0f;
+        CHECK_STATUS(kvc_kvq_block_rotate(D, gq, G * D), KVC_OK);
+        for (int i = 0; i < G * D; ++i) gacc[i] = 0.125f * (float) (i % 5);
+        CHECK_STATUS(kvc_kvq_block_dot_rows_multi(D, 4, bpacked, 2 + 32, BROWS, gq, G, gs), KVC_OK);
+        CHECK_STATUS(kvc_kvq_block_accumulate_rows_multi(D, 4, bpacked, 2 + 32, BROWS, gw, G, gacc),
+                     KVC_OK);
+        for (int g = 0; g < G; ++g) {
+            CHECK_STATUS(kvc_kvq_block_dot_rows(D, 4, bpacked, 2 + 32, BROWS, gq + g * D, s1), KVC_OK);
+            for (int i = 0; i < D; ++i) a1[i] = 0.125f * (float) ((g * D + i) % 5);
+            CHECK_STATUS(kvc_kvq_block_accumulate_rows(D, 4, bpacked, 2 + 32, BROWS, gw + g * BROWS, a1),
+                         KVC_OK);
+            CHECK(memcmp(s1, gs + g * BROWS, sizeof s1) == 0);
+            CHECK(memcmp(a1, gacc + g * D, sizeof a1) == 0);
+            CHECK(gs[g * BROWS + 2] != gs[g * BROWS + 2]);
+            CHECK((gacc[g * D] != gacc[g * D]) == (g == 1));
+        }
+        /* bad arguments: a stride shorter than a row, a query run that overflows, NULL */
+        CHECK_STATUS(kvc_kvq_block_dot_rows_multi(D, 4, bpacked, 2 + 31, BROWS, gq, G, gs),
+                     KVC_INVALID_ARGUMENT);
+        CHECK_STATUS(kvc_kvq_block_dot_rows_multi(D, 4, bpacked, 2 + 32, BROWS, gq, SIZE_MAX / 8, gs),
+                     KVC_INVALID_ARGUMENT);
+        CHECK_STATUS(kvc_kvq_block_accumulate_rows_multi(D, 4, bpacked, 2 + 32, BROWS, gw, G, NULL),
+                     KVC_NULL_ARGUMENT);
+        CHECK_STATUS(kvc_kvq_block_accumulate_rows_multi(D, 4, bpacked, 2 + 32, BROWS, NULL, 0, NULL),
+                     KVC_OK);
     }
     puts("test_kvq: ok");
     return 0;

@@ -138,7 +138,7 @@
  * fields are added (only ever appended). A program built against minor `m` runs on any
  * library with the same major and a minor `>= m`.
  */
-#define KVC_ABI_VERSION_MINOR 8
+#define KVC_ABI_VERSION_MINOR 9
 
 /**
  * The ABI version this header describes, `(major << 16) | minor`. Pass it to
@@ -1728,6 +1728,28 @@ typedef struct kvc_api {
                                                  size_t n_rows,
                                                  const float *weights,
                                                  float *acc);
+    /**
+     * See `kvc_kvq_block_dot_rows_multi` (ABI 0.9).
+     */
+    enum kvc_status (*kvq_block_dot_rows_multi)(uint32_t head_dim,
+                                                uint32_t bits,
+                                                const uint8_t *packed,
+                                                size_t stride,
+                                                size_t n_rows,
+                                                const float *q_rot,
+                                                size_t n_queries,
+                                                float *scores);
+    /**
+     * See `kvc_kvq_block_accumulate_rows_multi` (ABI 0.9).
+     */
+    enum kvc_status (*kvq_block_accumulate_rows_multi)(uint32_t head_dim,
+                                                       uint32_t bits,
+                                                       const uint8_t *packed,
+                                                       size_t stride,
+                                                       size_t n_rows,
+                                                       const float *weights,
+                                                       size_t n_queries,
+                                                       float *acc);
 } kvc_api;
 
 /**
@@ -2546,7 +2568,9 @@ enum kvc_status kvc_kvq_block_dot(uint32_t head_dim,
  * `kvc_kvq_block_rotate`) with `n_rows` packed rows, row `i` at `packed + i * stride`
  * (`stride >= ` the row's bytes; an engine's cache keeps one head's rows a token apart),
  * written to `scores[i]`. A poisoned row scores NaN. No allocation. One call per tile of
- * cells instead of one per cell: what an attention kernel's inner loop calls.
+ * cells instead of one per cell: what an attention kernel's inner loop calls. Each score
+ * equals `kvc_kvq_block_dot` of that row up to rounding (the tile runs kvq's block
+ * kernels); it equals `kvc_kvq_block_dot_rows_multi` with one query bit for bit.
  *
  * Threads: safe from any thread.
  *
@@ -2564,11 +2588,37 @@ enum kvc_status kvc_kvq_block_dot_rows(uint32_t head_dim,
                                        float *scores);
 
 /**
+ * `kvc_kvq_block_dot_rows` for `n_queries` rotated queries at once (`q_rot`: `n_queries x
+ * head_dim` floats, query `g` at `q_rot + g * head_dim`), each packed row decoded once for
+ * all of them: the query heads of one KV head under grouped-query attention. Query `g`'s
+ * score of row `i` is written to `scores[g * n_rows + i]`, bit for bit what
+ * `kvc_kvq_block_dot_rows` gives for that query alone. A poisoned row scores NaN for every
+ * query. With no rows or no queries nothing is read or written. No allocation.
+ *
+ * Threads: safe from any thread.
+ *
+ * # Safety
+ * `packed` readable for `(n_rows - 1) * stride + row bytes`; `q_rot` readable for
+ * `n_queries * head_dim` floats; `scores` writable for `n_queries * n_rows` floats, not
+ * overlapping the inputs.
+ */
+KVC_NODISCARD
+enum kvc_status kvc_kvq_block_dot_rows_multi(uint32_t head_dim,
+                                             uint32_t bits,
+                                             const uint8_t *packed,
+                                             size_t stride,
+                                             size_t n_rows,
+                                             const float *q_rot,
+                                             size_t n_queries,
+                                             float *scores);
+
+/**
  * Adds `sum_i weights[i] * (rotated row i)` to the `head_dim` floats at `acc`, rows
  * strided as in `kvc_kvq_block_dot_rows`: the softmax-weighted sum of V rows, kept in the
  * rotated basis (un-rotate the final sum once with `kvc_kvq_block_unrotate`). A row of
  * weight 0 is skipped (a masked cell adds nothing, even when poisoned); a poisoned row of
- * non-zero weight makes the sum NaN. No allocation.
+ * non-zero weight makes the sum NaN. No allocation. Bit for bit
+ * `kvc_kvq_block_accumulate_rows_multi` with one query.
  *
  * Threads: safe from any thread.
  *
@@ -2585,6 +2635,32 @@ enum kvc_status kvc_kvq_block_accumulate_rows(uint32_t head_dim,
                                               size_t n_rows,
                                               const float *weights,
                                               float *acc);
+
+/**
+ * `kvc_kvq_block_accumulate_rows` for `n_queries` queries at once, each packed row decoded
+ * once for all of them: `weights` is `n_queries x n_rows` (query `g`'s weight of row `i` at
+ * `weights[g * n_rows + i]`), `acc` is `n_queries x head_dim` (query `g`'s rotated sum at
+ * `acc + g * head_dim`). Query `g`'s sum is bit for bit what `kvc_kvq_block_accumulate_rows`
+ * gives for its weights alone: a weight of 0 skips the row for that query, a poisoned row
+ * of non-zero weight makes that query's sum NaN. With no rows or no queries nothing is
+ * read or written. No allocation.
+ *
+ * Threads: safe from any thread.
+ *
+ * # Safety
+ * `packed` readable for `(n_rows - 1) * stride + row bytes`; `weights` readable for
+ * `n_queries * n_rows` floats; `acc` readable and writable for `n_queries * head_dim`
+ * floats, not overlapping the inputs.
+ */
+KVC_NODISCARD
+enum kvc_status kvc_kvq_block_accumulate_rows_multi(uint32_t head_dim,
+                                                    uint32_t bits,
+                                                    const uint8_t *packed,
+                                                    size_t stride,
+                                                    size_t n_rows,
+                                                    const float *weights,
+                                                    size_t n_queries,
+                                                    float *acc);
 
 /**
  * Copies the message explaining this thread's last failed kvc call into `buf`.

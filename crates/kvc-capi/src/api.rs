@@ -30,6 +30,8 @@ use crate::kvq_block::{
     kvc_kvq_block_dequantize_rotated, kvc_kvq_block_dot, kvc_kvq_block_dot_rows,
     kvc_kvq_block_quantize, kvc_kvq_block_rotate, kvc_kvq_block_unrotate,
 };
+// ABI 0.9: several queries per tile (grouped-query attention).
+use crate::kvq_block::{kvc_kvq_block_accumulate_rows_multi, kvc_kvq_block_dot_rows_multi};
 use crate::last_error::{kvc_last_error_message, set_last_error};
 use crate::mlp::{
     kvc_mlp_compress_inplace, kvc_mlp_free, kvc_mlp_get_info, kvc_mlp_new, kvc_mlp_new_from_memory,
@@ -610,6 +612,28 @@ pub struct KvcApi {
         weights: *const f32,
         acc: *mut f32,
     ) -> KvcStatus,
+    /// See `kvc_kvq_block_dot_rows_multi` (ABI 0.9).
+    pub kvq_block_dot_rows_multi: unsafe extern "C" fn(
+        head_dim: u32,
+        bits: u32,
+        packed: *const u8,
+        stride: usize,
+        n_rows: usize,
+        q_rot: *const f32,
+        n_queries: usize,
+        scores: *mut f32,
+    ) -> KvcStatus,
+    /// See `kvc_kvq_block_accumulate_rows_multi` (ABI 0.9).
+    pub kvq_block_accumulate_rows_multi: unsafe extern "C" fn(
+        head_dim: u32,
+        bits: u32,
+        packed: *const u8,
+        stride: usize,
+        n_rows: usize,
+        weights: *const f32,
+        n_queries: usize,
+        acc: *mut f32,
+    ) -> KvcStatus,
 }
 
 static API: KvcApi = KvcApi {
@@ -709,6 +733,8 @@ static API: KvcApi = KvcApi {
     kvq_block_dot: kvc_kvq_block_dot,
     kvq_block_dot_rows: kvc_kvq_block_dot_rows,
     kvq_block_accumulate_rows: kvc_kvq_block_accumulate_rows,
+    kvq_block_dot_rows_multi: kvc_kvq_block_dot_rows_multi,
+    kvq_block_accumulate_rows_multi: kvc_kvq_block_accumulate_rows_multi,
 };
 
 /// Whether a program built against ABI version `requested` can use this library.

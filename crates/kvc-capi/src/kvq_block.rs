@@ -21,6 +21,7 @@
 
 use std::sync::OnceLock;
 
+use kvc_quant::kvq::attention::HeadRows;
 use kvc_quant::kvq::config::DEFAULT_SEED;
 use kvc_quant::kvq::{Method, RowCodec};
 
@@ -444,11 +445,67 @@ unsafe fn strided_rows<'a>(
     Ok(Some((c, p)))
 }
 
+/// The shared body of the `_dot_rows` entry points: `n_queries` rotated queries against a
+/// strided tile of rows, `scores` `n_queries x n_rows`.
+///
+/// # Safety
+/// As `kvc_kvq_block_dot_rows_multi`.
+#[allow(clippy::too_many_arguments)]
+unsafe fn dot_rows(
+    function: &str,
+    head_dim: u32,
+    bits: u32,
+    packed: *const u8,
+    stride: usize,
+    n_rows: usize,
+    q_rot: *const f32,
+    n_queries: usize,
+    scores: *mut f32,
+) -> KvcStatus {
+    status_boundary(function, || {
+        // SAFETY: caller contract.
+        let Some((c, p)) = unsafe { strided_rows(head_dim, bits, packed, stride, n_rows) }? else {
+            return Ok(());
+        };
+        let nq = n_queries
+            .checked_mul(c.dim())
+            .ok_or_else(|| Error::invalid("n_queries", "n_queries * head_dim overflows"))?;
+        let ns = n_queries
+            .checked_mul(n_rows)
+            .ok_or_else(|| Error::invalid("n_queries", "n_queries * n_rows overflows"))?;
+        if n_queries == 0 {
+            return Ok(());
+        }
+        crate::boundary::check_disjoint(
+            scores.cast_const().cast(),
+            ns.saturating_mul(4),
+            q_rot.cast(),
+            nq.saturating_mul(4),
+            "scores",
+        )?;
+        crate::boundary::check_disjoint(
+            scores.cast_const().cast(),
+            ns.saturating_mul(4),
+            p.as_ptr(),
+            p.len(),
+            "scores",
+        )?;
+        // SAFETY: caller contract; NULL, alignment and size are checked.
+        let q = unsafe { in_slice(q_rot, nq, "q_rot") }?;
+        // SAFETY: as above; disjoint from the inputs (checked).
+        let s = unsafe { out_slice(scores, ns, "scores") }?;
+        c.dot_rows_multi(q, HeadRows { bytes: p, stride }, n_rows, s)?;
+        Ok(())
+    })
+}
+
 /// The dot products of one rotated query (`head_dim` floats at `q_rot`, from
 /// `kvc_kvq_block_rotate`) with `n_rows` packed rows, row `i` at `packed + i * stride`
 /// (`stride >= ` the row's bytes; an engine's cache keeps one head's rows a token apart),
 /// written to `scores[i]`. A poisoned row scores NaN. No allocation. One call per tile of
-/// cells instead of one per cell: what an attention kernel's inner loop calls.
+/// cells instead of one per cell: what an attention kernel's inner loop calls. Each score
+/// equals `kvc_kvq_block_dot` of that row up to rounding (the tile runs kvq's block
+/// kernels); it equals `kvc_kvq_block_dot_rows_multi` with one query bit for bit.
 ///
 /// Threads: safe from any thread.
 ///
@@ -466,23 +523,113 @@ pub unsafe extern "C" fn kvc_kvq_block_dot_rows(
     q_rot: *const f32,
     scores: *mut f32,
 ) -> KvcStatus {
-    status_boundary("kvc_kvq_block_dot_rows", || {
+    // SAFETY: the same contract with one query.
+    unsafe {
+        dot_rows(
+            "kvc_kvq_block_dot_rows",
+            head_dim,
+            bits,
+            packed,
+            stride,
+            n_rows,
+            q_rot,
+            1,
+            scores,
+        )
+    }
+}
+
+/// `kvc_kvq_block_dot_rows` for `n_queries` rotated queries at once (`q_rot`: `n_queries x
+/// head_dim` floats, query `g` at `q_rot + g * head_dim`), each packed row decoded once for
+/// all of them: the query heads of one KV head under grouped-query attention. Query `g`'s
+/// score of row `i` is written to `scores[g * n_rows + i]`, bit for bit what
+/// `kvc_kvq_block_dot_rows` gives for that query alone. A poisoned row scores NaN for every
+/// query. With no rows or no queries nothing is read or written. No allocation.
+///
+/// Threads: safe from any thread.
+///
+/// # Safety
+/// `packed` readable for `(n_rows - 1) * stride + row bytes`; `q_rot` readable for
+/// `n_queries * head_dim` floats; `scores` writable for `n_queries * n_rows` floats, not
+/// overlapping the inputs.
+#[no_mangle]
+#[must_use = "a kvc_status reports failure"]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn kvc_kvq_block_dot_rows_multi(
+    head_dim: u32,
+    bits: u32,
+    packed: *const u8,
+    stride: usize,
+    n_rows: usize,
+    q_rot: *const f32,
+    n_queries: usize,
+    scores: *mut f32,
+) -> KvcStatus {
+    // SAFETY: the same contract.
+    unsafe {
+        dot_rows(
+            "kvc_kvq_block_dot_rows_multi",
+            head_dim,
+            bits,
+            packed,
+            stride,
+            n_rows,
+            q_rot,
+            n_queries,
+            scores,
+        )
+    }
+}
+
+/// The shared body of the `_accumulate_rows` entry points.
+///
+/// # Safety
+/// As `kvc_kvq_block_accumulate_rows_multi`.
+#[allow(clippy::too_many_arguments)]
+unsafe fn accumulate_rows(
+    function: &str,
+    head_dim: u32,
+    bits: u32,
+    packed: *const u8,
+    stride: usize,
+    n_rows: usize,
+    weights: *const f32,
+    n_queries: usize,
+    acc: *mut f32,
+) -> KvcStatus {
+    status_boundary(function, || {
         // SAFETY: caller contract.
         let Some((c, p)) = unsafe { strided_rows(head_dim, bits, packed, stride, n_rows) }? else {
             return Ok(());
         };
-        // SAFETY: caller contract; NULL, alignment and size are checked.
-        let q = unsafe { in_slice(q_rot, c.dim(), "q_rot") }?;
-        // SAFETY: as above.
-        let s = unsafe { out_slice(scores, n_rows, "scores") }?;
-        for (i, o) in s.iter_mut().enumerate() {
-            let row = &p[i * stride..i * stride + c.row_bytes()];
-            *o = if scale_is_finite(row) {
-                c.dot_rotated(q, row, i)?
-            } else {
-                f32::NAN
-            };
+        let na = n_queries
+            .checked_mul(c.dim())
+            .ok_or_else(|| Error::invalid("n_queries", "n_queries * head_dim overflows"))?;
+        let nw = n_queries
+            .checked_mul(n_rows)
+            .ok_or_else(|| Error::invalid("n_queries", "n_queries * n_rows overflows"))?;
+        if n_queries == 0 {
+            return Ok(());
         }
+        crate::boundary::check_disjoint(
+            acc.cast_const().cast(),
+            na.saturating_mul(4),
+            weights.cast(),
+            nw.saturating_mul(4),
+            "acc",
+        )?;
+        crate::boundary::check_disjoint(
+            acc.cast_const().cast(),
+            na.saturating_mul(4),
+            p.as_ptr(),
+            p.len(),
+            "acc",
+        )?;
+        // SAFETY: caller contract; NULL, alignment and size are checked.
+        let w = unsafe { in_slice(weights, nw, "weights") }?;
+        // SAFETY: as above; disjoint from the inputs (checked).
+        let a = unsafe { out_slice(acc, na, "acc") }?;
+        c.accumulate_rows_multi(w, HeadRows { bytes: p, stride }, n_rows, a)?;
         Ok(())
     })
 }
@@ -491,7 +638,8 @@ pub unsafe extern "C" fn kvc_kvq_block_dot_rows(
 /// strided as in `kvc_kvq_block_dot_rows`: the softmax-weighted sum of V rows, kept in the
 /// rotated basis (un-rotate the final sum once with `kvc_kvq_block_unrotate`). A row of
 /// weight 0 is skipped (a masked cell adds nothing, even when poisoned); a poisoned row of
-/// non-zero weight makes the sum NaN. No allocation.
+/// non-zero weight makes the sum NaN. No allocation. Bit for bit
+/// `kvc_kvq_block_accumulate_rows_multi` with one query.
 ///
 /// Threads: safe from any thread.
 ///
@@ -510,31 +658,61 @@ pub unsafe extern "C" fn kvc_kvq_block_accumulate_rows(
     weights: *const f32,
     acc: *mut f32,
 ) -> KvcStatus {
-    status_boundary("kvc_kvq_block_accumulate_rows", || {
-        // SAFETY: caller contract.
-        let Some((c, p)) = unsafe { strided_rows(head_dim, bits, packed, stride, n_rows) }? else {
-            return Ok(());
-        };
-        // SAFETY: caller contract; NULL, alignment and size are checked.
-        let w = unsafe { in_slice(weights, n_rows, "weights") }?;
-        // SAFETY: as above.
-        let a = unsafe { out_slice(acc, c.dim(), "acc") }?;
-        let mut tmp = [0f32; 256];
-        let tmp = &mut tmp[..c.dim()];
-        for (i, &wi) in w.iter().enumerate() {
-            if wi == 0.0 {
-                continue;
-            }
-            let row = &p[i * stride..i * stride + c.row_bytes()];
-            if !scale_is_finite(row) {
-                a.fill(f32::NAN);
-                continue;
-            }
-            c.dequantize_row_rotated(row, tmp)?;
-            for (x, &v) in a.iter_mut().zip(tmp.iter()) {
-                *x += wi * v;
-            }
-        }
-        Ok(())
-    })
+    // SAFETY: the same contract with one query.
+    unsafe {
+        accumulate_rows(
+            "kvc_kvq_block_accumulate_rows",
+            head_dim,
+            bits,
+            packed,
+            stride,
+            n_rows,
+            weights,
+            1,
+            acc,
+        )
+    }
+}
+
+/// `kvc_kvq_block_accumulate_rows` for `n_queries` queries at once, each packed row decoded
+/// once for all of them: `weights` is `n_queries x n_rows` (query `g`'s weight of row `i` at
+/// `weights[g * n_rows + i]`), `acc` is `n_queries x head_dim` (query `g`'s rotated sum at
+/// `acc + g * head_dim`). Query `g`'s sum is bit for bit what `kvc_kvq_block_accumulate_rows`
+/// gives for its weights alone: a weight of 0 skips the row for that query, a poisoned row
+/// of non-zero weight makes that query's sum NaN. With no rows or no queries nothing is
+/// read or written. No allocation.
+///
+/// Threads: safe from any thread.
+///
+/// # Safety
+/// `packed` readable for `(n_rows - 1) * stride + row bytes`; `weights` readable for
+/// `n_queries * n_rows` floats; `acc` readable and writable for `n_queries * head_dim`
+/// floats, not overlapping the inputs.
+#[no_mangle]
+#[must_use = "a kvc_status reports failure"]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn kvc_kvq_block_accumulate_rows_multi(
+    head_dim: u32,
+    bits: u32,
+    packed: *const u8,
+    stride: usize,
+    n_rows: usize,
+    weights: *const f32,
+    n_queries: usize,
+    acc: *mut f32,
+) -> KvcStatus {
+    // SAFETY: the same contract.
+    unsafe {
+        accumulate_rows(
+            "kvc_kvq_block_accumulate_rows_multi",
+            head_dim,
+            bits,
+            packed,
+            stride,
+            n_rows,
+            weights,
+            n_queries,
+            acc,
+        )
+    }
 }

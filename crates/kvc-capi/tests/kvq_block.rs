@@ -380,13 +380,20 @@ fn strided_rows_equal_the_row_by_row_calls() {
             assert!(scores[t].is_nan() && s.is_nan());
             continue;
         }
-        assert_eq!(scores[t], s, "token {t}");
         let mut v = vec![0f32; d as usize];
         // SAFETY: pointers to live locals of the lengths passed; handles live until freed.
         let st = unsafe {
             kvc_kvq_block_dequantize_rotated(d, bits, row.as_ptr(), bb, v.as_mut_ptr(), v.len())
         };
         assert_eq!(st, OK);
+        // the tile runs the block kernels, `_dot` the per-row one: equal to rounding
+        let norm = |x: &[f32]| x.iter().map(|a| a * a).sum::<f32>().sqrt();
+        let bound = 1e-5 * norm(&q) * norm(&v);
+        assert!(
+            (scores[t] - s).abs() <= bound,
+            "token {t}: {} vs {s}",
+            scores[t]
+        );
         for (a, b) in want.iter_mut().zip(&v) {
             *a += f64::from(w[t]) * f64::from(*b);
         }
@@ -443,4 +450,181 @@ fn strided_rows_equal_the_row_by_row_calls() {
         // SAFETY: pointers to live locals of the lengths passed; handles live until freed.
         unsafe { kvc_kvq_block_dot_rows(d, bits, ptr::null(), 0, 0, q.as_ptr(), ptr::null_mut()) };
     assert_eq!(st, OK);
+}
+
+#[test]
+fn multi_query_tiles_equal_one_call_per_query() {
+    use kvc::kvq_block::{
+        kvc_kvq_block_accumulate_rows, kvc_kvq_block_accumulate_rows_multi, kvc_kvq_block_dot_rows,
+        kvc_kvq_block_dot_rows_multi,
+    };
+    let (heads, rows) = (3usize, 70usize);
+    for d in [64u32, 128, 256] {
+        for bits in 2u32..=8 {
+            let du = d as usize;
+            let mut bb = 0usize;
+            // SAFETY: pointers to live locals of the lengths passed.
+            assert_eq!(unsafe { kvc_kvq_block_bytes(d, bits, &mut bb) }, OK);
+            let stride = heads * bb;
+            let mut x = values(rows * heads * du, 17 + u64::from(bits));
+            x[(9 * heads + 1) * du + 2] = f32::INFINITY; // token 9, head 1: poisoned
+            let mut p = vec![0u8; rows * stride];
+            // SAFETY: pointers to live locals of the lengths passed.
+            let st = unsafe {
+                kvc_kvq_block_quantize(d, bits, x.as_ptr(), x.len(), p.as_mut_ptr(), p.len())
+            };
+            assert_eq!(st, OK);
+            let head1 = &p[bb..];
+            for g in [1usize, 3, 9] {
+                let mut q = values(g * du, 3 + g as u64);
+                // SAFETY: pointers to live locals of the lengths passed.
+                let st = unsafe { kvc_kvq_block_rotate(d, q.as_mut_ptr(), q.len()) };
+                assert_eq!(st, OK);
+                let mut w = values(g * rows, 5);
+                for (i, wi) in w.iter_mut().enumerate() {
+                    // masked cells; the poisoned row is weighted by query 0 only
+                    if i % 7 == 0 || (i % rows == 9 && i / rows != 0) {
+                        *wi = 0.0;
+                    }
+                }
+                let mut scores = vec![0f32; g * rows];
+                let mut acc = values(g * du, 8);
+                // SAFETY: pointers to live locals of the lengths passed.
+                let st = unsafe {
+                    kvc_kvq_block_dot_rows_multi(
+                        d,
+                        bits,
+                        head1.as_ptr(),
+                        stride,
+                        rows,
+                        q.as_ptr(),
+                        g,
+                        scores.as_mut_ptr(),
+                    )
+                };
+                assert_eq!(st, OK);
+                // SAFETY: pointers to live locals of the lengths passed.
+                let st = unsafe {
+                    kvc_kvq_block_accumulate_rows_multi(
+                        d,
+                        bits,
+                        head1.as_ptr(),
+                        stride,
+                        rows,
+                        w.as_ptr(),
+                        g,
+                        acc.as_mut_ptr(),
+                    )
+                };
+                assert_eq!(st, OK);
+                let acc0 = values(g * du, 8);
+                for gi in 0..g {
+                    let mut s1 = vec![0f32; rows];
+                    let mut a1 = acc0[gi * du..(gi + 1) * du].to_vec();
+                    // SAFETY: pointers to live locals of the lengths passed.
+                    let st = unsafe {
+                        kvc_kvq_block_dot_rows(
+                            d,
+                            bits,
+                            head1.as_ptr(),
+                            stride,
+                            rows,
+                            q[gi * du..].as_ptr(),
+                            s1.as_mut_ptr(),
+                        )
+                    };
+                    assert_eq!(st, OK);
+                    // SAFETY: pointers to live locals of the lengths passed.
+                    let st = unsafe {
+                        kvc_kvq_block_accumulate_rows(
+                            d,
+                            bits,
+                            head1.as_ptr(),
+                            stride,
+                            rows,
+                            w[gi * rows..].as_ptr(),
+                            a1.as_mut_ptr(),
+                        )
+                    };
+                    assert_eq!(st, OK);
+                    let tag = format!("d{d} b{bits} g{g}/{gi}");
+                    for (t, (a, b)) in scores[gi * rows..(gi + 1) * rows]
+                        .iter()
+                        .zip(&s1)
+                        .enumerate()
+                    {
+                        assert_eq!(a.to_bits(), b.to_bits(), "{tag} t{t}: {a} {b}");
+                        assert_eq!(a.is_nan(), t == 9, "{tag} t{t}");
+                    }
+                    for (a, b) in acc[gi * du..(gi + 1) * du].iter().zip(&a1) {
+                        assert_eq!(a.to_bits(), b.to_bits(), "{tag}: {a} {b}");
+                        assert_eq!(a.is_nan(), gi == 0, "{tag}");
+                    }
+                }
+            }
+        }
+    }
+    // refusals: overlapping output, sizes that overflow; no queries: nothing read or written
+    let (d, bits) = (64u32, 4u32);
+    let mut bb = 0usize;
+    // SAFETY: pointers to live locals of the lengths passed.
+    assert_eq!(unsafe { kvc_kvq_block_bytes(d, bits, &mut bb) }, OK);
+    let p = vec![0u8; 4 * bb];
+    let mut buf = vec![0f32; 2 * 64 + 8];
+    // SAFETY: `buf` holds the 64 query floats and 8 scores; they overlap on purpose.
+    let st = unsafe {
+        kvc_kvq_block_dot_rows_multi(
+            d,
+            bits,
+            p.as_ptr(),
+            bb,
+            4,
+            buf.as_ptr(),
+            2,
+            buf.as_mut_ptr().add(60),
+        )
+    };
+    assert_eq!(st, KvcStatus::KVC_INVALID_ARGUMENT);
+    // SAFETY: no query is read; the rows are live.
+    let st = unsafe {
+        kvc_kvq_block_dot_rows_multi(
+            d,
+            bits,
+            p.as_ptr(),
+            bb,
+            4,
+            ptr::null(),
+            usize::MAX / 8,
+            ptr::null_mut(),
+        )
+    };
+    assert_eq!(st, KvcStatus::KVC_INVALID_ARGUMENT);
+    // SAFETY: with no queries nothing is read or written.
+    let st = unsafe {
+        kvc_kvq_block_accumulate_rows_multi(
+            d,
+            bits,
+            p.as_ptr(),
+            bb,
+            4,
+            ptr::null(),
+            0,
+            ptr::null_mut(),
+        )
+    };
+    assert_eq!(st, OK);
+    // SAFETY: NULL outputs with queries are refused before anything is written.
+    let st = unsafe {
+        kvc_kvq_block_accumulate_rows_multi(
+            d,
+            bits,
+            p.as_ptr(),
+            bb,
+            4,
+            buf.as_ptr(),
+            1,
+            ptr::null_mut(),
+        )
+    };
+    assert_eq!(st, KvcStatus::KVC_NULL_ARGUMENT);
 }

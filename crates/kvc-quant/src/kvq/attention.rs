@@ -36,7 +36,12 @@ pub struct HeadRows<'a> {
     pub stride: usize,
 }
 
-fn check_rows(what: &'static str, rows: &HeadRows, n: usize, row_bytes: usize) -> Result<()> {
+pub(super) fn check_rows(
+    what: &'static str,
+    rows: &HeadRows,
+    n: usize,
+    row_bytes: usize,
+) -> Result<()> {
     if n == 0 {
         return Ok(());
     }
@@ -145,7 +150,7 @@ pub fn attend_head(
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx2 {
+pub(super) mod avx2 {
     #[cfg(kvq_avx512)]
     use super::super::simd::block::Rows;
     use super::super::simd::block::{self, block_code, BLOCK};
@@ -359,7 +364,7 @@ mod avx2 {
     }
 
     /// `qp` = `q` in block lane order: `qp[64 b + 8 n + j] = q[64 b + block_code(n, j)]`.
-    fn permute_in(bits: u32, q: &[f32], qp: &mut [f32]) {
+    pub(crate) fn permute_in(bits: u32, q: &[f32], qp: &mut [f32]) {
         for (qb, pb) in q.chunks_exact(BLOCK).zip(qp.chunks_exact_mut(BLOCK)) {
             for n in 0..8 {
                 for j in 0..8 {
@@ -370,7 +375,7 @@ mod avx2 {
     }
 
     /// The inverse of [`permute_in`].
-    fn permute_out(bits: u32, ap: &[f32], a: &mut [f32]) {
+    pub(crate) fn permute_out(bits: u32, ap: &[f32], a: &mut [f32]) {
         for (pb, ab) in ap.chunks_exact(BLOCK).zip(a.chunks_exact_mut(BLOCK)) {
             for n in 0..8 {
                 for j in 0..8 {

@@ -15,7 +15,9 @@
 //! nothing is allocated per call; the caller gives the score scratch. An engine with its
 //! own attention loop uses the per-row entry points instead: [`RowCodec::dot_rotated`] per
 //! K row (the query rotated once) and [`RowCodec::dequantize_row_rotated`] per V row (the
-//! weighted sum un-rotated once). Kernels: portable, AVX2 (+FMA, F16C) and, for the
+//! weighted sum un-rotated once), or, for a tile of rows and the several query heads of one KV
+//! head (grouped-query attention), [`RowCodec::dot_rows_multi`] and
+//! [`RowCodec::accumulate_rows_multi`], which decode each row once for all queries. Kernels: portable, AVX2 (+FMA, F16C) and, for the
 //! attention block kernels, AVX-512F, picked at run time ([`crate::Isa`]); speed in
 //! `docs/results/kvq-speed.md`.
 //!
@@ -27,6 +29,7 @@
 pub mod attention;
 pub mod codebook;
 pub mod config;
+mod multi;
 pub mod plan;
 pub mod rotation;
 pub mod row;

@@ -273,6 +273,18 @@ impl RowCodec {
         })
     }
 
+    /// The compiled loops this codec runs.
+    #[inline(always)]
+    pub(crate) fn isa(&self) -> Isa {
+        self.isa
+    }
+
+    /// f16 scales at the start of a row.
+    #[inline(always)]
+    pub(crate) fn n_scales(&self) -> usize {
+        self.scales
+    }
+
     /// Value of each code before the scale (zero-padded to 16 entries).
     #[inline(always)]
     pub(crate) fn table(&self) -> &[f32; 16] {
@@ -406,6 +418,16 @@ impl RowCodec {
         unsafe { super::simd::quant::unrotate(acc, self.rot.signs(), self.rot.inv_sqrt()) };
         out.copy_from_slice(acc);
         Ok(())
+    }
+
+    /// The same codec running the loops `isa` selects (an [`Isa`] is only ever made for
+    /// the CPU it runs on, so any value is safe here): for tests and comparisons, e.g.
+    /// `Isa::detect().without_avx512()`.
+    pub fn with_isa(&self, isa: Isa) -> RowCodec {
+        RowCodec {
+            isa,
+            ..self.clone()
+        }
     }
 
     /// The same codec running the portable loops only (for tests and comparisons).

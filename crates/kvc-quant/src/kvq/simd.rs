@@ -648,6 +648,50 @@ pub(crate) mod block {
         }
     }
 
+    /// The values of the `NB` blocks of the row at `row` before the row's scale, in block
+    /// lane order (`vals[64 b + 8 n + j]` = value of code `64 b + block_code(n, j)`), and
+    /// the factor that makes them the row's rotated values: the f16 scale when the row has
+    /// one, `1` when it has several (the lane scales are then multiplied in). `None`: a
+    /// scale is not finite (`vals` is then partial). For kernels that decode a row once
+    /// and use it for several queries.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2, FMA and F16C; the row's `2 * n_scales + NB *
+    /// block_bytes(BITS)` bytes are readable; `vals` is writable for `64 * NB` floats;
+    /// `lanes` is `lane_scale_index(BITS, group)`, `lo`/`hi` `tables(BITS, ..)`.
+    #[inline(always)]
+    pub(crate) unsafe fn row_levels<const BITS: u32, const NB: usize>(
+        row: *const u8,
+        n_scales: usize,
+        group: usize,
+        lanes: __m256i,
+        lo: __m256,
+        hi: __m256,
+        vals: *mut f32,
+    ) -> Option<f32> {
+        // SAFETY: as the caller guarantees; stores write `vals[64 b + 8 n .. + 8]`, inside
+        // its `64 * NB` floats.
+        unsafe {
+            let codes = row.add(2 * n_scales);
+            if n_scales == 1 {
+                let sf = scale_at(row)?;
+                for b in 0..NB {
+                    block_values::<BITS>(codes.add(b * block_bytes(BITS)), lo, hi, |n, v| {
+                        _mm256_storeu_ps(vals.add(BLOCK * b + 8 * n), v);
+                    });
+                }
+                return Some(sf);
+            }
+            for b in 0..NB {
+                let sv = block_scales(row, b, group, lanes)?;
+                block_values::<BITS>(codes.add(b * block_bytes(BITS)), lo, hi, |n, v| {
+                    _mm256_storeu_ps(vals.add(BLOCK * b + 8 * n), _mm256_mul_ps(v, sv));
+                });
+            }
+            Some(1.0)
+        }
+    }
+
     /// `e^x` for eight lanes (Cephes' `expf`: range reduction by `ln 2` in two parts, a
     /// degree-5 polynomial; within 2 ulp, 0 below -87.3).
     ///
@@ -864,7 +908,7 @@ pub(crate) mod block512 {
     /// The table and the four shift vectors (vector `m`: `2m` code widths in the lower
     /// half, `2m + 1` in the upper), made once per call.
     #[derive(Clone, Copy)]
-    struct Consts {
+    pub(crate) struct Consts {
         t: __m512,
         sh: [__m512i; 4],
     }
@@ -872,7 +916,7 @@ pub(crate) mod block512 {
     /// # Safety
     /// The CPU must have AVX-512F.
     #[inline(always)]
-    unsafe fn consts(bits: u32, table: &[f32; 16]) -> Consts {
+    pub(crate) unsafe fn consts(bits: u32, table: &[f32; 16]) -> Consts {
         // SAFETY: AVX-512F guaranteed by the caller; register operations.
         unsafe {
             let mut sh = [_mm512_setzero_si512(); 4];
@@ -941,6 +985,44 @@ pub(crate) mod block512 {
                 }
             });
             _mm512_add_ps(a0, a1)
+        }
+    }
+
+    /// [`super::block::row_levels`] in 512-bit vectors (the same values in the same
+    /// order: vector `m` of a block holds lane vectors `2m` and `2m + 1`).
+    ///
+    /// # Safety
+    /// As [`super::block::row_levels`], and the CPU must have AVX-512F; `c` is
+    /// `consts(BITS, ..)`.
+    #[inline(always)]
+    pub(crate) unsafe fn row_levels<const BITS: u32, const NB: usize>(
+        row: *const u8,
+        n_scales: usize,
+        group: usize,
+        lanes: __m256i,
+        c: Consts,
+        vals: *mut f32,
+    ) -> Option<f32> {
+        // SAFETY: as the caller guarantees; stores write `vals[64 b + 16 m .. + 16]`,
+        // inside its `64 * NB` floats.
+        unsafe {
+            let codes = row.add(2 * n_scales);
+            if n_scales == 1 {
+                let sf = scale_at(row)?;
+                for b in 0..NB {
+                    values::<BITS>(codes.add(b * block_bytes(BITS)), c, |m, v| {
+                        _mm512_storeu_ps(vals.add(BLOCK * b + 16 * m), v);
+                    });
+                }
+                return Some(sf);
+            }
+            for b in 0..NB {
+                let sv = both(block_scales(row, b, group, lanes)?);
+                values::<BITS>(codes.add(b * block_bytes(BITS)), c, |m, v| {
+                    _mm512_storeu_ps(vals.add(BLOCK * b + 16 * m), _mm512_mul_ps(v, sv));
+                });
+            }
+            Some(1.0)
         }
     }
 

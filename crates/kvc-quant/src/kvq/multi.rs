@@ -1,0 +1,777 @@
+//! Several queries against one tile of packed rows, each row decoded once.
+//!
+//! With grouped-query attention `G = n_head / n_kv_head` query heads read the same K and V
+//! rows. An engine that runs each query head on its own decodes every packed row `G` times;
+//! [`RowCodec::dot_rows_multi`] and [`RowCodec::accumulate_rows_multi`] decode a row once
+//! and use its values for all `G` queries (scores `G x n`, weighted V sums `G x head_dim`,
+//! both in the rotated basis). Rows of 2-4-bit codes go through the block kernels of
+//! [`super::attention`] (AVX2, or AVX-512F where built and detected): the queries are
+//! permuted once per call into the block lane order, a row's values are decoded into a
+//! stack buffer, then each query's dot product (or `acc += w v`) reads that buffer. Other
+//! rows (5-8 bits, or the portable loops) are decoded with
+//! [`RowCodec::dequantize_row_rotated`] and used the same way.
+//!
+//! Rows are not errors here: a row whose scale is not finite (a poisoned row) scores NaN
+//! for every query and makes the sum of every query that gives it a non-zero weight NaN; a
+//! row of weight 0 is skipped (a masked cell adds nothing, even when poisoned). Each
+//! query's result depends only on that query and the rows, computed in the same order
+//! whatever `G` is, so a call with `G` queries equals `G` calls with one, bit for bit. The
+//! AVX2 and AVX-512 results agree with the portable ones to rounding (tests: within `1e-5`
+//! of `|q| |row|` for a score).
+
+use super::attention::{check_rows, HeadRows};
+use super::rotation::MAX_HEAD_DIM;
+use super::row::{dot8, RowCodec};
+use crate::c8::IsaKind;
+use crate::error::{Error, Result};
+
+/// Queries per pass over the rows on the block path (their permuted copies live on the
+/// stack); more queries make more passes.
+#[cfg(target_arch = "x86_64")]
+const PASS: usize = 8;
+
+/// A float buffer aligned for vector loads.
+#[repr(C, align(64))]
+struct Aligned<const N: usize>([f32; N]);
+
+/// The number of queries in `len` floats of `dim`-value rows.
+fn n_queries(what: &'static str, len: usize, dim: usize) -> Result<usize> {
+    if len % dim != 0 {
+        return Err(Error::LayoutMismatch {
+            what,
+            expected: len / dim * dim,
+            found: len,
+        });
+    }
+    Ok(len / dim)
+}
+
+/// `g * n`, checked against `found`.
+fn check_grid(what: &'static str, g: usize, n: usize, found: usize) -> Result<()> {
+    let need = g.checked_mul(n).ok_or(Error::SizeOverflow { what })?;
+    if need != found {
+        return Err(Error::LayoutMismatch {
+            what,
+            expected: need,
+            found,
+        });
+    }
+    Ok(())
+}
+
+/// Whether every scale of the packed row is finite.
+#[inline(always)]
+fn scales_finite(c: &RowCodec, row: &[u8]) -> bool {
+    row[..2 * c.n_scales()]
+        .chunks_exact(2)
+        .all(|b| half::f16::from_le_bytes([b[0], b[1]]).is_finite())
+}
+
+impl RowCodec {
+    /// The dot products of `G` rotated queries (`q_rot`: `G x head_dim`, query `g` at
+    /// `g * head_dim`, each rotated with [`rotation`](Self::rotation)`().rotate`) with
+    /// `n_rows` packed rows (row `i` at byte `i * rows.stride`), written to `scores[g *
+    /// n_rows + i]`. Each row is decoded once for all queries. A row with a non-finite
+    /// scale scores NaN (see the module notes). No allocation.
+    ///
+    /// Errors: `q_rot.len()` not a multiple of head_dim, `scores.len() != G * n_rows`,
+    /// rows that do not fit `rows.bytes` at `rows.stride`.
+    pub fn dot_rows_multi(
+        &self,
+        q_rot: &[f32],
+        rows: HeadRows,
+        n_rows: usize,
+        scores: &mut [f32],
+    ) -> Result<()> {
+        let g = n_queries("queries (G x head_dim)", q_rot.len(), self.dim())?;
+        check_grid("scores (G x n_rows)", g, n_rows, scores.len())?;
+        check_rows("packed rows", &rows, n_rows, self.row_bytes())?;
+        if g == 0 || n_rows == 0 {
+            return Ok(());
+        }
+        match self.isa().0 {
+            IsaKind::Portable => rowwise_dot(self, q_rot, rows, n_rows, scores),
+            // SAFETY: `Avx2`/`Avx512` are only made by `Isa::detect` after the CPU reported
+            // AVX2, FMA and F16C; the shapes were checked above.
+            #[cfg(target_arch = "x86_64")]
+            IsaKind::Avx2 => unsafe { avx2::dot(self, q_rot, rows, n_rows, scores) },
+            // SAFETY: as above, and `Avx512` only after the CPU reported AVX-512F.
+            #[cfg(all(target_arch = "x86_64", kvq_avx512))]
+            IsaKind::Avx512 => unsafe { avx2::dot512(self, q_rot, rows, n_rows, scores) },
+            // SAFETY: as for `Avx2` (`Avx512` is never made without `kvq_avx512`).
+            #[cfg(all(target_arch = "x86_64", not(kvq_avx512)))]
+            IsaKind::Avx512 => unsafe { avx2::dot(self, q_rot, rows, n_rows, scores) },
+        }
+    }
+
+    /// `acc[g] += sum_i weights[g * n_rows + i] * (rotated row i)` for `G` queries
+    /// (`weights`: `G x n_rows`; `acc`: `G x head_dim`, query `g`'s sum at `g *
+    /// head_dim`), rows as in [`dot_rows_multi`](Self::dot_rows_multi): the
+    /// softmax-weighted V sums in the rotated basis (un-rotate each once). Each row is
+    /// decoded once for all queries that weight it; a weight of 0 skips the row for that
+    /// query. A row with a non-finite scale makes the sum of every query that weights it
+    /// NaN (see the module notes). No allocation.
+    ///
+    /// Errors: `acc.len()` not a multiple of head_dim, `weights.len() != G * n_rows`,
+    /// rows that do not fit `rows.bytes` at `rows.stride`.
+    pub fn accumulate_rows_multi(
+        &self,
+        weights: &[f32],
+        rows: HeadRows,
+        n_rows: usize,
+        acc: &mut [f32],
+    ) -> Result<()> {
+        let g = n_queries("sums (G x head_dim)", acc.len(), self.dim())?;
+        check_grid("weights (G x n_rows)", g, n_rows, weights.len())?;
+        check_rows("packed rows", &rows, n_rows, self.row_bytes())?;
+        if g == 0 || n_rows == 0 {
+            return Ok(());
+        }
+        match self.isa().0 {
+            IsaKind::Portable => rowwise_accumulate(self, weights, rows, n_rows, acc),
+            // SAFETY: as in `dot_rows_multi`.
+            #[cfg(target_arch = "x86_64")]
+            IsaKind::Avx2 => unsafe { avx2::accumulate(self, weights, rows, n_rows, acc) },
+            // SAFETY: as in `dot_rows_multi`.
+            #[cfg(all(target_arch = "x86_64", kvq_avx512))]
+            IsaKind::Avx512 => unsafe { avx2::accumulate512(self, weights, rows, n_rows, acc) },
+            // SAFETY: as in `dot_rows_multi`.
+            #[cfg(all(target_arch = "x86_64", not(kvq_avx512)))]
+            IsaKind::Avx512 => unsafe { avx2::accumulate(self, weights, rows, n_rows, acc) },
+        }
+    }
+}
+
+/// [`RowCodec::dot_rows_multi`] one row at a time: the row's rotated values, then a dot
+/// product per query (shapes checked by the caller).
+#[inline(always)]
+fn rowwise_dot(
+    c: &RowCodec,
+    q: &[f32],
+    rows: HeadRows,
+    n: usize,
+    scores: &mut [f32],
+) -> Result<()> {
+    let d = c.dim();
+    let mut vals = [0f32; MAX_HEAD_DIM];
+    let vals = &mut vals[..d];
+    for t in 0..n {
+        let row = &rows.bytes[t * rows.stride..t * rows.stride + c.row_bytes()];
+        if !scales_finite(c, row) {
+            for s in scores.iter_mut().skip(t).step_by(n) {
+                *s = f32::NAN;
+            }
+            continue;
+        }
+        c.dequantize_row_rotated(row, vals)?;
+        for (qg, s) in q.chunks_exact(d).zip(scores.iter_mut().skip(t).step_by(n)) {
+            *s = dot8(qg, vals);
+        }
+    }
+    Ok(())
+}
+
+/// [`RowCodec::accumulate_rows_multi`] one row at a time (shapes checked by the caller).
+#[inline(always)]
+fn rowwise_accumulate(
+    c: &RowCodec,
+    w: &[f32],
+    rows: HeadRows,
+    n: usize,
+    acc: &mut [f32],
+) -> Result<()> {
+    let d = c.dim();
+    let mut vals = [0f32; MAX_HEAD_DIM];
+    let vals = &mut vals[..d];
+    for t in 0..n {
+        if w.iter().skip(t).step_by(n).all(|&x| x == 0.0) {
+            continue;
+        }
+        let row = &rows.bytes[t * rows.stride..t * rows.stride + c.row_bytes()];
+        if !scales_finite(c, row) {
+            for (ag, &wg) in acc.chunks_exact_mut(d).zip(w.iter().skip(t).step_by(n)) {
+                if wg != 0.0 {
+                    ag.fill(f32::NAN);
+                }
+            }
+            continue;
+        }
+        c.dequantize_row_rotated(row, vals)?;
+        for (ag, &wg) in acc.chunks_exact_mut(d).zip(w.iter().skip(t).step_by(n)) {
+            if wg == 0.0 {
+                continue;
+            }
+            for (a, &v) in ag.iter_mut().zip(vals.iter()) {
+                *a += wg * v;
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::incompatible_msrv)] // the AVX-512 intrinsics, only built with `kvq_avx512` (rustc 1.89+)
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    use super::super::attention::avx2::{permute_in, permute_out};
+    use super::super::simd::block::{self, BLOCK};
+    #[cfg(kvq_avx512)]
+    use super::super::simd::block512;
+    use super::*;
+
+    /// Calls `$f::<BITS, NB, $z>` for the shape `($bits, $nb)` (2-4 bits, 1, 2 or 4
+    /// blocks: every block-format shape).
+    macro_rules! by_shape {
+        ($f:ident, $z:expr, $bits:expr, $nb:expr, $($arg:expr),*) => {
+            match ($bits, $nb) {
+                (2, 1) => $f::<2, 1, $z>($($arg),*),
+                (2, 2) => $f::<2, 2, $z>($($arg),*),
+                (2, 4) => $f::<2, 4, $z>($($arg),*),
+                (3, 1) => $f::<3, 1, $z>($($arg),*),
+                (3, 2) => $f::<3, 2, $z>($($arg),*),
+                (3, 4) => $f::<3, 4, $z>($($arg),*),
+                (4, 1) => $f::<4, 1, $z>($($arg),*),
+                (4, 2) => $f::<4, 2, $z>($($arg),*),
+                (4, 4) => $f::<4, 4, $z>($($arg),*),
+                _ => return Err(Error::Unsupported {
+                    what: "kvq block kernel shape (bits, blocks)",
+                    value: i64::from($bits),
+                }),
+            }
+        };
+    }
+
+    /// What the block decoder needs, made once per call.
+    #[derive(Clone, Copy)]
+    struct Kit {
+        lo: __m256,
+        hi: __m256,
+        lanes: __m256i,
+        #[cfg(kvq_avx512)]
+        c512: Option<block512::Consts>,
+    }
+
+    /// # Safety
+    /// The CPU must have AVX2, and AVX-512F when `Z`.
+    #[inline(always)]
+    unsafe fn kit<const Z: bool>(c: &RowCodec, bits: u32, group: usize) -> Kit {
+        // SAFETY: features guaranteed by the caller; register operations and loads from
+        // the 16-entry table.
+        unsafe {
+            let (lo, hi) = block::tables(bits, c.table());
+            Kit {
+                lo,
+                hi,
+                lanes: block::lane_scale_index(bits, group),
+                #[cfg(kvq_avx512)]
+                c512: if Z {
+                    Some(block512::consts(bits, c.table()))
+                } else {
+                    None
+                },
+            }
+        }
+    }
+
+    /// The row's values before the factor returned, in block lane order (`None`: a
+    /// non-finite scale).
+    ///
+    /// # Safety
+    /// As [`block::row_levels`] (and [`block512::row_levels`] when `Z`).
+    #[inline(always)]
+    unsafe fn decode<const BITS: u32, const NB: usize, const Z: bool>(
+        row: *const u8,
+        n_scales: usize,
+        group: usize,
+        k: &Kit,
+        vals: *mut f32,
+    ) -> Option<f32> {
+        // SAFETY: as the caller guarantees.
+        unsafe {
+            #[cfg(kvq_avx512)]
+            if let (true, Some(c)) = (Z, k.c512) {
+                return block512::row_levels::<BITS, NB>(row, n_scales, group, k.lanes, c, vals);
+            }
+            block::row_levels::<BITS, NB>(row, n_scales, group, k.lanes, k.lo, k.hi, vals)
+        }
+    }
+
+    /// `sum q[i] v[i]` over `64 * NB` values (two accumulators, lanes summed at the end).
+    ///
+    /// # Safety
+    /// The CPU must have AVX2 and FMA (and AVX-512F when `Z`); `q` and `v` readable for
+    /// `64 * NB` floats.
+    #[inline(always)]
+    unsafe fn dotv<const NB: usize, const Z: bool>(q: *const f32, v: *const f32) -> f32 {
+        // SAFETY: as the caller guarantees; loads stay inside the `64 * NB` floats.
+        unsafe {
+            #[cfg(kvq_avx512)]
+            if Z {
+                let (mut a0, mut a1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+                for k in (0..4 * NB).step_by(2) {
+                    a0 = _mm512_fmadd_ps(
+                        _mm512_loadu_ps(q.add(16 * k)),
+                        _mm512_loadu_ps(v.add(16 * k)),
+                        a0,
+                    );
+                    a1 = _mm512_fmadd_ps(
+                        _mm512_loadu_ps(q.add(16 * k + 16)),
+                        _mm512_loadu_ps(v.add(16 * k + 16)),
+                        a1,
+                    );
+                }
+                return _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+            }
+            let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+            for k in (0..8 * NB).step_by(2) {
+                a0 = _mm256_fmadd_ps(
+                    _mm256_loadu_ps(q.add(8 * k)),
+                    _mm256_loadu_ps(v.add(8 * k)),
+                    a0,
+                );
+                a1 = _mm256_fmadd_ps(
+                    _mm256_loadu_ps(q.add(8 * k + 8)),
+                    _mm256_loadu_ps(v.add(8 * k + 8)),
+                    a1,
+                );
+            }
+            block::hsum(_mm256_add_ps(a0, a1))
+        }
+    }
+
+    /// `a[i] += w v[i]` over `64 * NB` values.
+    ///
+    /// # Safety
+    /// As [`dotv`], `a` writable.
+    #[inline(always)]
+    unsafe fn axpy<const NB: usize, const Z: bool>(w: f32, v: *const f32, a: *mut f32) {
+        // SAFETY: as the caller guarantees.
+        unsafe {
+            #[cfg(kvq_avx512)]
+            if Z {
+                let ws = _mm512_set1_ps(w);
+                for k in 0..4 * NB {
+                    let p = a.add(16 * k);
+                    let x = _mm512_fmadd_ps(ws, _mm512_loadu_ps(v.add(16 * k)), _mm512_loadu_ps(p));
+                    _mm512_storeu_ps(p, x);
+                }
+                return;
+            }
+            let ws = _mm256_set1_ps(w);
+            for k in 0..8 * NB {
+                let p = a.add(8 * k);
+                let x = _mm256_fmadd_ps(ws, _mm256_loadu_ps(v.add(8 * k)), _mm256_loadu_ps(p));
+                _mm256_storeu_ps(p, x);
+            }
+        }
+    }
+
+    /// The block path of `dot_rows_multi` (shapes checked by the caller).
+    ///
+    /// # Safety
+    /// The CPU must have AVX2, FMA and F16C (AVX-512F when `Z`); `rows` holds `n` rows of
+    /// `c`; `q.len() = G * 64 * NB`, `scores.len() = G * n`.
+    #[inline(always)]
+    unsafe fn dot_block<const BITS: u32, const NB: usize, const Z: bool>(
+        c: &RowCodec,
+        q: &[f32],
+        rows: HeadRows,
+        n: usize,
+        scores: &mut [f32],
+    ) -> Result<()> {
+        let d = BLOCK * NB;
+        let (ns, group) = (c.n_scales(), c.dim() / c.n_scales());
+        // SAFETY: features as the caller guarantees.
+        let k = unsafe { kit::<Z>(c, BITS, group) };
+        let mut qp = Aligned([0f32; PASS * MAX_HEAD_DIM]);
+        let mut vals = Aligned([0f32; MAX_HEAD_DIM]);
+        let base = rows.bytes.as_ptr();
+        for (pass, qs) in q.chunks(PASS * d).enumerate() {
+            let gc = qs.len() / d;
+            for (qg, pg) in qs.chunks_exact(d).zip(qp.0.chunks_exact_mut(d)) {
+                permute_in(BITS, qg, pg);
+            }
+            let out = &mut scores[pass * PASS * n..(pass * PASS + gc) * n];
+            for t in 0..n {
+                // SAFETY: row `t` is inside `rows.bytes` (checked by the caller); `vals`
+                // holds `64 * NB` floats; features as above.
+                let f = unsafe {
+                    decode::<BITS, NB, Z>(
+                        base.add(t * rows.stride),
+                        ns,
+                        group,
+                        &k,
+                        vals.0.as_mut_ptr(),
+                    )
+                };
+                let Some(f) = f else {
+                    for s in out.iter_mut().skip(t).step_by(n) {
+                        *s = f32::NAN;
+                    }
+                    continue;
+                };
+                for (gi, s) in out.iter_mut().skip(t).step_by(n).enumerate() {
+                    // SAFETY: query `gi` of the pass is at `gi * d` of `qp` (`gi < PASS`);
+                    // both hold `d = 64 * NB` floats there.
+                    *s = f * unsafe { dotv::<NB, Z>(qp.0.as_ptr().add(gi * d), vals.0.as_ptr()) };
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The block path of `accumulate_rows_multi` (shapes checked by the caller): each sum is
+    /// permuted into block lane order in place, accumulated, and permuted back.
+    ///
+    /// # Safety
+    /// As [`dot_block`], with `w` (`G * n`) and `acc` (`G * 64 * NB`).
+    #[inline(always)]
+    unsafe fn accumulate_block<const BITS: u32, const NB: usize, const Z: bool>(
+        c: &RowCodec,
+        w: &[f32],
+        rows: HeadRows,
+        n: usize,
+        acc: &mut [f32],
+    ) -> Result<()> {
+        let d = BLOCK * NB;
+        let (ns, group) = (c.n_scales(), c.dim() / c.n_scales());
+        // SAFETY: features as the caller guarantees.
+        let k = unsafe { kit::<Z>(c, BITS, group) };
+        let mut tmp = [0f32; MAX_HEAD_DIM];
+        let tmp = &mut tmp[..d];
+        for ag in acc.chunks_exact_mut(d) {
+            tmp.copy_from_slice(ag);
+            permute_in(BITS, tmp, ag);
+        }
+        let mut vals = Aligned([0f32; MAX_HEAD_DIM]);
+        let base = rows.bytes.as_ptr();
+        for t in 0..n {
+            if w.iter().skip(t).step_by(n).all(|&x| x == 0.0) {
+                continue;
+            }
+            // SAFETY: as in `dot_block`.
+            let f = unsafe {
+                decode::<BITS, NB, Z>(
+                    base.add(t * rows.stride),
+                    ns,
+                    group,
+                    &k,
+                    vals.0.as_mut_ptr(),
+                )
+            };
+            for (ag, &wg) in acc.chunks_exact_mut(d).zip(w.iter().skip(t).step_by(n)) {
+                if wg == 0.0 {
+                    continue;
+                }
+                match f {
+                    // SAFETY: `ag` and `vals` hold `d = 64 * NB` floats; features as above.
+                    Some(f) => unsafe { axpy::<NB, Z>(wg * f, vals.0.as_ptr(), ag.as_mut_ptr()) },
+                    None => ag.fill(f32::NAN),
+                }
+            }
+        }
+        for ag in acc.chunks_exact_mut(d) {
+            tmp.copy_from_slice(ag);
+            permute_out(BITS, tmp, ag);
+        }
+        Ok(())
+    }
+
+    /// `dot_rows_multi` compiled with AVX2, FMA and F16C.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2, FMA and F16C; shapes checked by the caller.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn dot(
+        c: &RowCodec,
+        q: &[f32],
+        rows: HeadRows,
+        n: usize,
+        scores: &mut [f32],
+    ) -> Result<()> {
+        let bits = u32::from(c.bits());
+        if c.block_rows(rows.bytes, rows.stride).is_none() {
+            return rowwise_dot(c, q, rows, n, scores);
+        }
+        // SAFETY: features enabled here; shapes checked by the caller.
+        unsafe {
+            by_shape!(
+                dot_block,
+                false,
+                bits,
+                c.dim() / BLOCK,
+                c,
+                q,
+                rows,
+                n,
+                scores
+            )
+        }
+    }
+
+    /// `dot_rows_multi` with the 512-bit block decoder and vectors.
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512F, AVX2, FMA and F16C; shapes checked by the caller.
+    #[cfg(kvq_avx512)]
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    pub(super) unsafe fn dot512(
+        c: &RowCodec,
+        q: &[f32],
+        rows: HeadRows,
+        n: usize,
+        scores: &mut [f32],
+    ) -> Result<()> {
+        let bits = u32::from(c.bits());
+        if c.block_rows(rows.bytes, rows.stride).is_none() {
+            return rowwise_dot(c, q, rows, n, scores);
+        }
+        // SAFETY: features enabled here; shapes checked by the caller.
+        unsafe {
+            by_shape!(
+                dot_block,
+                true,
+                bits,
+                c.dim() / BLOCK,
+                c,
+                q,
+                rows,
+                n,
+                scores
+            )
+        }
+    }
+
+    /// `accumulate_rows_multi` compiled with AVX2, FMA and F16C.
+    ///
+    /// # Safety
+    /// As [`dot`].
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn accumulate(
+        c: &RowCodec,
+        w: &[f32],
+        rows: HeadRows,
+        n: usize,
+        acc: &mut [f32],
+    ) -> Result<()> {
+        let bits = u32::from(c.bits());
+        if c.block_rows(rows.bytes, rows.stride).is_none() {
+            return rowwise_accumulate(c, w, rows, n, acc);
+        }
+        // SAFETY: features enabled here; shapes checked by the caller.
+        unsafe {
+            by_shape!(
+                accumulate_block,
+                false,
+                bits,
+                c.dim() / BLOCK,
+                c,
+                w,
+                rows,
+                n,
+                acc
+            )
+        }
+    }
+
+    /// `accumulate_rows_multi` with the 512-bit block decoder and vectors.
+    ///
+    /// # Safety
+    /// As [`dot512`].
+    #[cfg(kvq_avx512)]
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    pub(super) unsafe fn accumulate512(
+        c: &RowCodec,
+        w: &[f32],
+        rows: HeadRows,
+        n: usize,
+        acc: &mut [f32],
+    ) -> Result<()> {
+        let bits = u32::from(c.bits());
+        if c.block_rows(rows.bytes, rows.stride).is_none() {
+            return rowwise_accumulate(c, w, rows, n, acc);
+        }
+        // SAFETY: features enabled here; shapes checked by the caller.
+        unsafe {
+            by_shape!(
+                accumulate_block,
+                true,
+                bits,
+                c.dim() / BLOCK,
+                c,
+                w,
+                rows,
+                n,
+                acc
+            )
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::c8::Isa;
+    use crate::kvq::config::DEFAULT_SEED;
+    use crate::kvq::Method;
+
+    fn values(n: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 4.0
+            })
+            .collect()
+    }
+
+    /// Every ISA this CPU runs, the portable one first.
+    fn isas() -> Vec<Isa> {
+        let d = Isa::detect();
+        let mut v = vec![Isa::PORTABLE];
+        if d.is_avx2() {
+            v.push(d.without_avx512());
+        }
+        if d.is_avx512() {
+            v.push(d);
+        }
+        v
+    }
+
+    struct Case {
+        packed: Vec<u8>,
+        stride: usize,
+        n: usize,
+    }
+
+    /// `n` rows of `c`, `stride` bytes apart (3 heads a token), row 5 poisoned.
+    fn case(c: &RowCodec, n: usize) -> Case {
+        let (d, rb) = (c.dim(), c.row_bytes());
+        let stride = 3 * rb + 1;
+        let x = values(n * d, 7 + c.bits() as u64 + d as u64);
+        let mut packed = vec![0u8; (n - 1) * stride + rb];
+        for t in 0..n {
+            let row = &mut packed[t * stride..t * stride + rb];
+            c.quantize_row(&x[t * d..(t + 1) * d], row).unwrap();
+        }
+        packed[5 * stride..5 * stride + 2].copy_from_slice(&0x7e00u16.to_le_bytes());
+        Case { packed, stride, n }
+    }
+
+    #[test]
+    fn multi_equals_single_queries_and_the_portable_path() {
+        for method in [Method::LloydMax, Method::Uniform { group: 32 }] {
+            for d in [64usize, 128, 256] {
+                for bits in 2u8..=8 {
+                    let Ok(base) = RowCodec::new(method, bits, d, DEFAULT_SEED) else {
+                        continue;
+                    };
+                    let cs = case(&base, 37);
+                    let rows = HeadRows {
+                        bytes: &cs.packed,
+                        stride: cs.stride,
+                    };
+                    let n = cs.n;
+                    for g in [1usize, 3, 9] {
+                        let q = values(g * d, 3 + g as u64);
+                        let mut w = values(g * n, 11);
+                        w.iter_mut().step_by(4).for_each(|x| *x = 0.0);
+                        // row 5 (poisoned): weighted by query 0 only
+                        for gi in 0..g {
+                            w[gi * n + 5] = if gi == 0 { 1.0 } else { 0.0 };
+                        }
+                        let mut want_s = vec![0f32; g * n];
+                        let mut want_a = values(g * d, 5);
+                        let p = base.portable();
+                        p.dot_rows_multi(&q, rows, n, &mut want_s).unwrap();
+                        p.accumulate_rows_multi(&w, rows, n, &mut want_a).unwrap();
+                        for isa in isas() {
+                            let c = base.with_isa(isa);
+                            let mut s = vec![0f32; g * n];
+                            let mut a = values(g * d, 5);
+                            c.dot_rows_multi(&q, rows, n, &mut s).unwrap();
+                            c.accumulate_rows_multi(&w, rows, n, &mut a).unwrap();
+                            for gi in 0..g {
+                                // one query at a time: bit for bit the same
+                                let mut s1 = vec![0f32; n];
+                                let mut a1 = values(g * d, 5)[gi * d..(gi + 1) * d].to_vec();
+                                c.dot_rows_multi(&q[gi * d..(gi + 1) * d], rows, n, &mut s1)
+                                    .unwrap();
+                                c.accumulate_rows_multi(&w[gi * n..(gi + 1) * n], rows, n, &mut a1)
+                                    .unwrap();
+                                let tag = format!("{method:?} d{d} b{bits} g{g}/{gi} {isa:?}");
+                                for t in 0..n {
+                                    let (x, y) = (s[gi * n + t], s1[t]);
+                                    assert!(x.to_bits() == y.to_bits(), "{tag} t{t}: {x} {y}");
+                                }
+                                for (x, y) in a[gi * d..(gi + 1) * d].iter().zip(&a1) {
+                                    assert!(x.to_bits() == y.to_bits(), "{tag}: {x} {y}");
+                                }
+                                // against the portable loops: to rounding
+                                let qn = q[gi * d..(gi + 1) * d]
+                                    .iter()
+                                    .map(|x| x * x)
+                                    .sum::<f32>()
+                                    .sqrt();
+                                let mut v = vec![0f32; d];
+                                for t in 0..n {
+                                    let (x, y) = (s[gi * n + t], want_s[gi * n + t]);
+                                    if t == 5 {
+                                        assert!(x.is_nan() && y.is_nan(), "{tag}");
+                                        continue;
+                                    }
+                                    let row = &cs.packed[t * cs.stride..];
+                                    p.dequantize_row_rotated(&row[..p.row_bytes()], &mut v)
+                                        .unwrap();
+                                    let vn = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+                                    assert!((x - y).abs() <= 1e-5 * qn * vn, "{tag} t{t}: {x} {y}");
+                                }
+                                let big = want_a[gi * d..(gi + 1) * d]
+                                    .iter()
+                                    .fold(1f32, |m, x| m.max(x.abs()));
+                                for (x, y) in a[gi * d..(gi + 1) * d]
+                                    .iter()
+                                    .zip(&want_a[gi * d..(gi + 1) * d])
+                                {
+                                    if gi == 0 {
+                                        assert!(x.is_nan() && y.is_nan(), "{tag}");
+                                    } else {
+                                        assert!((x - y).abs() <= 1e-5 * big, "{tag}: {x} {y}");
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn bad_shapes_are_errors() {
+        let c = RowCodec::new(Method::LloydMax, 4, 64, DEFAULT_SEED).unwrap();
+        let cs = case(&c, 8);
+        let rows = HeadRows {
+            bytes: &cs.packed,
+            stride: cs.stride,
+        };
+        let q = values(2 * 64, 1);
+        let mut s = vec![0f32; 2 * 8];
+        assert!(c.dot_rows_multi(&q[..100], rows, 8, &mut s).is_err());
+        assert!(c.dot_rows_multi(&q, rows, 8, &mut s[..15]).is_err());
+        assert!(c.dot_rows_multi(&q, rows, 9, &mut [0f32; 18]).is_err());
+        let short = HeadRows {
+            bytes: &cs.packed,
+            stride: c.row_bytes() - 1,
+        };
+        assert!(c.dot_rows_multi(&q, short, 8, &mut s).is_err());
+        let mut a = vec![0f32; 2 * 64];
+        assert!(c.accumulate_rows_multi(&s[..15], rows, 8, &mut a).is_err());
+        assert!(c.accumulate_rows_multi(&s, rows, 8, &mut a[..100]).is_err());
+        assert!(c.dot_rows_multi(&q, rows, 8, &mut s).is_ok());
+        assert!(c.accumulate_rows_multi(&s, rows, 8, &mut a).is_ok());
+    }
+}
