@@ -6,14 +6,17 @@
 # prefills the 2048-token prefix and stores its 8 chunks of 256 tokens, process 2s restore them
 # and decode the 32 tokens after, compared bit for bit. Per codec (gear-v2, gear-v1, raw) one
 # run with 5 rounds of one process 2 and, for gear-v2 and raw, one with 3 rounds of 4 process 2s
-# at once; then gear-v2 through the disk tier. Redis is emptied (FLUSHALL) before each run so that every run stores
+# at once; then gear-v2 through the disk tier; then the lossy kvq-k4v4 and kvq-k8v4 (5 rounds
+# each: KL instead of identical logits). Redis is emptied (FLUSHALL) before each run so that every run stores
 # its chunks. Prefill and restore are measured in the same run. Then, against the same server,
 # `kvc bench tiers` (target/release/kvc, when built: cargo build --release -p kvc-cli) on the
 # real KV dumps (KVC_REALKV_DIR, ../shared/data/realkv, else the embedded sample): each tier
 # and codec next to raw Redis GET/SET of the same bytes. Writes OUT_DIR/share-*.json and
 # bench-tiers.json (default .cache/share-eval) and prints a Markdown table. Stops the server
 # at the end.
-# Environment: KVC_SHARE_PREFIX (2048), KVC_SHARE_REST (32), KVC_SHARE_CLIENTS (4).
+# Environment: KVC_SHARE_PREFIX (2048), KVC_SHARE_REST (32), KVC_SHARE_CLIENTS (4),
+# KVC_SHARE_ONLY (an extended regex: only the runs whose names match it, e.g. 'kvq|redis-raw$';
+# the bench and the table then cover those runs only; default: every run).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out="${1:-.cache/share-eval}"
@@ -34,9 +37,13 @@ for _ in $(seq 200); do redis-cli -p "$port" ping 2>/dev/null | grep -q PONG && 
 redis-cli -p "$port" ping | grep -q PONG || { echo "share-eval: redis-server did not start" >&2; exit 1; }
 echo "share-eval: $(redis-server --version | cut -d' ' -f1-3) on 127.0.0.1:$port" >&2
 
+only="${KVC_SHARE_ONLY:-.}"
+ran=()
 run() { # name, options...
     local name="$1"
     shift
+    [[ "$name" =~ $only ]] || return 0
+    ran+=("$name")
     redis-cli -p "$port" flushall >/dev/null
     "$EVAL" --model "$MODEL" --text "$TEXT_A" --modes share --share-prefix "$prefix" --share-rest "$rest" \
         "$@" --json "$out/share-$name.json" >"$out/share-$name.txt"
@@ -49,9 +56,13 @@ run redis-gear-v1 --redis "$url" --share-codec gear-v1 --share-rounds 5 "$@"
 run redis-gear-v2-x$clients --redis "$url" --share-clients "$clients" --share-rounds 3 "$@"
 run redis-raw-x$clients --redis "$url" --share-codec raw --share-clients "$clients" --share-rounds 3 "$@"
 run disk-gear-v2 --share-rounds 5 "$@"
+run redis-kvq-k4v4 --redis "$url" --share-codec kvq-k4v4 --share-rounds 5 "$@"
+run redis-kvq-k8v4 --redis "$url" --share-codec kvq-k8v4 --share-rounds 5 "$@"
 
 kvc=target/release/kvc
-if [ -x "$kvc" ]; then
+if [ "$only" != . ]; then
+    echo "share-eval: KVC_SHARE_ONLY set: kvc bench tiers skipped" >&2
+elif [ -x "$kvc" ]; then
     realkv="${KVC_REALKV_DIR:-../shared/data/realkv}"
     data=()
     [ -f "$realkv/textA.K.f16.json" ] && data=(--data "$realkv")
@@ -63,13 +74,12 @@ else
     echo "share-eval: no $kvc (cargo build --release -p kvc-cli): kvc bench tiers skipped" >&2
 fi
 
-python3 - "$out" "redis-gear-v2" "redis-raw" "redis-gear-v1" "redis-gear-v2-x$clients" "redis-raw-x$clients" \
-    "disk-gear-v2" <<'PY'
+python3 - "$out" "${ran[@]}" <<'PY'
 import json, sys
 d = sys.argv[1]
 print("| run | tier | codec | clients x rounds | chunks stored | bytes stored | wire B/token | vs f16 | prefill s (CPU s) "
       "| restore s p50 (CPU s) | max | prefill / restore | lookup s | fetch+check+decode s | state blob s | set_data s "
-      "| in-process codec restore s (MB/s) | logits identical | control caught | fallbacks |")
+      "| in-process codec restore s (MB/s) | logits identical (KL) | control caught | fallbacks |")
 print("|" + " --- |" * 20)
 for name in sys.argv[2:]:
     j = json.load(open(f"{d}/share-{name}.json"))
@@ -81,7 +91,8 @@ for name in sys.argv[2:]:
           f"| {r['prefill_s']:.3f} ({r['prefill_cpu_s']:.3f}) | {r['restore_s']:.4f} ({r['restore_cpu_s']:.4f}) "
           f"| {r['restore_s_max']:.4f} | {'%.1fx' % ratio if ratio else '-'} "
           f"| {c['lookup_s']:.4f} | {c['fetch_decode_s']:.4f} | {c['build_s']:.4f} | {c['set_data_s']:.4f} "
-          f"| {r['memory_tier_restore_s']:.4f} ({r['memory_tier_restore_mb_s']:.0f}) | {r['logits_identical']} "
+          f"| {r['memory_tier_restore_s']:.4f} ({r['memory_tier_restore_mb_s']:.0f}) "
+          f"| {r['logits_identical'] if r['lossless'] else 'lossy (KL %.4f)' % r['kl_mean_max']} "
           f"| {r['control_caught']} | {r['fallbacks']:.0f} |")
 print(f"\nthreads {j['threads']}, prefix {r['prefix_tokens']} tokens in chunks of {r['chunk_tokens']}, "
       f"{r['rest_tokens']} tokens compared per process 2 ({r['logits_compared'] // (r['clients'] * r['rounds']):,} logits each)")
