@@ -370,13 +370,18 @@ want_v = sum(cells * 3 * packed(l["v_bits"]) for l in plan["layers"])
 assert p["kv_alloc_k_bytes"] == want_k and p["kv_alloc_v_bytes"] == want_v, (p, want_k, want_v)
 assert f16_alloc / (p["kv_alloc_k_bytes"] + p["kv_alloc_v_bytes"]) >= 3.5, p
 # native decoding is right: 8-bit K on llama.cpp's own kvq cache stays next to the full f16
-# run (a wrong kernel, basis or stride would not). The native-against-fake comparison is
+# run (a wrong kernel, basis or stride would not: KL is the sharp test, 0.0135-0.0138 on both
+# kernel generations, PPL the loose one). At 320 tokens k8v4's PPL is one draw of the
+# quantization noise: -1.0 % against full with the per-row kernels, +2.2 % with the GQA block
+# kernels, whose sums differ in the last bits (docs/results/kvq-native.md, gqa-ppl320-*.json;
+# +1.0 % / +0.7 % at 2048 tokens), so the PPL bound is 5 %, the 320-token spread of
+# rotation seeds measured there. The native-against-fake comparison is
 # printed, not asserted: at 320 tokens two runs of the same quantizer differ by realization
 # (other rotation seeds of kvq:k4v4 spread PPL by 5 % and KL by 20 %; the fake rows' f16 flash
 # attention moved k8v4 by 2-3 % on both builds); docs/results/kvq-native.md compares them at
 # 2048 tokens on both texts
 n = rows["kvq-native:k8v4"]
-assert abs(n["ppl"] / full["ppl"] - 1) < 0.02 and 0 < n["kl"] < 0.03, (n, full["ppl"])
+assert abs(n["ppl"] / full["ppl"] - 1) < 0.05 and 0 < n["kl"] < 0.03, (n, full["ppl"])
 msg = []
 for c in ("k8v4", "k4v4"):
     nn, ff = rows["kvq-native:" + c], rows["kvq:" + c]
