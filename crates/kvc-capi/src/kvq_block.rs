@@ -445,6 +445,41 @@ unsafe fn strided_rows<'a>(
     Ok(Some((c, p)))
 }
 
+/// The float counts of a tile call's per-query arrays (`n_queries x head_dim`: queries or
+/// sums) and of its grid (`n_queries x n_rows`: scores or weights), or an error when either
+/// overflows.
+fn tile_lens(dim: usize, n_queries: usize, n_rows: usize) -> Result<(usize, usize), Error> {
+    let per_query = n_queries
+        .checked_mul(dim)
+        .ok_or_else(|| Error::invalid("n_queries", "n_queries * head_dim overflows"))?;
+    let grid = n_queries
+        .checked_mul(n_rows)
+        .ok_or_else(|| Error::invalid("n_queries", "n_queries * n_rows overflows"))?;
+    Ok((per_query, grid))
+}
+
+/// Checks that a tile call's output (`out`, `out_len` floats) overlaps neither its float
+/// input (`input`, `input_len` floats) nor the packed rows; `name` is the output's.
+fn check_output_disjoint(
+    out: *mut f32,
+    out_len: usize,
+    input: *const f32,
+    input_len: usize,
+    packed: &[u8],
+    name: &'static str,
+) -> Result<(), Error> {
+    let out_bytes = out_len.saturating_mul(4);
+    let out = out.cast_const().cast();
+    crate::boundary::check_disjoint(
+        out,
+        out_bytes,
+        input.cast(),
+        input_len.saturating_mul(4),
+        name,
+    )?;
+    crate::boundary::check_disjoint(out, out_bytes, packed.as_ptr(), packed.len(), name)
+}
+
 /// The shared body of the `_dot_rows` entry points: `n_queries` rotated queries against a
 /// strided tile of rows, `scores` `n_queries x n_rows`.
 ///
@@ -467,29 +502,11 @@ unsafe fn dot_rows(
         let Some((c, p)) = unsafe { strided_rows(head_dim, bits, packed, stride, n_rows) }? else {
             return Ok(());
         };
-        let nq = n_queries
-            .checked_mul(c.dim())
-            .ok_or_else(|| Error::invalid("n_queries", "n_queries * head_dim overflows"))?;
-        let ns = n_queries
-            .checked_mul(n_rows)
-            .ok_or_else(|| Error::invalid("n_queries", "n_queries * n_rows overflows"))?;
+        let (nq, ns) = tile_lens(c.dim(), n_queries, n_rows)?;
         if n_queries == 0 {
             return Ok(());
         }
-        crate::boundary::check_disjoint(
-            scores.cast_const().cast(),
-            ns.saturating_mul(4),
-            q_rot.cast(),
-            nq.saturating_mul(4),
-            "scores",
-        )?;
-        crate::boundary::check_disjoint(
-            scores.cast_const().cast(),
-            ns.saturating_mul(4),
-            p.as_ptr(),
-            p.len(),
-            "scores",
-        )?;
+        check_output_disjoint(scores, ns, q_rot, nq, p, "scores")?;
         // SAFETY: caller contract; NULL, alignment and size are checked.
         let q = unsafe { in_slice(q_rot, nq, "q_rot") }?;
         // SAFETY: as above; disjoint from the inputs (checked).
@@ -602,29 +619,11 @@ unsafe fn accumulate_rows(
         let Some((c, p)) = unsafe { strided_rows(head_dim, bits, packed, stride, n_rows) }? else {
             return Ok(());
         };
-        let na = n_queries
-            .checked_mul(c.dim())
-            .ok_or_else(|| Error::invalid("n_queries", "n_queries * head_dim overflows"))?;
-        let nw = n_queries
-            .checked_mul(n_rows)
-            .ok_or_else(|| Error::invalid("n_queries", "n_queries * n_rows overflows"))?;
+        let (na, nw) = tile_lens(c.dim(), n_queries, n_rows)?;
         if n_queries == 0 {
             return Ok(());
         }
-        crate::boundary::check_disjoint(
-            acc.cast_const().cast(),
-            na.saturating_mul(4),
-            weights.cast(),
-            nw.saturating_mul(4),
-            "acc",
-        )?;
-        crate::boundary::check_disjoint(
-            acc.cast_const().cast(),
-            na.saturating_mul(4),
-            p.as_ptr(),
-            p.len(),
-            "acc",
-        )?;
+        check_output_disjoint(acc, na, weights, nw, p, "acc")?;
         // SAFETY: caller contract; NULL, alignment and size are checked.
         let w = unsafe { in_slice(weights, nw, "weights") }?;
         // SAFETY: as above; disjoint from the inputs (checked).
