@@ -138,7 +138,7 @@
  * fields are added (only ever appended). A program built against minor `m` runs on any
  * library with the same major and a minor `>= m`.
  */
-#define KVC_ABI_VERSION_MINOR 9
+#define KVC_ABI_VERSION_MINOR 10
 
 /**
  * The ABI version this header describes, `(major << 16) | minor`. Pass it to
@@ -1750,6 +1750,41 @@ typedef struct kvc_api {
                                                        const float *weights,
                                                        size_t n_queries,
                                                        float *acc);
+    /**
+     * See `kvc_kvq_channel_block_bytes` (ABI 0.10).
+     */
+    enum kvc_status (*kvq_channel_block_bytes)(uint32_t bits,
+                                               uint32_t head_dim,
+                                               uint32_t group,
+                                               size_t *out);
+    /**
+     * See `kvc_kvq_channel_quantize` (ABI 0.10).
+     */
+    enum kvc_status (*kvq_channel_quantize)(uint32_t bits,
+                                            uint32_t head_dim,
+                                            uint32_t group,
+                                            const float *rows,
+                                            uint8_t *dst,
+                                            size_t dst_len);
+    /**
+     * See `kvc_kvq_channel_dequantize` (ABI 0.10).
+     */
+    enum kvc_status (*kvq_channel_dequantize)(uint32_t bits,
+                                              uint32_t head_dim,
+                                              uint32_t group,
+                                              const uint8_t *src,
+                                              size_t src_len,
+                                              float *dst);
+    /**
+     * See `kvc_kvq_channel_dot` (ABI 0.10).
+     */
+    enum kvc_status (*kvq_channel_dot)(uint32_t bits,
+                                       uint32_t head_dim,
+                                       uint32_t group,
+                                       const float *q,
+                                       const uint8_t *src,
+                                       size_t src_len,
+                                       float *scores);
 } kvc_api;
 
 /**
@@ -2661,6 +2696,78 @@ enum kvc_status kvc_kvq_block_accumulate_rows_multi(uint32_t head_dim,
                                                     const float *weights,
                                                     size_t n_queries,
                                                     float *acc);
+
+/**
+ * Bytes of one block of `group` tokens of `head_dim` values at `bits` bits, written to
+ * `*out` (only on `KVC_OK`): `4 * head_dim + group * head_dim * bits / 8`.
+ * `KVC_INVALID_ARGUMENT` for bits outside 2..=8 or a group other than 16, 32, 64, 128,
+ * 256; `KVC_UNSUPPORTED` for a head_dim other than 64, 128, 256.
+ *
+ * # Safety
+ * `out` writable.
+ */
+KVC_NODISCARD
+enum kvc_status kvc_kvq_channel_block_bytes(uint32_t bits,
+                                            uint32_t head_dim,
+                                            uint32_t group,
+                                            size_t *out);
+
+/**
+ * Codes `group` rows of `head_dim` floats at `rows` (token-major: row `t` starts at
+ * `rows + t * head_dim`) into one block at `dst` (`dst_len` bytes, at least
+ * `kvc_kvq_channel_block_bytes`). A non-finite value, or one outside f16's range, is
+ * `KVC_CORRUPT_DATA`; a short `dst` is `KVC_BUFFER_TOO_SMALL`. `dst` is written only on
+ * `KVC_OK`.
+ *
+ * Ownership: both buffers stay the caller's.
+ *
+ * # Safety
+ * `rows` readable for `group * head_dim` floats; `dst` writable for `dst_len` bytes and
+ * not overlapping `rows`.
+ */
+KVC_NODISCARD
+enum kvc_status kvc_kvq_channel_quantize(uint32_t bits,
+                                         uint32_t head_dim,
+                                         uint32_t group,
+                                         const float *rows,
+                                         uint8_t *dst,
+                                         size_t dst_len);
+
+/**
+ * Decodes the block at `src` (`src_len` bytes, at least `kvc_kvq_channel_block_bytes`)
+ * into `group * head_dim` floats at `dst`, token-major. A short `src` is
+ * `KVC_BUFFER_TOO_SMALL`; a non-finite or negative step or a non-finite minimum is
+ * `KVC_CORRUPT_DATA`. `dst` is written only on `KVC_OK`.
+ *
+ * # Safety
+ * `src` readable for `src_len` bytes; `dst` writable for `group * head_dim` floats and
+ * not overlapping `src`.
+ */
+KVC_NODISCARD
+enum kvc_status kvc_kvq_channel_dequantize(uint32_t bits,
+                                           uint32_t head_dim,
+                                           uint32_t group,
+                                           const uint8_t *src,
+                                           size_t src_len,
+                                           float *dst);
+
+/**
+ * Scores `q . row` for the `group` rows of the block at `src` into `scores` (`group`
+ * floats), read from the codes without decoding the rows (`q . min + sum_c q_c step_c
+ * code_c`). Errors as `kvc_kvq_channel_dequantize`; `scores` is written only on `KVC_OK`.
+ *
+ * # Safety
+ * `q` readable for `head_dim` floats; `src` readable for `src_len` bytes; `scores`
+ * writable for `group` floats and overlapping neither.
+ */
+KVC_NODISCARD
+enum kvc_status kvc_kvq_channel_dot(uint32_t bits,
+                                    uint32_t head_dim,
+                                    uint32_t group,
+                                    const float *q,
+                                    const uint8_t *src,
+                                    size_t src_len,
+                                    float *scores);
 
 /**
  * Copies the message explaining this thread's last failed kvc call into `buf`.

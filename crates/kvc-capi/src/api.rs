@@ -32,6 +32,11 @@ use crate::kvq_block::{
 };
 // ABI 0.9: several queries per tile (grouped-query attention).
 use crate::kvq_block::{kvc_kvq_block_accumulate_rows_multi, kvc_kvq_block_dot_rows_multi};
+// ABI 0.10: K per channel over token groups (KIVI).
+use crate::kvq_channel::{
+    kvc_kvq_channel_block_bytes, kvc_kvq_channel_dequantize, kvc_kvq_channel_dot,
+    kvc_kvq_channel_quantize,
+};
 use crate::last_error::{kvc_last_error_message, set_last_error};
 use crate::mlp::{
     kvc_mlp_compress_inplace, kvc_mlp_free, kvc_mlp_get_info, kvc_mlp_new, kvc_mlp_new_from_memory,
@@ -634,6 +639,37 @@ pub struct KvcApi {
         n_queries: usize,
         acc: *mut f32,
     ) -> KvcStatus,
+    /// See `kvc_kvq_channel_block_bytes` (ABI 0.10).
+    pub kvq_channel_block_bytes:
+        unsafe extern "C" fn(bits: u32, head_dim: u32, group: u32, out: *mut usize) -> KvcStatus,
+    /// See `kvc_kvq_channel_quantize` (ABI 0.10).
+    pub kvq_channel_quantize: unsafe extern "C" fn(
+        bits: u32,
+        head_dim: u32,
+        group: u32,
+        rows: *const f32,
+        dst: *mut u8,
+        dst_len: usize,
+    ) -> KvcStatus,
+    /// See `kvc_kvq_channel_dequantize` (ABI 0.10).
+    pub kvq_channel_dequantize: unsafe extern "C" fn(
+        bits: u32,
+        head_dim: u32,
+        group: u32,
+        src: *const u8,
+        src_len: usize,
+        dst: *mut f32,
+    ) -> KvcStatus,
+    /// See `kvc_kvq_channel_dot` (ABI 0.10).
+    pub kvq_channel_dot: unsafe extern "C" fn(
+        bits: u32,
+        head_dim: u32,
+        group: u32,
+        q: *const f32,
+        src: *const u8,
+        src_len: usize,
+        scores: *mut f32,
+    ) -> KvcStatus,
 }
 
 static API: KvcApi = KvcApi {
@@ -735,6 +771,10 @@ static API: KvcApi = KvcApi {
     kvq_block_accumulate_rows: kvc_kvq_block_accumulate_rows,
     kvq_block_dot_rows_multi: kvc_kvq_block_dot_rows_multi,
     kvq_block_accumulate_rows_multi: kvc_kvq_block_accumulate_rows_multi,
+    kvq_channel_block_bytes: kvc_kvq_channel_block_bytes,
+    kvq_channel_quantize: kvc_kvq_channel_quantize,
+    kvq_channel_dequantize: kvc_kvq_channel_dequantize,
+    kvq_channel_dot: kvc_kvq_channel_dot,
 };
 
 /// Whether a program built against ABI version `requested` can use this library.

@@ -27,6 +27,7 @@
 //! rows in f16 and passes only the others here.
 
 pub mod attention;
+pub mod channel_group;
 pub mod codebook;
 pub mod config;
 mod multi;
@@ -35,6 +36,7 @@ pub mod rotation;
 pub mod row;
 mod simd;
 
+pub use channel_group::ChannelGroupCodec;
 pub use config::{KvqConfig, KvqPlan, LayerBits, Method};
 pub use row::{row_bits_per_value, row_bytes, RowCodec, FORMAT_VERSION};
 

@@ -84,7 +84,7 @@ pub struct RowCodec {
 
 /// Writes codes `codes[..n]` of `bits` bits into `out` as an LSB-first bit stream.
 #[inline(always)]
-fn pack(codes: &[u8], bits: u32, out: &mut [u8]) {
+pub(crate) fn pack(codes: &[u8], bits: u32, out: &mut [u8]) {
     match bits {
         8 => {
             out[..codes.len()].copy_from_slice(codes);
