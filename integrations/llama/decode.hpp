@@ -171,6 +171,9 @@ struct DecodeSpec {
     // with cell_bytes > 0 as well, the two must agree exactly
     bool cell_bytes_from_alloc = false;
     double fixed_bytes = 0;  // held whatever the cell count
+    // when set, the bytes held with n cells, in place of n * cell_bytes + fixed_bytes (a cache
+    // whose bytes per cell change as groups fill)
+    std::function<double(size_t)> held_bytes;
 };
 
 RunResult run_decode(llama_model * model, const ModelInfo & mi, const Options & o,
@@ -237,7 +240,8 @@ RunResult run_decode(llama_model * model, const ModelInfo & mi, const Options & 
         }
         scored++;
         // memory at the moment this prediction was made: target_pos tokens seen
-        ratio_sum += (double) target_pos * (double) full_cell_bytes / ((double) held.size() * cell_bytes + spec.fixed_bytes);
+        const double bytes = spec.held_bytes ? spec.held_bytes(held.size()) : (double) held.size() * cell_bytes + spec.fixed_bytes;
+        ratio_sum += (double) target_pos * (double) full_cell_bytes / bytes;
         ratio_steps++;
     };
 
@@ -300,7 +304,8 @@ RunResult run_decode(llama_model * model, const ModelInfo & mi, const Options & 
     r.kl = spec.is_reference ? 0.0 : kl / (double) std::max<long>(1, scored);
     r.cells_end = (long) held.size();
     r.cells_peak = (long) peak;
-    r.held_bytes_end = (double) held.size() * cell_bytes + spec.fixed_bytes;
+    r.held_bytes_end =
+        spec.held_bytes ? spec.held_bytes(held.size()) : (double) held.size() * cell_bytes + spec.fixed_bytes;
     r.held_ratio_end = (double) n * (double) full_cell_bytes / r.held_bytes_end;
     r.held_ratio_mean = ratio_steps ? ratio_sum / (double) ratio_steps : NAN;
     r.cells_verified = state_cell_count(get_seq_state(ctx.get()));
@@ -376,6 +381,83 @@ struct KvqSetup {
         const auto & ev = hook.err(true);
         std::snprintf(buf, sizeof buf, "kvc kvq %s, %.3g+%.3g bits/value (K+V, scales included), sink %d f16; rel RMS err K %.4f V %.4f",
                       config.c_str(), k_bits, v_bits, sink, std::sqrt(ek.sq / std::max(1e-30, ek.ref)),
+                      std::sqrt(ev.sq / std::max(1e-30, ev.ref)));
+        return buf;
+    }
+};
+
+// K per channel over token groups, V as kvq rows (kvq_channel_hooks.hpp), from a
+// "kvq-kc<G>:CONFIG" mode; attach() sets the decode up, finish() checks and reports it.
+struct KvqChannelSetup {
+    ChannelMode cm;
+    KvqPtr kvq;
+    uint32_t k_bits;
+    int sink;
+    KvqChannelHook hook;
+    double v_cell = 0, f16_cell = 0, k_bits_per_value = 0, v_bits = 0;
+
+    KvqChannelSetup(const ChannelMode & m, const ModelInfo & mi, const Options & o)
+        : cm(m),
+          kvq(m.config, mi),
+          k_bits(config_k_bits(m.config)),
+          sink(std::min(o.kvq_sink, o.n_tokens)),
+          hook(kvq.q, mi, sink, k_bits, m.group) {
+        double kb = 0;
+        const double cell = kvq_cell_bytes(kvq.q, mi, &kb, &v_bits);
+        size_t rk = 0;
+        kvc_ok(kvc_kvq_row_bytes(kvq.q, 0, KVC_TENSOR_K, &rk), "kvc_kvq_row_bytes");
+        v_cell = cell - (double) rk * mi.n_head_kv * mi.n_layer;  // V's packed rows of one cell
+        f16_cell = (double) mi.cell_bytes(GGML_TYPE_F16, GGML_TYPE_F16);
+        k_bits_per_value = 8.0 * (double) hook.block_bytes() / ((double) m.group * mi.head_dim);
+    }
+
+    // Bytes held with n cells: the sink at f16; past it V's rows, and per layer and KV head
+    // the filled groups' blocks and the unfilled group's K rows at f16.
+    double held_bytes(size_t n, const ModelInfo & mi) const {
+        const size_t s = std::min(n, (size_t) sink), rest = n - s;
+        const size_t blocks = rest / cm.group, open = rest % cm.group;
+        const double per_layer_head = (double) blocks * (double) hook.block_bytes() + (double) open * mi.head_dim * 2.0;
+        return (double) s * f16_cell + (double) rest * v_cell + per_layer_head * mi.n_head_kv * mi.n_layer;
+    }
+
+    void attach(EvalTap & tap, DecodeSpec & s, const ModelInfo & mi) {
+        tap.want_rows = true;
+        tap.want_set_rows = true;
+        tap.hook = &hook;
+        s.cfg.tap = &tap;
+        s.cell_bytes = f16_cell;  // unused: held_bytes counts
+        s.held_bytes = [this, &mi](size_t n) { return held_bytes(n, mi); };
+    }
+
+    std::string finish(const EvalTap & tap, RunResult & r, const ModelInfo & mi) const {
+        if (!tap.stats.set_rows_reads_hooked_tensor) fail(r.mode + ": a SET_ROWS node reads rows the hook did not see");
+        for (int v = 0; v < 2; ++v) {
+            const auto & e = hook.err(v == 1);
+            const std::string k = v ? "kvq_v_" : "kvq_k_";
+            if (e.n == 0) fail(r.mode + ": the kvq-kc hook coded no " + (v ? "V rows" : "K groups"));
+            r.extra.push_back({k + "rel_rms_err", json_num(std::sqrt(e.sq / std::max(1e-30, e.ref)))});
+            r.extra.push_back({k + "max_abs_err", json_num(e.max)});
+            r.extra.push_back({k + "rows", std::to_string(e.rows)});
+            r.extra.push_back({k + "packed_bytes", json_num(e.bytes)});
+            r.extra.push_back({k + "bits_per_value", json_num(v ? v_bits : k_bits_per_value)});
+        }
+        // every K row past the sink and the unfilled group was coded
+        const long n_tok = (long) r.cells_end, coded_tokens = n_tok <= sink ? 0 : (n_tok - sink) / (long) cm.group * (long) cm.group;
+        if (hook.err(false).rows != coded_tokens * mi.n_head_kv * mi.n_layer) {
+            fail(r.mode + ": " + std::to_string(hook.err(false).rows) + " K rows coded in groups, expected " +
+                 std::to_string(coded_tokens * mi.n_head_kv * mi.n_layer));
+        }
+        r.extra.push_back({"kvq_config", "\"" + json_escape(cm.config) + "\""});
+        r.extra.push_back({"kvq_k_group", std::to_string(cm.group)});
+        r.extra.push_back({"kvq_k_block_bytes", std::to_string(hook.block_bytes())});
+        r.extra.push_back({"kvq_sink", std::to_string(sink)});
+        r.extra.push_back({"kv_accounting", "\"kvq-kc: K channel blocks per group of tokens and KV head (scales included), the unfilled group's K at f16, V packed rows per cell, sink cells at f16 (llama.cpp holds f16: kvc dequantizes)\""});
+        char buf[240];
+        const auto & ek = hook.err(false);
+        const auto & ev = hook.err(true);
+        std::snprintf(buf, sizeof buf,
+                      "kvc K per channel over %u tokens, %.3g bits/value, V kvq %s %.3g bits/value, sink %d f16; rel RMS err K %.4f V %.4f",
+                      cm.group, k_bits_per_value, cm.config.c_str(), v_bits, sink, std::sqrt(ek.sq / std::max(1e-30, ek.ref)),
                       std::sqrt(ev.sq / std::max(1e-30, ev.ref)));
         return buf;
     }

@@ -8,6 +8,7 @@
 #include "llama.h"
 #include "ggml-kvc.h"
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -16,6 +17,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <memory>
 #include <sstream>
@@ -44,7 +46,7 @@ struct Options {
     std::vector<std::string> texts;
     std::vector<std::string> modes = {"full",  "streaming", "kvc-streaming", "h2o",      "h2o-fa",   "c8",
                                       "c8-h2o", "q8_0",      "q4_0",          "q8_0-q4_0", "kvq:k4v4", "kvq:k4v2",
-                                      "probe", "state",     "dump"};
+                                      "kvq-kc32:k4v4", "probe", "state", "dump"};
     int kvq_sink = 0;  // kvq modes: tokens at positions below this stay as the f16 cache holds them
     bool kvq_fa = false;  // kvq: modes with flash attention on (as the kvq-native modes run)
     bool kvq_native_fa = true;  // kvq-native modes with flash attention (off: llama.cpp must refuse)
@@ -96,10 +98,13 @@ const char * kUsage =
     "usage: kvc_llama_eval --model GGUF --text FILE [--text FILE ...] [options]\n"
     "  --modes LIST        comma list of full,streaming,kvc-streaming,h2o,h2o-fa,c8,c8-h2o,\n"
     "                      f16-fa,q8_0,q4_0,q8_0-q4_0,kvq:CONFIG,probe,state,dump,share\n"
-    "                      (default: all, kvq as kvq:k4v4,kvq:k4v2; full always runs first as\n"
+    "                      (default: all, kvq as kvq:k4v4,kvq:k4v2,kvq-kc32:k4v4; full always runs first as\n"
     "                      the reference). kvq:CONFIG is a kvc_kvq config string, e.g.\n"
     "                      kvq:k4v4, kvq:k3v3:lm, kvq:k8v4:u32 (docs/formats/kvq.md);\n"
     "                      kvq-plan:FILE takes per-layer bits from a kvq plan (kvc quant plan)\n"
+    "                      kvq-kc<G>:CONFIG codes K per channel over groups of G tokens (16..256,\n"
+    "                      KIVI; CONFIG's K bits, the unfilled group in f16) and V as CONFIG's\n"
+    "                      kvq rows, e.g. kvq-kc32:k4v4\n"
     "                      mlp@F compresses the cells outside --sink and --recent in groups of F\n"
     "                      with kvc-mlp (the --mlp-weights file of factor F; plain mlp: the one\n"
     "                      file's factor), every --interval steps from --trigger, as far as\n"
@@ -116,7 +121,7 @@ const char * kUsage =
     "  --kvq-sink N        kvq modes: the first N tokens stay f16 (counted at f16 bytes) [0]\n"
     "                      kvq-native:CONFIG / kvq-native-plan:FILE: llama.cpp's cache itself in\n"
     "                      kvc's kvq ggml types (patched build), memory as llama.cpp allocated it\n"
-    "  --kvq-fa            kvq: and kvq-plan: modes with flash attention on (off by default)\n"
+    "  --kvq-fa            kvq:, kvq-plan: and kvq-kc modes with flash attention on (off by default)\n"
     "  --kvq-native-no-fa  kvq-native modes with flash attention off (llama.cpp refuses a\n"
     "                      quantized V cache without it: a check of that refusal)\n"
     "  --speed-modes LIST  decode-speed table: cache types among f16,q8_0,q4_0,q8_0-q4_0,\n"
@@ -318,6 +323,15 @@ Options parse_options(int argc, char ** argv) {
         if (m.rfind("kvq-native:", 0) == 0 || m.rfind("kvq-native-plan:", 0) == 0) {
             if (m.back() == ':') throw UsageError("--modes: " + m + " needs a config or a plan file");
             continue;  // checked against the model before anything runs (resolve_native)
+        }
+        if (m.rfind("kvq-kc", 0) == 0) {
+            // kvq-kc<G>:CONFIG; G and the config are checked by kvc_kvq_channel_block_bytes / kvc_kvq_new
+            const auto colon = m.find(':');
+            if (colon == std::string::npos || colon + 1 >= m.size()) {
+                throw UsageError("--modes " + m + ": kvq-kc<G>:CONFIG needs a group and a config, e.g. kvq-kc32:k4v4");
+            }
+            parse_int("--modes " + m, m.substr(6, colon - 6), 16, 256);
+            continue;
         }
         if (m.rfind("kvq:", 0) == 0) {
             if (m.size() == 4) throw UsageError("--modes: kvq: needs a config, e.g. kvq:k4v4");

@@ -18,6 +18,11 @@ class RowHook {
 public:
     virtual ~RowHook() = default;
     virtual void on_rows(int il, bool is_v, ggml_tensor * t) = 0;
+    // After SET_ROWS wrote layer il's rows into the cache: dst is the node (a view of
+    // cache_k_l<il> / cache_v_l<il>), dst->src[1] the cells written. A hook that rewrites cells
+    // already in the cache (a channel group that just filled) does it here, before attention
+    // reads them.
+    virtual void on_set_rows(int /*il*/, bool /*is_v*/, ggml_tensor * /*dst*/) {}
 };
 
 class IdentityRowHook : public RowHook {
@@ -427,6 +432,13 @@ bool eval_callback_inner(ggml_tensor * t, EvalTap * tap) {
             const bool ok = end != digits && l >= 0 && l < (long) seen.size() && seen[l] != nullptr &&
                             (src->data == seen[l] || (src->view_src && src->view_src->data == seen[l]));
             if (!ok) tap->stats.set_rows_reads_hooked_tensor = false;
+        }
+        if ((is_k || is_v) && tap->hook) {
+            const char * digits = std::strstr(name, is_k ? "cache_k_l" : "cache_v_l") + 9;
+            char * end = nullptr;
+            const long l = std::strtol(digits, &end, 10);
+            if (end == digits || l < 0 || l >= tap->n_layer) fail(std::string("SET_ROWS: no layer in the name '") + name + "'");
+            tap->hook->on_set_rows((int) l, is_v, t);
         }
         tap->stats.set_rows_calls++;
         return true;

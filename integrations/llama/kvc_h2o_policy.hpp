@@ -3,7 +3,7 @@
 // every part in this order; each part includes the one before it).
 #pragma once
 
-#include "kvq_hooks.hpp"
+#include "kvq_channel_hooks.hpp"
 
 namespace {
 

@@ -11,7 +11,8 @@
 //   q8_0 q4_0  llama.cpp's own quantized cache types (flash attention on), comparison rows;
 //              q8_0-q4_0 is q8_0 K with q4_0 V
 //   kvq:CFG    kvc's kvq rows (rotation, 2-8-bit codes) at the SET_ROWS write path;
-//              kvq-plan:FILE the same with per-layer bits from a kvq plan (kvc quant plan)
+//              kvq-plan:FILE the same with per-layer bits from a kvq plan (kvc quant plan);
+//              kvq-kc<G>:CFG K per channel over groups of G tokens (KIVI), V as CFG's kvq rows
 //   probe      the eval-callback plumbing the kvc modes need: kq_soft_max-<il> column sums per
 //              cell, the SET_ROWS index (cell) of every new token, and a hook on Kcur-<il> /
 //              Vcur-<il> before SET_ROWS writes them (identity for now); checks what it sees and
@@ -330,6 +331,20 @@ int run(int argc, char ** argv) {
             kq.attach(tap, s);
             RunResult r = run_decode(model, mi, o, toks, ref, s);
             r.detail = kq.finish(tap, r);
+            rep.rows.push_back(r);
+        }
+        for (const auto & m : o.modes) {
+            ChannelMode cm;
+            if (!parse_channel_mode(m, &cm)) continue;
+            KvqChannelSetup kc(cm, mi, o);
+            EvalTap tap(mi);
+            DecodeSpec s;
+            s.mode = m;
+            s.cfg.n_ctx = o.n_tokens;
+            s.cfg.flash_attn = o.kvq_fa;
+            kc.attach(tap, s, mi);
+            RunResult r = run_decode(model, mi, o, toks, ref, s);
+            r.detail = kc.finish(tap, r, mi);
             rep.rows.push_back(r);
         }
         for (const auto & m : o.modes) {

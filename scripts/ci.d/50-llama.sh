@@ -39,7 +39,7 @@ assert len(res["texts"]) == 2, "two texts"
 for t in res["texts"]:
     rows = {r["mode"]: r for r in t["results"]}
     for m in ("full", "streaming", "kvc-streaming@3.5", "h2o@3.5", "h2o-fa@3.5", "c8", "c8-h2o@3.5", "q8_0",
-              "q4_0", "q8_0-q4_0", "kvq:k4v4", "kvq:k4v2", "probe", "state", "dump"):
+              "q4_0", "q8_0-q4_0", "kvq:k4v4", "kvq:k4v2", "kvq-kc32:k4v4", "probe", "state", "dump"):
         assert m in rows, f"{t['text']}: no {m} row"
     full = rows["full"]
     assert 1.0 < full["ppl"] < 1000.0, full
@@ -94,6 +94,21 @@ for t in res["texts"]:
         assert k["kl"] > 0.0 and math.isfinite(k["ppl"]) and k["ppl"] < 4.0 * full["ppl"], k
     assert abs(rows["kvq:k4v4"]["kvq_cell_bytes"] - 30 * 2 * 3 * (2 + 64 * 4 / 8)) < 1e-9, rows["kvq:k4v4"]
     assert rows["kvq:k4v2"]["kv_ratio_end"] > rows["kvq:k4v4"]["kv_ratio_end"], "k4v2 holds fewer bytes than k4v4"
+    # K per channel over groups of 32 tokens (KIVI), V as kvq k4v4 rows: 320 tokens are 10 whole
+    # groups, so every K row was coded in a block (1280 B: 64 f16 steps, 64 f16 minimums, 32 rows
+    # of 32 code bytes) and the bytes held at the end are exactly the blocks plus V's rows
+    kc = rows["kvq-kc32:k4v4"]
+    assert kc["kvq_k_rows"] == 30 * 320 * 3 and kc["kvq_v_rows"] == 30 * 320 * 3, kc
+    assert kc["kvq_k_block_bytes"] == 4 * 64 + 32 * 64 * 4 // 8 and kc["kvq_k_group"] == 32, kc
+    assert kc["kvq_k_packed_bytes"] == 30 * 3 * 10 * 1280, kc
+    held = 30 * 3 * 10 * 1280 + 320 * 30 * 3 * (2 + 64 * 4 // 8)
+    assert abs(kc["kv_ratio_end"] - 320 * f16_cell / held) < 1e-9 * kc["kv_ratio_end"], (kc, held)
+    for kv in ("k", "v"):
+        assert 0.0 < kc[f"kvq_{kv}_rel_rms_err"] < 0.5 and math.isfinite(kc[f"kvq_{kv}_max_abs_err"]), kc
+    # per-channel K follows this model's outlier channels: its K error is well under the
+    # per-row rotated codes' at 4 bits (0.039 against 0.091 on 320 tokens of text A)
+    assert kc["kvq_k_rel_rms_err"] < 0.7 * rows["kvq:k4v4"]["kvq_k_rel_rms_err"], (kc, rows["kvq:k4v4"])
+    assert kc["kl"] > 0.0 and math.isfinite(kc["ppl"]) and kc["ppl"] < 4.0 * full["ppl"], kc
     assert rows["q8_0"]["kl"] < rows["q4_0"]["kl"], "q8_0 should be closer to f16 than q4_0"
     assert rows["probe"]["ppl_identical_to_full"] is True, rows["probe"]
     s = rows["state"]
@@ -317,12 +332,15 @@ head -c 1000 "$out/meanpool4.bin" >"$out/meanpool4-cut.bin"
 "$EVAL" --model "$MODEL" --text "$TEXT_A" --modes mlp@5 --mlp-weights "$out/meanpool4.bin" 2>"$out/err12.txt"; rc12=$?
 # kvq combined with a mode it does not combine with
 "$EVAL" --model "$MODEL" --text "$TEXT_A" --modes full,q4_0+kvq:k4v4 2>"$out/err13.txt"; rc13=$?
+# K channel groups: no group, and a group kvc refuses (48 is not 16, 32, 64, 128 or 256)
+"$EVAL" --model "$MODEL" --text "$TEXT_A" --modes full,kvq-kc:k4v4 2>"$out/err14.txt"; rc14=$?
+"$EVAL" --model "$MODEL" --text "$TEXT_A" --modes kvq-kc48:k4v4 --n-tokens 200 --ppl-from 100 2>"$out/err15.txt"; rc15=$?
 set -e
 grep -q "24 layers" "$out/err11.txt" || { echo "50-llama: wrong-shape weights: $(cat "$out/err11.txt")" >&2; exit 1; }
 grep -q "factor 5" "$out/err12.txt" || { echo "50-llama: factor mismatch: $(cat "$out/err12.txt")" >&2; exit 1; }
 for r in "$rc:$out/err.txt" "$rc2:$out/err2.txt" "$rc3:$out/err3.txt" "$rc4:$out/err4.txt" "$rc5:$out/err5.txt" \
          "$rc7:$out/err7.txt" "$rc8:$out/err8.txt" "$rc9:$out/err9.txt" "$rc10:$out/err10.txt" \
-         "$rc11:$out/err11.txt" "$rc12:$out/err12.txt" "$rc13:$out/err13.txt"; do
+         "$rc11:$out/err11.txt" "$rc12:$out/err12.txt" "$rc13:$out/err13.txt" "$rc14:$out/err14.txt"; do
     code="${r%%:*}"; file="${r#*:}"
     if [ "$code" -ne 2 ] || [ "$(wc -l <"$file")" -ne 1 ]; then
         echo "50-llama: bad input gave status $code with: $(cat "$file")" >&2
@@ -332,6 +350,10 @@ done
 # a kvq config kvc refuses ends the run with an error naming it, never with garbage output
 if [ "$rc6" -eq 0 ] || ! grep -q "k9v4" "$out/err6.txt"; then
     echo "50-llama: kvq:k9v4 gave status $rc6 with: $(cat "$out/err6.txt")" >&2
+    exit 1
+fi
+if [ "$rc15" -eq 0 ] || ! grep -q "group 48" "$out/err15.txt"; then
+    echo "50-llama: kvq-kc48:k4v4 gave status $rc15 with: $(cat "$out/err15.txt")" >&2
     exit 1
 fi
 # kvq as llama.cpp's real cache (the patch series): the native rows against the fake-quant
