@@ -305,6 +305,12 @@ fn encode_layer(
             }
         }
         Some(g) => {
+            let gctx = |e: kvc_quant::Error, t: usize, hd: usize| {
+                CliError::input(format!(
+                    "{what}: layer {i} head {hd}, the channel group of tokens {t}..{}: {e}",
+                    t + g
+                ))
+            };
             let c = ChannelGroupCodec::new(bits, d, g).map_err(CliError::input)?;
             let mut rows = vec![0f32; g * d];
             let mut dec = vec![0f32; g * d];
@@ -316,9 +322,9 @@ fn encode_layer(
                         rows[r * d..(r + 1) * d].copy_from_slice(&x[o..o + d]);
                     }
                     c.quantize_block(&rows, &mut block)
-                        .map_err(|e| ctx(e, b * g, hd))?;
+                        .map_err(|e| gctx(e, b * g, hd))?;
                     c.dequantize_block(&block, &mut dec)
-                        .map_err(|e| ctx(e, b * g, hd))?;
+                        .map_err(|e| gctx(e, b * g, hd))?;
                     for r in 0..g {
                         let o = at(b * g + r, hd);
                         back[o..o + d].copy_from_slice(&dec[r * d..(r + 1) * d]);
@@ -373,6 +379,12 @@ fn decode_layer(
             }
         }
         Some(g) => {
+            let gctx = |e: kvc_quant::Error, t: usize, hd: usize| {
+                CliError::input(format!(
+                    "{what}: layer {i} head {hd}, the channel group of tokens {t}..{}: {e}",
+                    t + g
+                ))
+            };
             let c = ChannelGroupCodec::new(bits, d, g).map_err(CliError::input)?;
             let mut dec = vec![0f32; g * d];
             let nb = nt / g;
@@ -383,7 +395,7 @@ fn decode_layer(
                         .next()
                         .ok_or_else(|| CliError::input(format!("{what}: layer {i} short")))?;
                     c.dequantize_block(block, &mut dec)
-                        .map_err(|e| ctx(e, b * g, hd))?;
+                        .map_err(|e| gctx(e, b * g, hd))?;
                     for r in 0..g {
                         let o = at(b * g + r, hd);
                         back[o..o + d].copy_from_slice(&dec[r * d..(r + 1) * d]);
@@ -687,10 +699,17 @@ mod tests {
     #[test]
     fn every_truncation_and_a_corrupt_scale_are_errors_not_panics() {
         let p = Path::new("t");
-        for (tensor, f, scale_at) in [
-            (Tensor::K, packed(Tensor::K, "k3v2:u32", None, 5), 0),
-            (Tensor::V, packed(Tensor::V, "k3v2", None, 5), 0),
-            (Tensor::K, packed(Tensor::K, "k4v4", Some(16), 21), 2 * 5),
+        let row0 = "layer 0 token 0 head 0";
+        let group0 = "layer 0 head 0, the channel group of tokens 0..16";
+        for (tensor, f, scale_at, expect) in [
+            (Tensor::K, packed(Tensor::K, "k3v2:u32", None, 5), 0, row0),
+            (Tensor::V, packed(Tensor::V, "k3v2", None, 5), 0, row0),
+            (
+                Tensor::K,
+                packed(Tensor::K, "k4v4", Some(16), 21),
+                2 * 5,
+                group0,
+            ),
         ] {
             let (h, at) = decode_file(&f, tensor, p, Elem::F32).unwrap();
             assert_eq!(at.len(), 2 * h.tokens * 2 * 64 * 4);
@@ -703,7 +722,7 @@ mod tests {
             let mut g = f.clone();
             g[body + scale_at..body + scale_at + 2].copy_from_slice(&[0xff, 0x7f]);
             let e = decode_file(&g, tensor, p, Elem::F32).unwrap_err();
-            assert!(e.to_string().contains("layer 0 token 0 head 0"), "{e}");
+            assert!(e.to_string().contains(expect), "{e}");
         }
     }
 }
