@@ -1,5 +1,6 @@
 //! `kvc quant calibrate | apply | dequant`: int8 C8 quantization of raw KV caches laid
-//! out `[layer][token][kv_head][head_dim]`, with msmodelslim checkpoints; `kvc quant
+//! out `[layer][token][kv_head][head_dim]`, with msmodelslim checkpoints; `apply --kvq` /
+//! `dequant --kvq` do the same with kvq packed rows ([`super::kvq_apply`]); `kvc quant
 //! inspect` shows a kvq plan; `kvc quant plan` makes one from a calibration dump.
 
 use std::path::{Path, PathBuf};
@@ -25,9 +26,11 @@ enum QuantCmd {
     /// Calibrate per-channel scales / offsets from raw K and V caches and write an
     /// msmodelslim checkpoint (quant_model_description.json + quant_model_weight.safetensors).
     Calibrate(CalibrateArgs),
-    /// Quantize raw K and V caches to int8 with an msmodelslim C8 checkpoint.
+    /// Quantize raw K and V caches to int8 with an msmodelslim C8 checkpoint (--scales), or
+    /// to kvq packed cache files with a config string or plan (--kvq).
     Apply(ApplyArgs),
-    /// Dequantize int8 K and V caches back to --dtype with an msmodelslim C8 checkpoint.
+    /// Dequantize int8 K and V caches back to --dtype with an msmodelslim C8 checkpoint
+    /// (--scales), or kvq packed cache files (--kvq; the shape is in their headers).
     Dequant(DequantArgs),
     /// kvq: show a plan (JSON file) or config string: bits, bytes per row, ratio.
     Inspect(super::kvq_inspect::InspectArgs),
@@ -45,6 +48,14 @@ enum FloatType {
 }
 
 impl FloatType {
+    fn elem(self) -> super::kvq_apply::Elem {
+        match self {
+            FloatType::F16 => super::kvq_apply::Elem::F16,
+            FloatType::Bf16 => super::kvq_apply::Elem::Bf16,
+            FloatType::F32 => super::kvq_apply::Elem::F32,
+        }
+    }
+
     fn dtype(self) -> DType {
         match self {
             FloatType::F16 => DType::F16,
@@ -101,9 +112,20 @@ struct CalibrateArgs {
 
 #[derive(Args)]
 struct ApplyArgs {
-    /// msmodelslim checkpoint directory.
+    /// msmodelslim checkpoint directory (int8 C8).
+    #[arg(long, required_unless_present = "kvq", conflicts_with = "kvq")]
+    scales: Option<PathBuf>,
+    /// kvq instead of C8: a config string (`k4v4`, `k4v2:u32`) or a plan JSON file
+    /// (`data/kvq-plans/`); writes packed cache files (docs/formats/kvq.md).
     #[arg(long)]
-    scales: PathBuf,
+    kvq: Option<String>,
+    /// With --kvq: code K per channel over groups of G tokens (16, 32, 64, 128, 256; K
+    /// bits from the config or plan); a last partial group is stored as f16 rows.
+    #[arg(long = "k-channel-group", value_name = "G", requires = "kvq")]
+    k_channel_group: Option<usize>,
+    /// With --kvq: write the per-layer table and the file totals as JSON.
+    #[arg(long, requires = "kvq")]
+    json: Option<PathBuf>,
     #[command(flatten)]
     shape: Shape,
     /// Raw K cache.
@@ -112,25 +134,39 @@ struct ApplyArgs {
     /// Raw V cache.
     #[arg(long)]
     v: PathBuf,
-    /// int8 K output.
+    /// int8 (or kvq packed) K output.
     #[arg(long = "out-k")]
     out_k: PathBuf,
-    /// int8 V output.
+    /// int8 (or kvq packed) V output.
     #[arg(long = "out-v")]
     out_v: PathBuf,
 }
 
 #[derive(Args)]
 struct DequantArgs {
-    /// msmodelslim checkpoint directory.
+    /// msmodelslim checkpoint directory (int8 C8).
+    #[arg(long, required_unless_present = "kvq", conflicts_with = "kvq")]
+    scales: Option<PathBuf>,
+    /// --k and --v are kvq packed cache files (from `apply --kvq`): config, plan and shape
+    /// come from their headers (--layers, --kv-heads, --head-dim, when given, are checked).
     #[arg(long)]
-    scales: PathBuf,
-    #[command(flatten)]
-    shape: Shape,
-    /// int8 K cache.
+    kvq: bool,
+    /// Element type of the written caches.
+    #[arg(long)]
+    dtype: FloatType,
+    /// Layers in each file.
+    #[arg(long, required_unless_present = "kvq")]
+    layers: Option<usize>,
+    /// KV heads.
+    #[arg(long = "kv-heads", required_unless_present = "kvq")]
+    kv_heads: Option<usize>,
+    /// Elements per head.
+    #[arg(long = "head-dim", required_unless_present = "kvq")]
+    head_dim: Option<usize>,
+    /// int8 (or kvq packed) K cache.
     #[arg(long)]
     k: PathBuf,
-    /// int8 V cache.
+    /// int8 (or kvq packed) V cache.
     #[arg(long)]
     v: PathBuf,
     /// K output in --dtype.
@@ -262,8 +298,29 @@ fn calibrate(a: CalibrateArgs) -> Result<(), CliError> {
 }
 
 fn apply(a: ApplyArgs) -> Result<(), CliError> {
+    let scales = match (&a.kvq, &a.scales) {
+        (Some(spec), _) => {
+            return super::kvq_apply::apply(super::kvq_apply::ApplyJob {
+                spec,
+                shape: super::kvq_apply::CacheShape {
+                    elem: a.shape.dtype.elem(),
+                    layers: a.shape.layers,
+                    kv_heads: a.shape.kv_heads,
+                    head_dim: a.shape.head_dim,
+                },
+                k_channel_group: a.k_channel_group,
+                k: &a.k,
+                v: &a.v,
+                out_k: &a.out_k,
+                out_v: &a.out_v,
+                json: a.json.as_deref(),
+            })
+        }
+        (None, Some(s)) => s,
+        (None, None) => return Err(CliError::input("give --scales DIR (C8) or --kvq SPEC")),
+    };
     let dt = a.shape.dtype.dtype();
-    let params = read_checkpoint(&a.scales).map_err(lib_err)?;
+    let params = read_checkpoint(scales).map_err(lib_err)?;
     let (k, v) = (read(&a.k)?, read(&a.v)?);
     let lk = layer_layout(&a.shape, dt, k.len(), &a.k)?;
     let lv = layer_layout(&a.shape, dt, v.len(), &a.v)?;
@@ -315,19 +372,44 @@ fn apply(a: ApplyArgs) -> Result<(), CliError> {
 }
 
 fn dequant(a: DequantArgs) -> Result<(), CliError> {
-    let dt = a.shape.dtype.dtype();
-    let params = read_checkpoint(&a.scales).map_err(lib_err)?;
+    if a.kvq {
+        return super::kvq_apply::dequant(super::kvq_apply::DequantJob {
+            elem: a.dtype.elem(),
+            layers: a.layers,
+            kv_heads: a.kv_heads,
+            head_dim: a.head_dim,
+            k: &a.k,
+            v: &a.v,
+            out_k: &a.out_k,
+            out_v: &a.out_v,
+        });
+    }
+    let (Some(scales), Some(layers), Some(kv_heads), Some(head_dim)) =
+        (&a.scales, a.layers, a.kv_heads, a.head_dim)
+    else {
+        return Err(CliError::input(
+            "C8 dequant needs --scales, --layers, --kv-heads and --head-dim",
+        ));
+    };
+    let shape = Shape {
+        dtype: a.dtype,
+        layers,
+        kv_heads,
+        head_dim,
+    };
+    let dt = shape.dtype.dtype();
+    let params = read_checkpoint(scales).map_err(lib_err)?;
     let (k, v) = (read(&a.k)?, read(&a.v)?);
-    let ik = layer_layout(&a.shape, DType::I8, k.len(), &a.k)?;
-    let iv = layer_layout(&a.shape, DType::I8, v.len(), &a.v)?;
-    check_params(&params, a.shape.layers, ik.channels())?;
+    let ik = layer_layout(&shape, DType::I8, k.len(), &a.k)?;
+    let iv = layer_layout(&shape, DType::I8, v.len(), &a.v)?;
+    check_params(&params, shape.layers, ik.channels())?;
     let (lk, lv) = (
         ik.with_dtype(dt).map_err(lib_err)?,
         iv.with_dtype(dt).map_err(lib_err)?,
     );
-    let mut out_k = vec![0u8; lk.byte_len() * a.shape.layers];
-    let mut out_v = vec![0u8; lv.byte_len() * a.shape.layers];
-    for i in 0..a.shape.layers {
+    let mut out_k = vec![0u8; lk.byte_len() * shape.layers];
+    let mut out_v = vec![0u8; lv.byte_len() * shape.layers];
+    for i in 0..shape.layers {
         let p = params.require(i).map_err(|e| lib_err(e.into()))?;
         for (src, il, l, out, q) in [
             (&k, &ik, &lk, &mut out_k, &p.k),
@@ -347,6 +429,6 @@ fn dequant(a: DequantArgs) -> Result<(), CliError> {
     }
     write(&a.out_k, &out_k)?;
     write(&a.out_v, &out_v)?;
-    println!("dequantized {} layers to {dt}", a.shape.layers);
+    println!("dequantized {} layers to {dt}", shape.layers);
     Ok(())
 }
