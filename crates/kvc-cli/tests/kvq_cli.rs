@@ -72,6 +72,59 @@ fn bench_quant_reports_bits_snr_and_attention_error() {
 }
 
 #[test]
+fn bench_quant_measures_k_channel_groups_against_rows() {
+    let dir = std::env::temp_dir().join(format!("kvc-kvq-cli-kc-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let json = dir.join("q.json");
+    let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/sample");
+    let o = kvc()
+        .args([
+            "bench",
+            "quant",
+            "--configs",
+            "k4v4,kc32:k4v4",
+            "--queries",
+            "4",
+        ])
+        .args(["--no-speed", "--reps", "1", "--data"])
+        .arg(&data)
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let q = r["quality"].as_array().unwrap();
+    let f = |c: &serde_json::Value, k: &str| c[k].as_f64().unwrap();
+    assert_eq!(q[1]["config"].as_str(), Some("kc32:k4v4:lm"));
+    // 4-bit codes plus an f16 step and minimum per channel per 32 tokens: 5 bits per K value
+    assert_eq!(f(&q[1], "k_bits_per_value"), 5.0);
+    assert_eq!(f(&q[1], "v_bits_per_value"), 4.25);
+    // the same V rows in both; K per channel follows the outlier channels the rotated rows
+    // spread over every coordinate
+    assert_eq!(f(&q[0], "v_snr_db_mean"), f(&q[1], "v_snr_db_mean"));
+    assert!(
+        f(&q[1], "k_snr_db_mean") > f(&q[0], "k_snr_db_mean") + 2.0,
+        "{} {}",
+        q[0],
+        q[1]
+    );
+    let e = f(&q[1], "attn_rel_err_mean");
+    assert!(e.is_finite() && e > 0.0 && e < 1.0, "{e}");
+    assert!(r["attention_speed"].as_array().unwrap().is_empty());
+    // a group the codec does not take: one line, status 2
+    let o = kvc()
+        .args(["bench", "quant", "--configs", "kc48:k4v4", "--data"])
+        .arg(&data)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("group 48"));
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
 fn quant_inspect_shows_bytes_and_refuses_bad_plans() {
     let o = kvc()
         .args(["quant", "inspect", "k4v3", "--layers", "2"])

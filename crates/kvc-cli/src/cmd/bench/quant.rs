@@ -8,6 +8,13 @@
 //! `RowCodec::dequantize_row_rotated`) are timed per row for Lloyd-Max at 2-8 bits against
 //! an f16 row's dot product and f16-to-f32 conversion, in the same loop.
 //!
+//! `kc<G>:CONFIG` entries code K per channel over groups of G tokens (KIVI,
+//! `ChannelGroupCodec`) at CONFIG's K bits, V as CONFIG's rows; at a query position the
+//! tokens of the unfilled group are read as the f16 cache holds them, as an engine holds
+//! them, and the scores of coded tokens come from `ChannelGroupCodec::dot_block`. Their bits
+//! per value count the blocks (steps and minimums included), not the f16 tail. Timings are
+//! for row configurations only.
+//!
 //! The dumps hold no queries: the attention error uses the layer's own K rows of sampled
 //! positions as queries (each attending to every earlier token of its head, scale
 //! `1/sqrt(head_dim)`), a stand-in that is reported as such.
@@ -20,7 +27,7 @@ use half::f16;
 use kvc_quant::kvq::attention::{
     attend_head, attend_head_f16, dot_f16_row, f16_row_to_f32, HeadRows,
 };
-use kvc_quant::kvq::{KvqConfig, LayerCodec, Method, RowCodec};
+use kvc_quant::kvq::{ChannelGroupCodec, KvqConfig, LayerCodec, Method, RowCodec};
 use kvc_quant::Isa;
 use serde_json::{json, Value};
 
@@ -31,7 +38,42 @@ use crate::cli_error::CliError;
 /// The configurations measured when none are given: Lloyd-Max at every K/V mix that
 /// lands near ratios 2, 3.5, 5 and 8, and uniform codes for comparison.
 pub const DEFAULT_CONFIGS: &str = "k8v8,k8v4,k6v4,k5v4,k5v3,k4v4,k4v3,k4v2,k3v3,k3v2,k2v2,\
-k8v4:u32,k4v4:u32,k4v4:u64,k4v2:u32,k3v3:u32,k3v3:u64,k2v2:u64";
+k8v4:u32,k4v4:u32,k4v4:u64,k4v2:u32,k3v3:u32,k3v3:u64,k2v2:u64,\
+kc64:k4v4,kc128:k4v4,kc128:k3v4,kc64:k5v5";
+
+/// One measured configuration.
+#[derive(Clone, Debug)]
+enum BenchConfig {
+    /// kvq rows for K and V.
+    Rows(KvqConfig),
+    /// K per channel over groups of `group` tokens at `cfg`'s K bits, V as `cfg`'s rows.
+    Channel {
+        /// Tokens per group.
+        group: usize,
+        /// K bits and the V rows.
+        cfg: KvqConfig,
+    },
+}
+
+impl BenchConfig {
+    fn parse(s: &str) -> Result<BenchConfig, CliError> {
+        if let Some(rest) = s.strip_prefix("kc") {
+            let (g, c) = rest.split_once(':').ok_or_else(|| {
+                CliError::input(format!(
+                    "{s:?}: kc<G>:CONFIG needs a config, e.g. kc64:k4v4"
+                ))
+            })?;
+            let group: usize = g
+                .parse()
+                .map_err(|_| CliError::input(format!("{s:?}: bad group {g:?}")))?;
+            let cfg = KvqConfig::parse(c).map_err(lib)?;
+            // the group and bits are checked here, before any data is read
+            ChannelGroupCodec::new(cfg.k_bits, 64, group).map_err(lib)?;
+            return Ok(BenchConfig::Channel { group, cfg });
+        }
+        Ok(BenchConfig::Rows(KvqConfig::parse(s).map_err(lib)?))
+    }
+}
 
 /// `kvc bench quant` arguments.
 #[derive(Args, Clone, Debug)]
@@ -303,6 +345,147 @@ fn quality(kv: &Kv, cfg: &KvqConfig, refs: &Reference, reps: usize) -> Result<Va
     }))
 }
 
+/// Quality of a `kc<G>:CONFIG` configuration: K per channel over token groups, V rows.
+fn quality_channel(
+    kv: &Kv,
+    group: usize,
+    cfg: &KvqConfig,
+    refs: &Reference,
+    reps: usize,
+) -> Result<Value, CliError> {
+    let d = kv.head_dim;
+    let kc = ChannelGroupCodec::new(cfg.k_bits, d, group).map_err(lib)?;
+    let vc = LayerCodec::new(cfg, d).map_err(lib)?.v;
+    let ln = kv.n_tokens * kv.n_kv_head * d;
+    let rows = kv.n_tokens * kv.n_kv_head;
+    let n_blocks = kv.n_tokens / group;
+    let bb = kc.block_bytes();
+    let mut layers = Vec::new();
+    let (mut qsecs, mut dsecs, mut bytes) = (0f64, 0f64, 0usize);
+    for l in 0..kv.n_layer {
+        let (kl, vl) = (&kv.k[l * ln..(l + 1) * ln], &kv.v[l * ln..(l + 1) * ln]);
+        let heads: Vec<Vec<f32>> = (0..kv.n_kv_head)
+            .map(|h| head_rows(kl, kv.n_tokens, kv.n_kv_head, h, d))
+            .collect();
+        // blocks [head][block]; the f16 tail past the last whole group stays as it is
+        let mut pk = vec![0u8; kv.n_kv_head * n_blocks * bb];
+        let mut pv = vec![0u8; rows * vc.row_bytes()];
+        let mut best_q = f64::INFINITY;
+        for _ in 0..reps.max(1) {
+            let t = Instant::now();
+            for (h, kh) in heads.iter().enumerate() {
+                for b in 0..n_blocks {
+                    let o = (h * n_blocks + b) * bb;
+                    kc.quantize_block(&kh[b * group * d..(b + 1) * group * d], &mut pk[o..o + bb])
+                        .map_err(lib)?;
+                }
+            }
+            vc.quantize_rows(vl, &mut pv).map_err(lib)?;
+            best_q = best_q.min(t.elapsed().as_secs_f64());
+        }
+        // decoded K per head (tail rows as given), V rows
+        let mut dkh: Vec<Vec<f32>> = heads.clone();
+        let mut dv = vec![0f32; ln];
+        let mut best_d = f64::INFINITY;
+        for _ in 0..reps.max(1) {
+            let t = Instant::now();
+            for (h, out) in dkh.iter_mut().enumerate() {
+                for b in 0..n_blocks {
+                    let o = (h * n_blocks + b) * bb;
+                    kc.dequantize_block(
+                        &pk[o..o + bb],
+                        &mut out[b * group * d..(b + 1) * group * d],
+                    )
+                    .map_err(lib)?;
+                }
+            }
+            vc.dequantize_rows(&pv, &mut dv).map_err(lib)?;
+            best_d = best_d.min(t.elapsed().as_secs_f64());
+        }
+        qsecs += best_q;
+        dsecs += best_d;
+        bytes += 2 * ln * 2;
+        let mut dk = vec![0f32; ln];
+        for (h, out) in dkh.iter().enumerate() {
+            for t in 0..kv.n_tokens {
+                let o = (t * kv.n_kv_head + h) * d;
+                dk[o..o + d].copy_from_slice(&out[t * d..(t + 1) * d]);
+            }
+        }
+        let (mut err_sum, mut err_max, mut count) = (0f64, 0f64, 0usize);
+        let mut bscores = vec![0f32; group];
+        for (h, kh) in heads.iter().enumerate() {
+            let vh = head_rows(&dv, kv.n_tokens, kv.n_kv_head, h, d);
+            for (t, want) in &refs.outs[l][h] {
+                let q = &kh[t * d..(t + 1) * d];
+                // at position t the groups filled before t are coded, the rest is f16
+                let coded = (t / group) * group;
+                let mut s = Vec::with_capacity(*t);
+                for b in 0..coded / group {
+                    let o = (h * n_blocks + b) * bb;
+                    kc.dot_block(q, &pk[o..o + bb], &mut bscores).map_err(lib)?;
+                    s.extend_from_slice(&bscores);
+                }
+                for r in coded..*t {
+                    s.push(
+                        q.iter()
+                            .zip(&kh[r * d..(r + 1) * d])
+                            .map(|(a, b)| a * b)
+                            .sum(),
+                    );
+                }
+                let scale = 1.0 / (d as f64).sqrt();
+                let m = s
+                    .iter()
+                    .map(|&x| f64::from(x) * scale)
+                    .fold(f64::NEG_INFINITY, f64::max);
+                let p: Vec<f64> = s
+                    .iter()
+                    .map(|&x| (f64::from(x) * scale - m).exp())
+                    .collect();
+                let z: f64 = p.iter().sum();
+                let mut out = vec![0f32; d];
+                for (r, w) in p.iter().enumerate() {
+                    for i in 0..d {
+                        out[i] += (w / z) as f32 * vh[r * d + i];
+                    }
+                }
+                let e = rel_l2(&out, want);
+                err_sum += e;
+                err_max = err_max.max(e);
+                count += 1;
+            }
+        }
+        layers.push(json!({
+            "layer": l,
+            "k_snr_db": snr_db(kl, &dk),
+            "v_snr_db": snr_db(vl, &dv),
+            "attn_rel_err_mean": err_sum / count.max(1) as f64,
+            "attn_rel_err_max": err_max,
+        }));
+    }
+    let mean = |key: &str| {
+        layers.iter().filter_map(|l| l[key].as_f64()).sum::<f64>() / layers.len().max(1) as f64
+    };
+    let bpv = (kc.bits_per_value() + vc.bits_per_value()) / 2.0;
+    Ok(json!({
+        "config": format!("kc{group}:{cfg}"),
+        "k_group": group,
+        "k_bits_per_value": kc.bits_per_value(),
+        "v_bits_per_value": vc.bits_per_value(),
+        "bits_per_value": bpv,
+        "ratio_vs_f16": 16.0 / bpv,
+        "k_snr_db_mean": mean("k_snr_db"),
+        "v_snr_db_mean": mean("v_snr_db"),
+        "k_snr_db_min": layers.iter().filter_map(|l| l["k_snr_db"].as_f64()).fold(f64::INFINITY, f64::min),
+        "attn_rel_err_mean": mean("attn_rel_err_mean"),
+        "attn_rel_err_max": layers.iter().filter_map(|l| l["attn_rel_err_max"].as_f64()).fold(0.0, f64::max),
+        "quantize_gb_per_s": bytes as f64 / qsecs / 1e9,
+        "dequantize_gb_per_s": bytes as f64 / dsecs / 1e9,
+        "layers": layers,
+    }))
+}
+
 /// One-core decode attention time for one head at `n` tokens, packed vs f16, on rows
 /// tiled from layer 0 head 0 of the data.
 fn speed(kv: &Kv, cfg: &KvqConfig, n: usize, reps: usize) -> Result<Value, CliError> {
@@ -467,13 +650,18 @@ pub fn measure(a: &BenchQuantArgs) -> Result<Value, CliError> {
     let configs = a
         .configs
         .split(',')
-        .map(|s| KvqConfig::parse(s.trim()).map_err(lib))
+        .map(|s| BenchConfig::parse(s.trim()))
         .collect::<Result<Vec<_>, _>>()?;
     let positions = query_positions(kv.n_tokens, a.queries);
     let refs = reference(&kv, &positions);
     let mut q = Vec::new();
     for c in &configs {
-        q.push(quality(&kv, c, &refs, a.reps.min(2))?);
+        q.push(match c {
+            BenchConfig::Rows(c) => quality(&kv, c, &refs, a.reps.min(2))?,
+            BenchConfig::Channel { group, cfg } => {
+                quality_channel(&kv, *group, cfg, &refs, a.reps.min(2))?
+            }
+        });
     }
     let mut s = Vec::new();
     let mut rs = Vec::new();
@@ -491,6 +679,7 @@ pub fn measure(a: &BenchQuantArgs) -> Result<Value, CliError> {
             })
             .collect::<Result<Vec<_>, _>>()?;
         for c in &configs {
+            let BenchConfig::Rows(c) = c else { continue };
             for &n in &tokens {
                 s.push(speed(&kv, c, n, a.reps)?);
             }
