@@ -80,13 +80,13 @@ fn f16_at(b: &[u8], at: usize) -> f32 {
     f16_to_f32(u16::from_le_bytes([b[at], b[at + 1]]))
 }
 
-/// Code `i` of row `t` of a block, read bit by bit from the LSB-first stream.
+/// Code `i` of row `t` of a block, read from the LSB-first stream (a code of at most 8 bits
+/// spans at most two bytes).
 fn code(block: &[u8], d: usize, bits: u32, t: usize, i: usize) -> u32 {
-    let b = bits as usize;
-    let start = 8 * 4 * d + (t * d + i) * b;
-    (0..b)
-        .map(|j| u32::from(block[(start + j) / 8] >> ((start + j) % 8) & 1) << j)
-        .sum()
+    let start = 8 * 4 * d + (t * d + i) * bits as usize;
+    let lo = u32::from(block[start / 8]);
+    let hi = u32::from(block.get(start / 8 + 1).copied().unwrap_or(0));
+    ((lo | hi << 8) >> (start % 8)) & ((1 << bits) - 1)
 }
 
 fn untouched(x: &[f32]) -> bool {
