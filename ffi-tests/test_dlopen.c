@@ -57,6 +57,26 @@ int main(void) {
     CHECK(row[0] == 0.25f && row[1] == -1.0f); /* 1 * 0.25; (round(-1 / 0.5 + 1) - 1) * 0.5 */
     api->quant_free(q);
 
+    /* The channel-group calls through the table (ABI 0.10): size, a 2-bit round trip of
+       16 rows (each channel an arithmetic run over 4 levels: exact), scores from the codes. */
+    CHECK(api->kvq_channel_block_bytes != NULL && api->kvq_channel_quantize != NULL &&
+          api->kvq_channel_dequantize != NULL && api->kvq_channel_dot != NULL);
+    {
+        size_t cb = 0;
+        CHECK(api->kvq_channel_block_bytes(2, 64, 16, &cb) == KVC_OK && cb == 256 + 16 * 16);
+        CHECK(api->kvq_channel_block_bytes(2, 64, 33, &cb) == KVC_INVALID_ARGUMENT);
+        static float cx[16 * 64], cy[16 * 64], cq[64], cs[16];
+        static unsigned char blk[256 + 16 * 16];
+        for (int i = 0; i < 16 * 64; ++i) cx[i] = (float) ((i / 64) % 4) * 0.5f - 1.0f;
+        for (int i = 0; i < 64; ++i) cq[i] = 1.0f;
+        CHECK(api->kvq_channel_quantize(2, 64, 16, cx, blk, sizeof blk) == KVC_OK);
+        CHECK(api->kvq_channel_dequantize(2, 64, 16, blk, sizeof blk, cy) == KVC_OK);
+        CHECK(memcmp(cx, cy, sizeof cx) == 0);
+        CHECK(api->kvq_channel_dot(2, 64, 16, cq, blk, sizeof blk - 1, cs) == KVC_BUFFER_TOO_SMALL);
+        CHECK(api->kvq_channel_dot(2, 64, 16, cq, blk, sizeof blk, cs) == KVC_OK);
+        for (int t = 0; t < 16; ++t) CHECK(cs[t] == 64.0f * ((float) (t % 4) * 0.5f - 1.0f));
+    }
+
     /* Versions: an older minor is served, a newer minor or another major is not. */
     CHECK(get_api((uint32_t)KVC_ABI_VERSION_MAJOR << 16) == api);
     CHECK(get_api(KVC_ABI_VERSION + 1) == NULL);

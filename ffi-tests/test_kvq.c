@@ -2,7 +2,8 @@
  * row sizes, quantize -> dequantize error for 8 and 4 bits, attention on the packed rows
  * against attention on the dequantized rows computed here in double, and the error paths
  * (bad config, bad plan, NULL, wrong layer or tensor, short buffers, NaN input, every
- * truncation of the packed cache). */
+ * truncation of the packed cache); the handle-free block calls (ABI 0.8, 0.9) and the
+ * channel-group calls (ABI 0.10). */
 #include <math.h>
 #include <stdint.h>
 
@@ -25,6 +26,17 @@ static double rel_err(const float* a, const float* b, size_t n) {
         s += (double)b[i] * b[i];
     }
     return sqrt(e / s);
+}
+
+/* An f16 stored little-endian at p, decoded by the IEEE 754 binary16 rules. */
+static float f16_le(const unsigned char* p) {
+    unsigned h = (unsigned) p[0] | ((unsigned) p[1] << 8);
+    int e = (int) ((h >> 10) & 31u);
+    unsigned m = h & 1023u;
+    float v = e == 0 ? ldexpf((float) m, -24)
+              : e == 31 ? (m ? NAN : INFINITY)
+                        : ldexpf((float) (m | 1024u), e - 25);
+    return (h & 0x8000u) ? -v : v;
 }
 
 int main(void) {
@@ -221,6 +233,199 @@ int main(void) {
                      KVC_NULL_ARGUMENT);
         CHECK_STATUS(kvc_kvq_block_accumulate_rows_multi(D, 4, bpacked, 2 + 32, BROWS, NULL, 0, NULL),
                      KVC_OK);
+    }
+    /* ABI 0.10: K per channel over token groups (kvc_kvq_channel_*, docs/formats/kvq.md,
+       "Channel groups"): sizes, the block layout decoded here from the document, a round
+       trip within half a step per channel with an outlier channel, scores against the
+       decoded rows, and the error paths (every truncation, a corrupt step or minimum,
+       NaN input, bad shapes, NULL), each leaving the output untouched. */
+    {
+        enum { CB = 4, CD = 64, CG = 32, CBYTES = 4 * CD + CG * CD * CB / 8 };
+        size_t cbytes = 7;
+        CHECK_STATUS(kvc_kvq_channel_block_bytes(CB, CD, CG, &cbytes), KVC_OK);
+        CHECK(cbytes == 256 + 1024 && cbytes == CBYTES);
+        CHECK_STATUS(kvc_kvq_channel_block_bytes(2, 128, 16, &cbytes), KVC_OK);
+        CHECK(cbytes == 512 + 16 * 32);
+        CHECK_STATUS(kvc_kvq_channel_block_bytes(8, 256, 256, &cbytes), KVC_OK);
+        CHECK(cbytes == 1024 + 256 * 256);
+        CHECK_STATUS(kvc_kvq_channel_block_bytes(3, 64, 16, &cbytes), KVC_OK);
+        CHECK(cbytes == 256 + 16 * 24);
+        cbytes = 7;
+        CHECK_STATUS(kvc_kvq_channel_block_bytes(1, CD, CG, &cbytes), KVC_INVALID_ARGUMENT);
+        CHECK_STATUS(kvc_kvq_channel_block_bytes(9, CD, CG, &cbytes), KVC_INVALID_ARGUMENT);
+        CHECK_STATUS(kvc_kvq_channel_block_bytes(256 + 4, CD, CG, &cbytes), KVC_INVALID_ARGUMENT);
+        CHECK_STATUS(kvc_kvq_channel_block_bytes(CB, 96, CG, &cbytes), KVC_UNSUPPORTED);
+        CHECK_STATUS(kvc_kvq_channel_block_bytes(CB, 0, CG, &cbytes), KVC_UNSUPPORTED);
+        CHECK_STATUS(kvc_kvq_channel_block_bytes(CB, CD, 0, &cbytes), KVC_INVALID_ARGUMENT);
+        CHECK_STATUS(kvc_kvq_channel_block_bytes(CB, CD, 33, &cbytes), KVC_INVALID_ARGUMENT);
+        CHECK_STATUS(kvc_kvq_channel_block_bytes(CB, CD, 512, &cbytes), KVC_INVALID_ARGUMENT);
+        CHECK(cbytes == 7);
+        CHECK_STATUS(kvc_kvq_channel_block_bytes(CB, CD, CG, NULL), KVC_NULL_ARGUMENT);
+
+        /* token-major rows; channel 5 is an outlier (+-400), channel 9 sits far from zero
+           (1000 +- 2), channel 11 is constant */
+        static float cx[CG * CD], cy[CG * CD], cz[CG * CD], cq[CD], cs[CG], cs2[CG];
+        uint32_t seed = 12345;
+        for (int t = 0; t < CG; ++t)
+            for (int c = 0; c < CD; ++c) {
+                float cv = randf(&seed) * (1.0f + (float) (c % 3));
+                if (c == 5) cv *= 200.0f;
+                if (c == 9) cv += 1000.0f;
+                if (c == 11) cv = -0.75f;
+                cx[t * CD + c] = cv;
+            }
+        for (int c = 0; c < CD; ++c) cq[c] = randf(&seed);
+        /* exactly block-sized heap buffers, so ASan sees any read or write past them */
+        unsigned char* cblk = malloc(CBYTES);
+        CHECK(cblk != NULL);
+        memset(cblk, 0xa5, CBYTES);
+        CHECK_STATUS(kvc_kvq_channel_quantize(CB, CD, CG, cx, cblk, CBYTES), KVC_OK);
+        CHECK_STATUS(kvc_kvq_channel_dequantize(CB, CD, CG, cblk, CBYTES, cy), KVC_OK);
+
+        /* the layout: head_dim f16 steps, head_dim f16 minimums, then group rows of
+           head_dim 4-bit codes, LSB first; value = min + code * step */
+        float smax_plain = 0.0f;
+        for (int c = 0; c < CD; ++c) {
+            float step = f16_le(cblk + 2 * c), lo = f16_le(cblk + 2 * CD + 2 * c);
+            float a = INFINITY, b = -INFINITY;
+            for (int t = 0; t < CG; ++t) {
+                a = fminf(a, cx[t * CD + c]);
+                b = fmaxf(b, cx[t * CD + c]);
+            }
+            /* minimum: the largest f16 not above the channel's minimum */
+            CHECK(lo <= a && a - lo <= fabsf(a) * (1.0f / 1024.0f) + 1e-7f);
+            /* step: the smallest f16 not below (max - min) / 15 */
+            CHECK(step * 15.0f >= (b - lo) * (1.0f - 1e-6f));
+            CHECK(step <= (b - lo) / 15.0f * (1.0f + 1.0f / 1024.0f) + 1e-7f);
+            if (c == 11) CHECK(step == 0.0f && lo == -0.75f);
+            if (c != 5 && c != 9 && step > smax_plain) smax_plain = step;
+            for (int t = 0; t < CG; ++t) {
+                const unsigned char* row = cblk + 4 * CD + t * (CD * CB / 8);
+                unsigned code = (row[c / 2] >> (4 * (c % 2))) & 15u;
+                float want = lo + (float) code * step;
+                float got = cy[t * CD + c];
+                CHECK(fabsf(got - want) <= 1e-6f * (fabsf(lo) + 15.0f * step));
+                /* within half a step of the input (plus the f32 arithmetic) */
+                CHECK(fabsf(got - cx[t * CD + c]) <= 0.5f * step + 1e-6f * (fabsf(lo) + 15.0f * step));
+            }
+        }
+        /* the outlier has its own range: the other channels keep a fine step */
+        CHECK(f16_le(cblk + 2 * 5) > 40.0f);
+        CHECK(smax_plain > 0.0f && smax_plain < 1.0f);
+
+        /* scores from the codes against q . (decoded row), in double */
+        for (int t = 0; t < CG; ++t) cs[t] = 99.0f;
+        CHECK_STATUS(kvc_kvq_channel_dot(CB, CD, CG, cq, cblk, CBYTES, cs), KVC_OK);
+        for (int t = 0; t < CG; ++t) {
+            double want = 0.0, mag = 0.0;
+            for (int c = 0; c < CD; ++c) {
+                want += (double) cq[c] * cy[t * CD + c];
+                mag += fabs((double) cq[c] * cy[t * CD + c]);
+            }
+            CHECK(fabs((double) cs[t] - want) <= 1e-5 * mag + 1e-6);
+        }
+
+        /* every truncation refused, nothing written; the copy is exactly n bytes */
+        for (size_t n = 0; n < (size_t) CBYTES; ++n) {
+            unsigned char* shortb = malloc(n ? n : 1);
+            CHECK(shortb != NULL);
+            memcpy(shortb, cblk, n);
+            for (int i = 0; i < CG * CD; ++i) cz[i] = 7.0f;
+            for (int t = 0; t < CG; ++t) cs2[t] = 7.0f;
+            CHECK_STATUS(kvc_kvq_channel_dequantize(CB, CD, CG, shortb, n, cz), KVC_BUFFER_TOO_SMALL);
+            CHECK_STATUS(kvc_kvq_channel_dot(CB, CD, CG, cq, shortb, n, cs2), KVC_BUFFER_TOO_SMALL);
+            memset(shortb, 0x5a, n);
+            CHECK_STATUS(kvc_kvq_channel_quantize(CB, CD, CG, cx, shortb, n), KVC_BUFFER_TOO_SMALL);
+            for (size_t i = 0; i < n; ++i) CHECK(shortb[i] == 0x5a);
+            for (int i = 0; i < CG * CD; ++i) CHECK(cz[i] == 7.0f);
+            for (int t = 0; t < CG; ++t) CHECK(cs2[t] == 7.0f);
+            free(shortb);
+        }
+
+        /* a step that is +inf, NaN or negative, or a minimum that is +-inf or NaN: corrupt */
+        {
+            static const struct { int at; unsigned char lo, hi; } corrupt[] = {
+                {0, 0x00, 0x7c},              /* step 0: +inf */
+                {2 * 63, 0x00, 0x7e},         /* step 63: NaN */
+                {2 * 7, 0x00, 0xbc},          /* step 7: -1.0 */
+                {2 * CD, 0x00, 0xfc},         /* min 0: -inf */
+                {2 * CD + 2 * 63, 0x01, 0x7c} /* min 63: NaN */
+            };
+            unsigned char* cbad = malloc(CBYTES);
+            CHECK(cbad != NULL);
+            for (size_t j = 0; j < sizeof corrupt / sizeof corrupt[0]; ++j) {
+                memcpy(cbad, cblk, CBYTES);
+                cbad[corrupt[j].at] = corrupt[j].lo;
+                cbad[corrupt[j].at + 1] = corrupt[j].hi;
+                for (int i = 0; i < CG * CD; ++i) cz[i] = 7.0f;
+                for (int t = 0; t < CG; ++t) cs2[t] = 7.0f;
+                CHECK_STATUS(kvc_kvq_channel_dequantize(CB, CD, CG, cbad, CBYTES, cz), KVC_CORRUPT_DATA);
+                CHECK_STATUS(kvc_kvq_channel_dot(CB, CD, CG, cq, cbad, CBYTES, cs2), KVC_CORRUPT_DATA);
+                for (int i = 0; i < CG * CD; ++i) CHECK(cz[i] == 7.0f);
+                for (int t = 0; t < CG; ++t) CHECK(cs2[t] == 7.0f);
+            }
+            free(cbad);
+        }
+
+        /* input that is NaN, infinite or beyond f16's range: corrupt, dst untouched;
+           f16's largest finite value is accepted and decodes exactly */
+        {
+            unsigned char* cout = malloc(CBYTES);
+            CHECK(cout != NULL);
+            static const float poison[] = {NAN, INFINITY, -INFINITY, 65520.0f, -1e6f};
+            for (size_t j = 0; j < sizeof poison / sizeof poison[0]; ++j) {
+                memcpy(cz, cx, sizeof cz);
+                cz[(int) j * 131 % (CG * CD)] = poison[j];
+                memset(cout, 0x5a, CBYTES);
+                CHECK_STATUS(kvc_kvq_channel_quantize(CB, CD, CG, cz, cout, CBYTES), KVC_CORRUPT_DATA);
+                for (int i = 0; i < CBYTES; ++i) CHECK(cout[i] == 0x5a);
+            }
+            memcpy(cz, cx, sizeof cz);
+            cz[3] = 65504.0f;
+            cz[CD + 3] = -65504.0f;
+            CHECK_STATUS(kvc_kvq_channel_quantize(CB, CD, CG, cz, cout, CBYTES), KVC_OK);
+            CHECK_STATUS(kvc_kvq_channel_dequantize(CB, CD, CG, cout, CBYTES, cy), KVC_OK);
+            CHECK(cy[CD + 3] == -65504.0f);
+            for (int i = 0; i < CG * CD; ++i) CHECK(isfinite(cy[i]));
+            free(cout);
+        }
+
+        /* bad shapes through every call, outputs untouched */
+        {
+            static const uint32_t shapes[][3] = {
+                {1, CD, CG}, {9, CD, CG}, {CB, 96, CG}, {CB, 32, CG}, {CB, CD, 8}, {CB, CD, 48}};
+            static const kvc_status want[] = {KVC_INVALID_ARGUMENT, KVC_INVALID_ARGUMENT,
+                                              KVC_UNSUPPORTED,      KVC_UNSUPPORTED,
+                                              KVC_INVALID_ARGUMENT, KVC_INVALID_ARGUMENT};
+            unsigned char* cout = malloc(CBYTES);
+            CHECK(cout != NULL);
+            for (size_t j = 0; j < sizeof want / sizeof want[0]; ++j) {
+                uint32_t b = shapes[j][0], d = shapes[j][1], g = shapes[j][2];
+                memset(cout, 0x5a, CBYTES);
+                for (int i = 0; i < CG * CD; ++i) cz[i] = 7.0f;
+                for (int t = 0; t < CG; ++t) cs2[t] = 7.0f;
+                CHECK_STATUS(kvc_kvq_channel_quantize(b, d, g, cx, cout, CBYTES), want[j]);
+                CHECK_STATUS(kvc_kvq_channel_dequantize(b, d, g, cblk, CBYTES, cz), want[j]);
+                CHECK_STATUS(kvc_kvq_channel_dot(b, d, g, cq, cblk, CBYTES, cs2), want[j]);
+                for (int i = 0; i < CBYTES; ++i) CHECK(cout[i] == 0x5a);
+                for (int i = 0; i < CG * CD; ++i) CHECK(cz[i] == 7.0f);
+                for (int t = 0; t < CG; ++t) CHECK(cs2[t] == 7.0f);
+            }
+            free(cout);
+        }
+
+        /* NULL pointers, and an output overlapping the input */
+        CHECK_STATUS(kvc_kvq_channel_quantize(CB, CD, CG, NULL, cblk, CBYTES), KVC_NULL_ARGUMENT);
+        CHECK_STATUS(kvc_kvq_channel_quantize(CB, CD, CG, cx, NULL, CBYTES), KVC_NULL_ARGUMENT);
+        CHECK_STATUS(kvc_kvq_channel_dequantize(CB, CD, CG, NULL, CBYTES, cz), KVC_NULL_ARGUMENT);
+        CHECK_STATUS(kvc_kvq_channel_dequantize(CB, CD, CG, cblk, CBYTES, NULL), KVC_NULL_ARGUMENT);
+        CHECK_STATUS(kvc_kvq_channel_dot(CB, CD, CG, NULL, cblk, CBYTES, cs2), KVC_NULL_ARGUMENT);
+        CHECK_STATUS(kvc_kvq_channel_dot(CB, CD, CG, cq, NULL, CBYTES, cs2), KVC_NULL_ARGUMENT);
+        CHECK_STATUS(kvc_kvq_channel_dot(CB, CD, CG, cq, cblk, CBYTES, NULL), KVC_NULL_ARGUMENT);
+        CHECK_STATUS(kvc_kvq_channel_quantize(CB, CD, CG, cz, (unsigned char*) cz, CBYTES),
+                     KVC_INVALID_ARGUMENT);
+        CHECK_STATUS(kvc_kvq_channel_dot(CB, CD, CG, cz, cblk, CBYTES, cz + 8), KVC_INVALID_ARGUMENT);
+        free(cblk);
     }
     puts("test_kvq: ok");
     return 0;

@@ -21,7 +21,7 @@ if [ "${1:-}" = "--time" ]; then
     mode=time
     limit="${2:?usage: fuzz-all.sh --time SECONDS}"
 fi
-all_targets="gear_v1_decode gear_v2_decode mlp_weights c8_checkpoint h2o_replay kvq_plan kvq_rows kvq_block tier_blob llama_state"
+all_targets="gear_v1_decode gear_v2_decode mlp_weights c8_checkpoint h2o_replay kvq_plan kvq_rows kvq_block kvq_channel tier_blob llama_state"
 targets="${FUZZ_TARGETS:-$all_targets}"
 
 host="$(rustc -vV | sed -n 's/^host: //p')"
@@ -68,10 +68,10 @@ for d in ../crates/kvc-cache/tests/fixtures/c8/*/; do
     } >"corpus/c8_checkpoint/$(basename "$d")"
 done
 
-# kvq_rows, kvq_block, tier_blob: the target writes seeds from the embedded sample
-# (data/sample) itself on its first call (kvq rows quantized per config or per block
-# format; blobs per codec).
-for t in kvq_rows kvq_block tier_blob; do
+# kvq_rows, kvq_block, kvq_channel, tier_blob: the target writes seeds from the embedded
+# sample (data/sample) itself on its first call (kvq rows quantized per config or per block
+# format; K channel-group blocks per bits and group; blobs per codec).
+for t in kvq_rows kvq_block kvq_channel tier_blob; do
     if [[ " $targets " = *" $t "* ]]; then
         mkdir -p "corpus/$t"
         KVC_FUZZ_WRITE_SEEDS="corpus/$t" "$(bin_of "$t")" -runs=1 "corpus/$t" >/dev/null 2>&1 || true
