@@ -4,7 +4,9 @@
 //! parameters and element kernels; msmodelslim files, layouts and calibration stay in
 //! `kvc-cache`), and kvq, near-lossless 2-8-bit codes for one (token, KV head) row at a
 //! time: a seeded randomized Hadamard rotation per head, uniform or Lloyd-Max codes, a
-//! packed row of fixed size, and decode attention that reads the packed rows directly.
+//! packed row of fixed size, and decode attention that reads the packed rows directly;
+//! and K per channel over groups of tokens (KIVI: [`kvq::channel_group`]), a block of
+//! fixed size per group and KV head, with scores read from the codes.
 //! It works on `f32` slices and byte buffers the caller owns. It knows nothing about
 //! engines, cache layouts, eviction or files, and it never codes losslessly (that is
 //! `kvc-codec`).

@@ -23,6 +23,10 @@
 //!
 //! [`plan`] makes per-layer K/V bits from calibration data (`kvc quant plan`).
 //!
+//! [`channel_group`] is the other K layout: K per channel over groups of tokens (KIVI), no
+//! rotation, one f16 step and minimum per channel and group, for a model whose K has
+//! outlier channels that a per-row scale cannot follow (`docs/results/kvq-frontier.md`).
+//!
 //! Sink and recent tokens kept in full precision are the engine's choice: it keeps those
 //! rows in f16 and passes only the others here.
 
