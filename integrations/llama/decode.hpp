@@ -391,17 +391,22 @@ struct KvqSetup {
 struct KvqChannelSetup {
     ChannelMode cm;
     KvqPtr kvq;
+    std::unique_ptr<KvqPtr> window;  // "w8": the unfilled group's K as kvq k8 rows
     uint32_t k_bits;
     int sink;
     KvqChannelHook hook;
-    double v_cell = 0, f16_cell = 0, k_bits_per_value = 0, v_bits = 0;
+    double v_cell = 0, f16_cell = 0, k_bits_per_value = 0, v_bits = 0, open_row = 0;
 
     KvqChannelSetup(const ChannelMode & m, const ModelInfo & mi, const Options & o)
         : cm(m),
           kvq(m.config, mi),
+          window(m.window8 ? new KvqPtr("k8v8", mi) : nullptr),
           k_bits(config_k_bits(m.config)),
           sink(std::min(o.kvq_sink, o.n_tokens)),
-          hook(kvq.q, mi, sink, k_bits, m.group) {
+          hook(kvq.q, mi, sink, k_bits, m.group, window ? window->q : nullptr) {
+        size_t wr = (size_t) mi.head_dim * 2;
+        if (window) kvc_ok(kvc_kvq_row_bytes(window->q, 0, KVC_TENSOR_K, &wr), "kvc_kvq_row_bytes");
+        open_row = (double) wr;
         double kb = 0;
         const double cell = kvq_cell_bytes(kvq.q, mi, &kb, &v_bits);
         size_t rk = 0;
@@ -416,7 +421,7 @@ struct KvqChannelSetup {
     double held_bytes(size_t n, const ModelInfo & mi) const {
         const size_t s = std::min(n, (size_t) sink), rest = n - s;
         const size_t blocks = rest / cm.group, open = rest % cm.group;
-        const double per_layer_head = (double) blocks * (double) hook.block_bytes() + (double) open * mi.head_dim * 2.0;
+        const double per_layer_head = (double) blocks * (double) hook.block_bytes() + (double) open * open_row;
         return (double) s * f16_cell + (double) rest * v_cell + per_layer_head * mi.n_head_kv * mi.n_layer;
     }
 
@@ -450,14 +455,15 @@ struct KvqChannelSetup {
         r.extra.push_back({"kvq_config", "\"" + json_escape(cm.config) + "\""});
         r.extra.push_back({"kvq_k_group", std::to_string(cm.group)});
         r.extra.push_back({"kvq_k_block_bytes", std::to_string(hook.block_bytes())});
+        r.extra.push_back({"kvq_k_open_row_bytes", json_num(open_row)});
         r.extra.push_back({"kvq_sink", std::to_string(sink)});
-        r.extra.push_back({"kv_accounting", "\"kvq-kc: K channel blocks per group of tokens and KV head (scales included), the unfilled group's K at f16, V packed rows per cell, sink cells at f16 (llama.cpp holds f16: kvc dequantizes)\""});
+        r.extra.push_back({"kv_accounting", "\"kvq-kc: K channel blocks per group of tokens and KV head (scales included), the unfilled group's K at kvq_k_open_row_bytes a row (f16, or kvq k8 rows with w8), V packed rows per cell, sink cells at f16 (llama.cpp holds f16: kvc dequantizes)\""});
         char buf[240];
         const auto & ek = hook.err(false);
         const auto & ev = hook.err(true);
         std::snprintf(buf, sizeof buf,
-                      "kvc K per channel over %u tokens, %.3g bits/value, V kvq %s %.3g bits/value, sink %d f16; rel RMS err K %.4f V %.4f",
-                      cm.group, k_bits_per_value, cm.config.c_str(), v_bits, sink, std::sqrt(ek.sq / std::max(1e-30, ek.ref)),
+                      "kvc K per channel over %u tokens, %.3g bits/value (open group %s), V kvq %s %.3g bits/value, sink %d f16; rel RMS err K %.4f V %.4f",
+                      cm.group, k_bits_per_value, window ? "k8 rows" : "f16", cm.config.c_str(), v_bits, sink, std::sqrt(ek.sq / std::max(1e-30, ek.ref)),
                       std::sqrt(ev.sq / std::max(1e-30, ev.ref)));
         return buf;
     }

@@ -104,7 +104,8 @@ const char * kUsage =
     "                      kvq-plan:FILE takes per-layer bits from a kvq plan (kvc quant plan)\n"
     "                      kvq-kc<G>:CONFIG codes K per channel over groups of G tokens (16..256,\n"
     "                      KIVI; CONFIG's K bits, the unfilled group in f16) and V as CONFIG's\n"
-    "                      kvq rows, e.g. kvq-kc32:k4v4\n"
+    "                      kvq rows, e.g. kvq-kc32:k4v4; kvq-kc<G>w8:CONFIG holds the unfilled\n"
+    "                      group as kvq 8-bit K rows instead of f16\n"
     "                      mlp@F compresses the cells outside --sink and --recent in groups of F\n"
     "                      with kvc-mlp (the --mlp-weights file of factor F; plain mlp: the one\n"
     "                      file's factor), every --interval steps from --trigger, as far as\n"
@@ -330,7 +331,9 @@ Options parse_options(int argc, char ** argv) {
             if (colon == std::string::npos || colon + 1 >= m.size()) {
                 throw UsageError("--modes " + m + ": kvq-kc<G>:CONFIG needs a group and a config, e.g. kvq-kc32:k4v4");
             }
-            parse_int("--modes " + m, m.substr(6, colon - 6), 16, 256);
+            std::string g = m.substr(6, colon - 6);
+            if (g.size() > 2 && g.compare(g.size() - 2, 2, "w8") == 0) g.resize(g.size() - 2);
+            parse_int("--modes " + m, g, 16, 256);
             continue;
         }
         if (m.rfind("kvq:", 0) == 0) {

@@ -14,22 +14,29 @@ namespace {
 // SET_ROWS that writes the G-th codes the group as one channel block and writes the block's
 // values back into those G cells of llama.cpp's f16 cache, before attention reads them. So the
 // cache holds, at every step, what a KIVI cache would hold: coded blocks, the newest unfilled
-// group in f16. Memory: per KV head and layer, a block's bytes per G tokens, the unfilled
-// group's K rows at f16, V's packed rows, the sink cells at f16 (kvq_channel_held_bytes).
+// group in f16. "kvq-kc<G>w8:CONFIG" holds the unfilled group as kvq 8-bit K rows instead
+// (k8, rotated Lloyd-Max, 66 bytes a row at head_dim 64) and codes the group from their
+// values. Memory: per KV head and layer, a block's bytes per G tokens, the unfilled group's
+// K rows (f16 or 8-bit rows), V's packed rows, the sink cells at f16 (KvqChannelSetup).
 
 struct ChannelMode {
     uint32_t group = 0;
-    std::string config;  // the kvq config string: K bits for the blocks, V rows
+    bool window8 = false;  // the unfilled group held as kvq 8-bit rows ("w8"), not f16
+    std::string config;    // the kvq config string: K bits for the blocks, V rows
 };
 
-// "kvq-kc32:k4v4" -> {32, "k4v4"}; false when m is not such a mode.
+// "kvq-kc32:k4v4" -> {32, f16 window, "k4v4"}, "kvq-kc64w8:k4v4" -> {64, 8-bit window,
+// "k4v4"}; false when m is not such a mode.
 bool parse_channel_mode(const std::string & m, ChannelMode * out) {
     if (m.rfind("kvq-kc", 0) != 0) return false;
     const auto colon = m.find(':');
     if (colon == std::string::npos || colon + 1 >= m.size()) {
         throw UsageError("--modes " + m + ": kvq-kc<G>:CONFIG needs a group and a config, e.g. kvq-kc32:k4v4");
     }
-    out->group = (uint32_t) parse_int("--modes " + m, m.substr(6, colon - 6), 16, 256);
+    std::string g = m.substr(6, colon - 6);
+    out->window8 = g.size() > 2 && g.compare(g.size() - 2, 2, "w8") == 0;
+    if (out->window8) g.resize(g.size() - 2);
+    out->group = (uint32_t) parse_int("--modes " + m, g, 16, 256);
     out->config = m.substr(colon + 1);
     return true;
 }
@@ -44,13 +51,17 @@ uint32_t config_k_bits(const std::string & config) {
 
 class KvqChannelHook : public RowHook {
 public:
-    KvqChannelHook(const kvc_kvq * q, const ModelInfo & mi, int sink, uint32_t bits, uint32_t group)
-        : v_(q, mi, sink), mi_(mi), sink_(sink), bits_(bits), group_(group) {
+    // window: null to hold the unfilled group's K rows as f16, else a kvq handle whose K
+    // rows hold them (8-bit rows: the group is then coded from those rows' values)
+    KvqChannelHook(const kvc_kvq * q, const ModelInfo & mi, int sink, uint32_t bits, uint32_t group,
+                   const kvc_kvq * window = nullptr)
+        : v_(q, mi, sink), mi_(mi), sink_(sink), bits_(bits), group_(group), window_(window) {
         kvc_ok(kvc_kvq_channel_block_bytes(bits, (uint32_t) mi.head_dim, group, &block_bytes_),
                "kvc_kvq_channel_block_bytes");
         seen_.assign(mi.n_layer, 0);
         first_coded_.assign(mi.n_layer, 0);
         rows_.resize(mi.n_layer);
+        ref_.resize(mi.n_layer);
         cells_.resize(mi.n_layer);
     }
 
@@ -69,8 +80,23 @@ public:
         const int64_t keep = std::max<int64_t>(0, std::min<int64_t>(n_tok, sink_ - seen));
         seen += n_tok;
         first_coded_[il] = keep;
-        // the rows as the f16 cache holds them: what the group is coded from once it fills
-        const float * rows = (const float *) t->data;
+        float * rows = (float *) t->data;
+        auto & ref = ref_[il];
+        for (int64_t i = keep * H * D; i < n_tok * H * D; ++i) ref.push_back(ggml_fp16_to_fp32(ggml_fp32_to_fp16(rows[i])));
+        if (window_ && n_tok > keep) {
+            // the unfilled group as kvq rows: the cache holds their values until the group fills
+            const size_t n_rows = (size_t) ((n_tok - keep) * H);
+            size_t rb = 0;
+            kvc_ok(kvc_kvq_row_bytes(window_, (uint32_t) il, KVC_TENSOR_K, &rb), "kvc_kvq_row_bytes");
+            packed_.resize(n_rows * rb);
+            float * first = rows + keep * H * D;
+            kvc_ok(kvc_kvq_quantize_rows(window_, (uint32_t) il, KVC_TENSOR_K, first, n_rows, packed_.data(), packed_.size()),
+                   "kvc_kvq_quantize_rows");
+            kvc_ok(kvc_kvq_dequantize_rows(window_, (uint32_t) il, KVC_TENSOR_K, packed_.data(), packed_.size(), first, n_rows),
+                   "kvc_kvq_dequantize_rows");
+        }
+        // the rows as the cache holds them (f16 of the row or of its window row): what the
+        // group is coded from once it fills
         auto & dst = rows_[il];
         for (int64_t i = keep * H * D; i < n_tok * H * D; ++i) dst.push_back(ggml_fp16_to_fp32(ggml_fp32_to_fp16(rows[i])));
     }
@@ -85,7 +111,8 @@ public:
         }
         const size_t D = (size_t) mi_.head_dim, H = (size_t) mi_.n_head_kv, G = group_;
         auto & rows = rows_[il];
-        if (rows.size() != cells.size() * H * D) fail("kvq-kc: K rows and SET_ROWS cells disagree");
+        auto & ref = ref_[il];
+        if (rows.size() != cells.size() * H * D || ref.size() != rows.size()) fail("kvq-kc: K rows and SET_ROWS cells disagree");
         if (cells.size() < G) return;
         ggml_tensor * cache = node->view_src ? node->view_src : node;
         if (cache->type != GGML_TYPE_F16 || cache->ne[0] != (int64_t) (H * D)) {
@@ -105,8 +132,10 @@ public:
                     const int64_t c = cells[done + t];
                     if (c < 0 || c >= cache->ne[1]) fail("kvq-kc: a SET_ROWS cell is outside the cache");
                     ggml_fp16_t * out = (ggml_fp16_t *) ((char *) cache->data + (size_t) c * cache->nb[1]) + h * D;
+                    const float * r = &ref[((done + t) * H + h) * D];
                     for (size_t d = 0; d < D; ++d) {
-                        const double a = x[t * D + d], b = y[t * D + d];
+                        // the error against the row as an f16 cache would hold it
+                        const double a = r[d], b = y[t * D + d];
                         if (!std::isfinite(b)) fail("kvq-kc: a dequantized value is not finite");
                         out[d] = ggml_fp32_to_fp16(y[t * D + d]);
                         err_.sq += (a - b) * (a - b);
@@ -121,6 +150,7 @@ public:
             blocks_ += (long) H;
         }
         rows.erase(rows.begin(), rows.begin() + (long) (done * H * D));
+        ref.erase(ref.begin(), ref.begin() + (long) (done * H * D));
         cells.erase(cells.begin(), cells.begin() + (long) done);
     }
 
@@ -132,10 +162,13 @@ private:
     const ModelInfo & mi_;
     int sink_;
     uint32_t bits_, group_;
+    const kvc_kvq * window_;
     size_t block_bytes_ = 0;
+    std::vector<uint8_t> packed_;
     std::vector<long> seen_;
     std::vector<int64_t> first_coded_;  // of the last call's tokens, the first one past the sink
     std::vector<std::vector<float>> rows_;    // per layer: the unfilled group's rows, [token][head][dim]
+    std::vector<std::vector<float>> ref_;     // the same rows as an f16 cache holds them
     std::vector<std::vector<int64_t>> cells_; // per layer: their cells
     KvqRoundTripHook::Err err_;
     long blocks_ = 0;
