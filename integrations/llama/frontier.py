@@ -106,11 +106,16 @@ def plot(texts, rows, path):
 
     fig, axes = plt.subplots(1, 1 + len(texts), figsize=(6.0 * (1 + len(texts)), 4.8), squeeze=False)
     fams = sorted({family(r["mode"]) for r in rows})
+    colors = plt.get_cmap("tab20").colors
+    markers = "os^Dv<>PXd*hp"
     for i, ax in enumerate(axes[0]):
-        for fam in fams:
+        for j, fam in enumerate(fams):
             pts = sorted((r["ratio"], r["kl"] if i == 0 else r["texts"][texts[i - 1]]["dppl"])
                          for r in rows if family(r["mode"]) == fam)
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", linestyle="none", label=fam)
+            big = fam.startswith("kvq-kc") or fam.startswith("llama.cpp")
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=markers[j % len(markers)],
+                    color=colors[(2 * j) % 20 if j < 10 else (2 * j + 1) % 20], markersize=7 if big else 5,
+                    linestyle="none", label=fam)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("mean KV ratio vs f16 (every scale and f16 token counted)")
         if i == 0:
