@@ -125,6 +125,72 @@ fn bench_quant_measures_k_channel_groups_against_rows() {
 }
 
 #[test]
+fn bench_quant_measures_the_qjl_residual_sketch_against_rows() {
+    let dir = std::env::temp_dir().join(format!("kvc-kvq-cli-qjl-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let json = dir.join("q.json");
+    let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/sample");
+    let o = kvc()
+        .args([
+            "bench",
+            "quant",
+            "--configs",
+            "k3v4,qjl:k3v4",
+            "--queries",
+            "4",
+        ])
+        .args(["--no-speed", "--reps", "1", "--data"])
+        .arg(&data)
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let q = r["quality"].as_array().unwrap();
+    let f = |c: &serde_json::Value, k: &str| c[k].as_f64().unwrap();
+    assert_eq!(q[1]["config"].as_str(), Some("qjl:k3v4:lm"));
+    // 3-bit rows (3.25 bits at d = 64) plus 64 sign bits and an f16 norm per row (1.25)
+    assert_eq!(f(&q[1], "k_bits_per_value"), 4.5);
+    assert_eq!(f(&q[1], "k_rows_bits_per_value"), 3.25);
+    assert_eq!(f(&q[1], "bits_per_value"), 4.375);
+    // the same K rows and V rows underneath
+    assert_eq!(f(&q[0], "k_snr_db_mean"), f(&q[1], "k_rows_snr_db_mean"));
+    assert_eq!(f(&q[0], "v_snr_db_mean"), f(&q[1], "v_snr_db_mean"));
+    let rows_only = f(&q[1], "attn_rel_err_mean_rows_only");
+    assert!(
+        (rows_only - f(&q[0], "attn_rel_err_mean")).abs() < 1e-4,
+        "{rows_only} {}",
+        q[0]
+    );
+    for k in ["attn_rel_err_mean", "attn_rel_err_max", "k_snr_db_mean"] {
+        assert!(
+            f(&q[1], k).is_finite() && f(&q[1], k) > 0.0,
+            "{k}: {}",
+            q[1]
+        );
+    }
+    // the estimator is unbiased: scores keep their scale, the Lloyd-Max rows shrink them
+    assert!(
+        (f(&q[1], "score_slope_mean") - 1.0).abs() < 0.01,
+        "{}",
+        q[1]
+    );
+    assert!(f(&q[1], "score_slope_mean_rows_only") < 0.99, "{}", q[1]);
+    // bad entries: one line, status 2
+    for bad in ["qjl:k9v4", "qjl:", "qjl:k3v4:zz"] {
+        let o = kvc()
+            .args(["bench", "quant", "--no-speed", "--configs", bad, "--data"])
+            .arg(&data)
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(2), "{bad}");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
 fn quant_inspect_shows_bytes_and_refuses_bad_plans() {
     let o = kvc()
         .args(["quant", "inspect", "k4v3", "--layers", "2"])

@@ -27,6 +27,10 @@
 //! rotation, one f16 step and minimum per channel and group, for a model whose K has
 //! outlier channels that a per-row scale cannot follow (`docs/results/kvq-frontier.md`).
 //!
+//! [`qjl`] is a measurement, not a format: the 1-bit QJL sketch of a K row's residual
+//! (TurboQuant-prod) and its unbiased inner-product correction, which `kvc bench quant`
+//! weighs against more bits per row (`docs/results/kvq-qjl.md`).
+//!
 //! Sink and recent tokens kept in full precision are the engine's choice: it keeps those
 //! rows in f16 and passes only the others here.
 
@@ -36,6 +40,7 @@ pub mod codebook;
 pub mod config;
 mod multi;
 pub mod plan;
+pub mod qjl;
 pub mod rotation;
 pub mod row;
 mod simd;

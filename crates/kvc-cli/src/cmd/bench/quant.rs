@@ -15,6 +15,13 @@
 //! per value count the blocks (steps and minimums included), not the f16 tail. Timings are
 //! for row configurations only.
 //!
+//! `qjl:CONFIG` entries code K as CONFIG's K rows plus the 1-bit QJL sketch of each row's
+//! residual (TurboQuant-prod, `kvq::qjl`; `d / 8 + 2` bytes a row), V as CONFIG's rows. The
+//! scores are `<q, k_row> + ` the QJL correction (the estimator, not a reconstruction);
+//! the K SNR is the reconstruction's (row plus `QjlResidual::reconstruct`), beside the
+//! rows' own SNR and the attention error of the same rows without the correction, so
+//! whether the extra bits pay is read in one run. Timings are for row configurations only.
+//!
 //! The dumps hold no queries: the attention error uses the layer's own K rows of sampled
 //! positions as queries (each attending to every earlier token of its head, scale
 //! `1/sqrt(head_dim)`), a stand-in that is reported as such.
@@ -27,6 +34,7 @@ use half::f16;
 use kvc_quant::kvq::attention::{
     attend_head, attend_head_f16, dot_f16_row, f16_row_to_f32, HeadRows,
 };
+use kvc_quant::kvq::qjl::QjlResidual;
 use kvc_quant::kvq::{ChannelGroupCodec, KvqConfig, LayerCodec, Method, RowCodec};
 use kvc_quant::Isa;
 use serde_json::{json, Value};
@@ -53,6 +61,8 @@ enum BenchConfig {
         /// K bits and the V rows.
         cfg: KvqConfig,
     },
+    /// K as `cfg`'s K rows plus a QJL sketch of each row's residual, V as `cfg`'s rows.
+    Qjl(KvqConfig),
 }
 
 impl BenchConfig {
@@ -71,6 +81,9 @@ impl BenchConfig {
             ChannelGroupCodec::new(cfg.k_bits, 64, group).map_err(lib)?;
             return Ok(BenchConfig::Channel { group, cfg });
         }
+        if let Some(c) = s.strip_prefix("qjl:") {
+            return Ok(BenchConfig::Qjl(KvqConfig::parse(c).map_err(lib)?));
+        }
         Ok(BenchConfig::Rows(KvqConfig::parse(s).map_err(lib)?))
     }
 }
@@ -82,7 +95,8 @@ pub struct BenchQuantArgs {
     /// `../shared/data/realkv`, then the embedded sample.
     #[arg(long)]
     pub data: Option<PathBuf>,
-    /// Comma-separated kvq configs (`k4v4`, `k4v2:u32`, ...).
+    /// Comma-separated kvq configs (`k4v4`, `k4v2:u32`, ...), `kc<G>:CONFIG` (K per
+    /// channel over G tokens) and `qjl:CONFIG` (K rows plus the QJL residual sketch).
     #[arg(long, default_value = DEFAULT_CONFIGS)]
     pub configs: String,
     /// Query positions sampled per layer and head for the attention error.
@@ -486,6 +500,166 @@ fn quality_channel(
     }))
 }
 
+/// The attention output of `scores` (unscaled) over the first `scores.len()` rows of `vh`.
+fn softmax_out(scores: &[f32], vh: &[f32], d: usize) -> Vec<f32> {
+    let scale = 1.0 / (d as f64).sqrt();
+    let m = scores
+        .iter()
+        .map(|&x| f64::from(x) * scale)
+        .fold(f64::NEG_INFINITY, f64::max);
+    let p: Vec<f64> = scores
+        .iter()
+        .map(|&x| (f64::from(x) * scale - m).exp())
+        .collect();
+    let z: f64 = p.iter().sum();
+    let mut out = vec![0f32; d];
+    for (r, w) in p.iter().enumerate() {
+        for i in 0..d {
+            out[i] += (w / z) as f32 * vh[r * d + i];
+        }
+    }
+    out
+}
+
+fn dot32(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
+/// Quality of a `qjl:CONFIG` configuration: K rows plus the QJL residual sketch, V rows.
+fn quality_qjl(kv: &Kv, cfg: &KvqConfig, refs: &Reference) -> Result<Value, CliError> {
+    let d = kv.head_dim;
+    let codec = LayerCodec::new(cfg, d).map_err(lib)?;
+    let qjl = QjlResidual::new(d, cfg.seed).map_err(lib)?;
+    let sb = qjl.sketch_bytes();
+    let ln = kv.n_tokens * kv.n_kv_head * d;
+    let rows = kv.n_tokens * kv.n_kv_head;
+    let mut layers = Vec::new();
+    let (mut qsecs, mut dsecs, mut bytes) = (0f64, 0f64, 0usize);
+    let mut res = vec![0f32; d];
+    for l in 0..kv.n_layer {
+        let (kl, vl) = (&kv.k[l * ln..(l + 1) * ln], &kv.v[l * ln..(l + 1) * ln]);
+        let mut pk = vec![0u8; rows * codec.k.row_bytes()];
+        let mut pv = vec![0u8; rows * codec.v.row_bytes()];
+        let mut sk = vec![0u8; rows * sb];
+        let mut dk = vec![0f32; ln];
+        let mut dv = vec![0f32; ln];
+        // quantize: K rows, their decode (the residual needs it) and sketches, V rows
+        let t0 = Instant::now();
+        codec.k.quantize_rows(kl, &mut pk).map_err(lib)?;
+        codec.k.dequantize_rows(&pk, &mut dk).map_err(lib)?;
+        for i in 0..rows {
+            for j in 0..d {
+                res[j] = kl[i * d + j] - dk[i * d + j];
+            }
+            qjl.sketch(&res, &mut sk[i * sb..(i + 1) * sb])
+                .map_err(lib)?;
+        }
+        codec.v.quantize_rows(vl, &mut pv).map_err(lib)?;
+        qsecs += t0.elapsed().as_secs_f64();
+        // dequantize: K rows plus the reconstructed residual, V rows
+        let mut kr = vec![0f32; ln];
+        let t0 = Instant::now();
+        codec.k.dequantize_rows(&pk, &mut kr).map_err(lib)?;
+        for i in 0..rows {
+            qjl.reconstruct(&sk[i * sb..(i + 1) * sb], &mut res)
+                .map_err(lib)?;
+            for j in 0..d {
+                kr[i * d + j] += res[j];
+            }
+        }
+        codec.v.dequantize_rows(&pv, &mut dv).map_err(lib)?;
+        dsecs += t0.elapsed().as_secs_f64();
+        bytes += 2 * ln * 2;
+        let (mut err_sum, mut err_max, mut count) = (0f64, 0f64, 0usize);
+        let (mut plain_sum, mut plain_max) = (0f64, 0f64);
+        // squared score errors against the f32 K row's score: with the correction, rows only
+        let (mut se_qjl, mut se_rows, mut s_ref) = (0f64, 0f64, 0f64);
+        // and their projections on the exact scores (slope: 1 when unbiased in scale)
+        let (mut x_qjl, mut x_rows) = (0f64, 0f64);
+        let mut sq = vec![0f32; d];
+        for h in 0..kv.n_kv_head {
+            let vh = head_rows(&dv, kv.n_tokens, kv.n_kv_head, h, d);
+            for (t, want) in &refs.outs[l][h] {
+                let o = (t * kv.n_kv_head + h) * d;
+                let q = &kl[o..o + d];
+                qjl.project_query(q, &mut sq).map_err(lib)?;
+                let mut s = Vec::with_capacity(*t);
+                let mut plain = Vec::with_capacity(*t);
+                for r in 0..*t {
+                    let i = r * kv.n_kv_head + h;
+                    let base = dot32(q, &dk[i * d..(i + 1) * d]);
+                    let corrected =
+                        base + qjl.estimate(&sq, &sk[i * sb..(i + 1) * sb]).map_err(lib)?;
+                    let exact = f64::from(dot32(q, &kl[i * d..(i + 1) * d]));
+                    se_qjl += (f64::from(corrected) - exact).powi(2);
+                    se_rows += (f64::from(base) - exact).powi(2);
+                    s_ref += exact * exact;
+                    x_qjl += f64::from(corrected) * exact;
+                    x_rows += f64::from(base) * exact;
+                    plain.push(base);
+                    s.push(corrected);
+                }
+                let e = rel_l2(&softmax_out(&s, &vh, d), want);
+                err_sum += e;
+                err_max = err_max.max(e);
+                let e = rel_l2(&softmax_out(&plain, &vh, d), want);
+                plain_sum += e;
+                plain_max = plain_max.max(e);
+                count += 1;
+            }
+        }
+        layers.push(json!({
+            "layer": l,
+            "k_snr_db": snr_db(kl, &kr),
+            "k_rows_snr_db": snr_db(kl, &dk),
+            "v_snr_db": snr_db(vl, &dv),
+            "attn_rel_err_mean": err_sum / count.max(1) as f64,
+            "attn_rel_err_max": err_max,
+            "attn_rel_err_mean_rows_only": plain_sum / count.max(1) as f64,
+            "attn_rel_err_max_rows_only": plain_max,
+            "score_rel_rms_err": (se_qjl / s_ref).sqrt(),
+            "score_rel_rms_err_rows_only": (se_rows / s_ref).sqrt(),
+            "score_slope": x_qjl / s_ref,
+            "score_slope_rows_only": x_rows / s_ref,
+        }));
+    }
+    let mean = |key: &str| {
+        layers.iter().filter_map(|l| l[key].as_f64()).sum::<f64>() / layers.len().max(1) as f64
+    };
+    let max = |key: &str| {
+        layers
+            .iter()
+            .filter_map(|l| l[key].as_f64())
+            .fold(0.0, f64::max)
+    };
+    let kbits = codec.k.bits_per_value() + qjl.bits_per_value();
+    let bpv = (kbits + codec.v.bits_per_value()) / 2.0;
+    Ok(json!({
+        "config": format!("qjl:{cfg}"),
+        "k_bits_per_value": kbits,
+        "k_rows_bits_per_value": codec.k.bits_per_value(),
+        "v_bits_per_value": codec.v.bits_per_value(),
+        "bits_per_value": bpv,
+        "ratio_vs_f16": 16.0 / bpv,
+        "k_snr_db_mean": mean("k_snr_db"),
+        "k_rows_snr_db_mean": mean("k_rows_snr_db"),
+        "v_snr_db_mean": mean("v_snr_db"),
+        "k_snr_db_min": layers.iter().filter_map(|l| l["k_snr_db"].as_f64()).fold(f64::INFINITY, f64::min),
+        "attn_rel_err_mean": mean("attn_rel_err_mean"),
+        "attn_rel_err_max": max("attn_rel_err_max"),
+        "attn_rel_err_mean_rows_only": mean("attn_rel_err_mean_rows_only"),
+        "attn_rel_err_max_rows_only": max("attn_rel_err_max_rows_only"),
+        "score_rel_rms_err_mean": mean("score_rel_rms_err"),
+        "score_rel_rms_err_mean_rows_only": mean("score_rel_rms_err_rows_only"),
+        "score_slope_mean": mean("score_slope"),
+        "score_slope_mean_rows_only": mean("score_slope_rows_only"),
+        "scores": "<q, k_row> + QJL correction ||r|| sqrt(pi/2)/d <S q, sign(S r)>; k_snr_db is of k_row + reconstruct(sketch)",
+        "quantize_gb_per_s": bytes as f64 / qsecs / 1e9,
+        "dequantize_gb_per_s": bytes as f64 / dsecs / 1e9,
+        "layers": layers,
+    }))
+}
+
 /// One-core decode attention time for one head at `n` tokens, packed vs f16, on rows
 /// tiled from layer 0 head 0 of the data.
 fn speed(kv: &Kv, cfg: &KvqConfig, n: usize, reps: usize) -> Result<Value, CliError> {
@@ -661,6 +835,7 @@ pub fn measure(a: &BenchQuantArgs) -> Result<Value, CliError> {
             BenchConfig::Channel { group, cfg } => {
                 quality_channel(&kv, *group, cfg, &refs, a.reps.min(2))?
             }
+            BenchConfig::Qjl(cfg) => quality_qjl(&kv, cfg, &refs)?,
         });
     }
     let mut s = Vec::new();
@@ -732,6 +907,24 @@ pub fn run(a: &BenchQuantArgs) -> Result<(), CliError> {
             f("attn_rel_err_max"),
             f("quantize_gb_per_s"),
             f("dequantize_gb_per_s"),
+        );
+    }
+    for c in r["quality"].as_array().into_iter().flatten() {
+        if c["attn_rel_err_mean_rows_only"].is_null() {
+            continue;
+        }
+        let f = |k: &str| c[k].as_f64().unwrap_or(f64::NAN);
+        println!(
+            "  {:<14} K rows alone ({:.3} bits): K SNR {:.2} dB, attn err {:.3e}, max {:.3e}; score rel rms err {:.3e} with QJL, {:.3e} rows alone; score slope {:.4} / {:.4}",
+            c["config"].as_str().unwrap_or(""),
+            f("k_rows_bits_per_value"),
+            f("k_rows_snr_db_mean"),
+            f("attn_rel_err_mean_rows_only"),
+            f("attn_rel_err_max_rows_only"),
+            f("score_rel_rms_err_mean"),
+            f("score_rel_rms_err_mean_rows_only"),
+            f("score_slope_mean"),
+            f("score_slope_mean_rows_only"),
         );
     }
     println!("  per layer (K SNR / V SNR dB):");
