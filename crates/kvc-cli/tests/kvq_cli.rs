@@ -86,7 +86,7 @@ fn bench_quant_measures_k_channel_groups_against_rows() {
             "--queries",
             "4",
         ])
-        .args(["--no-speed", "--reps", "1", "--data"])
+        .args(["--tokens", "300", "--reps", "1", "--data"])
         .arg(&data)
         .arg("--json")
         .arg(&json)
@@ -112,7 +112,23 @@ fn bench_quant_measures_k_channel_groups_against_rows() {
     );
     let e = f(&q[1], "attn_rel_err_mean");
     assert!(e.is_finite() && e > 0.0 && e < 1.0, "{e}");
-    assert!(r["attention_speed"].as_array().unwrap().is_empty());
+    // packed attention timed for the row config only; K per channel per row, by block
+    assert_eq!(r["attention_speed"].as_array().unwrap().len(), 1);
+    let cs = r["channel_speed"].as_array().unwrap();
+    assert_eq!(cs.len(), 1);
+    assert_eq!(cs[0]["block_bytes"].as_u64(), Some(4 * 64 + 32 * 32));
+    for k in [
+        "dot_block_ns_per_row",
+        "f16_dot_ns",
+        "dequantize_block_ns_per_row",
+        "f16_to_f32_ns",
+    ] {
+        assert!(
+            f(&cs[0], k).is_finite() && f(&cs[0], k) > 0.0,
+            "{k}: {}",
+            cs[0]
+        );
+    }
     // a group the codec does not take: one line, status 2
     let o = kvc()
         .args(["bench", "quant", "--configs", "kc48:k4v4", "--data"])

@@ -12,8 +12,9 @@
 //! `ChannelGroupCodec`) at CONFIG's K bits, V as CONFIG's rows; at a query position the
 //! tokens of the unfilled group are read as the f16 cache holds them, as an engine holds
 //! them, and the scores of coded tokens come from `ChannelGroupCodec::dot_block`. Their bits
-//! per value count the blocks (steps and minimums included), not the f16 tail. Timings are
-//! for row configurations only.
+//! per value count the blocks (steps and minimums included), not the f16 tail. Their
+//! timings are per row: a block's scores (`dot_block`) and decode over its rows, against
+//! the f16 row ops in the same run (the packed attention timing is for rows only).
 //!
 //! `qjl:CONFIG` entries code K as CONFIG's K rows plus the 1-bit QJL sketch of each row's
 //! residual (TurboQuant-prod, `kvq::qjl`; `d / 8 + 2` bytes a row), V as CONFIG's rows. The
@@ -818,6 +819,54 @@ fn row_speed(kv: &Kv, reps: usize) -> Result<Vec<Value>, CliError> {
     Ok(out)
 }
 
+/// One-core time per row of K per channel: scores of a whole block (`dot_block`) and a
+/// block's decode, divided by its rows, against the f16 row dot product and conversion, on
+/// 4096 rows tiled from layer 0 head 0, each pair measured back to back.
+fn channel_speed(kv: &Kv, group: usize, cfg: &KvqConfig, reps: usize) -> Result<Value, CliError> {
+    let d = kv.head_dim;
+    let n = 4096;
+    let c = ChannelGroupCodec::new(cfg.k_bits, d, group).map_err(lib)?;
+    let ln = kv.n_tokens * kv.n_kv_head * d;
+    let kh = head_rows(&kv.k[..ln], kv.n_tokens, kv.n_kv_head, 0, d);
+    let x: Vec<f32> = kh.iter().cycle().take(n * d).copied().collect();
+    let x16: Vec<f16> = x.iter().map(|&v| f16::from_f32(v)).collect();
+    let q: Vec<f32> = kh[(kv.n_tokens - 1) * d..kv.n_tokens * d].to_vec();
+    let bb = c.block_bytes();
+    let nb = n / group;
+    let mut p = vec![0u8; nb * bb];
+    for (b, o) in p.chunks_exact_mut(bb).enumerate() {
+        c.quantize_block(&x[b * group * d..(b + 1) * group * d], o)
+            .map_err(lib)?;
+    }
+    let isa = Isa::detect();
+    let mut scores = vec![0f32; group];
+    let mut rows = vec![0f32; group * d];
+    let mut buf = vec![0f32; d];
+    let f16_dot = per_row_ns(n, reps, |r| {
+        dot_f16_row(isa, &q, &x16[r * d..(r + 1) * d]).map_err(lib)
+    })?;
+    let dot = per_row_ns(nb, reps, |b| {
+        c.dot_block(&q, &p[b * bb..(b + 1) * bb], &mut scores)
+            .map_err(lib)?;
+        Ok(scores[b % group])
+    })? / group as f64;
+    let f16_cvt = per_row_ns(n, reps, |r| {
+        f16_row_to_f32(&x16[r * d..(r + 1) * d], &mut buf).map_err(lib)?;
+        Ok(buf[r % d])
+    })?;
+    let deq = per_row_ns(nb, reps, |b| {
+        c.dequantize_block(&p[b * bb..(b + 1) * bb], &mut rows)
+            .map_err(lib)?;
+        Ok(rows[b % (group * d)])
+    })? / group as f64;
+    Ok(json!({
+        "config": format!("kc{group}:{cfg}"), "group": group, "bits": cfg.k_bits, "head_dim": d,
+        "block_bytes": bb, "rows": n, "isa": "portable (no SIMD kernel yet)", "f16_isa": isa_name(isa),
+        "dot_block_ns_per_row": dot, "f16_dot_ns": f16_dot,
+        "dequantize_block_ns_per_row": deq, "f16_to_f32_ns": f16_cvt,
+    }))
+}
+
 /// Everything as JSON.
 pub fn measure(a: &BenchQuantArgs) -> Result<Value, CliError> {
     let kv = load(a)?;
@@ -840,8 +889,14 @@ pub fn measure(a: &BenchQuantArgs) -> Result<Value, CliError> {
     }
     let mut s = Vec::new();
     let mut rs = Vec::new();
+    let mut cs = Vec::new();
     if !a.no_speed {
         rs = row_speed(&kv, a.reps.max(3))?;
+        for c in &configs {
+            if let BenchConfig::Channel { group, cfg } = c {
+                cs.push(channel_speed(&kv, *group, cfg, a.reps.max(3))?);
+            }
+        }
         let tokens = a
             .tokens
             .split(',')
@@ -868,6 +923,7 @@ pub fn measure(a: &BenchQuantArgs) -> Result<Value, CliError> {
         "quality": q,
         "attention_speed": s,
         "row_speed": rs,
+        "channel_speed": cs,
     }))
 }
 
@@ -995,6 +1051,27 @@ pub fn run(a: &BenchQuantArgs) -> Result<(), CliError> {
                 f("dot_rotated_ns"),
                 f("f16_dot_ns"),
                 f("dequantize_row_rotated_ns"),
+                f("f16_to_f32_ns")
+            );
+        }
+    }
+    if let Some(s) = r["channel_speed"].as_array().filter(|s| !s.is_empty()) {
+        println!(
+            "K per channel, one core, ns per row (best of {}; a block's scores or decode over its rows; f16 row ops in the same run):",
+            a.reps.max(3)
+        );
+        println!(
+            "  {:<14} {:>11} {:>9} {:>12} {:>10}",
+            "config", "dot_block", "f16 dot", "deq_block", "f16->f32"
+        );
+        for c in s {
+            let f = |k: &str| c[k].as_f64().unwrap_or(f64::NAN);
+            println!(
+                "  {:<14} {:>11.2} {:>9.2} {:>12.2} {:>10.2}",
+                c["config"].as_str().unwrap_or(""),
+                f("dot_block_ns_per_row"),
+                f("f16_dot_ns"),
+                f("dequantize_block_ns_per_row"),
                 f("f16_to_f32_ns")
             );
         }
