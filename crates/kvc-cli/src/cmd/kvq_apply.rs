@@ -242,7 +242,7 @@ fn tokens_of(s: &CacheShape, len: usize, path: &Path) -> Result<usize, CliError>
 }
 
 /// Row codecs by bits (a codec's codebook is worth computing once).
-struct Codecs {
+pub(crate) struct Codecs {
     method: kvc_quant::kvq::Method,
     seed: u64,
     head_dim: usize,
@@ -250,7 +250,8 @@ struct Codecs {
 }
 
 impl Codecs {
-    fn new(h: &Header) -> Codecs {
+    /// No codec yet, for `h`'s method, seed and head_dim.
+    pub(crate) fn new(h: &Header) -> Codecs {
         Codecs {
             method: h.method(),
             seed: h.plan.seed,
@@ -273,7 +274,8 @@ impl Codecs {
 
 /// Codes one layer of a raw cache (`x`: `tokens * kv_heads * head_dim` values,
 /// `[token][kv_head][head_dim]`) into `out` and returns the decoded values in `back`.
-fn encode_layer(
+/// (`pub(crate)` for fuzz/fuzz_targets/kvq_file.rs, which compiles this file.)
+pub(crate) fn encode_layer(
     h: &Header,
     i: usize,
     codecs: &mut Codecs,
