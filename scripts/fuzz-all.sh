@@ -21,7 +21,7 @@ if [ "${1:-}" = "--time" ]; then
     mode=time
     limit="${2:?usage: fuzz-all.sh --time SECONDS}"
 fi
-all_targets="gear_v1_decode gear_v2_decode mlp_weights c8_checkpoint h2o_replay kvq_plan kvq_rows kvq_block kvq_channel tier_blob llama_state"
+all_targets="gear_v1_decode gear_v2_decode mlp_weights c8_checkpoint h2o_replay kvq_plan kvq_rows kvq_block kvq_channel kvq_file tier_blob llama_state"
 targets="${FUZZ_TARGETS:-$all_targets}"
 
 host="$(rustc -vV | sed -n 's/^host: //p')"
@@ -56,6 +56,8 @@ seed gear_v2_decode ../crates/kvc-codec/tests/golden/*.kvg2
 seed mlp_weights ../crates/kvc-mlp/tests/fixtures/*.bin
 seed h2o_replay seeds/h2o_replay/*
 seed kvq_plan ../data/kvq-plans/*.json
+# kvq_file: packed cache files `kvc quant apply --kvq` wrote (fuzz/make_kvq_file_seeds.sh).
+seed kvq_file seeds/kvq_file/*
 # c8_checkpoint: u16 LE description length, the description, the safetensors file (the
 # fixtures scripts/make_c8_fixtures.py wrote).
 mkdir -p corpus/c8_checkpoint
@@ -86,6 +88,7 @@ max_len() {
         gear_v1_decode | h2o_replay) echo 4096 ;;
         mlp_weights) echo 32768 ;;
         kvq_rows) echo 2048 ;;
+        kvq_file) echo 16384 ;;
         *) echo 8192 ;;
     esac
 }

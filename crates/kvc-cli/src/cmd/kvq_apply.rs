@@ -242,7 +242,7 @@ fn tokens_of(s: &CacheShape, len: usize, path: &Path) -> Result<usize, CliError>
 }
 
 /// Row codecs by bits (a codec's codebook is worth computing once).
-struct Codecs {
+pub(crate) struct Codecs {
     method: kvc_quant::kvq::Method,
     seed: u64,
     head_dim: usize,
@@ -250,7 +250,8 @@ struct Codecs {
 }
 
 impl Codecs {
-    fn new(h: &Header) -> Codecs {
+    /// No codec yet, for `h`'s method, seed and head_dim.
+    pub(crate) fn new(h: &Header) -> Codecs {
         Codecs {
             method: h.method(),
             seed: h.plan.seed,
@@ -273,7 +274,8 @@ impl Codecs {
 
 /// Codes one layer of a raw cache (`x`: `tokens * kv_heads * head_dim` values,
 /// `[token][kv_head][head_dim]`) into `out` and returns the decoded values in `back`.
-fn encode_layer(
+/// (`pub(crate)` for fuzz/fuzz_targets/kvq_file.rs, which compiles this file.)
+pub(crate) fn encode_layer(
     h: &Header,
     i: usize,
     codecs: &mut Codecs,
@@ -402,10 +404,20 @@ fn decode_layer(
                     }
                 }
             }
+            // The f16 tail: the writer refuses a value outside f16's range, so a non-finite
+            // one is corruption, not data.
             let tail = &sec[nh * nb * c.block_bytes()..];
             let o = nb * g * nh * d;
-            for (v, b) in back[o..].iter_mut().zip(tail.chunks_exact(2)) {
-                *v = f16::from_le_bytes([b[0], b[1]]).to_f32();
+            for (n, (v, b)) in back[o..].iter_mut().zip(tail.chunks_exact(2)).enumerate() {
+                let hv = f16::from_le_bytes([b[0], b[1]]);
+                if !hv.is_finite() {
+                    let (t, hd, j) = (nb * g + n / (nh * d), n / d % nh, n % d);
+                    return Err(CliError::input(format!(
+                        "{what}: layer {i} token {t} head {hd} value {j} of the f16 tail (the unfilled channel group) is {} (corrupt data)",
+                        hv.to_f32()
+                    )));
+                }
+                *v = hv.to_f32();
             }
         }
     }
@@ -724,5 +736,35 @@ mod tests {
             let e = decode_file(&g, tensor, p, Elem::F32).unwrap_err();
             assert!(e.to_string().contains(expect), "{e}");
         }
+    }
+
+    /// Found by fuzz/fuzz_targets/kvq_file.rs: a NaN or infinite f16 in the tail of an
+    /// unfilled channel group was decoded as is (the writer never writes one).
+    #[test]
+    fn a_non_finite_f16_tail_value_is_an_error_naming_it() {
+        let p = Path::new("t");
+        // 2 layers x 21 tokens x 2 heads x 64: one group of 16 per head, then 5 tail tokens.
+        let f = packed(Tensor::K, "k4v4", Some(16), 21);
+        let (h, body) = kvq_file::parse("t", &f, Tensor::K).unwrap();
+        let tail_at = body + h.layer_bytes(0).unwrap() - 5 * 2 * 64 * 2;
+        // Layer 0, tail token 2 (token 18), head 1, value 7.
+        let at = tail_at + ((2 * 2 + 1) * 64 + 7) * 2;
+        for bad in [[0x00, 0x7e], [0x00, 0x7c], [0x00, 0xfc]] {
+            let mut g = f.clone();
+            g[at..at + 2].copy_from_slice(&bad);
+            let e = decode_file(&g, Tensor::K, p, Elem::F32).unwrap_err();
+            assert!(matches!(e, CliError::Input(_)), "{e}");
+            assert!(
+                e.to_string()
+                    .contains("layer 0 token 18 head 1 value 7 of the f16 tail"),
+                "{e}"
+            );
+        }
+        // The largest finite f16 there is data.
+        let mut g = f.clone();
+        g[at..at + 2].copy_from_slice(&[0xff, 0x7b]);
+        let (_, out) = decode_file(&g, Tensor::K, p, Elem::F32).unwrap();
+        let v = (18 * 2 + 1) * 64 + 7;
+        assert_eq!(out[4 * v..4 * v + 4], 65504f32.to_le_bytes());
     }
 }
