@@ -334,7 +334,7 @@ struct KvqSetup {
     std::string plan_json;
     KvqPtr kvq;
     double k_bits = 0, v_bits = 0, cell = 0, f16_cell = 0;
-    int sink;
+    int sink, recent;
     KvqRoundTripHook hook;
 
     KvqSetup(const std::string & kvq_mode, const ModelInfo & mi, const Options & o)
@@ -343,7 +343,8 @@ struct KvqSetup {
           plan_json(from_plan ? read_file(config) : std::string()),
           kvq(config, mi, from_plan ? &plan_json : nullptr),
           sink(std::min(o.kvq_sink, o.n_tokens)),
-          hook(kvq.q, mi, sink) {
+          recent(o.kvq_recent),
+          hook(kvq.q, mi, sink, recent) {
         cell = kvq_cell_bytes(kvq.q, mi, &k_bits, &v_bits);
         f16_cell = (double) mi.cell_bytes(GGML_TYPE_F16, GGML_TYPE_F16);
     }
@@ -353,9 +354,16 @@ struct KvqSetup {
         tap.want_set_rows = true;
         tap.hook = &hook;
         s.cfg.tap = &tap;
-        // memory as a kvq cache holds it: packed rows per cell; the protected sink cells at f16
+        // memory as a kvq cache holds it: packed rows per cell; the protected sink cells and
+        // the --kvq-recent newest cells at f16
         s.cell_bytes = cell;
         s.fixed_bytes = (double) sink * (f16_cell - cell);
+        if (recent > 0) {
+            s.held_bytes = [this](size_t n) {
+                const size_t sk = std::min(n, (size_t) sink), w = std::min(n - sk, (size_t) recent);
+                return (double) (sk + w) * f16_cell + (double) (n - sk - w) * cell;
+            };
+        }
     }
 
     // Checks the hook saw every row SET_ROWS wrote, adds kvq's numbers to the row and returns
@@ -374,13 +382,14 @@ struct KvqSetup {
         }
         r.extra.push_back({"kvq_config", "\"" + json_escape(config) + "\""});
         r.extra.push_back({"kvq_sink", std::to_string(sink)});
+        r.extra.push_back({"kvq_recent", std::to_string(recent)});
         r.extra.push_back({"kvq_cell_bytes", json_num(cell)});
         r.extra.push_back({"kv_accounting", "\"kvq: packed rows per cell (kvc_kvq_row_bytes, scales included), sink cells at f16 (llama.cpp holds f16: kvc dequantizes)\""});
         char buf[240];
         const auto & ek = hook.err(false);
         const auto & ev = hook.err(true);
-        std::snprintf(buf, sizeof buf, "kvc kvq %s, %.3g+%.3g bits/value (K+V, scales included), sink %d f16; rel RMS err K %.4f V %.4f",
-                      config.c_str(), k_bits, v_bits, sink, std::sqrt(ek.sq / std::max(1e-30, ek.ref)),
+        std::snprintf(buf, sizeof buf, "kvc kvq %s, %.3g+%.3g bits/value (K+V, scales included), sink %d recent %d f16; rel RMS err K %.4f V %.4f",
+                      config.c_str(), k_bits, v_bits, sink, recent, std::sqrt(ek.sq / std::max(1e-30, ek.ref)),
                       std::sqrt(ev.sq / std::max(1e-30, ev.ref)));
         return buf;
     }

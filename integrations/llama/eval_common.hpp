@@ -48,6 +48,7 @@ struct Options {
                                       "c8-h2o", "q8_0",      "q4_0",          "q8_0-q4_0", "kvq:k4v4", "kvq:k4v2",
                                       "kvq-kc32:k4v4", "probe", "state", "dump"};
     int kvq_sink = 0;  // kvq modes: tokens at positions below this stay as the f16 cache holds them
+    int kvq_recent = 0;  // kvq: / kvq-plan: modes: the newest tokens stay as the f16 cache holds them
     bool kvq_fa = false;  // kvq: modes with flash attention on (as the kvq-native modes run)
     bool kvq_native_fa = true;  // kvq-native modes with flash attention (off: llama.cpp must refuse)
     // decode-speed table (kvq_native_mode.hpp): cache types, filled contexts, decoded tokens
@@ -120,6 +121,8 @@ const char * kUsage =
     "                      packed bytes, e.g. mlp@4+kvq:k8v4, h2o@4.75+kvq:k4v4; --kvq-sink <= --sink\n"
     "  --mlp-weights FILE  a .bin v1 compressor for the model (repeatable, one per factor)\n"
     "  --kvq-sink N        kvq modes: the first N tokens stay f16 (counted at f16 bytes) [0]\n"
+    "  --kvq-recent N      kvq: and kvq-plan: modes: the newest N tokens stay f16 (counted at f16\n"
+    "                      bytes) and are coded as they leave the window; needs --kvq-fa [0]\n"
     "                      kvq-native:CONFIG / kvq-native-plan:FILE: llama.cpp's cache itself in\n"
     "                      kvc's kvq ggml types (patched build), memory as llama.cpp allocated it\n"
     "  --kvq-fa            kvq:, kvq-plan: and kvq-kc modes with flash attention on (off by default)\n"
@@ -225,6 +228,7 @@ Options parse_options(int argc, char ** argv) {
         else if (a == "--c8-calib") o.c8_calib = parse_int(a, val(), 1, 1 << 20);
         else if (a == "--c8-rule") o.c8_rule = val();
         else if (a == "--kvq-sink") o.kvq_sink = parse_int(a, val(), 0, 1 << 20);
+        else if (a == "--kvq-recent") o.kvq_recent = parse_int(a, val(), 0, 1 << 20);
         else if (a == "--kvq-fa") o.kvq_fa = true;
         else if (a == "--kvq-native-no-fa") o.kvq_native_fa = false;
         else if (a == "--speed-modes") o.speed_modes = split_commas(val());
@@ -367,6 +371,16 @@ Options parse_options(int argc, char ** argv) {
         }
     }
     (void) modes_given;
+    if (o.kvq_recent > 0) {
+        // the window's rows are written back into their cells as they leave it: llama.cpp must
+        // hold V as rows (flash attention), and the cells must not move (no eviction, no rewrite)
+        if (!o.kvq_fa) throw UsageError("--kvq-recent needs --kvq-fa (without flash attention llama.cpp stores V transposed)");
+        for (const auto & m : o.modes) {
+            if (m.find("+kvq") != std::string::npos || m.rfind("kvq-kc", 0) == 0) {
+                throw UsageError("--kvq-recent applies to kvq: and kvq-plan: modes alone, not to " + m);
+            }
+        }
+    }
     return o;
 }
 

@@ -57,9 +57,16 @@ double kvq_cell_bytes(const kvc_kvq * q, const ModelInfo & mi, double * k_bits =
 
 class KvqRoundTripHook : public RowHook {
 public:
-    KvqRoundTripHook(const kvc_kvq * q, const ModelInfo & mi, int sink) : q_(q), mi_(mi), sink_(sink) {
-        written_[0].assign(mi.n_layer, 0);
-        written_[1].assign(mi.n_layer, 0);
+    // recent > 0: a token's rows stay as the f16 cache holds them until `recent` newer tokens
+    // have been written, then they are coded and written back into their cells (on_set_rows)
+    KvqRoundTripHook(const kvc_kvq * q, const ModelInfo & mi, int sink, int recent = 0)
+        : q_(q), mi_(mi), sink_(sink), recent_(recent) {
+        for (int v = 0; v < 2; ++v) {
+            written_[v].assign(mi.n_layer, 0);
+            first_coded_[v].assign(mi.n_layer, 0);
+            pending_[v].resize(mi.n_layer);
+            cells_[v].resize(mi.n_layer);
+        }
     }
     void on_rows(int il, bool is_v, ggml_tensor * t) override {
         const int64_t D = mi_.head_dim, H = mi_.n_head_kv, n_tok = t->ne[2];
@@ -72,9 +79,48 @@ public:
         const int64_t keep = std::max<int64_t>(0, std::min<int64_t>(n_tok, sink_ - seen));
         seen += n_tok;
         float * rows = (float *) t->data;
+        if (recent_ > 0) {
+            // held as the f16 cache holds them until they leave the window
+            first_coded_[is_v ? 1 : 0][il] = keep;
+            auto & dst = pending_[is_v ? 1 : 0][il];
+            for (int64_t i = keep * H * D; i < n_tok * H * D; ++i) dst.push_back(ggml_fp16_to_fp32(ggml_fp32_to_fp16(rows[i])));
+            return;
+        }
         const size_t n_rows = (size_t) ((n_tok - keep) * H);
         if (n_rows == 0) return;
-        float * first = rows + keep * H * D;
+        round_trip(il, is_v, rows + keep * H * D, n_rows);
+    }
+    void on_set_rows(int il, bool is_v, ggml_tensor * node) override {
+        if (recent_ == 0) return;
+        const int v = is_v ? 1 : 0;
+        const ggml_tensor * idx = node->src[1];
+        if (idx->type != GGML_TYPE_I64) fail("kvq: SET_ROWS indices are not I64: " + shape_str(idx));
+        auto & cells = cells_[v][il];
+        for (int64_t i = first_coded_[v][il]; i < idx->ne[0]; ++i) {
+            cells.push_back(*(const int64_t *) ((const char *) idx->data + i * idx->nb[0]));
+        }
+        const size_t D = (size_t) mi_.head_dim, H = (size_t) mi_.n_head_kv;
+        auto & rows = pending_[v][il];
+        if (rows.size() != cells.size() * H * D) fail("kvq: rows and SET_ROWS cells disagree");
+        if (cells.size() <= (size_t) recent_) return;
+        ggml_tensor * cache = node->view_src ? node->view_src : node;
+        if (cache->type != GGML_TYPE_F16 || cache->ne[0] != (int64_t) (H * D)) {
+            fail("kvq: --kvq-recent needs the cache as f16 rows of n_head_kv * head_dim (V is stored transposed "
+                 "without flash attention: add --kvq-fa): " + shape_str(cache));
+        }
+        const size_t out = cells.size() - (size_t) recent_;  // tokens leaving the window
+        round_trip(il, is_v, rows.data(), out * H);
+        for (size_t t = 0; t < out; ++t) {
+            if (cells[t] < 0 || cells[t] >= cache->ne[1]) fail("kvq: a SET_ROWS cell is outside the cache");
+            ggml_fp16_t * dst = (ggml_fp16_t *) ((char *) cache->data + (size_t) cells[t] * cache->nb[1]);
+            for (size_t e = 0; e < H * D; ++e) dst[e] = ggml_fp32_to_fp16(rows[t * H * D + e]);
+        }
+        rows.erase(rows.begin(), rows.begin() + (long) (out * H * D));
+        cells.erase(cells.begin(), cells.begin() + (long) out);
+    }
+    // Packs and unpacks n_rows rows in place (values as written; the reference is their f16)
+    void round_trip(int il, bool is_v, float * first, size_t n_rows) {
+        const int64_t D = mi_.head_dim;
         const kvc_tensor which = is_v ? KVC_TENSOR_V : KVC_TENSOR_K;
         size_t row_bytes = 0;
         kvc_ok(kvc_kvq_row_bytes(q_, (uint32_t) il, which, &row_bytes), "kvc_kvq_row_bytes");
@@ -107,8 +153,11 @@ public:
 private:
     const kvc_kvq * q_;
     const ModelInfo & mi_;
-    int sink_;
+    int sink_, recent_;
     std::vector<long> written_[2];
+    std::vector<int64_t> first_coded_[2];             // of the last call's tokens, the first past the sink
+    std::vector<std::vector<float>> pending_[2];      // per layer: the window's rows, [token][head][dim]
+    std::vector<std::vector<int64_t>> cells_[2];      // their cells
     std::vector<uint8_t> packed_;
     std::vector<float> ref_;
     Err err_[2];
