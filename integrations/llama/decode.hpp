@@ -333,7 +333,8 @@ struct KvqSetup {
     bool from_plan;
     std::string plan_json;
     KvqPtr kvq;
-    double k_bits = 0, v_bits = 0, cell = 0, f16_cell = 0;
+    std::unique_ptr<KvqPtr> window;  // --kvq-recent-bits 8: the window as kvq k8v8 rows
+    double k_bits = 0, v_bits = 0, cell = 0, f16_cell = 0, window_cell = 0;
     int sink, recent;
     KvqRoundTripHook hook;
 
@@ -343,10 +344,12 @@ struct KvqSetup {
           plan_json(from_plan ? read_file(config) : std::string()),
           kvq(config, mi, from_plan ? &plan_json : nullptr),
           sink(std::min(o.kvq_sink, o.n_tokens)),
+          window(o.kvq_recent > 0 && o.kvq_recent_bits == 8 ? new KvqPtr("k8v8", mi) : nullptr),
           recent(o.kvq_recent),
-          hook(kvq.q, mi, sink, recent) {
+          hook(kvq.q, mi, sink, recent, window ? window->q : nullptr) {
         cell = kvq_cell_bytes(kvq.q, mi, &k_bits, &v_bits);
         f16_cell = (double) mi.cell_bytes(GGML_TYPE_F16, GGML_TYPE_F16);
+        window_cell = window ? kvq_cell_bytes(window->q, mi) : f16_cell;
     }
 
     void attach(EvalTap & tap, DecodeSpec & s) {
@@ -361,7 +364,7 @@ struct KvqSetup {
         if (recent > 0) {
             s.held_bytes = [this](size_t n) {
                 const size_t sk = std::min(n, (size_t) sink), w = std::min(n - sk, (size_t) recent);
-                return (double) (sk + w) * f16_cell + (double) (n - sk - w) * cell;
+                return (double) sk * f16_cell + (double) w * window_cell + (double) (n - sk - w) * cell;
             };
         }
     }
@@ -383,13 +386,14 @@ struct KvqSetup {
         r.extra.push_back({"kvq_config", "\"" + json_escape(config) + "\""});
         r.extra.push_back({"kvq_sink", std::to_string(sink)});
         r.extra.push_back({"kvq_recent", std::to_string(recent)});
+        r.extra.push_back({"kvq_recent_cell_bytes", json_num(recent > 0 ? window_cell : 0.0)});
         r.extra.push_back({"kvq_cell_bytes", json_num(cell)});
         r.extra.push_back({"kv_accounting", "\"kvq: packed rows per cell (kvc_kvq_row_bytes, scales included), sink cells at f16 (llama.cpp holds f16: kvc dequantizes)\""});
         char buf[240];
         const auto & ek = hook.err(false);
         const auto & ev = hook.err(true);
-        std::snprintf(buf, sizeof buf, "kvc kvq %s, %.3g+%.3g bits/value (K+V, scales included), sink %d recent %d f16; rel RMS err K %.4f V %.4f",
-                      config.c_str(), k_bits, v_bits, sink, recent, std::sqrt(ek.sq / std::max(1e-30, ek.ref)),
+        std::snprintf(buf, sizeof buf, "kvc kvq %s, %.3g+%.3g bits/value (K+V, scales included), sink %d f16, recent %d %s; rel RMS err K %.4f V %.4f",
+                      config.c_str(), k_bits, v_bits, sink, recent, window ? "k8 rows" : "f16", std::sqrt(ek.sq / std::max(1e-30, ek.ref)),
                       std::sqrt(ev.sq / std::max(1e-30, ev.ref)));
         return buf;
     }

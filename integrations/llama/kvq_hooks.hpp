@@ -57,14 +57,16 @@ double kvq_cell_bytes(const kvc_kvq * q, const ModelInfo & mi, double * k_bits =
 
 class KvqRoundTripHook : public RowHook {
 public:
-    // recent > 0: a token's rows stay as the f16 cache holds them until `recent` newer tokens
-    // have been written, then they are coded and written back into their cells (on_set_rows)
-    KvqRoundTripHook(const kvc_kvq * q, const ModelInfo & mi, int sink, int recent = 0)
-        : q_(q), mi_(mi), sink_(sink), recent_(recent) {
+    // recent > 0: a token's rows stay as the f16 cache holds them (or, with `window`, as that
+    // kvq handle's rows: 8-bit rows) until `recent` newer tokens have been written, then they
+    // are coded and written back into their cells (on_set_rows)
+    KvqRoundTripHook(const kvc_kvq * q, const ModelInfo & mi, int sink, int recent = 0, const kvc_kvq * window = nullptr)
+        : q_(q), window_(window), mi_(mi), sink_(sink), recent_(recent) {
         for (int v = 0; v < 2; ++v) {
             written_[v].assign(mi.n_layer, 0);
             first_coded_[v].assign(mi.n_layer, 0);
             pending_[v].resize(mi.n_layer);
+            pending_ref_[v].resize(mi.n_layer);
             cells_[v].resize(mi.n_layer);
         }
     }
@@ -80,9 +82,24 @@ public:
         seen += n_tok;
         float * rows = (float *) t->data;
         if (recent_ > 0) {
-            // held as the f16 cache holds them until they leave the window
-            first_coded_[is_v ? 1 : 0][il] = keep;
-            auto & dst = pending_[is_v ? 1 : 0][il];
+            // held as the f16 cache holds them (or as window rows) until they leave the window
+            const int v = is_v ? 1 : 0;
+            first_coded_[v][il] = keep;
+            auto & ref = pending_ref_[v][il];
+            for (int64_t i = keep * H * D; i < n_tok * H * D; ++i) ref.push_back(ggml_fp16_to_fp32(ggml_fp32_to_fp16(rows[i])));
+            if (window_ && n_tok > keep) {
+                const size_t n_rows = (size_t) ((n_tok - keep) * H);
+                const kvc_tensor which = is_v ? KVC_TENSOR_V : KVC_TENSOR_K;
+                size_t rb = 0;
+                kvc_ok(kvc_kvq_row_bytes(window_, (uint32_t) il, which, &rb), "kvc_kvq_row_bytes");
+                packed_.resize(n_rows * rb);
+                float * first = rows + keep * H * D;
+                kvc_ok(kvc_kvq_quantize_rows(window_, (uint32_t) il, which, first, n_rows, packed_.data(), packed_.size()),
+                       "kvc_kvq_quantize_rows");
+                kvc_ok(kvc_kvq_dequantize_rows(window_, (uint32_t) il, which, packed_.data(), packed_.size(), first, n_rows),
+                       "kvc_kvq_dequantize_rows");
+            }
+            auto & dst = pending_[v][il];
             for (int64_t i = keep * H * D; i < n_tok * H * D; ++i) dst.push_back(ggml_fp16_to_fp32(ggml_fp32_to_fp16(rows[i])));
             return;
         }
@@ -109,17 +126,20 @@ public:
                  "without flash attention: add --kvq-fa): " + shape_str(cache));
         }
         const size_t out = cells.size() - (size_t) recent_;  // tokens leaving the window
-        round_trip(il, is_v, rows.data(), out * H);
+        auto & ref = pending_ref_[v][il];
+        round_trip(il, is_v, rows.data(), out * H, ref.data());
         for (size_t t = 0; t < out; ++t) {
             if (cells[t] < 0 || cells[t] >= cache->ne[1]) fail("kvq: a SET_ROWS cell is outside the cache");
             ggml_fp16_t * dst = (ggml_fp16_t *) ((char *) cache->data + (size_t) cells[t] * cache->nb[1]);
             for (size_t e = 0; e < H * D; ++e) dst[e] = ggml_fp32_to_fp16(rows[t * H * D + e]);
         }
         rows.erase(rows.begin(), rows.begin() + (long) (out * H * D));
+        ref.erase(ref.begin(), ref.begin() + (long) (out * H * D));
         cells.erase(cells.begin(), cells.begin() + (long) out);
     }
-    // Packs and unpacks n_rows rows in place (values as written; the reference is their f16)
-    void round_trip(int il, bool is_v, float * first, size_t n_rows) {
+    // Packs and unpacks n_rows rows in place; the error is against `reference` (the rows as
+    // an f16 cache holds them), or, when null, against the f16 of the rows given
+    void round_trip(int il, bool is_v, float * first, size_t n_rows, const float * reference = nullptr) {
         const int64_t D = mi_.head_dim;
         const kvc_tensor which = is_v ? KVC_TENSOR_V : KVC_TENSOR_K;
         size_t row_bytes = 0;
@@ -127,7 +147,7 @@ public:
         packed_.resize(n_rows * row_bytes);
         // the reference: the row as the f16 cache would have held it
         ref_.resize(n_rows * D);
-        for (size_t i = 0; i < ref_.size(); ++i) ref_[i] = ggml_fp16_to_fp32(ggml_fp32_to_fp16(first[i]));
+        for (size_t i = 0; i < ref_.size(); ++i) ref_[i] = reference ? reference[i] : ggml_fp16_to_fp32(ggml_fp32_to_fp16(first[i]));
         kvc_ok(kvc_kvq_quantize_rows(q_, (uint32_t) il, which, first, n_rows, packed_.data(), packed_.size()),
                "kvc_kvq_quantize_rows");
         kvc_ok(kvc_kvq_dequantize_rows(q_, (uint32_t) il, which, packed_.data(), packed_.size(), first, n_rows),
@@ -152,11 +172,13 @@ public:
 
 private:
     const kvc_kvq * q_;
+    const kvc_kvq * window_;
     const ModelInfo & mi_;
     int sink_, recent_;
     std::vector<long> written_[2];
     std::vector<int64_t> first_coded_[2];             // of the last call's tokens, the first past the sink
     std::vector<std::vector<float>> pending_[2];      // per layer: the window's rows, [token][head][dim]
+    std::vector<std::vector<float>> pending_ref_[2];  // the same rows as an f16 cache holds them
     std::vector<std::vector<int64_t>> cells_[2];      // their cells
     std::vector<uint8_t> packed_;
     std::vector<float> ref_;

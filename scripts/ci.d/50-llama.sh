@@ -338,13 +338,14 @@ head -c 1000 "$out/meanpool4.bin" >"$out/meanpool4-cut.bin"
 # a recent window needs V as rows (flash attention) and cells that stay put
 "$EVAL" --model "$MODEL" --text "$TEXT_A" --kvq-recent 8 --modes full,kvq:k4v4 2>"$out/err16.txt"; rc16=$?
 "$EVAL" --model "$MODEL" --text "$TEXT_A" --kvq-recent 8 --kvq-fa --modes full,h2o@3+kvq:k4v4 2>"$out/err17.txt"; rc17=$?
+"$EVAL" --model "$MODEL" --text "$TEXT_A" --kvq-recent 8 --kvq-fa --kvq-recent-bits 12 2>"$out/err18.txt"; rc18=$?
 set -e
 grep -q "24 layers" "$out/err11.txt" || { echo "50-llama: wrong-shape weights: $(cat "$out/err11.txt")" >&2; exit 1; }
 grep -q "factor 5" "$out/err12.txt" || { echo "50-llama: factor mismatch: $(cat "$out/err12.txt")" >&2; exit 1; }
 for r in "$rc:$out/err.txt" "$rc2:$out/err2.txt" "$rc3:$out/err3.txt" "$rc4:$out/err4.txt" "$rc5:$out/err5.txt" \
          "$rc7:$out/err7.txt" "$rc8:$out/err8.txt" "$rc9:$out/err9.txt" "$rc10:$out/err10.txt" \
          "$rc11:$out/err11.txt" "$rc12:$out/err12.txt" "$rc13:$out/err13.txt" "$rc14:$out/err14.txt" \
-         "$rc16:$out/err16.txt" "$rc17:$out/err17.txt"; do
+         "$rc16:$out/err16.txt" "$rc17:$out/err17.txt" "$rc18:$out/err18.txt"; do
     code="${r%%:*}"; file="${r#*:}"
     if [ "$code" -ne 2 ] || [ "$(wc -l <"$file")" -ne 1 ]; then
         echo "50-llama: bad input gave status $code with: $(cat "$file")" >&2
@@ -363,16 +364,19 @@ fi
 # kvq with the newest 32 tokens kept in f16 (--kvq-recent): the rows leave the window coded and
 # are written back into their cells; 200 tokens leave 168 coded per layer and head, and the
 # bytes held at the end are 32 f16 cells plus 168 packed ones
-"$EVAL" --model "$MODEL" --text "$TEXT_A" --n-tokens 200 --ppl-from 100 --kvq-fa --kvq-recent 32 \
-    --modes full,kvq:k4v4 --json "$out/kvq-recent.json" >/dev/null
-python3 - "$out/kvq-recent.json" <<'PY'
+for bits in 16 8; do
+    "$EVAL" --model "$MODEL" --text "$TEXT_A" --n-tokens 200 --ppl-from 100 --kvq-fa --kvq-recent 32 \
+        --kvq-recent-bits $bits --modes full,kvq:k4v4 --json "$out/kvq-recent-$bits.json" >/dev/null
+done
+python3 - "$out/kvq-recent-16.json" "$out/kvq-recent-8.json" <<'PY'
 import json, math, sys
-r = {x["mode"]: x for x in json.load(open(sys.argv[1]))["texts"][0]["results"]}["kvq:k4v4"]
-assert r["kvq_recent"] == 32 and r["kvq_k_rows"] == r["kvq_v_rows"] == 168 * 30 * 3, r
-f16_cell, kvq_cell = 30 * 2 * 192 * 2, 30 * 2 * 3 * (2 + 64 * 4 // 8)
-assert r["kv_held_bytes_end"] == 32 * f16_cell + 168 * kvq_cell, r
-assert 0.0 < r["kvq_k_rel_rms_err"] < 0.5 and 0.0 < r["kl"] and math.isfinite(r["ppl"]), r
-print(f"50-llama: kvq:k4v4 --kvq-recent 32: {r['kvq_k_rows']} K rows coded, ratio {r['kv_ratio_end']:.3f} at 200 tokens")
+rows = [{x["mode"]: x for x in json.load(open(f))["texts"][0]["results"]}["kvq:k4v4"] for f in sys.argv[1:]]
+f16_cell, kvq_cell, k8_cell = 30 * 2 * 192 * 2, 30 * 2 * 3 * (2 + 64 * 4 // 8), 30 * 2 * 3 * (2 + 64)
+for r, window in zip(rows, (f16_cell, k8_cell)):
+    assert r["kvq_recent"] == 32 and r["kvq_k_rows"] == r["kvq_v_rows"] == 168 * 30 * 3, r
+    assert r["kvq_recent_cell_bytes"] == window and r["kv_held_bytes_end"] == 32 * window + 168 * kvq_cell, r
+    assert 0.0 < r["kvq_k_rel_rms_err"] < 0.5 and 0.0 < r["kl"] and math.isfinite(r["ppl"]), r
+    print(f"50-llama: kvq:k4v4 --kvq-recent 32, window cell {window} B: ratio {r['kv_ratio_end']:.3f}, KL {r['kl']:.4f} at 200 tokens")
 PY
 # kvq as llama.cpp's real cache (the patch series): the native rows against the fake-quant
 # rows of the same configuration on the same attention path (flash attention), the cache
