@@ -333,7 +333,7 @@ struct KvqSetup {
     bool from_plan;
     std::string plan_json;
     KvqPtr kvq;
-    std::unique_ptr<KvqPtr> window;  // --kvq-recent-bits 8: the window as kvq k8v8 rows
+    std::unique_ptr<KvqPtr> window;  // --kvq-recent-bits B <= 8: the window as kvq k<B>v<B> rows
     double k_bits = 0, v_bits = 0, cell = 0, f16_cell = 0, window_cell = 0;
     int sink, recent;
     KvqRoundTripHook hook;
@@ -344,7 +344,9 @@ struct KvqSetup {
           plan_json(from_plan ? read_file(config) : std::string()),
           kvq(config, mi, from_plan ? &plan_json : nullptr),
           sink(std::min(o.kvq_sink, o.n_tokens)),
-          window(o.kvq_recent > 0 && o.kvq_recent_bits == 8 ? new KvqPtr("k8v8", mi) : nullptr),
+          window(o.kvq_recent > 0 && o.kvq_recent_bits <= 8
+                     ? new KvqPtr("k" + std::to_string(o.kvq_recent_bits) + "v" + std::to_string(o.kvq_recent_bits), mi)
+                     : nullptr),
           recent(o.kvq_recent),
           hook(kvq.q, mi, sink, recent, window ? window->q : nullptr) {
         cell = kvq_cell_bytes(kvq.q, mi, &k_bits, &v_bits);
@@ -393,7 +395,7 @@ struct KvqSetup {
         const auto & ek = hook.err(false);
         const auto & ev = hook.err(true);
         std::snprintf(buf, sizeof buf, "kvc kvq %s, %.3g+%.3g bits/value (K+V, scales included), sink %d f16, recent %d %s; rel RMS err K %.4f V %.4f",
-                      config.c_str(), k_bits, v_bits, sink, recent, window ? "k8 rows" : "f16", std::sqrt(ek.sq / std::max(1e-30, ek.ref)),
+                      config.c_str(), k_bits, v_bits, sink, recent, window ? "kvq rows" : "f16", std::sqrt(ek.sq / std::max(1e-30, ek.ref)),
                       std::sqrt(ev.sq / std::max(1e-30, ev.ref)));
         return buf;
     }

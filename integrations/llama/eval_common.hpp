@@ -49,7 +49,7 @@ struct Options {
                                       "kvq-kc32:k4v4", "probe", "state", "dump"};
     int kvq_sink = 0;  // kvq modes: tokens at positions below this stay as the f16 cache holds them
     int kvq_recent = 0;  // kvq: / kvq-plan: modes: the newest tokens stay as the f16 cache holds them
-    int kvq_recent_bits = 16;  // 16: the window in f16; 8: as kvq k8v8 rows
+    int kvq_recent_bits = 16;  // 16: the window in f16; 2..8: as kvq k<B>v<B> rows
     bool kvq_fa = false;  // kvq: modes with flash attention on (as the kvq-native modes run)
     bool kvq_native_fa = true;  // kvq-native modes with flash attention (off: llama.cpp must refuse)
     // decode-speed table (kvq_native_mode.hpp): cache types, filled contexts, decoded tokens
@@ -124,7 +124,7 @@ const char * kUsage =
     "  --kvq-sink N        kvq modes: the first N tokens stay f16 (counted at f16 bytes) [0]\n"
     "  --kvq-recent N      kvq: and kvq-plan: modes: the newest N tokens stay f16 (counted at f16\n"
     "                      bytes) and are coded as they leave the window; needs --kvq-fa [0]\n"
-    "  --kvq-recent-bits B the --kvq-recent window in f16 (16) or as kvq 8-bit rows (8) [16]\n"
+    "  --kvq-recent-bits B the --kvq-recent window in f16 (16) or as kvq B-bit rows (2..8) [16]\n"
     "                      kvq-native:CONFIG / kvq-native-plan:FILE: llama.cpp's cache itself in\n"
     "                      kvc's kvq ggml types (patched build), memory as llama.cpp allocated it\n"
     "  --kvq-fa            kvq:, kvq-plan: and kvq-kc modes with flash attention on (off by default)\n"
@@ -232,8 +232,8 @@ Options parse_options(int argc, char ** argv) {
         else if (a == "--kvq-sink") o.kvq_sink = parse_int(a, val(), 0, 1 << 20);
         else if (a == "--kvq-recent") o.kvq_recent = parse_int(a, val(), 0, 1 << 20);
         else if (a == "--kvq-recent-bits") {
-            o.kvq_recent_bits = parse_int(a, val(), 8, 16);
-            if (o.kvq_recent_bits != 8 && o.kvq_recent_bits != 16) throw UsageError("--kvq-recent-bits: 8 or 16");
+            o.kvq_recent_bits = parse_int(a, val(), 2, 16);
+            if (o.kvq_recent_bits > 8 && o.kvq_recent_bits != 16) throw UsageError("--kvq-recent-bits: 2..8 or 16");
         }
         else if (a == "--kvq-fa") o.kvq_fa = true;
         else if (a == "--kvq-native-no-fa") o.kvq_native_fa = false;
