@@ -335,7 +335,7 @@ struct KvqSetup {
     KvqPtr kvq;
     std::unique_ptr<KvqPtr> window;  // --kvq-recent-bits B <= 8: the window as kvq k<B>v<B> rows
     double k_bits = 0, v_bits = 0, cell = 0, f16_cell = 0, window_cell = 0;
-    int sink, recent;
+    int sink, recent, window_bits;
     KvqRoundTripHook hook;
 
     KvqSetup(const std::string & kvq_mode, const ModelInfo & mi, const Options & o)
@@ -348,6 +348,7 @@ struct KvqSetup {
                      ? new KvqPtr("k" + std::to_string(o.kvq_recent_bits) + "v" + std::to_string(o.kvq_recent_bits), mi)
                      : nullptr),
           recent(o.kvq_recent),
+          window_bits(o.kvq_recent_bits),
           hook(kvq.q, mi, sink, recent, window ? window->q : nullptr) {
         cell = kvq_cell_bytes(kvq.q, mi, &k_bits, &v_bits);
         f16_cell = (double) mi.cell_bytes(GGML_TYPE_F16, GGML_TYPE_F16);
@@ -389,6 +390,7 @@ struct KvqSetup {
         r.extra.push_back({"kvq_sink", std::to_string(sink)});
         r.extra.push_back({"kvq_recent", std::to_string(recent)});
         r.extra.push_back({"kvq_recent_cell_bytes", json_num(recent > 0 ? window_cell : 0.0)});
+        r.extra.push_back({"kvq_recent_bits", std::to_string(recent > 0 ? (window ? window_bits : 16) : 0)});
         r.extra.push_back({"kvq_cell_bytes", json_num(cell)});
         r.extra.push_back({"kv_accounting", "\"kvq: packed rows per cell (kvc_kvq_row_bytes, scales included), sink cells at f16 (llama.cpp holds f16: kvc dequantizes)\""});
         char buf[240];

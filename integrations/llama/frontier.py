@@ -46,9 +46,18 @@ def load(paths):
     for (label, mode), per in rows.items():
         if sorted(per) != sorted(texts):
             continue
+        first = next(iter(per.values()))[0]
+        shown = mode
+        if first.get("kvq_sink"):
+            shown += f" sink {first['kvq_sink']}"
+        if first.get("kvq_recent"):
+            shown += f" recent {first['kvq_recent']}"
+            if first.get("kvq_recent_bits"):
+                shown += f"@{first['kvq_recent_bits']}b"
         out.append({
             "run": label,
             "mode": mode,
+            "shown": shown,
             "ratio": sum(r["kv_ratio_mean"] for r, _ in per.values()) / len(per),
             "kl": sum(r["kl"] for r, _ in per.values()) / len(per),
             "texts": {n: {"ppl": r["ppl"], "dppl": 100.0 * (r["ppl"] / f["ppl"] - 1.0), "kl": r["kl"]}
@@ -72,7 +81,7 @@ def table(texts, rows, buckets):
             md += f"| >= {b:g} | (no row) | | " + " | ".join(" | | " for _ in texts) + " |\n"
             continue
         r = min(at, key=lambda r: r["kl"])
-        md += f"| >= {b:g} | {r['mode']} ({r['run']}) | {r['ratio']:.2f} | {cells(r, texts)} |\n"
+        md += f"| >= {b:g} | {r['shown']} ({r['run']}) | {r['ratio']:.2f} | {cells(r, texts)} |\n"
     md += "\nllama.cpp's cache types against kvc's best row (lowest KL) at the same ratio or above:\n\n" + head
     for q in LLAMA_TYPES:
         for lr in [r for r in rows if r["mode"] == q][:1]:
@@ -80,15 +89,18 @@ def table(texts, rows, buckets):
             md += f"| llama.cpp | {q} ({lr['run']}) | {lr['ratio']:.2f} | {cells(lr, texts)} |\n"
             if kv:
                 b = min(kv, key=lambda r: r["kl"])
-                md += f"| kvc | {b['mode']} ({b['run']}) | {b['ratio']:.2f} | {cells(b, texts)} |\n"
+                md += f"| kvc | {b['shown']} ({b['run']}) | {b['ratio']:.2f} | {cells(b, texts)} |\n"
     return md
 
 
-def family(mode):
+def family(row):
+    mode = row["mode"]
     if mode in LLAMA_TYPES:
         return "llama.cpp " + mode
     if mode.startswith("kvq-kc"):
         return "kvq-kc (K per channel)"
+    if " recent " in row["shown"]:
+        return "kvq rows + recent window"
     if "+kvq" in mode:
         return "eviction + kvq"
     if mode.startswith("kvq-plan") or mode.startswith("kvq-native-plan"):
@@ -105,13 +117,13 @@ def plot(texts, rows, path):
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 1 + len(texts), figsize=(6.0 * (1 + len(texts)), 4.8), squeeze=False)
-    fams = sorted({family(r["mode"]) for r in rows})
+    fams = sorted({family(r) for r in rows})
     colors = plt.get_cmap("tab20").colors
     markers = "os^Dv<>PXd*hp"
     for i, ax in enumerate(axes[0]):
         for j, fam in enumerate(fams):
             pts = sorted((r["ratio"], r["kl"] if i == 0 else r["texts"][texts[i - 1]]["dppl"])
-                         for r in rows if family(r["mode"]) == fam)
+                         for r in rows if family(r) == fam)
             big = fam.startswith("kvq-kc") or fam.startswith("llama.cpp")
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=markers[j % len(markers)],
                     color=colors[(2 * j) % 20 if j < 10 else (2 * j + 1) % 20], markersize=7 if big else 5,
