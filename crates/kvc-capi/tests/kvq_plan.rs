@@ -8,7 +8,7 @@ use kvc::codec::{KVC_TENSOR_K, KVC_TENSOR_V};
 use kvc::kvq::{kvc_kvq_free, kvc_kvq_new_from_plan, kvc_kvq_row_bytes, KvcKvq};
 use kvc::KvcStatus;
 use kvc_quant::kvq::plan::{
-    allocate, make_plan, sensitivity, CalibShape, CalibSource, QuerySample,
+    allocate, make_plan, sensitivity, BitBounds, CalibShape, CalibSource, QuerySample,
 };
 use kvc_quant::kvq::{row_bytes, KvqPlan, Method};
 
@@ -36,12 +36,24 @@ fn calibrated_plan_loads_through_the_c_api() {
     let sample = QuerySample { from: 8, stride: 8 };
     let m = Method::LloydMax;
     let sens = sensitivity(shape, &k, &v, &q, m, 3, sample).unwrap();
-    let alloc = allocate(&sens, m, 64, 4.0, 1.0).unwrap();
+    let alloc = allocate(&sens, m, 64, 4.0, 1.0, BitBounds::default()).unwrap();
     let src = CalibSource {
         source: "synthetic".into(),
         tag: "t".into(),
     };
-    let plan = make_plan(shape, m, 3, sample, &src, 4.0, 1.0, &sens, &alloc).unwrap();
+    let plan = make_plan(
+        shape,
+        m,
+        3,
+        sample,
+        &src,
+        4.0,
+        1.0,
+        BitBounds::default(),
+        &sens,
+        &alloc,
+    )
+    .unwrap();
     let json = plan.to_json();
     let back = KvqPlan::from_json(&json).unwrap();
     assert_eq!((back.version, &back.layers), (2, &plan.layers));

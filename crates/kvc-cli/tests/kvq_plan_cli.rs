@@ -44,6 +44,10 @@ fn dump(name: &str) -> PathBuf {
 }
 
 fn plan(dir: &Path, budget: &str, out: Option<&Path>) -> Output {
+    plan_with(dir, budget, out, &[])
+}
+
+fn plan_with(dir: &Path, budget: &str, out: Option<&Path>, extra: &[&str]) -> Output {
     let mut c = kvc();
     c.args([
         "quant",
@@ -60,7 +64,56 @@ fn plan(dir: &Path, budget: &str, out: Option<&Path>) -> Output {
     if let Some(o) = out {
         c.arg("--out").arg(o);
     }
-    c.output().unwrap()
+    c.args(extra).output().unwrap()
+}
+
+#[test]
+fn bounded_plan_keeps_every_layer_in_bounds() {
+    let dir = dump("bounds");
+    let out = dir.join("plan.json");
+    let bounds = [
+        "--k-bits-min",
+        "4",
+        "--k-bits-max",
+        "6",
+        "--v-bits-min",
+        "4",
+    ];
+    let o = plan_with(&dir, "3.6", Some(&out), &bounds);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        text.contains("bounds: K 4..=6 bits, V 4..=8 bits"),
+        "{text}"
+    );
+    let p = KvqPlan::from_json(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    assert!(p
+        .layers
+        .iter()
+        .all(|l| (4..=6).contains(&l.k_bits) && l.v_bits >= 4));
+    let c = p.calibration.unwrap();
+    assert_eq!(
+        (c.k_bits_range, c.v_bits_range),
+        (Some([4, 6]), Some([4, 8]))
+    );
+    let o = kvc().args(["quant", "inspect"]).arg(&out).output().unwrap();
+    assert!(String::from_utf8_lossy(&o.stdout).contains("K bits bounded to 4..=6"));
+    // Minimums the budget cannot pay for name the ratio they reach (k4v4: 4.25 bits/value),
+    // and bounds out of order or outside 2..=8 are refused.
+    let err = |o: Output| {
+        assert_eq!(o.status.code(), Some(2), "{o:?}");
+        String::from_utf8_lossy(&o.stderr).into_owned()
+    };
+    assert!(err(plan_with(&dir, "3.9", None, &bounds)).contains("3.765"));
+    let e = err(plan_with(
+        &dir,
+        "3.6",
+        None,
+        &["--k-bits-min", "7", "--k-bits-max", "5"],
+    ));
+    assert!(e.contains("--k-bits-min"), "{e}");
+    assert!(err(plan_with(&dir, "3.6", None, &["--v-bits-max", "9"])).contains("<= 8"));
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]

@@ -65,6 +65,11 @@ pub fn run(a: InspectArgs) -> Result<(), CliError> {
             c.k_weight,
             c.total_error
         );
+        for (side, range) in [("K", c.k_bits_range), ("V", c.v_bits_range)] {
+            if let Some([lo, hi]) = range {
+                println!("  {side} bits bounded to {lo}..={hi}");
+            }
+        }
     }
     println!(
         "  {:>5} {:>6} {:>6} {:>9} {:>9} {:>8}",

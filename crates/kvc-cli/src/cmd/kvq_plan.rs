@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 use clap::Args;
 use kvc_quant::kvq::config::DEFAULT_SEED;
 use kvc_quant::kvq::plan::{
-    allocate, make_plan, plan_bits_per_value, sensitivity, CalibShape, CalibSource, QuerySample,
-    BITS,
+    allocate, make_plan, plan_bits_per_value, sensitivity, BitBounds, CalibShape, CalibSource,
+    QuerySample, BITS,
 };
 use kvc_quant::kvq::{KvqConfig, LayerBits, Method};
 
@@ -41,6 +41,18 @@ pub struct PlanArgs {
     /// Weight of K errors against V errors in the objective.
     #[arg(long = "k-weight", default_value_t = 1.0)]
     k_weight: f64,
+    /// Fewest K bits any layer gets (2..=8).
+    #[arg(long = "k-bits-min", default_value_t = 2)]
+    k_bits_min: u8,
+    /// Most K bits any layer gets (2..=8).
+    #[arg(long = "k-bits-max", default_value_t = 8)]
+    k_bits_max: u8,
+    /// Fewest V bits any layer gets (2..=8), e.g. 4 to keep V from paying for K.
+    #[arg(long = "v-bits-min", default_value_t = 2)]
+    v_bits_min: u8,
+    /// Most V bits any layer gets (2..=8).
+    #[arg(long = "v-bits-max", default_value_t = 8)]
+    v_bits_max: u8,
     /// Write the plan (JSON) here.
     #[arg(long)]
     out: Option<PathBuf>,
@@ -113,6 +125,8 @@ fn method_of(s: &str) -> Result<Method, CliError> {
 /// Runs `kvc quant plan`.
 pub fn run(a: PlanArgs) -> Result<(), CliError> {
     let method = method_of(&a.method)?;
+    let bounds = BitBounds::new((a.k_bits_min, a.k_bits_max), (a.v_bits_min, a.v_bits_max))
+        .map_err(|e| CliError::input(format!("--k-bits-min/max, --v-bits-min/max: {e}")))?;
     let (k, v, q) = (
         read_tensor(&a.dump, &a.text_tag, "K")?,
         read_tensor(&a.dump, &a.text_tag, "V")?,
@@ -148,7 +162,7 @@ pub fn run(a: PlanArgs) -> Result<(), CliError> {
     let sens =
         sensitivity(shape, &k.data, &v.data, &q.data, method, a.seed, sample).map_err(lib)?;
     let secs = t0.elapsed().as_secs_f64();
-    let alloc = allocate(&sens, method, head_dim, a.budget, a.k_weight).map_err(|e| {
+    let alloc = allocate(&sens, method, head_dim, a.budget, a.k_weight, bounds).map_err(|e| {
         CliError::input(format!(
             "--budget {} --k-weight {}: {e}",
             a.budget, a.k_weight
@@ -159,7 +173,7 @@ pub fn run(a: PlanArgs) -> Result<(), CliError> {
         tag: a.text_tag.clone(),
     };
     let plan = make_plan(
-        shape, method, a.seed, sample, &src, a.budget, a.k_weight, &sens, &alloc,
+        shape, method, a.seed, sample, &src, a.budget, a.k_weight, bounds, &sens, &alloc,
     )
     .map_err(lib)?;
 
@@ -197,7 +211,13 @@ pub fn run(a: PlanArgs) -> Result<(), CliError> {
         alloc.bits_per_value,
         alloc.ratio()
     );
-    // Uniform configs for comparison: the best one within the same budget.
+    if !bounds.is_full() {
+        println!(
+            "  bounds: K {}..={} bits, V {}..={} bits",
+            bounds.k.0, bounds.k.1, bounds.v.0, bounds.v.1
+        );
+    }
+    // Uniform configs for comparison: the best one within the same budget and bounds.
     let mut uniform = Vec::new();
     for bk in BITS {
         for bv in BITS {
@@ -214,7 +234,7 @@ pub fn run(a: PlanArgs) -> Result<(), CliError> {
     }
     let best = uniform
         .iter()
-        .filter(|u| u.2 <= 16.0 / a.budget)
+        .filter(|u| u.2 <= 16.0 / a.budget && bounds.allows(u.0, u.1))
         .min_by(|x, y| x.3.total_cmp(&y.3));
     match best {
         Some(&(bk, bv, bpv, e)) => println!(
@@ -222,7 +242,7 @@ pub fn run(a: PlanArgs) -> Result<(), CliError> {
             16.0 / bpv,
             e / alloc.total_error.max(f64::MIN_POSITIVE)
         ),
-        None => println!("  no uniform config fits this budget"),
+        None => println!("  no uniform config fits this budget and these bounds"),
     }
     if let Some(out) = &a.out {
         std::fs::write(out, plan.to_json() + "\n").map_err(|e| CliError::io(out, e))?;

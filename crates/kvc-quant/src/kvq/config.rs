@@ -199,6 +199,13 @@ pub struct PlanCalibration {
     pub budget_ratio: f64,
     /// The weight of K errors in the objective (1: K and V alike).
     pub k_weight: f64,
+    /// `[min, max]` K bits the allocation was bounded to (`kvc quant plan --k-bits`);
+    /// absent when both sides were free over 2..=8.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub k_bits_range: Option<[u8; 2]>,
+    /// `[min, max]` V bits the allocation was bounded to; absent as `k_bits_range` is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub v_bits_range: Option<[u8; 2]>,
     /// The ratio the plan reaches: 16 / mean bits per value, scales included.
     pub achieved_ratio: f64,
     /// The allocation's objective: sum over layers of the K errors times `k_weight` and
@@ -357,6 +364,26 @@ impl KvqPlan {
                     return bad(format!(
                         "calibration layer {i}: errors must be finite and >= 0"
                     ));
+                }
+            }
+            let sides = [
+                ("k_bits_range", c.k_bits_range, true),
+                ("v_bits_range", c.v_bits_range, false),
+            ];
+            for (what, range, is_k) in sides {
+                let Some([lo, hi]) = range else { continue };
+                if !(2 <= lo && lo <= hi && hi <= 8) {
+                    return bad(format!(
+                        "calibration {what} [{lo}, {hi}]: expected 2 <= min <= max <= 8"
+                    ));
+                }
+                for (i, l) in self.layers.iter().enumerate() {
+                    let b = if is_k { l.k_bits } else { l.v_bits };
+                    if !(lo..=hi).contains(&b) {
+                        return bad(format!(
+                            "layer {i}: {b} bits outside calibration {what} [{lo}, {hi}]"
+                        ));
+                    }
                 }
             }
         }

@@ -29,6 +29,55 @@ use crate::error::{Error, Result};
 pub const BITS: std::ops::RangeInclusive<u8> = 2..=8;
 const N_BITS: usize = 7;
 
+/// The widths [`allocate`] may give K rows and V rows: each side within its own inclusive
+/// `[min, max]` inside [`BITS`]. The default allows all of [`BITS`] on both sides; a floor
+/// such as `v >= 4` keeps the allocation from paying for K bits with V bits the
+/// layer-local errors undervalue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BitBounds {
+    /// Fewest and most K bits of a layer.
+    pub k: (u8, u8),
+    /// Fewest and most V bits of a layer.
+    pub v: (u8, u8),
+}
+
+impl Default for BitBounds {
+    fn default() -> Self {
+        let all = (*BITS.start(), *BITS.end());
+        BitBounds { k: all, v: all }
+    }
+}
+
+impl BitBounds {
+    /// Bounds `k_min..=k_max` for K and `v_min..=v_max` for V. Errors: a bound outside
+    /// [`BITS`] or a minimum above its maximum.
+    pub fn new(k: (u8, u8), v: (u8, u8)) -> Result<BitBounds> {
+        for (side, (lo, hi)) in [("K", k), ("V", v)] {
+            if !(BITS.contains(&lo) && BITS.contains(&hi) && lo <= hi) {
+                return Err(Error::BadConfig {
+                    input: format!("{side} bits {lo}..={hi}"),
+                    reason: format!(
+                        "bounds must satisfy {} <= min <= max <= {}",
+                        BITS.start(),
+                        BITS.end()
+                    ),
+                });
+            }
+        }
+        Ok(BitBounds { k, v })
+    }
+
+    /// Whether these are the default bounds (every width on both sides).
+    pub fn is_full(&self) -> bool {
+        *self == BitBounds::default()
+    }
+
+    /// Whether a layer of `(k_bits, v_bits)` is within the bounds.
+    pub fn allows(&self, k_bits: u8, v_bits: u8) -> bool {
+        (self.k.0..=self.k.1).contains(&k_bits) && (self.v.0..=self.v.1).contains(&v_bits)
+    }
+}
+
 /// The shape of a calibration dump. K and V are `[n_layer][n_tokens][n_kv_head][head_dim]`,
 /// Q is `[n_layer][n_tokens][n_head][head_dim]` (post-RoPE, before the `1/sqrt(head_dim)`
 /// scale), all `f32`.
@@ -404,12 +453,15 @@ pub fn plan_bits_per_value(layers: &[LayerBits], method: Method, head_dim: usize
 ///
 /// `k_weight` multiplies every K error in the objective (1 treats K and V alike; end to end,
 /// K errors cost more than their layer-local size says, see `data/kvq-plans/README.md`).
+/// Every layer's bits are within `bounds`; the budget check then names the largest ratio
+/// the bounds' minimums reach.
 pub fn allocate(
     sens: &Sensitivity,
     method: Method,
     head_dim: usize,
     ratio: f64,
     k_weight: f64,
+    bounds: BitBounds,
 ) -> Result<Allocation> {
     let n_layer = sens.k.len();
     if n_layer == 0 || sens.v.len() != n_layer {
@@ -459,14 +511,17 @@ pub fn allocate(
             break;
         }
     }
-    let min_units = n_layer * 2 * units[0];
+    let unit_of = |b: u8| units[usize::from(b - BITS.start())];
+    let min_units = n_layer * (unit_of(bounds.k.0) + unit_of(bounds.v.0));
     let budget = match budget {
         Some(u) if u >= min_units => u,
         _ => {
             return Err(Error::BadConfig {
                 input: format!("{ratio}"),
                 reason: format!(
-                    "budget below 2 bits everywhere: the largest ratio {} reaches is {:.3}",
+                    "budget below {} K / {} V bits everywhere: the largest ratio {} reaches with them is {:.3}",
+                    bounds.k.0,
+                    bounds.v.0,
                     method.tag(),
                     16.0 / bpv(min_units * g)
                 ),
@@ -487,9 +542,9 @@ pub fn allocate(
     let mut next = vec![f64::INFINITY; states];
     for l in 0..n_layer {
         let mut best = vec![(f64::INFINITY, 0u8, 0u8); pair_max + 1];
-        for bk in BITS {
-            for bv in BITS {
-                let c = units[(bk - 2) as usize] + units[(bv - 2) as usize];
+        for bk in bounds.k.0..=bounds.k.1 {
+            for bv in bounds.v.0..=bounds.v.1 {
+                let c = unit_of(bk) + unit_of(bv);
                 let e = k_weight * sens.k_err(l, bk) + sens.v_err(l, bv);
                 if e < best[c].0 {
                     best[c] = (e, bk, bv);
@@ -534,7 +589,7 @@ pub fn allocate(
             k_bits: bk,
             v_bits: bv,
         };
-        s -= units[(bk - 2) as usize] + units[(bv - 2) as usize];
+        s -= unit_of(bk) + unit_of(bv);
     }
     let bits_per_value = plan_bits_per_value(&layers, method, head_dim)?;
     Ok(Allocation {
@@ -563,9 +618,11 @@ pub fn make_plan(
     src: &CalibSource,
     ratio: f64,
     k_weight: f64,
+    bounds: BitBounds,
     sens: &Sensitivity,
     alloc: &Allocation,
 ) -> Result<KvqPlan> {
+    let range = |full: bool, (lo, hi): (u8, u8)| (!full).then_some([lo, hi]);
     let u32_of =
         |what: &'static str, x: usize| u32::try_from(x).map_err(|_| Error::SizeOverflow { what });
     let plan = KvqPlan {
@@ -587,6 +644,8 @@ pub fn make_plan(
             query_stride: u32_of("query_stride", sample.stride)?,
             budget_ratio: ratio,
             k_weight,
+            k_bits_range: range(bounds.is_full(), bounds.k),
+            v_bits_range: range(bounds.is_full(), bounds.v),
             achieved_ratio: alloc.ratio(),
             total_error: alloc.total_error,
             layer_errors: alloc
@@ -741,29 +800,41 @@ mod tests {
             v: vec![[0.1; N_BITS]],
         };
         // 2 bits everywhere is 2.25 bits/value with lm at d = 64: ratio 7.11 at most.
-        let e = allocate(&s, m, 64, 8.0, 1.0).unwrap_err();
+        let e = allocate(&s, m, 64, 8.0, 1.0, BitBounds::default()).unwrap_err();
         assert!(e.to_string().contains("7.111"), "{e}");
-        assert!(allocate(&s, m, 64, 7.1, 1.0).is_ok());
-        assert!(allocate(&s, m, 64, f64::NAN, 1.0).is_err());
-        assert!(allocate(&s, m, 64, 0.0, 1.0).is_err());
+        assert!(allocate(&s, m, 64, 7.1, 1.0, BitBounds::default()).is_ok());
+        assert!(allocate(&s, m, 64, f64::NAN, 1.0, BitBounds::default()).is_err());
+        assert!(allocate(&s, m, 64, 0.0, 1.0, BitBounds::default()).is_err());
         let mut nan = s.clone();
         nan.k[0][3] = f64::NAN;
-        assert!(allocate(&nan, m, 64, 4.0, 1.0).is_err());
-        assert!(allocate(&s, m, 64, 4.0, 0.0).is_err());
-        assert!(allocate(&s, m, 64, 4.0, f64::INFINITY).is_err());
+        assert!(allocate(&nan, m, 64, 4.0, 1.0, BitBounds::default()).is_err());
+        assert!(allocate(&s, m, 64, 4.0, 0.0, BitBounds::default()).is_err());
+        assert!(allocate(&s, m, 64, 4.0, f64::INFINITY, BitBounds::default()).is_err());
     }
 
     #[test]
     fn plan_from_calibration_round_trips() {
         let (k, v, q) = synth(SHAPE, 4);
         let s = sensitivity(SHAPE, &k, &v, &q, Method::LloydMax, 5, SAMPLE).unwrap();
-        let a = allocate(&s, Method::LloydMax, 64, 3.5, 1.0).unwrap();
+        let a = allocate(&s, Method::LloydMax, 64, 3.5, 1.0, BitBounds::default()).unwrap();
         assert!(a.ratio() >= 3.5);
         let src = CalibSource {
             source: "synthetic".into(),
             tag: "t".into(),
         };
-        let p = make_plan(SHAPE, Method::LloydMax, 5, SAMPLE, &src, 3.5, 1.0, &s, &a).unwrap();
+        let p = make_plan(
+            SHAPE,
+            Method::LloydMax,
+            5,
+            SAMPLE,
+            &src,
+            3.5,
+            1.0,
+            BitBounds::default(),
+            &s,
+            &a,
+        )
+        .unwrap();
         let back = KvqPlan::from_json(&p.to_json()).unwrap();
         assert_eq!((back.version, &back.layers), (2, &p.layers));
         // serde_json's default float parsing may differ from the written value in the
@@ -785,6 +856,66 @@ mod tests {
         let mut short = p.clone();
         short.calibration.as_mut().unwrap().layer_errors.pop();
         assert!(short.validate().is_err());
+        // Free bounds are not recorded, so plans made without bounds are unchanged.
+        assert!(!p.to_json().contains("bits_range"));
+    }
+
+    #[test]
+    fn bounds_hold_and_are_recorded() {
+        let (k, v, q) = synth(SHAPE, 6);
+        let s = sensitivity(SHAPE, &k, &v, &q, Method::LloydMax, 5, SAMPLE).unwrap();
+        let b = BitBounds::new((4, 6), (4, 8)).unwrap();
+        let a = allocate(&s, Method::LloydMax, 64, 3.6, 1.0, b).unwrap();
+        assert!(a.layers.iter().all(|l| b.allows(l.k_bits, l.v_bits)));
+        let src = CalibSource {
+            source: "synthetic".into(),
+            tag: "t".into(),
+        };
+        let p = make_plan(
+            SHAPE,
+            Method::LloydMax,
+            5,
+            SAMPLE,
+            &src,
+            3.6,
+            1.0,
+            b,
+            &s,
+            &a,
+        )
+        .unwrap();
+        let back = KvqPlan::from_json(&p.to_json()).unwrap();
+        let cal = back.calibration.clone().unwrap();
+        assert_eq!(
+            (cal.k_bits_range, cal.v_bits_range),
+            (Some([4, 6]), Some([4, 8]))
+        );
+        // A layer outside its recorded range, or a range out of order, is refused.
+        let mut out = back.clone();
+        out.layers[0].k_bits = 7;
+        assert!(out
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("k_bits_range"));
+        let mut order = back.clone();
+        order.calibration.as_mut().unwrap().v_bits_range = Some([6, 5]);
+        assert!(order.validate().is_err());
+        // Minimums above the budget name the ratio they reach: k4v4 rows are 4.25 bits.
+        let e = allocate(&s, Method::LloydMax, 64, 3.9, 1.0, b).unwrap_err();
+        assert!(e.to_string().contains("3.765"), "{e}");
+        // Equal bounds are a uniform plan.
+        let one = BitBounds::new((5, 5), (3, 3)).unwrap();
+        let a = allocate(&s, Method::LloydMax, 64, 2.0, 1.0, one).unwrap();
+        assert!(a.layers.iter().all(|l| (l.k_bits, l.v_bits) == (5, 3)));
+        for bad in [
+            ((1, 8), (2, 8)),
+            ((2, 9), (2, 8)),
+            ((5, 4), (2, 8)),
+            ((2, 8), (0, 0)),
+        ] {
+            assert!(BitBounds::new(bad.0, bad.1).is_err(), "{bad:?}");
+        }
     }
 
     fn table() -> impl Strategy<Value = (Vec<[f64; N_BITS]>, Vec<[f64; N_BITS]>)> {
@@ -805,13 +936,20 @@ mod tests {
             ratio in 1.5f64..7.1,
             k_weight in prop_oneof![Just(1.0f64), 0.25f64..8.0],
             uniform_group in prop_oneof![Just(None), Just(Some(32u16))],
+            (k_lo, k_hi, v_lo, v_hi) in (2u8..=8, 2u8..=8, 2u8..=8, 2u8..=8),
         ) {
+            let bounds = BitBounds::new(
+                (k_lo.min(k_hi), k_lo.max(k_hi)),
+                (v_lo.min(v_hi), v_lo.max(v_hi)),
+            ).unwrap();
             let s = Sensitivity { k, v };
             let m = uniform_group.map_or(Method::LloydMax, |group| Method::Uniform { group });
             let d = 64;
-            let min_bpv = 8.0 * row_bytes(m, 2, d).unwrap() as f64 / d as f64;
+            let min_bpv = 4.0 * (row_bytes(m, bounds.k.0, d).unwrap()
+                + row_bytes(m, bounds.v.0, d).unwrap()) as f64 / d as f64;
             prop_assume!(16.0 / ratio >= min_bpv);
-            let a = allocate(&s, m, d, ratio, k_weight).unwrap();
+            let a = allocate(&s, m, d, ratio, k_weight, bounds).unwrap();
+            prop_assert!(a.layers.iter().all(|l| bounds.allows(l.k_bits, l.v_bits)));
             prop_assert!(a.bits_per_value <= 16.0 / ratio, "{} > {}", a.bits_per_value, 16.0 / ratio);
             let recomputed: f64 = a.layers.iter().enumerate()
                 .map(|(l, b)| k_weight * s.k_err(l, b.k_bits) + s.v_err(l, b.v_bits)).sum();
@@ -819,7 +957,7 @@ mod tests {
             for bk in BITS {
                 for bv in BITS {
                     let u = vec![LayerBits { k_bits: bk, v_bits: bv }; s.k.len()];
-                    if plan_bits_per_value(&u, m, d).unwrap() <= 16.0 / ratio {
+                    if bounds.allows(bk, bv) && plan_bits_per_value(&u, m, d).unwrap() <= 16.0 / ratio {
                         let ue = s.uniform_error(bk, bv, k_weight);
                         prop_assert!(a.total_error <= ue + 1e-9,
                             "k{bk}v{bv}: {} > {ue}", a.total_error);
