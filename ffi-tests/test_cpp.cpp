@@ -212,6 +212,18 @@ static void test_library_handles() {
           KVC_INVALID_ARGUMENT);
     CHECK(kvc::make_handle<kvc::Kvq>(kvc_kvq_new, "k4v4:bad", 64u, 2u, 3u).status() ==
           KVC_INVALID_ARGUMENT);
+    // Centered rows (ABI 0.11): the center of the two rows, then the same bytes as coding the
+    // differences by hand.
+    auto center = kvc::kvq_mean_center(kv_rows.data(), kv_rows.size(), 1u, 64u);
+    CHECK(center.ok() && center->size() == 64);
+    auto centered = kvc::kvq_quantize_rows_centered(kvq->get(), 1, KVC_TENSOR_K, kv_rows.data(), 2, *center);
+    std::vector<float> diff(kv_rows.size());
+    for (std::size_t i = 0; i < diff.size(); i++) diff[i] = kv_rows[i] - (*center)[i % 64];
+    auto by_hand = kvc::kvq_quantize_rows(kvq->get(), 1, KVC_TENSOR_K, diff.data(), 2);
+    CHECK(centered.ok() && by_hand.ok() && *centered == *by_hand);
+    CHECK(kvc::kvq_quantize_rows_centered(kvq->get(), 1, KVC_TENSOR_K, kv_rows.data(), 2,
+                                          std::vector<float>(63)).status() == KVC_INVALID_ARGUMENT);
+    CHECK(kvc::kvq_mean_center(kv_rows.data(), 65, 1u, 64u).status() == KVC_INVALID_ARGUMENT);
 }
 
 // kvc::Tiers (ABI 0.7): RAII handle, store then restore through the helpers.

@@ -77,6 +77,17 @@ int main(void) {
         for (int t = 0; t < 16; ++t) CHECK(cs[t] == 64.0f * ((float) (t % 4) * 0.5f - 1.0f));
     }
 
+    /* The centered-row calls through the table (ABI 0.11): a center of 2 tokens' mean. */
+    CHECK(api->kvq_quantize_rows_centered != NULL && api->kvq_dequantize_rows_centered != NULL &&
+          api->kvq_mean_center != NULL);
+    {
+        static float mx[2 * 64], mc[64];
+        for (int i = 0; i < 2 * 64; ++i) mx[i] = (float) (i / 64) + 0.5f;
+        CHECK(api->kvq_mean_center(mx, 2 * 64, 1, 64, mc, 64) == KVC_OK);
+        for (int i = 0; i < 64; ++i) CHECK(mc[i] == 1.0f);
+        CHECK(api->kvq_mean_center(mx, 2 * 64, 1, 64, mc, 63) == KVC_INVALID_ARGUMENT);
+    }
+
     /* Versions: an older minor is served, a newer minor or another major is not. */
     CHECK(get_api((uint32_t)KVC_ABI_VERSION_MAJOR << 16) == api);
     CHECK(get_api(KVC_ABI_VERSION + 1) == NULL);

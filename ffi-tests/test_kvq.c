@@ -427,6 +427,71 @@ int main(void) {
         CHECK_STATUS(kvc_kvq_channel_dot(CB, CD, CG, cz, cblk, CBYTES, cz + 8), KVC_INVALID_ARGUMENT);
         free(cblk);
     }
+    /* Centered rows (ABI 0.11): the bytes of quantizing row - center by hand, decoded + center
+       back bit for bit, the f16 mean as the center, and every bad center refused. */
+    {
+        enum { CT = 8, CH = 3, CDIM = 64, CW = CH * CDIM };
+        kvc_kvq* kc = NULL;
+        CHECK_STATUS(kvc_kvq_new("k4v4", CDIM, 1, CH, &kc), KVC_OK);
+        size_t crb = 0;
+        CHECK_STATUS(kvc_kvq_row_bytes(kc, 0, KVC_TENSOR_K, &crb), KVC_OK);
+        static float cx[CT * CW], cdiff[CT * CW], cy[CT * CW], cz[CT * CW], cc[CW];
+        static uint8_t pa[CT * CH * 34], pb[CT * CH * 34];
+        CHECK(crb == 34 && sizeof pa == CT * CH * crb);
+        uint32_t cs = 11;
+        for (size_t i = 0; i < CT * CW; i++) cx[i] = randf(&cs) + ((i % CDIM) % 7 == 0 ? 6.0f : 0.0f);
+        CHECK_STATUS(kvc_kvq_mean_center(cx, CT * CW, CH, CDIM, cc, CW), KVC_OK);
+        for (size_t e = 0; e < CW; e++) {
+            double m = 0;
+            for (size_t t = 0; t < CT; t++) m += cx[t * CW + e];
+            m /= CT;
+            CHECK(fabs(cc[e] - m) <= 1e-3 * (1.0 + fabs(m))); /* f16 rounding */
+        }
+        for (size_t i = 0; i < CT * CW; i++) cdiff[i] = cx[i] - cc[i % CW];
+        CHECK_STATUS(kvc_kvq_quantize_rows(kc, 0, KVC_TENSOR_K, cdiff, CT * CH, pa, sizeof pa), KVC_OK);
+        CHECK_STATUS(kvc_kvq_quantize_rows_centered(kc, 0, KVC_TENSOR_K, cx, CT * CH, cc, CW, pb, sizeof pb),
+                     KVC_OK);
+        CHECK(memcmp(pa, pb, sizeof pa) == 0);
+        CHECK_STATUS(kvc_kvq_dequantize_rows(kc, 0, KVC_TENSOR_K, pa, sizeof pa, cz, CT * CH), KVC_OK);
+        CHECK_STATUS(kvc_kvq_dequantize_rows_centered(kc, 0, KVC_TENSOR_K, pb, sizeof pb, cc, CW, cy, CT * CH),
+                     KVC_OK);
+        for (size_t i = 0; i < CT * CW; i++) CHECK(cy[i] == cz[i] + cc[i % CW]);
+        /* Bad centers and sizes. */
+        CHECK_STATUS(kvc_kvq_quantize_rows_centered(kc, 0, KVC_TENSOR_K, cx, CT * CH, cc, CDIM - 1, pb, sizeof pb),
+                     KVC_INVALID_ARGUMENT);
+        CHECK_STATUS(kvc_kvq_quantize_rows_centered(kc, 0, KVC_TENSOR_K, cx, CT * CH, NULL, CW, pb, sizeof pb),
+                     KVC_NULL_ARGUMENT);
+        CHECK_STATUS(kvc_kvq_quantize_rows_centered(kc, 0, KVC_TENSOR_K, cx, CT * CH, cc, CW, pb, sizeof pb - 1),
+                     KVC_BUFFER_TOO_SMALL);
+        CHECK_STATUS(kvc_kvq_quantize_rows_centered(kc, 1, KVC_TENSOR_K, cx, CT * CH, cc, CW, pb, sizeof pb),
+                     KVC_INVALID_ARGUMENT);
+        CHECK_STATUS(kvc_kvq_dequantize_rows_centered(kc, 0, KVC_TENSOR_K, pb, sizeof pb - 1, cc, CW, cy, CT * CH),
+                     KVC_BUFFER_TOO_SMALL);
+        CHECK_STATUS(kvc_kvq_dequantize_rows_centered(kc, 0, KVC_TENSOR_K, pb, sizeof pb, cc, CW + 1, cy, CT * CH),
+                     KVC_INVALID_ARGUMENT);
+        /* the output overlapping the center */
+        CHECK_STATUS(kvc_kvq_dequantize_rows_centered(kc, 0, KVC_TENSOR_K, pb, sizeof pb, cy, CW, cy, CT * CH),
+                     KVC_INVALID_ARGUMENT);
+        float cnan[CW];
+        memcpy(cnan, cc, sizeof cnan);
+        cnan[9] = NAN;
+        CHECK_STATUS(kvc_kvq_quantize_rows_centered(kc, 0, KVC_TENSOR_K, cx, CT * CH, cnan, CW, pb, sizeof pb),
+                     KVC_CORRUPT_DATA);
+        CHECK_STATUS(kvc_kvq_dequantize_rows_centered(kc, 0, KVC_TENSOR_K, pa, sizeof pa, cnan, CW, cy, CT * CH),
+                     KVC_CORRUPT_DATA);
+        /* mean_center: whole tokens, the out length, non-finite rows; out untouched on error */
+        float keep[CW];
+        memcpy(keep, cc, sizeof keep);
+        CHECK_STATUS(kvc_kvq_mean_center(cx, CT * CW - 1, CH, CDIM, cc, CW), KVC_INVALID_ARGUMENT);
+        CHECK_STATUS(kvc_kvq_mean_center(cx, CT * CW, CH, CDIM, cc, CW - 1), KVC_INVALID_ARGUMENT);
+        CHECK_STATUS(kvc_kvq_mean_center(cx, 0, CH, CDIM, cc, CW), KVC_INVALID_ARGUMENT);
+        CHECK_STATUS(kvc_kvq_mean_center(cx, CT * CW, 0, CDIM, cc, CW), KVC_INVALID_ARGUMENT);
+        CHECK_STATUS(kvc_kvq_mean_center(cnan, CW, CH, CDIM, cc, CW), KVC_CORRUPT_DATA);
+        CHECK_STATUS(kvc_kvq_mean_center(NULL, CW, CH, CDIM, cc, CW), KVC_NULL_ARGUMENT);
+        CHECK_STATUS(kvc_kvq_mean_center(cx, CT * CW, CH, CDIM, cx, CW), KVC_INVALID_ARGUMENT);
+        CHECK(memcmp(keep, cc, sizeof keep) == 0);
+        kvc_kvq_free(kc);
+    }
     puts("test_kvq: ok");
     return 0;
 }

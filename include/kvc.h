@@ -138,7 +138,7 @@
  * fields are added (only ever appended). A program built against minor `m` runs on any
  * library with the same major and a minor `>= m`.
  */
-#define KVC_ABI_VERSION_MINOR 10
+#define KVC_ABI_VERSION_MINOR 11
 
 /**
  * The ABI version this header describes, `(major << 16) | minor`. Pass it to
@@ -1785,6 +1785,39 @@ typedef struct kvc_api {
                                        const uint8_t *src,
                                        size_t src_len,
                                        float *scores);
+    /**
+     * See `kvc_kvq_quantize_rows_centered` (ABI 0.11).
+     */
+    enum kvc_status (*kvq_quantize_rows_centered)(const struct kvc_kvq *kvq,
+                                                  uint32_t layer,
+                                                  kvc_tensor tensor,
+                                                  const float *src,
+                                                  size_t n_rows,
+                                                  const float *center,
+                                                  size_t center_len,
+                                                  uint8_t *dst,
+                                                  size_t dst_len);
+    /**
+     * See `kvc_kvq_dequantize_rows_centered` (ABI 0.11).
+     */
+    enum kvc_status (*kvq_dequantize_rows_centered)(const struct kvc_kvq *kvq,
+                                                    uint32_t layer,
+                                                    kvc_tensor tensor,
+                                                    const uint8_t *src,
+                                                    size_t src_len,
+                                                    const float *center,
+                                                    size_t center_len,
+                                                    float *dst,
+                                                    size_t n_rows);
+    /**
+     * See `kvc_kvq_mean_center` (ABI 0.11).
+     */
+    enum kvc_status (*kvq_mean_center)(const float *rows,
+                                       size_t n_values,
+                                       uint32_t n_kv_head,
+                                       uint32_t head_dim,
+                                       float *out,
+                                       size_t out_len);
 } kvc_api;
 
 /**
@@ -2696,6 +2729,80 @@ enum kvc_status kvc_kvq_block_accumulate_rows_multi(uint32_t head_dim,
                                                     const float *weights,
                                                     size_t n_queries,
                                                     float *acc);
+
+/**
+ * Quantizes `n_rows` rows as `kvc_kvq_quantize_rows` does, each coded as `row - center`:
+ * `center` holds `center_len` floats, a whole number `h` of rows of `head_dim`, and row
+ * `r` uses center row `r % h` (so llama.cpp-style rows, `[token][n_kv_head][head_dim]`,
+ * take an `[n_kv_head][head_dim]` center). The packed rows are ordinary kvq rows.
+ * Attention on them: K scores need no correction; add the V center to each head's output.
+ * A center that is not whole rows is `KVC_INVALID_ARGUMENT`; a non-finite center value, or a
+ * row whose difference overflows, `KVC_CORRUPT_DATA`. No allocation.
+ *
+ * Ownership: every buffer stays the caller's. Threads: any number of calls may share one
+ * `kvq`.
+ *
+ * # Safety
+ * `kvq` a live handle; `src` readable for `n_rows * head_dim` floats; `center` readable for
+ * `center_len` floats; `dst` writable for `dst_len` bytes and not overlapping either.
+ */
+KVC_NODISCARD
+enum kvc_status kvc_kvq_quantize_rows_centered(const struct kvc_kvq *kvq,
+                                               uint32_t layer,
+                                               kvc_tensor tensor,
+                                               const float *src,
+                                               size_t n_rows,
+                                               const float *center,
+                                               size_t center_len,
+                                               uint8_t *dst,
+                                               size_t dst_len);
+
+/**
+ * Dequantizes `n_rows` packed rows as `kvc_kvq_dequantize_rows` does and adds the center
+ * back (row `r` center row `r % (center_len / head_dim)`): the values of rows written
+ * with `kvc_kvq_quantize_rows_centered` and the same center. A center that is not whole
+ * rows is `KVC_INVALID_ARGUMENT`, a non-finite one `KVC_CORRUPT_DATA`; a short `src`
+ * `KVC_BUFFER_TOO_SMALL`. No allocation.
+ *
+ * Ownership and threads: as `kvc_kvq_quantize_rows_centered`.
+ *
+ * # Safety
+ * `kvq` a live handle; `src` readable for `src_len` bytes; `center` readable for
+ * `center_len` floats; `dst` writable for `n_rows * head_dim` floats and not overlapping
+ * either.
+ */
+KVC_NODISCARD
+enum kvc_status kvc_kvq_dequantize_rows_centered(const struct kvc_kvq *kvq,
+                                                 uint32_t layer,
+                                                 kvc_tensor tensor,
+                                                 const uint8_t *src,
+                                                 size_t src_len,
+                                                 const float *center,
+                                                 size_t center_len,
+                                                 float *dst,
+                                                 size_t n_rows);
+
+/**
+ * A center for `kvc_kvq_quantize_rows_centered`: the mean over tokens of `rows`
+ * (`n_values` floats, `[token][n_kv_head][head_dim]`, at least one token) per KV head and
+ * channel, rounded to f16 (the precision to store it in), written to `out` (`out_len` must
+ * be `n_kv_head * head_dim`) only on success. A length that is not whole tokens or a wrong
+ * `out_len` is `KVC_INVALID_ARGUMENT`; a non-finite value `KVC_CORRUPT_DATA`. Handle-free;
+ * no allocation.
+ *
+ * Ownership: every buffer stays the caller's. Threads: safe from any thread.
+ *
+ * # Safety
+ * `rows` readable for `n_values` floats; `out` writable for `out_len` floats and not
+ * overlapping `rows`.
+ */
+KVC_NODISCARD
+enum kvc_status kvc_kvq_mean_center(const float *rows,
+                                    size_t n_values,
+                                    uint32_t n_kv_head,
+                                    uint32_t head_dim,
+                                    float *out,
+                                    size_t out_len);
 
 /**
  * Bytes of one block of `group` tokens of `head_dim` values at `bits` bits, written to

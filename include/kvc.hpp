@@ -320,6 +320,33 @@ inline Result<std::vector<std::uint8_t>> kvq_quantize_rows(const kvc_kvq* kvq, s
     return out;
 }
 
+/// kvc_kvq_quantize_rows_centered into a new vector of n_rows * row_bytes packed bytes:
+/// each row coded as row - center (`center` a whole number of head_dim rows, row r using
+/// center row r % (center.size() / head_dim)).
+inline Result<std::vector<std::uint8_t>> kvq_quantize_rows_centered(
+    const kvc_kvq* kvq, std::uint32_t layer, kvc_tensor tensor, const float* src,
+    std::size_t n_rows, const std::vector<float>& center) {
+    std::size_t row = 0;
+    kvc_status st = kvc_kvq_row_bytes(kvq, layer, tensor, &row);
+    if (st != KVC_OK) return detail::error_from(st);
+    std::vector<std::uint8_t> out(row * n_rows);
+    st = kvc_kvq_quantize_rows_centered(kvq, layer, tensor, src, n_rows, center.data(),
+                                        center.size(), out.data(), out.size());
+    if (st != KVC_OK) return detail::error_from(st);
+    return out;
+}
+
+/// kvc_kvq_mean_center into a new vector of n_kv_head * head_dim floats.
+inline Result<std::vector<float>> kvq_mean_center(const float* rows, std::size_t n_values,
+                                                  std::uint32_t n_kv_head,
+                                                  std::uint32_t head_dim) {
+    std::vector<float> out(std::size_t(n_kv_head) * head_dim);
+    const kvc_status st = kvc_kvq_mean_center(rows, n_values, n_kv_head, head_dim, out.data(),
+                                              out.size());
+    if (st != KVC_OK) return detail::error_from(st);
+    return out;
+}
+
 /// kvc_cache_get_info.
 inline Result<kvc_cache_info> cache_info(const kvc_cache* cache) {
     kvc_cache_info info{};

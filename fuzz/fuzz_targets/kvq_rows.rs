@@ -3,7 +3,8 @@
 //! fixed configurations. The first input byte picks the configuration, head_dim and
 //! tensor; the rest are the packed rows. Any bytes give `KVC_OK` with finite values, or
 //! `KVC_CORRUPT_DATA` exactly when some row's scale is not finite — never a panic or an
-//! out-of-bounds access.
+//! out-of-bounds access. The centered reader (`kvc_kvq_dequantize_rows_centered`, ABI 0.11)
+//! with a zero center must agree with it bit for bit and status for status.
 //!
 //! Seeds: with `KVC_FUZZ_WRITE_SEEDS=<dir>` the first call writes there, for every
 //! configuration and tensor, 8 rows of the embedded sample (data/sample, real llama.cpp
@@ -18,6 +19,7 @@ use kvc::codec::{KVC_TENSOR_K, KVC_TENSOR_V};
 use kvc::kvq::{
     kvc_kvq_dequantize_rows, kvc_kvq_new, kvc_kvq_quantize_rows, kvc_kvq_row_bytes, KvcKvq,
 };
+use kvc::kvq_center::kvc_kvq_dequantize_rows_centered;
 use kvc::KvcStatus;
 use libfuzzer_sys::fuzz_target;
 
@@ -192,5 +194,30 @@ fuzz_target!(|data: &[u8]| {
     } else {
         assert_eq!(st, KvcStatus::KVC_OK);
         assert!(out[..n * d].iter().all(|x| x.is_finite()));
+    }
+    // The centered reader with a zero center (two KV heads of it): the same status and,
+    // on success, the same values (x + 0 == x for finite x).
+    let zero = vec![0f32; 2 * d];
+    let mut centered = vec![f32::NAN; n * d];
+    // SAFETY: as above; `zero` holds 2 * d floats, `centered` n * d.
+    let sc = unsafe {
+        kvc_kvq_dequantize_rows_centered(
+            kvq,
+            0,
+            tensor,
+            rows.as_ptr(),
+            rows.len(),
+            zero.as_ptr(),
+            zero.len(),
+            centered.as_mut_ptr(),
+            n,
+        )
+    };
+    assert_eq!(sc, st);
+    if st == KvcStatus::KVC_OK {
+        assert!(out[..n * d]
+            .iter()
+            .zip(&centered)
+            .all(|(a, b)| a.to_bits() == b.to_bits() || (*a == 0.0 && *b == 0.0)));
     }
 });

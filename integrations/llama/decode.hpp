@@ -336,6 +336,7 @@ struct KvqSetup {
     std::unique_ptr<KvqPtr> window;  // --kvq-recent-bits B <= 8: the window as kvq k<B>v<B> rows
     double k_bits = 0, v_bits = 0, cell = 0, f16_cell = 0, window_cell = 0;
     int sink, recent, window_bits;
+    bool center;
     KvqRoundTripHook hook;
 
     KvqSetup(const std::string & kvq_mode, const ModelInfo & mi, const Options & o)
@@ -349,7 +350,8 @@ struct KvqSetup {
                      : nullptr),
           recent(o.kvq_recent),
           window_bits(o.kvq_recent_bits),
-          hook(kvq.q, mi, sink, recent, window ? window->q : nullptr) {
+          center(o.kvq_center),
+          hook(kvq.q, mi, sink, recent, window ? window->q : nullptr, o.kvq_center) {
         cell = kvq_cell_bytes(kvq.q, mi, &k_bits, &v_bits);
         f16_cell = (double) mi.cell_bytes(GGML_TYPE_F16, GGML_TYPE_F16);
         window_cell = window ? kvq_cell_bytes(window->q, mi) : f16_cell;
@@ -365,9 +367,11 @@ struct KvqSetup {
         s.cell_bytes = cell;
         s.fixed_bytes = (double) sink * (f16_cell - cell);
         if (recent > 0) {
-            s.held_bytes = [this](size_t n) {
+            // --kvq-center: one f16 K center per layer and KV head, counted from the start
+            const double centers = center ? f16_cell / 2 : 0.0;
+            s.held_bytes = [this, centers](size_t n) {
                 const size_t sk = std::min(n, (size_t) sink), w = std::min(n - sk, (size_t) recent);
-                return (double) sk * f16_cell + (double) w * window_cell + (double) (n - sk - w) * cell;
+                return (double) sk * f16_cell + (double) w * window_cell + (double) (n - sk - w) * cell + centers;
             };
         }
     }
@@ -391,6 +395,7 @@ struct KvqSetup {
         r.extra.push_back({"kvq_recent", std::to_string(recent)});
         r.extra.push_back({"kvq_recent_cell_bytes", json_num(recent > 0 ? window_cell : 0.0)});
         r.extra.push_back({"kvq_recent_bits", std::to_string(recent > 0 ? (window ? window_bits : 16) : 0)});
+        r.extra.push_back({"kvq_center", center ? "true" : "false"});
         r.extra.push_back({"kvq_cell_bytes", json_num(cell)});
         r.extra.push_back({"kv_accounting", "\"kvq: packed rows per cell (kvc_kvq_row_bytes, scales included), sink cells at f16 (llama.cpp holds f16: kvc dequantizes)\""});
         char buf[240];

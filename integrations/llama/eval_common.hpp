@@ -50,6 +50,7 @@ struct Options {
     int kvq_sink = 0;  // kvq modes: tokens at positions below this stay as the f16 cache holds them
     int kvq_recent = 0;  // kvq: / kvq-plan: modes: the newest tokens stay as the f16 cache holds them
     int kvq_recent_bits = 16;  // 16: the window in f16; 2..8: as kvq k<B>v<B> rows
+    bool kvq_center = false;  // kvq: / kvq-plan: with --kvq-recent: code K rows minus a per-head center
     bool kvq_fa = false;  // kvq: modes with flash attention on (as the kvq-native modes run)
     bool kvq_native_fa = true;  // kvq-native modes with flash attention (off: llama.cpp must refuse)
     // decode-speed table (kvq_native_mode.hpp): cache types, filled contexts, decoded tokens
@@ -125,6 +126,8 @@ const char * kUsage =
     "  --kvq-recent N      kvq: and kvq-plan: modes: the newest N tokens stay f16 (counted at f16\n"
     "                      bytes) and are coded as they leave the window; needs --kvq-fa [0]\n"
     "  --kvq-recent-bits B the --kvq-recent window in f16 (16) or as kvq B-bit rows (2..8) [16]\n"
+    "  --kvq-center        with --kvq-recent: code each K row minus its layer's and KV head's center,\n"
+    "                      the window's mean when the first tokens leave it (f16, counted)\n"
     "                      kvq-native:CONFIG / kvq-native-plan:FILE: llama.cpp's cache itself in\n"
     "                      kvc's kvq ggml types (patched build), memory as llama.cpp allocated it\n"
     "  --kvq-fa            kvq:, kvq-plan: and kvq-kc modes with flash attention on (off by default)\n"
@@ -236,6 +239,7 @@ Options parse_options(int argc, char ** argv) {
             if (o.kvq_recent_bits > 8 && o.kvq_recent_bits != 16) throw UsageError("--kvq-recent-bits: 2..8 or 16");
         }
         else if (a == "--kvq-fa") o.kvq_fa = true;
+        else if (a == "--kvq-center") o.kvq_center = true;
         else if (a == "--kvq-native-no-fa") o.kvq_native_fa = false;
         else if (a == "--speed-modes") o.speed_modes = split_commas(val());
         else if (a == "--speed-ctx") {
@@ -377,6 +381,7 @@ Options parse_options(int argc, char ** argv) {
         }
     }
     (void) modes_given;
+    if (o.kvq_center && o.kvq_recent == 0) throw UsageError("--kvq-center needs --kvq-recent (the center is the window's mean)");
     if (o.kvq_recent > 0) {
         // the window's rows are written back into their cells as they leave it: llama.cpp must
         // hold V as rows (flash attention), and the cells must not move (no eviction, no rewrite)

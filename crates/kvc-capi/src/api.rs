@@ -32,6 +32,10 @@ use crate::kvq_block::{
 };
 // ABI 0.9: several queries per tile (grouped-query attention).
 use crate::kvq_block::{kvc_kvq_block_accumulate_rows_multi, kvc_kvq_block_dot_rows_multi};
+// ABI 0.11: rows coded relative to a center per KV head.
+use crate::kvq_center::{
+    kvc_kvq_dequantize_rows_centered, kvc_kvq_mean_center, kvc_kvq_quantize_rows_centered,
+};
 // ABI 0.10: K per channel over token groups (KIVI).
 use crate::kvq_channel::{
     kvc_kvq_channel_block_bytes, kvc_kvq_channel_dequantize, kvc_kvq_channel_dot,
@@ -670,6 +674,39 @@ pub struct KvcApi {
         src_len: usize,
         scores: *mut f32,
     ) -> KvcStatus,
+    /// See `kvc_kvq_quantize_rows_centered` (ABI 0.11).
+    pub kvq_quantize_rows_centered: unsafe extern "C" fn(
+        kvq: *const KvcKvq,
+        layer: u32,
+        tensor: KvcTensor,
+        src: *const f32,
+        n_rows: usize,
+        center: *const f32,
+        center_len: usize,
+        dst: *mut u8,
+        dst_len: usize,
+    ) -> KvcStatus,
+    /// See `kvc_kvq_dequantize_rows_centered` (ABI 0.11).
+    pub kvq_dequantize_rows_centered: unsafe extern "C" fn(
+        kvq: *const KvcKvq,
+        layer: u32,
+        tensor: KvcTensor,
+        src: *const u8,
+        src_len: usize,
+        center: *const f32,
+        center_len: usize,
+        dst: *mut f32,
+        n_rows: usize,
+    ) -> KvcStatus,
+    /// See `kvc_kvq_mean_center` (ABI 0.11).
+    pub kvq_mean_center: unsafe extern "C" fn(
+        rows: *const f32,
+        n_values: usize,
+        n_kv_head: u32,
+        head_dim: u32,
+        out: *mut f32,
+        out_len: usize,
+    ) -> KvcStatus,
 }
 
 static API: KvcApi = KvcApi {
@@ -775,6 +812,9 @@ static API: KvcApi = KvcApi {
     kvq_channel_quantize: kvc_kvq_channel_quantize,
     kvq_channel_dequantize: kvc_kvq_channel_dequantize,
     kvq_channel_dot: kvc_kvq_channel_dot,
+    kvq_quantize_rows_centered: kvc_kvq_quantize_rows_centered,
+    kvq_dequantize_rows_centered: kvc_kvq_dequantize_rows_centered,
+    kvq_mean_center: kvc_kvq_mean_center,
 };
 
 /// Whether a program built against ABI version `requested` can use this library.

@@ -28,7 +28,7 @@ pub struct KvcKvq {
 }
 
 impl KvcKvq {
-    fn codec(&self, layer: u32, tensor: KvcTensor) -> Result<&RowCodec, Error> {
+    pub(crate) fn codec(&self, layer: u32, tensor: KvcTensor) -> Result<&RowCodec, Error> {
         let l = self.layers.get(layer as usize).ok_or_else(|| {
             Error::invalid(
                 "layer",
@@ -238,7 +238,11 @@ pub unsafe extern "C" fn kvc_kvq_block_bits(
 
 /// Floats (`n_rows * head_dim`) and packed bytes (`n_rows * row_bytes`) of `n_rows` rows,
 /// or an error when either overflows.
-fn row_sizes(head_dim: usize, row_bytes: usize, n_rows: usize) -> Result<(usize, usize), Error> {
+pub(crate) fn row_sizes(
+    head_dim: usize,
+    row_bytes: usize,
+    n_rows: usize,
+) -> Result<(usize, usize), Error> {
     let n = n_rows
         .checked_mul(head_dim)
         .ok_or_else(|| Error::invalid("n_rows", "n_rows * head_dim overflows"))?;

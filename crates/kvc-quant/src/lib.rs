@@ -6,7 +6,8 @@
 //! time: a seeded randomized Hadamard rotation per head, uniform or Lloyd-Max codes, a
 //! packed row of fixed size, and decode attention that reads the packed rows directly;
 //! and K per channel over groups of tokens (KIVI: [`kvq::channel_group`]), a block of
-//! fixed size per group and KV head, with scores read from the codes.
+//! fixed size per group and KV head, with scores read from the codes; and rows coded
+//! relative to a per-head center ([`kvq::center`]).
 //! It works on `f32` slices and byte buffers the caller owns. It knows nothing about
 //! engines, cache layouts, eviction or files, and it never codes losslessly (that is
 //! `kvc-codec`).

@@ -27,6 +27,9 @@
 //! rotation, one f16 step and minimum per channel and group, for a model whose K has
 //! outlier channels that a per-row scale cannot follow (`docs/results/kvq-frontier.md`).
 //!
+//! [`center`] codes rows relative to a fixed vector per KV head (`x - c`), which attention
+//! on K ignores (the softmax is shift-invariant): for K whose channels carry large offsets.
+//!
 //! [`qjl`] is a measurement, not a format: the 1-bit QJL sketch of a K row's residual
 //! (TurboQuant-prod) and its unbiased inner-product correction, which `kvc bench quant`
 //! weighs against more bits per row (`docs/results/kvq-qjl.md`).
@@ -35,6 +38,7 @@
 //! rows in f16 and passes only the others here.
 
 pub mod attention;
+pub mod center;
 pub mod channel_group;
 pub mod codebook;
 pub mod config;

@@ -910,7 +910,7 @@ impl RowCodec {
     }
 
     /// Rows in `values` values, checked against `bytes` packed bytes.
-    fn rows_of(&self, values: usize, bytes: usize) -> Result<usize> {
+    pub(crate) fn rows_of(&self, values: usize, bytes: usize) -> Result<usize> {
         if values % self.dim != 0 {
             return Err(Error::LayoutMismatch {
                 what: "values (a multiple of head_dim)",
