@@ -54,6 +54,8 @@ def load(paths):
             shown += f" recent {first['kvq_recent']}"
             if first.get("kvq_recent_bits"):
                 shown += f"@{first['kvq_recent_bits']}b"
+        if first.get("kvq_center"):
+            shown += " K-center"
         out.append({
             "run": label,
             "mode": mode,
@@ -99,6 +101,8 @@ def family(row):
         return "llama.cpp " + mode
     if mode.startswith("kvq-kc"):
         return "kvq-kc (K per channel)"
+    if " K-center" in row["shown"]:
+        return "kvq rows + recent window + K center"
     if " recent " in row["shown"]:
         return "kvq rows + recent window"
     if "+kvq" in mode:

@@ -113,6 +113,16 @@ fn bounded_plan_keeps_every_layer_in_bounds() {
     ));
     assert!(e.contains("--k-bits-min"), "{e}");
     assert!(err(plan_with(&dir, "3.6", None, &["--v-bits-max", "9"])).contains("<= 8"));
+    // K calibrated centered on tokens 2..10: recorded, shown by inspect; past the dump refused.
+    let center = ["--k-center-from", "2", "--k-center-tokens", "8"];
+    let o = plan_with(&dir, "4", Some(&out), &center);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let p = KvqPlan::from_json(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    assert_eq!(p.calibration.unwrap().k_center_tokens, Some([2, 10]));
+    let o = kvc().args(["quant", "inspect"]).arg(&out).output().unwrap();
+    assert!(String::from_utf8_lossy(&o.stdout).contains("mean of tokens 2..10"));
+    let past = ["--k-center-from", "70", "--k-center-tokens", "8"];
+    assert!(err(plan_with(&dir, "4", None, &past)).contains("K center tokens"));
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

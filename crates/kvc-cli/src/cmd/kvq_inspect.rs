@@ -65,6 +65,9 @@ pub fn run(a: InspectArgs) -> Result<(), CliError> {
             c.k_weight,
             c.total_error
         );
+        if let Some([a, b]) = c.k_center_tokens {
+            println!("  K calibrated centered on the mean of tokens {a}..{b}");
+        }
         for (side, range) in [("K", c.k_bits_range), ("V", c.v_bits_range)] {
             if let Some([lo, hi]) = range {
                 println!("  {side} bits bounded to {lo}..={hi}");

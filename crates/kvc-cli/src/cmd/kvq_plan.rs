@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use clap::Args;
 use kvc_quant::kvq::config::DEFAULT_SEED;
 use kvc_quant::kvq::plan::{
-    allocate, make_plan, plan_bits_per_value, sensitivity, BitBounds, CalibShape, CalibSource,
+    allocate, make_plan, plan_bits_per_value, sensitivity_with, BitBounds, CalibShape, CalibSource,
     QuerySample, BITS,
 };
 use kvc_quant::kvq::{KvqConfig, LayerBits, Method};
@@ -53,6 +53,14 @@ pub struct PlanArgs {
     /// Most V bits any layer gets (2..=8).
     #[arg(long = "v-bits-max", default_value_t = 8)]
     v_bits_max: u8,
+    /// Code K centered in the calibration, the center each layer's K mean over
+    /// `--k-center-tokens` tokens from this one (an engine's f16 sink count, e.g. 4).
+    #[arg(long = "k-center-from", default_value_t = 0)]
+    k_center_from: usize,
+    /// Tokens whose K mean is the center (an engine's recent window, e.g. 64); 0: K is
+    /// coded as is.
+    #[arg(long = "k-center-tokens", default_value_t = 0)]
+    k_center_tokens: usize,
     /// Write the plan (JSON) here.
     #[arg(long)]
     out: Option<PathBuf>,
@@ -159,8 +167,23 @@ pub fn run(a: PlanArgs) -> Result<(), CliError> {
     };
     let lib = |e: kvc_quant::Error| CliError::input(e);
     let t0 = std::time::Instant::now();
-    let sens =
-        sensitivity(shape, &k.data, &v.data, &q.data, method, a.seed, sample).map_err(lib)?;
+    let k_center = (a.k_center_tokens > 0)
+        .then(|| a.k_center_from..a.k_center_from.saturating_add(a.k_center_tokens));
+    let sens = sensitivity_with(
+        shape,
+        &k.data,
+        &v.data,
+        &q.data,
+        method,
+        a.seed,
+        sample,
+        k_center.clone(),
+    )
+    .map_err(|e| {
+        CliError::input(format!(
+            "--k-center-from/--k-center-tokens or the dump: {e}"
+        ))
+    })?;
     let secs = t0.elapsed().as_secs_f64();
     let alloc = allocate(&sens, method, head_dim, a.budget, a.k_weight, bounds).map_err(|e| {
         CliError::input(format!(
@@ -172,10 +195,15 @@ pub fn run(a: PlanArgs) -> Result<(), CliError> {
         source: a.dump.display().to_string(),
         tag: a.text_tag.clone(),
     };
-    let plan = make_plan(
+    let mut plan = make_plan(
         shape, method, a.seed, sample, &src, a.budget, a.k_weight, bounds, &sens, &alloc,
     )
     .map_err(lib)?;
+    if let (Some(r), Some(c)) = (&k_center, plan.calibration.as_mut()) {
+        let u = |x: usize| u32::try_from(x).map_err(|_| CliError::input("--k-center-*: too large"));
+        c.k_center_tokens = Some([u(r.start)?, u(r.end)?]);
+        plan.validate().map_err(lib)?;
+    }
 
     println!(
         "kvq plan for ratio {} ({:.4} bits/value max), method {}: calibrated on {} {:?}, {n_layer} layers x {n_tokens} tokens, {n_head} query / {n_kv_head} KV heads, head_dim {head_dim}; queries {}.. step {} ({secs:.1} s)",
@@ -211,6 +239,12 @@ pub fn run(a: PlanArgs) -> Result<(), CliError> {
         alloc.bits_per_value,
         alloc.ratio()
     );
+    if let Some(r) = &k_center {
+        println!(
+            "  K coded centered: each layer's center the f16 K mean of tokens {}..{}",
+            r.start, r.end
+        );
+    }
     if !bounds.is_full() {
         println!(
             "  bounds: K {}..={} bits, V {}..={} bits",

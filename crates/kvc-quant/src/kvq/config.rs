@@ -206,6 +206,11 @@ pub struct PlanCalibration {
     /// `[min, max]` V bits the allocation was bounded to; absent as `k_bits_range` is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub v_bits_range: Option<[u8; 2]>,
+    /// `[first, end)` tokens whose K mean was each layer's K center in the calibration
+    /// (`kvc quant plan --k-center-from/--k-center-tokens`, for engines that code K
+    /// centered); absent when K was coded as is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub k_center_tokens: Option<[u32; 2]>,
     /// The ratio the plan reaches: 16 / mean bits per value, scales included.
     pub achieved_ratio: f64,
     /// The allocation's objective: sum over layers of the K errors times `k_weight` and
@@ -363,6 +368,14 @@ impl KvqPlan {
                 if !ok(e.k_err) || !ok(e.v_err) {
                     return bad(format!(
                         "calibration layer {i}: errors must be finite and >= 0"
+                    ));
+                }
+            }
+            if let Some([a, b]) = c.k_center_tokens {
+                if a >= b || b > c.n_tokens {
+                    return bad(format!(
+                        "calibration k_center_tokens [{a}, {b}): expected first < end <= n_tokens {}",
+                        c.n_tokens
                     ));
                 }
             }

@@ -202,7 +202,35 @@ pub fn sensitivity(
     seed: u64,
     sample: QuerySample,
 ) -> Result<Sensitivity> {
+    sensitivity_with(shape, k, v, q, method, seed, sample, None)
+}
+
+/// [`sensitivity`] for an engine that codes K centered ([`super::center`]): with
+/// `k_center = Some(tokens)`, each layer's K center per KV head is the f16 mean of those
+/// tokens' K rows ([`super::center::mean_center`]) and every K row is coded as `k - c`, as
+/// the llama.cpp client's `--kvq-center` does with its recent window. Errors as
+/// `sensitivity`, and an empty token range or one past the dump.
+#[allow(clippy::too_many_arguments)]
+pub fn sensitivity_with(
+    shape: CalibShape,
+    k: &[f32],
+    v: &[f32],
+    q: &[f32],
+    method: Method,
+    seed: u64,
+    sample: QuerySample,
+    k_center: Option<std::ops::Range<usize>>,
+) -> Result<Sensitivity> {
     shape.check()?;
+    if let Some(r) = &k_center {
+        if r.is_empty() || r.end > shape.n_tokens {
+            return Err(Error::InvalidValue {
+                what: "K center tokens",
+                value: r.end as i64,
+                reason: "must be a non-empty range within the dump's tokens",
+            });
+        }
+    }
     let kv_len = shape.kv_len()?;
     let q_len = shape.q_len()?;
     for (what, s, n) in [("K", k, kv_len), ("V", v, kv_len), ("Q", q, q_len)] {
@@ -251,6 +279,7 @@ pub fn sensitivity(
                 &q[l * layer_q..(l + 1) * layer_q],
                 &codecs,
                 sample,
+                k_center.clone(),
             )
         })
         .collect::<Result<_>>()?;
@@ -348,8 +377,17 @@ fn layer_errors(
     q: &[f32],
     codecs: &[RowCodec],
     sample: QuerySample,
+    k_center: Option<std::ops::Range<usize>>,
 ) -> Result<(Vec<f64>, Vec<f64>)> {
     let (d, hk, hq) = (s.head_dim, s.n_kv_head, s.n_head);
+    let center = match k_center {
+        Some(r) => {
+            let mut c = vec![0f32; hk * d];
+            super::center::mean_center(&k[r.start * hk * d..r.end * hk * d], hk, d, &mut c)?;
+            Some(c)
+        }
+        None => None,
+    };
     let group = hq / hk;
     let geo = Geom {
         n_kv_head: hk,
@@ -382,8 +420,14 @@ fn layer_errors(
     let rel = |e: f64| if norm > 0.0 { e / norm } else { 0.0 };
     for c in codecs {
         let pk = &mut packed[..s.n_tokens * hk * c.row_bytes()];
-        // K only.
-        quant_dequant(c, k, pk, &mut deq)?;
+        // K only (centered: decoded + center; the softmax would ignore the center anyway).
+        match &center {
+            Some(cv) => {
+                c.quantize_rows_centered(k, cv, pk)?;
+                c.dequantize_rows_centered(pk, cv, &mut deq)?;
+            }
+            None => quant_dequant(c, k, pk, &mut deq)?,
+        }
         let mut err = 0f64;
         for (n, &(t, i)) in queries.iter().enumerate() {
             let qv = &q[(t * hq + i) * d..][..d];
@@ -646,6 +690,7 @@ pub fn make_plan(
             k_weight,
             k_bits_range: range(bounds.is_full(), bounds.k),
             v_bits_range: range(bounds.is_full(), bounds.v),
+            k_center_tokens: None,
             achieved_ratio: alloc.ratio(),
             total_error: alloc.total_error,
             layer_errors: alloc
@@ -861,6 +906,33 @@ mod tests {
     }
 
     #[test]
+    fn centered_k_sensitivity_sees_the_offset_removed() {
+        let (mut k, v, q) = synth(SHAPE, 8);
+        // A large constant offset on every 5th channel, as this model's K has.
+        for (i, x) in k.iter_mut().enumerate() {
+            if i % SHAPE.head_dim % 5 == 0 {
+                *x += 8.0;
+            }
+        }
+        let m = Method::LloydMax;
+        let plain = sensitivity(SHAPE, &k, &v, &q, m, 3, SAMPLE).unwrap();
+        let centered = sensitivity_with(SHAPE, &k, &v, &q, m, 3, SAMPLE, Some(4..36)).unwrap();
+        for l in 0..SHAPE.n_layer {
+            assert!(
+                centered.k_err(l, 4) < 0.5 * plain.k_err(l, 4),
+                "layer {l}: {} vs {}",
+                centered.k_err(l, 4),
+                plain.k_err(l, 4)
+            );
+            // V is untouched.
+            assert_eq!(centered.v[l], plain.v[l]);
+        }
+        for bad in [4..4, 90..97] {
+            assert!(sensitivity_with(SHAPE, &k, &v, &q, m, 3, SAMPLE, Some(bad)).is_err());
+        }
+    }
+
+    #[test]
     fn bounds_hold_and_are_recorded() {
         let (k, v, q) = synth(SHAPE, 6);
         let s = sensitivity(SHAPE, &k, &v, &q, Method::LloydMax, 5, SAMPLE).unwrap();
@@ -901,6 +973,12 @@ mod tests {
         let mut order = back.clone();
         order.calibration.as_mut().unwrap().v_bits_range = Some([6, 5]);
         assert!(order.validate().is_err());
+        // K center tokens must be a non-empty range within the dump.
+        for (range, ok) in [([4, 68], true), ([5, 5], false), ([0, 97], false)] {
+            let mut c = back.clone();
+            c.calibration.as_mut().unwrap().k_center_tokens = Some(range);
+            assert_eq!(c.validate().is_ok(), ok, "{range:?}");
+        }
         // Minimums above the budget name the ratio they reach: k4v4 rows are 4.25 bits.
         let e = allocate(&s, Method::LloydMax, 64, 3.9, 1.0, b).unwrap_err();
         assert!(e.to_string().contains("3.765"), "{e}");
