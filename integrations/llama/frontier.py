@@ -47,7 +47,8 @@ def load(paths):
         if sorted(per) != sorted(texts):
             continue
         first = next(iter(per.values()))[0]
-        shown = mode
+        # a plan by its file's name: "kvq-plan:/x/smollm2-135m-r3.5.json" -> "kvq-plan r3.5"
+        shown = re.sub(r"(kvq(?:-native)?-plan):(?:.*/)?(?:smollm2-135m-)?([^/]+?)(?:\.json)?$", r"\1 \2", mode)
         if first.get("kvq_sink"):
             shown += f" sink {first['kvq_sink']}"
         if first.get("kvq_recent"):
