@@ -66,9 +66,11 @@ public:
     // center; every K row coded from then on is coded as row - center
     // (kvc_kvq_quantize_rows_centered) and written back as decoded + center. An engine never
     // adds the center back (q . center is the same for every cached token, so the softmax does
-    // not change): these cells give exactly its scores. V is not centered: an attention sink's
-    // V is near zero and takes much of the attention, and coded as v - center it carries an
-    // error of the center's size (measured: sink 0, 200 tokens, KL 0.016 -> 0.12).
+    // not change): these cells give exactly its scores. The sink tokens must stay f16 (the
+    // options refuse --kvq-center without --kvq-sink): the attention sink's rows are unlike the
+    // window's mean, and coded against it they lose what makes them the sink (200 tokens, no
+    // f16 sink: KL 0.016 plain, 0.070 with K centered, 0.12 with K and V). V is not centered:
+    // with an f16 sink it measured no better.
     KvqRoundTripHook(const kvc_kvq * q, const ModelInfo & mi, int sink, int recent = 0, const kvc_kvq * window = nullptr,
                      bool center = false)
         : q_(q), window_(window), mi_(mi), sink_(sink), recent_(recent), center_(center) {

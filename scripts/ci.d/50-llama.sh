@@ -341,13 +341,16 @@ head -c 1000 "$out/meanpool4.bin" >"$out/meanpool4-cut.bin"
 "$EVAL" --model "$MODEL" --text "$TEXT_A" --kvq-recent 8 --kvq-fa --kvq-recent-bits 12 2>"$out/err18.txt"; rc18=$?
 # a center is the window's mean: no window, no center
 "$EVAL" --model "$MODEL" --text "$TEXT_A" --kvq-fa --kvq-center --modes full,kvq:k4v4 2>"$out/err19.txt"; rc19=$?
+# ... and coded against it, the attention sink would lose what makes it the sink
+"$EVAL" --model "$MODEL" --text "$TEXT_A" --kvq-fa --kvq-recent 8 --kvq-center --modes full,kvq:k4v4 2>"$out/err20.txt"; rc20=$?
 set -e
 grep -q "24 layers" "$out/err11.txt" || { echo "50-llama: wrong-shape weights: $(cat "$out/err11.txt")" >&2; exit 1; }
 grep -q "factor 5" "$out/err12.txt" || { echo "50-llama: factor mismatch: $(cat "$out/err12.txt")" >&2; exit 1; }
 for r in "$rc:$out/err.txt" "$rc2:$out/err2.txt" "$rc3:$out/err3.txt" "$rc4:$out/err4.txt" "$rc5:$out/err5.txt" \
          "$rc7:$out/err7.txt" "$rc8:$out/err8.txt" "$rc9:$out/err9.txt" "$rc10:$out/err10.txt" \
          "$rc11:$out/err11.txt" "$rc12:$out/err12.txt" "$rc13:$out/err13.txt" "$rc14:$out/err14.txt" \
-         "$rc16:$out/err16.txt" "$rc17:$out/err17.txt" "$rc18:$out/err18.txt" "$rc19:$out/err19.txt"; do
+         "$rc16:$out/err16.txt" "$rc17:$out/err17.txt" "$rc18:$out/err18.txt" "$rc19:$out/err19.txt" \
+         "$rc20:$out/err20.txt"; do
     code="${r%%:*}"; file="${r#*:}"
     if [ "$code" -ne 2 ] || [ "$(wc -l <"$file")" -ne 1 ]; then
         echo "50-llama: bad input gave status $code with: $(cat "$file")" >&2
@@ -370,20 +373,22 @@ for bits in 16 8; do
     "$EVAL" --model "$MODEL" --text "$TEXT_A" --n-tokens 200 --ppl-from 100 --kvq-fa --kvq-recent 32 \
         --kvq-recent-bits $bits --modes full,kvq:k4v4 --json "$out/kvq-recent-$bits.json" >/dev/null
 done
-# ... and with --kvq-center: K rows coded minus the window's mean per layer and KV head, one f16
-# K center per layer and head counted (half an f16 cell), and on this model's K (channels with
-# large offsets) a smaller error than the same rows uncentered, V untouched
+# ... and with --kvq-sink 1 --kvq-center: K rows coded minus the window's mean per layer and KV
+# head, one f16 K center per layer and head counted (half an f16 cell), and on this model's K
+# (channels with large offsets) a smaller error than the same rows uncentered
 "$EVAL" --model "$MODEL" --text "$TEXT_A" --n-tokens 200 --ppl-from 100 --kvq-fa --kvq-recent 32 \
-    --kvq-recent-bits 8 --kvq-center --modes full,kvq:k4v4 --json "$out/kvq-recent-center.json" >/dev/null
+    --kvq-recent-bits 8 --kvq-sink 1 --kvq-center --modes full,kvq:k4v4 --json "$out/kvq-recent-center.json" >/dev/null
 python3 - "$out/kvq-recent-16.json" "$out/kvq-recent-8.json" "$out/kvq-recent-center.json" <<'PY'
 import json, math, sys
 rows = [{x["mode"]: x for x in json.load(open(f))["texts"][0]["results"]}["kvq:k4v4"] for f in sys.argv[1:]]
 f16_cell, kvq_cell, k8_cell = 30 * 2 * 192 * 2, 30 * 2 * 3 * (2 + 64 * 4 // 8), 30 * 2 * 3 * (2 + 64)
-for r, window, centers in zip(rows, (f16_cell, k8_cell, k8_cell), (0, 0, f16_cell // 2)):
-    assert r["kvq_recent"] == 32 and r["kvq_k_rows"] == r["kvq_v_rows"] == 168 * 30 * 3, r
+for r, window, sink, centers in zip(rows, (f16_cell, k8_cell, k8_cell), (0, 0, 1), (0, 0, f16_cell // 2)):
+    coded = 200 - sink - 32
+    assert r["kvq_recent"] == 32 and r["kvq_sink"] == sink, r
+    assert r["kvq_k_rows"] == r["kvq_v_rows"] == coded * 30 * 3, r
     assert r["kvq_center"] == (centers > 0), r
     assert r["kvq_recent_cell_bytes"] == window, r
-    assert r["kv_held_bytes_end"] == 32 * window + 168 * kvq_cell + centers, r
+    assert r["kv_held_bytes_end"] == sink * f16_cell + 32 * window + coded * kvq_cell + centers, r
     assert 0.0 < r["kvq_k_rel_rms_err"] < 0.5 and 0.0 < r["kl"] and math.isfinite(r["ppl"]), r
     print(f"50-llama: kvq:k4v4 --kvq-recent 32, window cell {window} B, centers {centers} B: ratio {r['kv_ratio_end']:.3f}, "
           f"K err {r['kvq_k_rel_rms_err']:.4f}, KL {r['kl']:.4f} at 200 tokens")

@@ -7,19 +7,10 @@ use kvc_quant::kvq::center::mean_center;
 
 use crate::boundary::{check_disjoint, in_slice, out_slice, status_boundary};
 use crate::codec::KvcTensor;
-use crate::error::Error;
 use crate::handle::handle_ref;
 use crate::kvq::{row_sizes, KvcKvq};
+use crate::kvq_channel::short;
 use crate::status::KvcStatus;
-
-fn short(what: &'static str, needed: usize, found: usize) -> Error {
-    kvc_quant::Error::BufferTooSmall {
-        what,
-        needed,
-        found,
-    }
-    .into()
-}
 
 /// Quantizes `n_rows` rows as `kvc_kvq_quantize_rows` does, each coded as `row - center`:
 /// `center` holds `center_len` floats, a whole number `h` of rows of `head_dim`, and row

@@ -23,7 +23,8 @@ fn codec(bits: u32, head_dim: u32, group: u32) -> Result<ChannelGroupCodec, Erro
     )?)
 }
 
-fn short(what: &'static str, needed: usize, found: usize) -> Error {
+/// `KVC_BUFFER_TOO_SMALL` for `what`, with the bytes (or values) needed and given.
+pub(crate) fn short(what: &'static str, needed: usize, found: usize) -> Error {
     kvc_quant::Error::BufferTooSmall {
         what,
         needed,
