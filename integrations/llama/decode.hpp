@@ -344,14 +344,14 @@ struct KvqSetup {
           from_plan(kvq_mode.rfind("kvq-plan:", 0) == 0),
           plan_json(from_plan ? read_file(config) : std::string()),
           kvq(config, mi, from_plan ? &plan_json : nullptr),
-          sink(std::min(o.kvq_sink, o.n_tokens)),
           window(o.kvq_recent > 0 && o.kvq_recent_bits <= 8
                      ? new KvqPtr("k" + std::to_string(o.kvq_recent_bits) + "v" + std::to_string(o.kvq_recent_bits), mi)
                      : nullptr),
+          sink(std::min(o.kvq_sink, o.n_tokens)),
           recent(o.kvq_recent),
           window_bits(o.kvq_recent_bits),
           center(o.kvq_center),
-          hook(kvq.q, mi, sink, recent, window ? window->q : nullptr, o.kvq_center) {
+          hook(kvq.q, mi, sink, recent, window ? window->q : nullptr, center) {
         cell = kvq_cell_bytes(kvq.q, mi, &k_bits, &v_bits);
         f16_cell = (double) mi.cell_bytes(GGML_TYPE_F16, GGML_TYPE_F16);
         window_cell = window ? kvq_cell_bytes(window->q, mi) : f16_cell;

@@ -85,15 +85,7 @@ public:
         for (int64_t i = keep * H * D; i < n_tok * H * D; ++i) ref.push_back(ggml_fp16_to_fp32(ggml_fp32_to_fp16(rows[i])));
         if (window_ && n_tok > keep) {
             // the unfilled group as kvq rows: the cache holds their values until the group fills
-            const size_t n_rows = (size_t) ((n_tok - keep) * H);
-            size_t rb = 0;
-            kvc_ok(kvc_kvq_row_bytes(window_, (uint32_t) il, KVC_TENSOR_K, &rb), "kvc_kvq_row_bytes");
-            packed_.resize(n_rows * rb);
-            float * first = rows + keep * H * D;
-            kvc_ok(kvc_kvq_quantize_rows(window_, (uint32_t) il, KVC_TENSOR_K, first, n_rows, packed_.data(), packed_.size()),
-                   "kvc_kvq_quantize_rows");
-            kvc_ok(kvc_kvq_dequantize_rows(window_, (uint32_t) il, KVC_TENSOR_K, packed_.data(), packed_.size(), first, n_rows),
-                   "kvc_kvq_dequantize_rows");
+            kvq_round_trip_rows(window_, il, KVC_TENSOR_K, rows + keep * H * D, (size_t) ((n_tok - keep) * H), packed_);
         }
         // the rows as the cache holds them (f16 of the row or of its window row): what the
         // group is coded from once it fills

@@ -55,6 +55,29 @@ double kvq_cell_bytes(const kvc_kvq * q, const ModelInfo & mi, double * k_bits =
     return cell;
 }
 
+// Packs n_rows rows of layer il's K or V with `q` into `packed` (resized to their bytes) and
+// unpacks them into `rows` in place: the values a kvq cache of those rows holds. With a
+// center (n_kv_head * head_dim values), coded as row - center and unpacked as decoded + center.
+void kvq_round_trip_rows(const kvc_kvq * q, int il, kvc_tensor which, float * rows, size_t n_rows,
+                         std::vector<uint8_t> & packed, const std::vector<float> & center = {}) {
+    size_t rb = 0;
+    kvc_ok(kvc_kvq_row_bytes(q, (uint32_t) il, which, &rb), "kvc_kvq_row_bytes");
+    packed.resize(n_rows * rb);
+    if (center.empty()) {
+        kvc_ok(kvc_kvq_quantize_rows(q, (uint32_t) il, which, rows, n_rows, packed.data(), packed.size()),
+               "kvc_kvq_quantize_rows");
+        kvc_ok(kvc_kvq_dequantize_rows(q, (uint32_t) il, which, packed.data(), packed.size(), rows, n_rows),
+               "kvc_kvq_dequantize_rows");
+        return;
+    }
+    kvc_ok(kvc_kvq_quantize_rows_centered(q, (uint32_t) il, which, rows, n_rows, center.data(), center.size(),
+                                          packed.data(), packed.size()),
+           "kvc_kvq_quantize_rows_centered");
+    kvc_ok(kvc_kvq_dequantize_rows_centered(q, (uint32_t) il, which, packed.data(), packed.size(), center.data(),
+                                            center.size(), rows, n_rows),
+           "kvc_kvq_dequantize_rows_centered");
+}
+
 class KvqRoundTripHook : public RowHook {
 public:
     // recent > 0: a token's rows stay as the f16 cache holds them (or, with `window`, as that
@@ -101,16 +124,8 @@ public:
             auto & ref = pending_ref_[v][il];
             for (int64_t i = keep * H * D; i < n_tok * H * D; ++i) ref.push_back(ggml_fp16_to_fp32(ggml_fp32_to_fp16(rows[i])));
             if (window_ && n_tok > keep) {
-                const size_t n_rows = (size_t) ((n_tok - keep) * H);
-                const kvc_tensor which = is_v ? KVC_TENSOR_V : KVC_TENSOR_K;
-                size_t rb = 0;
-                kvc_ok(kvc_kvq_row_bytes(window_, (uint32_t) il, which, &rb), "kvc_kvq_row_bytes");
-                packed_.resize(n_rows * rb);
-                float * first = rows + keep * H * D;
-                kvc_ok(kvc_kvq_quantize_rows(window_, (uint32_t) il, which, first, n_rows, packed_.data(), packed_.size()),
-                       "kvc_kvq_quantize_rows");
-                kvc_ok(kvc_kvq_dequantize_rows(window_, (uint32_t) il, which, packed_.data(), packed_.size(), first, n_rows),
-                       "kvc_kvq_dequantize_rows");
+                kvq_round_trip_rows(window_, il, is_v ? KVC_TENSOR_V : KVC_TENSOR_K, rows + keep * H * D,
+                                    (size_t) ((n_tok - keep) * H), packed_);
             }
             auto & dst = pending_[v][il];
             for (int64_t i = keep * H * D; i < n_tok * H * D; ++i) dst.push_back(ggml_fp16_to_fp32(ggml_fp32_to_fp16(rows[i])));
@@ -160,29 +175,13 @@ public:
     // an f16 cache holds them), or, when null, against the f16 of the rows given
     void round_trip(int il, bool is_v, float * first, size_t n_rows, const float * reference = nullptr) {
         const int64_t D = mi_.head_dim;
-        const kvc_tensor which = is_v ? KVC_TENSOR_V : KVC_TENSOR_K;
-        size_t row_bytes = 0;
-        kvc_ok(kvc_kvq_row_bytes(q_, (uint32_t) il, which, &row_bytes), "kvc_kvq_row_bytes");
-        packed_.resize(n_rows * row_bytes);
         // the reference: the row as the f16 cache would have held it
         ref_.resize(n_rows * D);
         for (size_t i = 0; i < ref_.size(); ++i) ref_[i] = reference ? reference[i] : ggml_fp16_to_fp32(ggml_fp32_to_fp16(first[i]));
         // with a center: coded as row - center (rows are [token][head][dim]: the center repeats
         // every n_head_kv rows), written back as decoded + center
-        const std::vector<float> & c = centers_[is_v ? 1 : 0][il];
-        if (c.empty()) {
-            kvc_ok(kvc_kvq_quantize_rows(q_, (uint32_t) il, which, first, n_rows, packed_.data(), packed_.size()),
-                   "kvc_kvq_quantize_rows");
-            kvc_ok(kvc_kvq_dequantize_rows(q_, (uint32_t) il, which, packed_.data(), packed_.size(), first, n_rows),
-                   "kvc_kvq_dequantize_rows");
-        } else {
-            kvc_ok(kvc_kvq_quantize_rows_centered(q_, (uint32_t) il, which, first, n_rows, c.data(), c.size(),
-                                                  packed_.data(), packed_.size()),
-                   "kvc_kvq_quantize_rows_centered");
-            kvc_ok(kvc_kvq_dequantize_rows_centered(q_, (uint32_t) il, which, packed_.data(), packed_.size(), c.data(),
-                                                    c.size(), first, n_rows),
-                   "kvc_kvq_dequantize_rows_centered");
-        }
+        kvq_round_trip_rows(q_, il, is_v ? KVC_TENSOR_V : KVC_TENSOR_K, first, n_rows, packed_,
+                            centers_[is_v ? 1 : 0][il]);
         Err & e = err_[is_v ? 1 : 0];
         for (size_t i = 0; i < ref_.size(); ++i) {
             const double a = ref_[i], b = first[i];
@@ -245,16 +244,11 @@ bool split_kvq_suffix(const std::string & m, std::string * base, std::string * k
 void kvq_requantize_f16(const kvc_kvq * q, const ModelInfo & mi, int layer, bool is_v, uint16_t * rows, size_t n_rows,
                         double * sq, double * ref) {
     const size_t D = (size_t) mi.head_dim;
-    const kvc_tensor which = is_v ? KVC_TENSOR_V : KVC_TENSOR_K;
-    size_t row_bytes = 0;
-    kvc_ok(kvc_kvq_row_bytes(q, (uint32_t) layer, which, &row_bytes), "kvc_kvq_row_bytes");
-    std::vector<float> x(n_rows * D), y(n_rows * D);
-    std::vector<uint8_t> packed(n_rows * row_bytes);
+    std::vector<float> x(n_rows * D);
+    std::vector<uint8_t> packed;
     for (size_t i = 0; i < x.size(); ++i) x[i] = ggml_fp16_to_fp32(rows[i]);
-    kvc_ok(kvc_kvq_quantize_rows(q, (uint32_t) layer, which, x.data(), n_rows, packed.data(), packed.size()),
-           "kvc_kvq_quantize_rows");
-    kvc_ok(kvc_kvq_dequantize_rows(q, (uint32_t) layer, which, packed.data(), packed.size(), y.data(), n_rows),
-           "kvc_kvq_dequantize_rows");
+    std::vector<float> y = x;
+    kvq_round_trip_rows(q, layer, is_v ? KVC_TENSOR_V : KVC_TENSOR_K, y.data(), n_rows, packed);
     for (size_t i = 0; i < x.size(); ++i) {
         if (!std::isfinite(y[i])) fail("kvq: a dequantized value is not finite");
         rows[i] = ggml_fp32_to_fp16(y[i]);

@@ -442,29 +442,9 @@ fn quality_channel(
                     s.extend_from_slice(&bscores);
                 }
                 for r in coded..*t {
-                    s.push(
-                        q.iter()
-                            .zip(&kh[r * d..(r + 1) * d])
-                            .map(|(a, b)| a * b)
-                            .sum(),
-                    );
+                    s.push(dot32(q, &kh[r * d..(r + 1) * d]));
                 }
-                let scale = 1.0 / (d as f64).sqrt();
-                let m = s
-                    .iter()
-                    .map(|&x| f64::from(x) * scale)
-                    .fold(f64::NEG_INFINITY, f64::max);
-                let p: Vec<f64> = s
-                    .iter()
-                    .map(|&x| (f64::from(x) * scale - m).exp())
-                    .collect();
-                let z: f64 = p.iter().sum();
-                let mut out = vec![0f32; d];
-                for (r, w) in p.iter().enumerate() {
-                    for i in 0..d {
-                        out[i] += (w / z) as f32 * vh[r * d + i];
-                    }
-                }
+                let out = softmax_out(&s, &vh, d);
                 let e = rel_l2(&out, want);
                 err_sum += e;
                 err_max = err_max.max(e);
