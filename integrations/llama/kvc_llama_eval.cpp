@@ -33,26 +33,59 @@
 // Output: a table on stdout and, with --json FILE, the same numbers as JSON.
 // Bad input (missing files, bad options, a text too short) exits with status 2 and one line.
 //
-// The program is one translation unit split along its modes; each part includes the one before:
-//   eval_common.hpp      options, errors, small helpers, model facts
-//   eviction_policy.hpp  the eviction seam and the local sink + window policy
-//   eval_tap.hpp         the eval callback: attention per cell (softmax, or the flash-attention
+// The program is one unit per mode family, each a header that declares what it offers and a
+// .cpp with the definitions, in namespace kvc_llama:
+//   eval_common          errors, options and their parser, small helpers, model facts
+//   eviction_policy      the eviction seam and the local sink + window policy
+//   eval_tap             the eval callback: attention per cell (softmax, or the flash-attention
 //                        recompute checked with fattn_bound.hpp), row hooks, SET_ROWS checks
-//   kvc_api.hpp          kvc through include/kvc.h: status checks, H2O budgets
-//   c8_hooks.hpp         C8 through kvc_quant
-//   kvq_hooks.hpp        kvq (rotated 2-8-bit packed rows) through kvc_kvq
-//   kvc_h2o_policy.hpp   kvc's H2O / StreamingLLM as an EvictionPolicy
-//   decode.hpp           contexts and the decode loop of every PPL/KL mode
-//   dump_mode.hpp        the realkv-format dump and its comparison
-//   state_mode.hpp       the sequence state, saved, restored and through kvc's codec
-//   share_mode.hpp       a prefix shared between processes through kvc's tiers
-//   mlp_mode.hpp         kvc-mlp's compressor on the older cells, through the sequence state
-//   kvq_native_mode.hpp  llama.cpp's cache in kvc's kvq ggml types (patched build), decode speed
-//   report.hpp           the table and the JSON
-// and this file: which modes run, in order (run), and main.
+//   kvc_api              kvc through include/kvc.h: status checks, H2O budgets
+//   decode               contexts, the decode loop of every PPL/KL mode, the sequence state
+//   kvc_h2o_policy       kvc's H2O / StreamingLLM as an EvictionPolicy; the kvc eviction rows
+//   c8_hooks             C8 through kvc_quant; the c8 and c8-h2o rows
+//   kvq_hooks            kvq (rotated 2-8-bit packed rows) through kvc_kvq; the kvq: rows
+//   kvq_channel_hooks    K per channel over token groups (KIVI); the kvq-kc rows
+//   dump_mode            the realkv-format dump and its comparison
+//   state_mode           the sequence state, saved, restored and through kvc's codec
+//   share_mode           a prefix shared between processes through kvc's tiers
+//   mlp_mode             kvc-mlp's compressor on the older cells, through the sequence state
+//   kvq_native_mode      llama.cpp's cache in kvc's kvq ggml types (patched build), decode speed
+//   report               the table and the JSON
+// with two headers of their own: fattn_bound.hpp (the flash-attention rounding bound, tested
+// alone by fattn_bound_test.cpp) and llama_state_parse.hpp (the sequence-state container, no
+// llama call, fuzzed alone by fuzz/cpp/llama_state_fuzz.cpp). This file: which modes run, in
+// order (run), the rows without a family of their own (full, streaming, f16-fa and llama.cpp's
+// cache types, probe), and main.
 
+#include "c8_hooks.hpp"
+#include "decode.hpp"
+#include "dump_mode.hpp"
+#include "eval_common.hpp"
+#include "eval_tap.hpp"
+#include "eviction_policy.hpp"
+#include "kvc_h2o_policy.hpp"
+#include "kvq_channel_hooks.hpp"
+#include "kvq_hooks.hpp"
+#include "kvq_native_mode.hpp"
+#include "mlp_mode.hpp"
 #include "report.hpp"
+#include "share_mode.hpp"
+#include "state_mode.hpp"
 
+#include "llama.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace kvc_llama {
 namespace {
 
 int run(int argc, char ** argv) {
@@ -126,66 +159,10 @@ int run(int argc, char ** argv) {
                        ", positions " + o.positions;
             rep.rows.push_back(r);
         }
-        // one kvc_h2o row: mode kvc-streaming, h2o or h2o-fa at eviction ratio R (cells), its
-        // held cells kvq cells when kvq_mode is given (the "+kvq:" combined modes)
+        // one kvc_h2o row (kvc_h2o_policy.hpp): mode kvc-streaming, h2o or h2o-fa at eviction
+        // ratio R (cells), its held cells kvq cells when kvq_mode is given (the "+kvq:" modes)
         auto run_evict = [&](const std::string & mode, double R, const std::string & kvq_mode) {
-            const bool fa = mode == "h2o-fa";
-            const KvcBudget bud = kvc_budget(R, o);
-            KvcH2oPolicy pol(mi, o, mode == "kvc-streaming", bud);
-            EvalTap tap(mi);
-            std::unique_ptr<KvqSetup> kq;
-            DecodeSpec s;
-            if (!kvq_mode.empty()) {
-                kq.reset(new KvqSetup(kvq_mode, mi, o));
-                kq->attach(tap, s);
-            }
-            tap.want_set_rows = true;
-            tap.want_kq = !fa;
-            tap.want_fattn = fa;
-            tap.scorer = &pol;
-            s.mode = mode + "@" + json_num(R) + (kvq_mode.empty() ? "" : "+" + kvq_mode);
-            s.cfg.n_ctx = o.n_tokens;
-            s.cfg.flash_attn = fa;
-            s.cfg.tap = &tap;
-            s.policy = &pol;
-            s.shift_positions = o.positions == "shift";
-            RunResult r = run_decode(model, mi, o, toks, ref, s);
-            pol.report(r.extra);
-            if (fa) {
-                r.extra.push_back({"fattn_recompute_max_out_err", json_num(tap.fattn_max_out_err)});
-                r.extra.push_back({"fattn_checked_calls", std::to_string(tap.fattn_checked)});
-                r.extra.push_back({"fattn_err_over_bound", json_num(tap.fattn_max_excess)});
-                r.extra.push_back({"fattn_control_head_caught", std::to_string(tap.fattn_ctrl_head_caught)});
-                r.extra.push_back({"fattn_control_head_calls", std::to_string(tap.fattn_ctrl_head_calls)});
-                r.extra.push_back({"fattn_control_cell_caught", std::to_string(tap.fattn_ctrl_cell_caught)});
-                r.extra.push_back({"fattn_control_scale_caught", std::to_string(tap.fattn_ctrl_scale_caught)});
-                // within the rounding bound of fattn_bound.hpp (derived from the kernel's f16
-                // arithmetic, not tuned to one machine), and every checked call able to fail:
-                // each deliberate mistake lands outside the same bound
-                if (!(tap.fattn_checked > 0 && tap.fattn_max_excess <= 1.0)) {
-                    fail(s.mode + ": recomputed attention output differs from llama.cpp's by " +
-                         json_num(tap.fattn_max_out_err) + ", " + json_num(tap.fattn_max_excess) +
-                         " times the rounding bound");
-                }
-                if (tap.fattn_ctrl_head_caught != tap.fattn_ctrl_head_calls ||
-                    tap.fattn_ctrl_cell_caught != tap.fattn_checked || tap.fattn_ctrl_scale_caught != tap.fattn_checked) {
-                    fail(s.mode + ": the attention check missed a deliberate mistake (caught: wrong head " +
-                         std::to_string(tap.fattn_ctrl_head_caught) + ", missing cell " +
-                         std::to_string(tap.fattn_ctrl_cell_caught) + ", scale " +
-                         std::to_string(tap.fattn_ctrl_scale_caught) + " of " + std::to_string(tap.fattn_checked) +
-                         " calls)");
-                }
-            }
-            if (!(pol.unmapped_max() < 1e-3)) {
-                fail(s.mode + ": " + json_num(pol.unmapped_max()) + " of the attention fell on cells the harness does not hold");
-            }
-            char buf[200];
-            std::snprintf(buf, sizeof buf, "%s, cap %d cells (sink %d, recent %d, block %d), positions %s%s",
-                          pol.name().c_str(), bud.cap, o.sink, bud.recent, o.block, o.positions.c_str(),
-                          fa ? ", flash attention on (scores recomputed)" : "");
-            r.detail = buf;
-            if (kq) r.detail += "; " + kq->finish(tap, r);
-            rep.rows.push_back(r);
+            rep.rows.push_back(run_kvc_evict(model, mi, o, toks, ref, mode, R, kvq_mode));
         };
         for (double R : o.kv_ratios) {
             for (const char * m : {"kvc-streaming", "h2o", "h2o-fa"}) {
@@ -206,100 +183,7 @@ int run(int argc, char ** argv) {
             const std::string name = base.substr(0, at);
             if (name == "h2o" || name == "kvc-streaming") run_evict(name, std::atof(base.c_str() + at + 1), kvq_mode);
         }
-        if (has_mode(o, "c8") || has_mode(o, "c8-h2o")) {
-            // calibration: the first --c8-calib tokens in one batch, rows observed as f16
-            const int nc = std::min(o.c8_calib > 0 ? o.c8_calib : o.ppl_from - 1, o.n_tokens);
-            QuantPtr quant(mi);
-            if (o.c8_rule == "rope") {
-                // K rows are post-RoPE: pair the channels as the model's rope rotates them
-                const int rt = llama_model_rope_type(model);
-                kvc_rope_style style;
-                if (rt == LLAMA_ROPE_TYPE_NORM) style = KVC_ROPE_NORM;
-                else if (rt == LLAMA_ROPE_TYPE_NEOX) style = KVC_ROPE_NEOX;
-                else fail("--c8-rule rope: the model's rope type " + std::to_string(rt) +
-                          " is neither NORM nor NEOX; use --c8-rule channel");
-                kvc_ok(kvc_quant_set_rope(quant.q, (size_t) mi.head_dim, style), "kvc_quant_set_rope");
-            }
-            {
-                C8ObserveHook obs(quant.q, mi.n_embd_kv());
-                EvalTap tap(mi);
-                tap.want_rows = true;
-                tap.hook = &obs;
-                CtxConfig cc;
-                cc.n_ctx = nc;
-                cc.n_batch = nc;
-                cc.tap = &tap;
-                Options oc = o;
-                oc.prompt = nc;
-                CtxPtr cctx = make_context(model, oc, cc);
-                std::vector<bool> none(nc, false);
-                none[nc - 1] = true;
-                decode_batch(cctx.get(), toks, 0, nc, 0, none);
-                if (!tap.error.empty()) fail("C8 calibration: " + tap.error);
-                if (obs.rows() != (long) nc * 2 * mi.n_layer) fail("C8 calibration: the hook saw the wrong number of rows");
-                kvc_ok(kvc_quant_finish(quant.q), "kvc_quant_finish");
-            }
-            // memory as a C8 cache would hold it: int8 K and V rows per cell, f32 scale and
-            // offset per channel, per layer, for K and V (llama.cpp itself keeps f16 here)
-            const double c8_cell = (double) mi.n_layer * 2.0 * mi.n_embd_kv();
-            const double c8_params = (double) mi.n_layer * 2.0 * mi.n_embd_kv() * 2.0 * 4.0;
-            const double full_bytes = (double) o.n_tokens * (double) mi.cell_bytes(GGML_TYPE_F16, GGML_TYPE_F16);
-            std::vector<double> rs;
-            if (has_mode(o, "c8")) rs.push_back(0.0);
-            if (has_mode(o, "c8-h2o")) rs.insert(rs.end(), o.kv_ratios.begin(), o.kv_ratios.end());
-            for (double R : rs) {
-                C8RoundTripHook hook(quant.q, mi.n_embd_kv());
-                EvalTap tap(mi);
-                tap.want_rows = true;
-                tap.want_set_rows = true;
-                tap.hook = &hook;
-                DecodeSpec s;
-                s.cfg.n_ctx = o.n_tokens;
-                s.cfg.tap = &tap;
-                s.cell_bytes = c8_cell;
-                s.fixed_bytes = c8_params;
-                s.shift_positions = o.positions == "shift";
-                std::unique_ptr<KvcH2oPolicy> pol;
-                KvcBudget bud;
-                if (R > 0.0) {
-                    // total ratio R: cells x int8 bytes + params <= full f16 bytes / R
-                    const int cap = (int) std::floor((full_bytes / R - c8_params) / c8_cell);
-                    bud = kvc_budget_cells(cap, o);
-                    pol.reset(new KvcH2oPolicy(mi, o, false, bud));
-                    tap.want_kq = true;
-                    tap.scorer = pol.get();
-                    s.policy = pol.get();
-                    s.mode = "c8-h2o@" + json_num(R);
-                } else {
-                    s.mode = "c8";
-                }
-                RunResult r = run_decode(model, mi, o, toks, ref, s);
-                if (!tap.stats.set_rows_reads_hooked_tensor) fail(s.mode + ": a SET_ROWS node reads rows the hook did not see");
-                for (int v = 0; v < 2; ++v) {
-                    const auto & e = hook.err(v == 1);
-                    const std::string k = v ? "c8_v_" : "c8_k_";
-                    if (e.n == 0) fail(s.mode + ": the C8 hook saw no rows");
-                    r.extra.push_back({k + "rel_rms_err", json_num(std::sqrt(e.sq / std::max(1e-30, e.ref)))});
-                    r.extra.push_back({k + "max_abs_err", json_num(e.max)});
-                    r.extra.push_back({k + "values", std::to_string(e.n)});
-                }
-                r.extra.push_back({"c8_calib_tokens", std::to_string(nc)});
-                r.extra.push_back({"c8_rule", "\"" + o.c8_rule + "\""});
-                r.extra.push_back({"kv_accounting", "\"C8: int8 K/V per cell + f32 scale and offset per channel (llama.cpp holds f16: kvc dequantizes)\""});
-                char buf[200];
-                const auto & ek = hook.err(false);
-                const auto & ev = hook.err(true);
-                std::snprintf(buf, sizeof buf, "kvc C8 (%s rule, calibrated on %d tokens), rel RMS err K %.4f V %.4f; memory = int8 + scales",
-                              o.c8_rule.c_str(), nc, std::sqrt(ek.sq / std::max(1e-30, ek.ref)), std::sqrt(ev.sq / std::max(1e-30, ev.ref)));
-                r.detail = buf;
-                if (pol) {
-                    pol->report(r.extra);
-                    r.detail += ", + kvc_h2o heavy hitters cap " + std::to_string(bud.cap) + " cells (recent " +
-                                std::to_string(bud.recent) + ")";
-                }
-                rep.rows.push_back(r);
-            }
-        }
+        if (has_mode(o, "c8") || has_mode(o, "c8-h2o")) run_c8(model, mi, o, toks, ref, rep.rows);
         for (const char * q : {"f16-fa", "q8_0", "q4_0", "q8_0-q4_0"}) {
             if (!has_mode(o, q)) continue;
             const std::string m = q;
@@ -322,30 +206,12 @@ int run(int argc, char ** argv) {
         }
         for (const auto & m : o.modes) {
             if (m.rfind("kvq:", 0) != 0 && m.rfind("kvq-plan:", 0) != 0) continue;
-            KvqSetup kq(m, mi, o);
-            EvalTap tap(mi);
-            DecodeSpec s;
-            s.mode = m;
-            s.cfg.n_ctx = o.n_tokens;
-            s.cfg.flash_attn = o.kvq_fa;
-            kq.attach(tap, s);
-            RunResult r = run_decode(model, mi, o, toks, ref, s);
-            r.detail = kq.finish(tap, r);
-            rep.rows.push_back(r);
+            rep.rows.push_back(run_kvq(model, mi, o, toks, ref, m));
         }
         for (const auto & m : o.modes) {
             ChannelMode cm;
             if (!parse_channel_mode(m, &cm)) continue;
-            KvqChannelSetup kc(cm, mi, o);
-            EvalTap tap(mi);
-            DecodeSpec s;
-            s.mode = m;
-            s.cfg.n_ctx = o.n_tokens;
-            s.cfg.flash_attn = o.kvq_fa;
-            kc.attach(tap, s, mi);
-            RunResult r = run_decode(model, mi, o, toks, ref, s);
-            r.detail = kc.finish(tap, r, mi);
-            rep.rows.push_back(r);
+            rep.rows.push_back(run_kvq_channel(model, mi, o, toks, ref, cm, m));
         }
         for (const auto & m : o.modes) {
             if (is_mlp_mode(m)) rep.rows.push_back(run_mlp(model, mi, o, toks, ref, m, mlp_set));
@@ -402,11 +268,12 @@ int run(int argc, char ** argv) {
 }
 
 }  // namespace
+}  // namespace kvc_llama
 
 int main(int argc, char ** argv) {
     try {
-        return run(argc, argv);
-    } catch (const UsageError & e) {
+        return kvc_llama::run(argc, argv);
+    } catch (const kvc_llama::UsageError & e) {
         std::fprintf(stderr, "kvc_llama_eval: %s\n", e.what());
         return 2;
     } catch (const std::exception & e) {

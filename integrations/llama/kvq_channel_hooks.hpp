@@ -1,23 +1,17 @@
-// kvc_llama_eval, K per channel over token groups (KIVI) through kvc_kvq_channel_*, V as kvq rows.
-// Part of the one kvc_llama_eval program (one translation unit: kvc_llama_eval.cpp includes
-// every part in this order; each part includes the one before it).
+// kvc_llama_eval, the kvq-kc<G>:CONFIG modes: K per channel over groups of G tokens (KIVI,
+// kvc_kvq_channel_*), V as kvq rows (kvq_channel_hooks.cpp).
 #pragma once
 
-#include "kvq_hooks.hpp"
+#include "decode.hpp"
+#include "eval_common.hpp"
 
-namespace {
+#include "llama.h"
 
-// ------------------------------------------------------------------------------------------
-// "kvq-kc<G>:CONFIG": K per channel over groups of G tokens (kvc_kvq_channel_*, CONFIG's K
-// bits), V through kvq rows (CONFIG's V bits and method). After the --kvq-sink tokens, each KV
-// head's K rows are held as the f16 cache holds them until G of them have been written; the
-// SET_ROWS that writes the G-th codes the group as one channel block and writes the block's
-// values back into those G cells of llama.cpp's f16 cache, before attention reads them. So the
-// cache holds, at every step, what a KIVI cache would hold: coded blocks, the newest unfilled
-// group in f16. "kvq-kc<G>w8:CONFIG" holds the unfilled group as kvq 8-bit K rows instead
-// (k8, rotated Lloyd-Max, 66 bytes a row at head_dim 64) and codes the group from their
-// values. Memory: per KV head and layer, a block's bytes per G tokens, the unfilled group's
-// K rows (f16 or 8-bit rows), V's packed rows, the sink cells at f16 (KvqChannelSetup).
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace kvc_llama {
 
 struct ChannelMode {
     uint32_t group = 0;
@@ -27,143 +21,12 @@ struct ChannelMode {
 
 // "kvq-kc32:k4v4" -> {32, f16 window, "k4v4"}, "kvq-kc64w8:k4v4" -> {64, 8-bit window,
 // "k4v4"}; false when m is not such a mode.
-bool parse_channel_mode(const std::string & m, ChannelMode * out) {
-    if (m.rfind("kvq-kc", 0) != 0) return false;
-    const auto colon = m.find(':');
-    if (colon == std::string::npos || colon + 1 >= m.size()) {
-        throw UsageError("--modes " + m + ": kvq-kc<G>:CONFIG needs a group and a config, e.g. kvq-kc32:k4v4");
-    }
-    std::string g = m.substr(6, colon - 6);
-    out->window8 = g.size() > 2 && g.compare(g.size() - 2, 2, "w8") == 0;
-    if (out->window8) g.resize(g.size() - 2);
-    out->group = (uint32_t) parse_int("--modes " + m, g, 16, 256);
-    out->config = m.substr(colon + 1);
-    return true;
-}
+bool parse_channel_mode(const std::string & m, ChannelMode * out);
 
-// The K bits of a kvq config string ("k4v4:u32" -> 4), checked by kvc_kvq_new before use.
-uint32_t config_k_bits(const std::string & config) {
-    if (config.size() < 2 || config[0] != 'k' || !std::isdigit((unsigned char) config[1])) {
-        throw UsageError("kvq config " + config + ": does not start with k<bits>");
-    }
-    return (uint32_t) (config[1] - '0');
-}
+// One kvq-kc<G>:CONFIG / kvq-kc<G>w8:CONFIG row, m the mode string parse_channel_mode read into cm
+// (flash attention as --kvq-fa says).
+RunResult run_kvq_channel(llama_model * model, const ModelInfo & mi, const Options & o,
+                          const std::vector<llama_token> & toks, RefStore & ref, const ChannelMode & cm,
+                          const std::string & m);
 
-class KvqChannelHook : public RowHook {
-public:
-    // window: null to hold the unfilled group's K rows as f16, else a kvq handle whose K
-    // rows hold them (8-bit rows: the group is then coded from those rows' values)
-    KvqChannelHook(const kvc_kvq * q, const ModelInfo & mi, int sink, uint32_t bits, uint32_t group,
-                   const kvc_kvq * window = nullptr)
-        : v_(q, mi, sink), mi_(mi), sink_(sink), bits_(bits), group_(group), window_(window) {
-        kvc_ok(kvc_kvq_channel_block_bytes(bits, (uint32_t) mi.head_dim, group, &block_bytes_),
-               "kvc_kvq_channel_block_bytes");
-        seen_.assign(mi.n_layer, 0);
-        first_coded_.assign(mi.n_layer, 0);
-        rows_.resize(mi.n_layer);
-        ref_.resize(mi.n_layer);
-        cells_.resize(mi.n_layer);
-    }
-
-    size_t block_bytes() const { return block_bytes_; }
-
-    void on_rows(int il, bool is_v, ggml_tensor * t) override {
-        if (is_v) {
-            v_.on_rows(il, true, t);
-            return;
-        }
-        const int64_t D = mi_.head_dim, H = mi_.n_head_kv, n_tok = t->ne[2];
-        if (t->type != GGML_TYPE_F32 || !ggml_is_contiguous(t) || t->ne[0] != D || t->ne[1] != H) {
-            fail("kvq-kc: unexpected K rows " + shape_str(t));
-        }
-        long & seen = seen_[il];
-        const int64_t keep = std::max<int64_t>(0, std::min<int64_t>(n_tok, sink_ - seen));
-        seen += n_tok;
-        first_coded_[il] = keep;
-        float * rows = (float *) t->data;
-        auto & ref = ref_[il];
-        for (int64_t i = keep * H * D; i < n_tok * H * D; ++i) ref.push_back(ggml_fp16_to_fp32(ggml_fp32_to_fp16(rows[i])));
-        if (window_ && n_tok > keep) {
-            // the unfilled group as kvq rows: the cache holds their values until the group fills
-            kvq_round_trip_rows(window_, il, KVC_TENSOR_K, rows + keep * H * D, (size_t) ((n_tok - keep) * H), packed_);
-        }
-        // the rows as the cache holds them (f16 of the row or of its window row): what the
-        // group is coded from once it fills
-        auto & dst = rows_[il];
-        for (int64_t i = keep * H * D; i < n_tok * H * D; ++i) dst.push_back(ggml_fp16_to_fp32(ggml_fp32_to_fp16(rows[i])));
-    }
-
-    void on_set_rows(int il, bool is_v, ggml_tensor * node) override {
-        if (is_v) return;
-        const ggml_tensor * idx = node->src[1];
-        if (idx->type != GGML_TYPE_I64) fail("kvq-kc: SET_ROWS indices are not I64: " + shape_str(idx));
-        auto & cells = cells_[il];
-        for (int64_t i = first_coded_[il]; i < idx->ne[0]; ++i) {
-            cells.push_back(*(const int64_t *) ((const char *) idx->data + i * idx->nb[0]));
-        }
-        const size_t D = (size_t) mi_.head_dim, H = (size_t) mi_.n_head_kv, G = group_;
-        auto & rows = rows_[il];
-        auto & ref = ref_[il];
-        if (rows.size() != cells.size() * H * D || ref.size() != rows.size()) fail("kvq-kc: K rows and SET_ROWS cells disagree");
-        if (cells.size() < G) return;
-        ggml_tensor * cache = node->view_src ? node->view_src : node;
-        if (cache->type != GGML_TYPE_F16 || cache->ne[0] != (int64_t) (H * D)) {
-            fail("kvq-kc: the K cache is not f16 rows of n_head_kv * head_dim: " + shape_str(cache));
-        }
-        std::vector<float> x(G * D), y(G * D);
-        std::vector<uint8_t> block(block_bytes_);
-        size_t done = 0;
-        for (; cells.size() - done >= G; done += G) {
-            for (size_t h = 0; h < H; ++h) {
-                for (size_t t = 0; t < G; ++t) std::memcpy(&x[t * D], &rows[((done + t) * H + h) * D], D * sizeof(float));
-                kvc_ok(kvc_kvq_channel_quantize(bits_, (uint32_t) D, group_, x.data(), block.data(), block.size()),
-                       "kvc_kvq_channel_quantize");
-                kvc_ok(kvc_kvq_channel_dequantize(bits_, (uint32_t) D, group_, block.data(), block.size(), y.data()),
-                       "kvc_kvq_channel_dequantize");
-                for (size_t t = 0; t < G; ++t) {
-                    const int64_t c = cells[done + t];
-                    if (c < 0 || c >= cache->ne[1]) fail("kvq-kc: a SET_ROWS cell is outside the cache");
-                    ggml_fp16_t * out = (ggml_fp16_t *) ((char *) cache->data + (size_t) c * cache->nb[1]) + h * D;
-                    const float * r = &ref[((done + t) * H + h) * D];
-                    for (size_t d = 0; d < D; ++d) {
-                        // the error against the row as an f16 cache would hold it
-                        const double a = r[d], b = y[t * D + d];
-                        if (!std::isfinite(b)) fail("kvq-kc: a dequantized value is not finite");
-                        out[d] = ggml_fp32_to_fp16(y[t * D + d]);
-                        err_.sq += (a - b) * (a - b);
-                        err_.ref += a * a;
-                        err_.max = std::max(err_.max, std::fabs(a - b));
-                        err_.n++;
-                    }
-                }
-                err_.bytes += (double) block_bytes_;
-            }
-            err_.rows += (long) (G * H);
-            blocks_ += (long) H;
-        }
-        rows.erase(rows.begin(), rows.begin() + (long) (done * H * D));
-        ref.erase(ref.begin(), ref.begin() + (long) (done * H * D));
-        cells.erase(cells.begin(), cells.begin() + (long) done);
-    }
-
-    const KvqRoundTripHook::Err & err(bool v) const { return v ? v_.err(true) : err_; }
-    long blocks() const { return blocks_; }
-
-private:
-    KvqRoundTripHook v_;
-    const ModelInfo & mi_;
-    int sink_;
-    uint32_t bits_, group_;
-    const kvc_kvq * window_;
-    size_t block_bytes_ = 0;
-    std::vector<uint8_t> packed_;
-    std::vector<long> seen_;
-    std::vector<int64_t> first_coded_;  // of the last call's tokens, the first one past the sink
-    std::vector<std::vector<float>> rows_;    // per layer: the unfilled group's rows, [token][head][dim]
-    std::vector<std::vector<float>> ref_;     // the same rows as an f16 cache holds them
-    std::vector<std::vector<int64_t>> cells_; // per layer: their cells
-    KvqRoundTripHook::Err err_;
-    long blocks_ = 0;
-};
-
-}  // namespace
+}  // namespace kvc_llama

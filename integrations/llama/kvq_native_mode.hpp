@@ -1,6 +1,5 @@
 // kvc_llama_eval, kvq as llama.cpp's real cache: the kvq-native modes and the decode-speed
-// table. Part of the one kvc_llama_eval program (one translation unit: kvc_llama_eval.cpp
-// includes every part in this order; each part includes the one before it).
+// table (kvq_native_mode.cpp).
 //
 // These need llama.cpp with kvc's patch series (integrations/llama/patches/): ggml types
 // GGML_TYPE_KVQ<bits>_<head_dim> whose kernels are kvc's (ggml-kvc.h), and
@@ -10,98 +9,23 @@
 // allocated (llama_kvc_cache_bytes), checked against kvc's row sizes.
 #pragma once
 
-#include "mlp_mode.hpp"
+#include "decode.hpp"
+#include "eval_common.hpp"
 
-namespace {
+#include "llama.h"
 
-// ------------------------------------------------------------------------------------------
-// kvq-native:<config> and kvq-native-plan:<file>
+#include <string>
+#include <vector>
 
-struct NativeKvq {
-    std::string mode;
-    std::string config;       // "k4v4" or the plan file
-    bool from_plan = false;
-    ggml_type type_k = GGML_TYPE_COUNT;  // config modes: one type per tensor
-    ggml_type type_v = GGML_TYPE_COUNT;
-    double cell_bytes = 0;    // kvc's packed bytes per cell, all layers
-    double k_bits = 0, v_bits = 0;
-};
+namespace kvc_llama {
 
-bool is_native_mode(const std::string & m) {
-    return m.rfind("kvq-native:", 0) == 0 || m.rfind("kvq-native-plan:", 0) == 0;
-}
+// kvq-native:<config> or kvq-native-plan:<file>
+bool is_native_mode(const std::string & m);
 
-// Resolves a kvq-native mode with kvc: the config or plan must be a block format
-// (kvc_kvq_block_bits), and a head_dim without kvq types is refused. Both are UsageErrors.
-NativeKvq resolve_native(const std::string & m, const ModelInfo & mi) {
-    NativeKvq n;
-    n.mode = m;
-    n.from_plan = m.rfind("kvq-native-plan:", 0) == 0;
-    n.config = m.substr(n.from_plan ? 16 : 11);
-    kvc_kvq * raw = nullptr;
-    if (n.from_plan) {
-        // Only read here: whether the plan fits the model is llama.cpp's check at context
-        // creation (patch 0003), which this mode exercises rather than pre-empts.
-        const std::string json = read_file(n.config);
-        if (kvc_kvq_new_from_plan(json.data(), json.size(), &raw) != KVC_OK) {
-            throw UsageError(m + ": " + kvc_message());
-        }
-    } else if (kvc_kvq_new(n.config.c_str(), (uint32_t) mi.head_dim, (uint32_t) mi.n_layer, (uint32_t) mi.n_head_kv,
-                           &raw) != KVC_OK) {
-        throw UsageError(m + ": " + kvc_message());
-    }
-    std::unique_ptr<kvc_kvq, void (*)(kvc_kvq *)> kvq(raw, kvc_kvq_free);
-    uint32_t pl = 0, ph = 0, pd = 0;
-    kvc_ok(kvc_kvq_shape(kvq.get(), &pl, &ph, &pd), "kvc_kvq_shape");
-    if ((int) pl == mi.n_layer && (int) ph == mi.n_head_kv && (int) pd == mi.head_dim) {
-        n.cell_bytes = kvq_cell_bytes(kvq.get(), mi, &n.k_bits, &n.v_bits);
-    }
-    uint32_t kb = 0, vb = 0;
-    if (kvc_kvq_block_bits(kvq.get(), 0, KVC_TENSOR_K, &kb) != KVC_OK ||
-        kvc_kvq_block_bits(kvq.get(), 0, KVC_TENSOR_V, &vb) != KVC_OK) {
-        throw UsageError(m + ": " + kvc_message());
-    }
-    n.type_k = ggml_kvc_type((int) kb, mi.head_dim);
-    n.type_v = ggml_kvc_type((int) vb, mi.head_dim);
-    if (!n.from_plan && (n.type_k == GGML_TYPE_COUNT || n.type_v == GGML_TYPE_COUNT)) {
-        throw UsageError(m + ": head_dim " + std::to_string(mi.head_dim) + " has no kvq cache type (64 and 128 have)");
-    }
-    return n;
-}
-
-CtxConfig native_ctx_config(const NativeKvq & n, int n_ctx, bool flash_attn = true) {
-    CtxConfig c;
-    c.n_ctx = n_ctx;
-    c.flash_attn = flash_attn;
-    if (n.from_plan) {
-        c.kvc_plan = n.config;
-    } else {
-        c.type_k = n.type_k;
-        c.type_v = n.type_v;
-    }
-    return c;
-}
-
+// One kvq-native row (flash attention unless --kvq-native-no-fa); a config or plan that is not
+// a kvq block format, or a head_dim without kvq types, is a UsageError.
 RunResult run_kvq_native(llama_model * model, const ModelInfo & mi, const Options & o,
-                         const std::vector<llama_token> & toks, RefStore & ref, const std::string & m) {
-    const NativeKvq n = resolve_native(m, mi);
-    DecodeSpec s;
-    s.mode = m;
-    s.cfg = native_ctx_config(n, o.n_tokens, o.kvq_native_fa);
-    s.cell_bytes = n.cell_bytes;          // kvc's row sizes ...
-    s.cell_bytes_from_alloc = true;       // ... must be what llama.cpp allocated
-    RunResult r = run_decode(model, mi, o, toks, ref, s);
-    r.extra.push_back({"kvq_config", "\"" + json_escape(n.config) + "\""});
-    r.extra.push_back({"kvq_cell_bytes", json_num(n.cell_bytes)});
-    r.extra.push_back({"kvq_k_bits_per_value", json_num(n.k_bits)});
-    r.extra.push_back({"kvq_v_bits_per_value", json_num(n.v_bits)});
-    r.extra.push_back({"kv_accounting", "\"llama.cpp's own allocation (llama_kvc_cache_bytes): kvq cache types, packed rows\""});
-    char buf[240];
-    std::snprintf(buf, sizeof buf, "llama.cpp cache in kvq types (%s), %.3g+%.3g bits/value K+V, flash attention on",
-                  n.from_plan ? ("plan " + base_name(n.config)).c_str() : n.config.c_str(), n.k_bits, n.v_bits);
-    r.detail = buf;
-    return r;
-}
+                         const std::vector<llama_token> & toks, RefStore & ref, const std::string & m);
 
 // ------------------------------------------------------------------------------------------
 // decode speed: tokens per second of single-token decode with the cache filled to each of
@@ -115,72 +39,9 @@ struct SpeedRow {
     double alloc_bytes = 0;
 };
 
-CtxConfig speed_ctx_config(const std::string & m, const ModelInfo & mi, int n_ctx) {
-    CtxConfig c;
-    c.n_ctx = n_ctx;
-    c.flash_attn = true;
-    if (m == "f16") return c;
-    if (m == "q8_0" || m == "q4_0" || m == "q8_0-q4_0") {
-        c.type_k = m == "q4_0" ? GGML_TYPE_Q4_0 : GGML_TYPE_Q8_0;
-        c.type_v = m == "q8_0" ? GGML_TYPE_Q8_0 : GGML_TYPE_Q4_0;
-        return c;
-    }
-    if (is_native_mode(m)) return native_ctx_config(resolve_native(m, mi), n_ctx);
-    throw UsageError("--speed-modes: unknown mode '" + m + "' (f16, q8_0, q4_0, q8_0-q4_0, kvq-native:...)");
-}
-
+// The decode-speed table: every --speed-modes cache type at every --speed-ctx fill, one line
+// on stdout per row as it is measured.
 std::vector<SpeedRow> run_speed(llama_model * model, const ModelInfo & mi, const Options & o,
-                                const std::vector<llama_token> & text_toks) {
-    std::vector<SpeedRow> rows;
-    if (text_toks.empty()) fail("speed: the text has no tokens");
-    const int n_decode = o.speed_decode;
-    std::vector<int> thread_counts = {1};
-    if (o.threads > 1) thread_counts.push_back(o.threads);
-    for (int n_ctx : o.speed_ctx) {
-        // the text repeated until it fills the cache, then n_decode more tokens
-        std::vector<llama_token> toks;
-        while ((int) toks.size() < n_ctx + n_decode * (int) thread_counts.size()) {
-            toks.insert(toks.end(), text_toks.begin(), text_toks.end());
-        }
-        for (const auto & m : o.speed_modes) {
-            Options op = o;
-            op.prompt = 0;
-            CtxConfig c = speed_ctx_config(m, mi, n_ctx + n_decode * (int) thread_counts.size());
-            CtxPtr ctx = make_context(model, op, c);
-            size_t ak = 0, av = 0, ab = 0;
-            if (!llama_kvc_cache_bytes(ctx.get(), &ak, &av, &ab)) fail("speed: llama_kvc_cache_bytes failed");
-            llama_set_n_threads(ctx.get(), std::max(thread_counts.back(), 1), std::max(thread_counts.back(), 1));
-            // prefill in batches of 512 (logits of the last token only)
-            for (int i = 0; i < n_ctx; i += 512) {
-                const int nb = std::min(512, n_ctx - i);
-                std::vector<bool> want(nb, false);
-                want[nb - 1] = true;
-                decode_batch(ctx.get(), toks, i, nb, i, want);
-            }
-            int pos = n_ctx;
-            for (int th : thread_counts) {
-                llama_set_n_threads(ctx.get(), th, th);
-                // one untimed step first (thread start-up, first touch of buffers)
-                std::vector<bool> one(1, true);
-                decode_batch(ctx.get(), toks, pos, 1, pos, one);
-                pos++;
-                const double t0 = now_s();
-                for (int j = 1; j < n_decode; ++j, ++pos) decode_batch(ctx.get(), toks, pos, 1, pos, one);
-                const double dt = now_s() - t0;
-                SpeedRow r;
-                r.mode = m;
-                r.n_ctx = n_ctx;
-                r.threads = th;
-                r.tok_s = (n_decode - 1) / dt;
-                r.alloc_bytes = (double) (ak + av);
-                rows.push_back(r);
-                std::printf("speed  %-28s ctx %6d  threads %2d  %8.2f tok/s  KV %8.2f MiB (llama.cpp allocation)\n",
-                            m.c_str(), n_ctx, th, r.tok_s, r.alloc_bytes / 1048576.0);
-                std::fflush(stdout);
-            }
-        }
-    }
-    return rows;
-}
+                                const std::vector<llama_token> & text_toks);
 
-}  // namespace
+}  // namespace kvc_llama

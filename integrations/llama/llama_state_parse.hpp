@@ -1,7 +1,8 @@
 // The llama.cpp sequence-state container, parsed: no llama or ggml call, only bytes, so that
-// it can be fuzzed alone (fuzz/cpp/llama_state_fuzz.cpp). kvc_llama_eval's dump, state and
-// share modes include it (dump_mode.hpp, state_mode.hpp, share_mode.hpp). Self-contained: the two llama/ggml
-// constants it needs are restated here, and dump_mode.hpp checks them against ggml's.
+// it can be fuzzed alone (fuzz/cpp/llama_state_fuzz.cpp). kvc_llama_eval's dump, state, share
+// and mlp modes include it (dump_mode.cpp, state_mode.cpp, share_mode.cpp, mlp_mode.cpp).
+// Self-contained: the two llama/ggml constants it needs are restated here, and decode.cpp
+// checks them against ggml's.
 // Every field is checked; a malformed blob throws std::runtime_error, as the harness's
 // fail() does.
 #pragma once
@@ -18,7 +19,7 @@
 
 namespace kvc_llama_state {
 
-// The magic of llama_state_seq_get_data's blob (decode.hpp's kStateMagic).
+// The magic of llama_state_seq_get_data's blob (decode.cpp's kStateMagic).
 constexpr uint32_t kMagic = 0xaf143cd8u;
 // ggml's GGML_TYPE_F16.
 constexpr int32_t kGgmlTypeF16 = 1;
@@ -193,7 +194,7 @@ inline std::vector<uint8_t> build_f16_state(const CacheDump & d, int n_layer, si
 
 // The inverse of parse_f16_state for a dump as parsed (its own layer count and layout fields):
 // write_f16_state(parse_f16_state(blob)) == blob; the mlp modes write a dump with fewer cells
-// (mlp_mode.hpp).
+// (mlp_mode.cpp).
 inline std::vector<uint8_t> write_f16_state(const CacheDump & d, size_t n_embd_kv) {
     return build_f16_state(d, (int) d.n_layer, n_embd_kv);
 }

@@ -1,0 +1,275 @@
+// kvc_llama_eval, contexts and the token-by-token decode loop (decode.hpp).
+#include "decode.hpp"
+
+#include "eval_tap.hpp"
+#include "llama_state_parse.hpp"
+
+#include "ggml-kvc.h"
+
+#include <algorithm>
+#include <cstring>
+#include <type_traits>
+
+namespace kvc_llama {
+
+namespace {
+
+// A llama_state_seq_get_data blob opens with llama.cpp's state magic and the sequence id,
+// then the cache's own state (see parse_f16_state).
+constexpr uint32_t kStateMagic = 0xaf143cd8u;
+constexpr size_t kStateHeader = 8;
+
+// The state container's parser: llama_state_parse.hpp (no llama calls; fuzzed alone) restates
+// these; the dump, state, share and mlp modes read and write blobs with it.
+static_assert(kvc_llama_state::kMagic == kStateMagic, "llama_state_parse.hpp's magic");
+static_assert(kvc_llama_state::kGgmlTypeF16 == GGML_TYPE_F16, "llama_state_parse.hpp's GGML_TYPE_F16");
+static_assert(std::is_same<llama_pos, int32_t>::value, "CacheDump::pos holds llama_pos");
+
+}  // namespace
+
+CtxPtr make_context(llama_model * model, const Options & o, const CtxConfig & c) {
+    llama_context_params p = llama_context_default_params();
+    p.n_ctx = (uint32_t) c.n_ctx;
+    p.n_batch = (uint32_t) std::max(c.n_batch, o.prompt);
+    p.n_ubatch = 512;
+    p.n_seq_max = 1;
+    p.n_threads = o.threads;
+    p.n_threads_batch = o.threads;
+    p.flash_attn_type = c.flash_attn ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
+    p.type_k = c.type_k;
+    p.type_v = c.type_v;
+    p.kvc_kvq_plan = c.kvc_plan.empty() ? nullptr : c.kvc_plan.c_str();
+    p.no_perf = true;
+    if (c.tap) {
+        p.cb_eval = eval_callback;
+        p.cb_eval_user_data = c.tap;
+    }
+    g_llama_last_error.clear();
+    llama_context * ctx = llama_init_from_model(model, p);
+    if (!ctx) {
+        std::string why = g_llama_last_error;
+        while (!why.empty() && why.back() == '\n') why.pop_back();
+        const std::string msg = "llama_init_from_model failed (n_ctx " + std::to_string(c.n_ctx) + ")" +
+                                (why.empty() ? std::string() : ": " + why);
+        // a cache type or plan llama.cpp refuses is bad input, not a crash
+        if (!c.kvc_plan.empty() || ggml_kvc_type_info(c.type_k, nullptr, nullptr) ||
+            ggml_kvc_type_info(c.type_v, nullptr, nullptr)) {
+            throw UsageError(msg);
+        }
+        fail(msg);
+    }
+    return CtxPtr(ctx);
+}
+
+void decode_batch(llama_context * ctx, const std::vector<llama_token> & toks, int first, int n, llama_pos pos0,
+                  const std::vector<bool> & want_logits) {
+    llama_batch b = llama_batch_init(n, 0, 1);
+    for (int i = 0; i < n; ++i) {
+        b.token[i] = toks[first + i];
+        b.pos[i] = pos0 + i;
+        b.n_seq_id[i] = 1;
+        b.seq_id[i][0] = 0;
+        b.logits[i] = want_logits[i] ? 1 : 0;
+    }
+    b.n_tokens = n;
+    const int rc = llama_decode(ctx, b);
+    llama_batch_free(b);
+    if (rc != 0) fail("llama_decode failed with status " + std::to_string(rc));
+}
+
+RefStore::RefStore() : f_(std::tmpfile()) {
+    if (!f_) fail("cannot create a temporary file for the reference logits");
+}
+
+RefStore::~RefStore() { std::fclose(f_); }
+
+void RefStore::append(const std::vector<float> & row) {
+    if (std::fwrite(row.data(), sizeof(float), row.size(), f_) != row.size()) fail("reference write failed");
+    rows_++;
+}
+
+void RefStore::rewind_for_read() { std::fflush(f_); std::rewind(f_); }
+
+void RefStore::read(std::vector<float> & row, size_t n) {
+    row.resize(n);
+    if (std::fread(row.data(), sizeof(float), n, f_) != n) fail("reference read failed");
+}
+
+long state_cell_count(const std::vector<uint8_t> & s) {
+    if (s.size() < kStateHeader + 8) return -1;
+    uint32_t magic, n_stream, cells;
+    int32_t seq;
+    std::memcpy(&magic, s.data(), 4);
+    std::memcpy(&seq, s.data() + 4, 4);
+    std::memcpy(&n_stream, s.data() + 8, 4);
+    std::memcpy(&cells, s.data() + 12, 4);
+    if (magic != kStateMagic || seq != 0 || n_stream != 1) return -1;
+    return (long) cells;
+}
+
+std::vector<uint8_t> get_seq_state(llama_context * ctx) {
+    const size_t n = llama_state_seq_get_size(ctx, 0);
+    std::vector<uint8_t> buf(n);
+    const size_t got = llama_state_seq_get_data(ctx, buf.data(), buf.size(), 0);
+    if (got == 0 || got > n) fail("llama_state_seq_get_data failed");
+    buf.resize(got);
+    return buf;
+}
+
+RunResult run_decode(llama_model * model, const ModelInfo & mi, const Options & o,
+                     const std::vector<llama_token> & toks, RefStore & ref, const DecodeSpec & spec) {
+    const int n = o.n_tokens;
+    CtxPtr ctx = make_context(model, o, spec.cfg);
+    llama_memory_t mem = llama_get_memory(ctx.get());
+    double cell_bytes =
+        spec.cell_bytes > 0 ? spec.cell_bytes : (double) mi.cell_bytes(spec.cfg.type_k, spec.cfg.type_v);
+    const size_t full_cell_bytes = mi.cell_bytes(GGML_TYPE_F16, GGML_TYPE_F16);
+
+    RunResult r;
+    r.mode = spec.mode;
+    r.alloc_bytes = (double) llama_n_ctx(ctx.get()) * (double) mi.cell_bytes(spec.cfg.type_k, spec.cfg.type_v);
+    // what llama.cpp itself allocated for K and V (the patched build reports it)
+    size_t alloc_k = 0, alloc_v = 0, alloc_buf = 0;
+    if (llama_kvc_cache_bytes(ctx.get(), &alloc_k, &alloc_v, &alloc_buf)) {
+        r.alloc_bytes = (double) (alloc_k + alloc_v);
+        r.extra.push_back({"kv_alloc_k_bytes", std::to_string(alloc_k)});
+        r.extra.push_back({"kv_alloc_v_bytes", std::to_string(alloc_v)});
+        r.extra.push_back({"kv_buffer_bytes", std::to_string(alloc_buf)});
+        if (spec.cell_bytes_from_alloc) {
+            const double alloc_cell = (double) (alloc_k + alloc_v) / (double) llama_n_ctx(ctx.get());
+            if (spec.cell_bytes > 0 && alloc_cell != spec.cell_bytes) {
+                fail(spec.mode + ": llama.cpp allocated " + json_num(alloc_cell) + " bytes per cell, kvc's rows are " +
+                     json_num(spec.cell_bytes));
+            }
+            cell_bytes = alloc_cell;
+        }
+    } else if (spec.cell_bytes_from_alloc) {
+        fail(spec.mode + ": llama_kvc_cache_bytes: the context has no KV cache");
+    }
+
+    std::vector<HeldToken> held;
+    EvalTap * tap = spec.cfg.tap;
+    if (spec.policy) spec.policy->bind(&held, tap);
+    // after a llama_decode: the callback's error if any, and the cells of the new tokens
+    auto after_decode = [&](size_t first_new) {
+        if (!tap) return;
+        if (!tap->error.empty()) fail(spec.mode + ": " + tap->error);
+        if (!tap->want_set_rows) return;
+        if (tap->decode_cells.size() != held.size() - first_new) {
+            fail(spec.mode + ": SET_ROWS wrote " + std::to_string(tap->decode_cells.size()) + " cells for " +
+                 std::to_string(held.size() - first_new) + " tokens");
+        }
+        for (size_t j = first_new; j < held.size(); ++j) held[j].cell = tap->decode_cells[j - first_new];
+        tap->decode_cells.clear();
+    };
+    size_t peak = 0;
+    std::vector<float> lp, lp_ref;
+    double nll = 0.0, kl = 0.0, ratio_sum = 0.0;
+    long scored = 0, ratio_steps = 0;
+    if (!spec.is_reference) ref.rewind_for_read();
+
+    auto score = [&](const float * logits, int target_pos) {
+        if (target_pos < o.ppl_from || target_pos >= n) return;
+        log_softmax(logits, mi.n_vocab, lp);
+        nll -= (double) lp[toks[target_pos]];
+        if (spec.is_reference) {
+            ref.append(lp);
+        } else {
+            ref.read(lp_ref, (size_t) mi.n_vocab);
+            kl += kl_div(lp_ref, lp);
+        }
+        scored++;
+        // memory at the moment this prediction was made: target_pos tokens seen
+        const double bytes = spec.held_bytes ? spec.held_bytes(held.size()) : (double) held.size() * cell_bytes + spec.fixed_bytes;
+        ratio_sum += (double) target_pos * (double) full_cell_bytes / bytes;
+        ratio_steps++;
+    };
+
+    // optional prompt as one batch
+    llama_pos next_pos = 0;
+    int i = 0;
+    if (o.prompt > 0) {
+        std::vector<bool> want(o.prompt);
+        for (int j = 0; j < o.prompt; ++j) want[j] = j + 1 >= o.ppl_from;
+        if (tap) tap->decode_cells.clear();
+        decode_batch(ctx.get(), toks, 0, o.prompt, 0, want);
+        for (int j = 0; j < o.prompt; ++j) held.push_back({j, j});
+        after_decode(0);
+        peak = held.size();
+        for (int j = 0; j < o.prompt; ++j) {
+            if (want[j]) score(llama_get_logits_ith(ctx.get(), j), j + 1);
+        }
+        next_pos = o.prompt;
+        i = o.prompt;
+    }
+
+    llama_batch b = llama_batch_init(1, 0, 1);
+    const double t0 = now_s();
+    const int n_steps = n - i;
+    try {
+        for (; i < n; ++i) {
+            if (spec.policy) {
+                const auto plan = spec.policy->plan(held, i);
+                if (!plan.empty()) {
+                    apply_evictions(mem, held, plan, spec.shift_positions);
+                    next_pos = spec.shift_positions ? (held.empty() ? 0 : held.back().pos + 1) : i;
+                }
+            }
+            if (spec.editor) spec.editor->edit(ctx.get(), held, i);
+            b.n_tokens = 1;
+            b.token[0] = toks[i];
+            b.pos[0] = next_pos;
+            b.n_seq_id[0] = 1;
+            b.seq_id[0][0] = 0;
+            b.logits[0] = 1;
+            if (tap) tap->decode_cells.clear();
+            const int rc = llama_decode(ctx.get(), b);
+            if (rc != 0) fail("llama_decode failed with status " + std::to_string(rc) + " at token " + std::to_string(i));
+            held.push_back({next_pos, i});
+            after_decode(held.size() - 1);
+            peak = std::max(peak, held.size());
+            next_pos++;
+            if (i + 1 < n) score(llama_get_logits_ith(ctx.get(), -1), i + 1);
+        }
+    } catch (...) {
+        llama_batch_free(b);
+        throw;
+    }
+    llama_batch_free(b);
+    const double dt = now_s() - t0;
+
+    r.tok_s = n_steps / dt;
+    r.n_scored = scored;
+    r.ppl = std::exp(nll / (double) std::max<long>(1, scored));
+    r.kl = spec.is_reference ? 0.0 : kl / (double) std::max<long>(1, scored);
+    r.cells_end = (long) held.size();
+    r.cells_peak = (long) peak;
+    r.held_bytes_end =
+        spec.held_bytes ? spec.held_bytes(held.size()) : (double) held.size() * cell_bytes + spec.fixed_bytes;
+    r.held_ratio_end = (double) n * (double) full_cell_bytes / r.held_bytes_end;
+    r.held_ratio_mean = ratio_steps ? ratio_sum / (double) ratio_steps : NAN;
+    r.cells_verified = state_cell_count(get_seq_state(ctx.get()));
+    r.extra.push_back({"state_seq_bytes", std::to_string(llama_state_seq_get_size(ctx.get(), 0))});
+    if (r.cells_verified != r.cells_end) {
+        fail(spec.mode + ": llama.cpp holds " + std::to_string(r.cells_verified) + " cells, the harness counted " +
+             std::to_string(r.cells_end));
+    }
+    if (spec.policy) r.detail = spec.policy->name();
+    if (o.progress) {
+        std::fprintf(stderr, "kvc_llama_eval: %s: PPL %.4f KL %.5f mean ratio %.4f end ratio %.4f cells %ld, %.1f tok/s\n",
+                     spec.mode.c_str(), r.ppl, r.kl, r.held_ratio_mean, r.held_ratio_end, r.cells_end, r.tok_s);
+        std::fflush(stderr);
+    }
+    return r;
+}
+
+std::vector<llama_token> tokenize(const llama_vocab * vocab, const std::string & text, bool bos) {
+    int n = -llama_tokenize(vocab, text.data(), (int32_t) text.size(), nullptr, 0, bos, false);
+    if (n <= 0) fail("tokenization failed");
+    std::vector<llama_token> toks(n);
+    const int got = llama_tokenize(vocab, text.data(), (int32_t) text.size(), toks.data(), n, bos, false);
+    if (got != n) fail("tokenization failed");
+    return toks;
+}
+
+}  // namespace kvc_llama
