@@ -1,6 +1,6 @@
 // fattn_bound: how far llama.cpp's CPU flash attention may lawfully be from exact attention.
 //
-// The harness recomputes each flash-attention call in double (kvc_llama_eval.cpp,
+// The harness recomputes each flash-attention call in double (eval_tap.cpp,
 // on_flash_attn) to get the per-cell attention that eviction policies need, and checks its
 // output against the node's. The allowed difference is not a constant: it is derived here,
 // per output element, from the arithmetic the kernel does (ggml-cpu ops.cpp,

@@ -1,5 +1,5 @@
 // kvc_llama_eval, mlp modes: kvc-mlp's learned compressor on the cache llama.cpp holds.
-// Part of the one kvc_llama_eval program (one translation unit: kvc_llama_eval.cpp includes
+//
 //   mlp@F          the --mlp-weights file of factor F (plain mlp: the one file, its factor)
 //   mlp-meanpool@F weights generated here whose MLPs compute each group's exact mean: a
 //                  baseline for what the MLP adds, not a trained compressor
