@@ -196,8 +196,6 @@ impl Error {
             Error::SharedCell { .. } | Error::GroupedPlan { .. } => ErrorKind::Unsupported,
             Error::Quant(e) => match e.kind() {
                 kvc_quant::ErrorKind::InvalidArgument => ErrorKind::InvalidArgument,
-                kvc_quant::ErrorKind::BufferTooSmall => ErrorKind::BufferTooSmall,
-                kvc_quant::ErrorKind::Unsupported => ErrorKind::Unsupported,
                 _ => ErrorKind::CorruptData,
             },
             Error::Mlp(e) => match e.kind() {
@@ -339,16 +337,6 @@ impl From<kvc_quant::Error> for Error {
                 found,
             },
             kvc_quant::Error::NonFinite { what, index } => Error::NonFinite { what, index },
-            kvc_quant::Error::BufferTooSmall {
-                what,
-                needed,
-                found,
-            } => Error::BufferTooSmall {
-                what,
-                needed,
-                found,
-            },
-            kvc_quant::Error::SizeOverflow { what } => Error::SizeOverflow { what },
             kvc_quant::Error::MissingLayer { layer, which } => {
                 Error::MissingTensor { layer, which }
             }

@@ -7,7 +7,7 @@
 //!
 //! Threads: every function is safe from any thread; none keeps state.
 
-use kvc_quant::kvq::ChannelGroupCodec;
+use kvc_kvq::ChannelGroupCodec;
 
 use crate::boundary::{check_disjoint, in_slice, out_ref, out_slice, status_boundary};
 use crate::error::Error;
@@ -25,7 +25,7 @@ fn codec(bits: u32, head_dim: u32, group: u32) -> Result<ChannelGroupCodec, Erro
 
 /// `KVC_BUFFER_TOO_SMALL` for `what`, with the bytes (or values) needed and given.
 pub(crate) fn short(what: &'static str, needed: usize, found: usize) -> Error {
-    kvc_quant::Error::BufferTooSmall {
+    kvc_kvq::Error::BufferTooSmall {
         what,
         needed,
         found,

@@ -1,4 +1,4 @@
-//! The one error type of `kvc-quant`.
+//! The one error type of int8 C8.
 
 use std::fmt;
 
@@ -6,17 +6,14 @@ use std::fmt;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum ErrorKind {
-    /// A caller passed a bad argument: a size, a bit width, a config string.
+    /// A caller passed a bad argument: lengths that do not agree.
     InvalidArgument,
-    /// A buffer or file does not hold what its format says.
+    /// Parameters that quantization cannot use (a non-finite or non-positive scale, a
+    /// missing layer).
     CorruptData,
-    /// A buffer is smaller than the format needs.
-    BufferTooSmall,
-    /// Well-formed input that kvc-quant does not handle (a head_dim, a plan version).
-    Unsupported,
 }
 
-/// Everything that can go wrong in `kvc-quant`; each variant names what and where.
+/// Everything that can go wrong with C8 parameters; each variant names what and where.
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub enum Error {
@@ -36,61 +33,12 @@ pub enum Error {
         /// Element index.
         index: usize,
     },
-    /// A buffer is shorter than the format needs.
-    BufferTooSmall {
-        /// Which buffer.
-        what: &'static str,
-        /// Bytes (or elements, as `what` says) needed.
-        needed: usize,
-        /// Bytes (or elements) given.
-        found: usize,
-    },
-    /// A size computed from the arguments does not fit in `usize`.
-    SizeOverflow {
-        /// What was being computed.
-        what: &'static str,
-    },
-    /// A numeric argument is out of its range.
-    InvalidValue {
-        /// Which argument.
-        what: &'static str,
-        /// What was given.
-        value: i64,
-        /// Why it is rejected.
-        reason: &'static str,
-    },
-    /// A layer of C8 parameters (or of a plan) that must exist is missing.
+    /// A layer of C8 parameters that must exist is missing.
     MissingLayer {
         /// Layer number.
         layer: usize,
         /// Which tensor or entry.
         which: &'static str,
-    },
-    /// A kvq config string (`k4v4`, `k3v3:lm`, ...) does not parse.
-    BadConfig {
-        /// The string given.
-        input: String,
-        /// Why.
-        reason: String,
-    },
-    /// A kvq plan (JSON) is malformed or inconsistent.
-    BadPlan {
-        /// Why.
-        reason: String,
-    },
-    /// A packed buffer holds a value its format forbids (a non-finite norm or scale).
-    CorruptRow {
-        /// Which field.
-        what: &'static str,
-        /// Row index in the buffer.
-        row: usize,
-    },
-    /// Well-formed input that kvc-quant does not handle.
-    Unsupported {
-        /// What is not handled.
-        what: &'static str,
-        /// The value given.
-        value: i64,
     },
 }
 
@@ -98,16 +46,8 @@ impl Error {
     /// The class of this error.
     pub fn kind(&self) -> ErrorKind {
         match self {
-            Error::LayoutMismatch { .. }
-            | Error::SizeOverflow { .. }
-            | Error::InvalidValue { .. }
-            | Error::BadConfig { .. } => ErrorKind::InvalidArgument,
-            Error::BufferTooSmall { .. } => ErrorKind::BufferTooSmall,
-            Error::NonFinite { .. }
-            | Error::MissingLayer { .. }
-            | Error::BadPlan { .. }
-            | Error::CorruptRow { .. } => ErrorKind::CorruptData,
-            Error::Unsupported { .. } => ErrorKind::Unsupported,
+            Error::LayoutMismatch { .. } => ErrorKind::InvalidArgument,
+            Error::NonFinite { .. } | Error::MissingLayer { .. } => ErrorKind::CorruptData,
         }
     }
 }
@@ -126,28 +66,9 @@ impl fmt::Display for Error {
             Error::NonFinite { what, index } => {
                 write!(f, "{what}: non-finite value at element {index}")
             }
-            Error::BufferTooSmall {
-                what,
-                needed,
-                found,
-            } => write!(f, "{what} too small: needs {needed}, got {found}"),
-            Error::SizeOverflow { what } => write!(f, "size overflow computing {what}"),
-            Error::InvalidValue {
-                what,
-                value,
-                reason,
-            } => write!(f, "invalid {what} {value}: {reason}"),
             Error::MissingLayer { layer, which } => {
                 write!(f, "layer {layer}: missing {which}")
             }
-            Error::BadConfig { input, reason } => {
-                write!(f, "bad kvq config {input:?}: {reason}")
-            }
-            Error::BadPlan { reason } => write!(f, "bad kvq plan: {reason}"),
-            Error::CorruptRow { what, row } => {
-                write!(f, "packed row {row}: {what} is not finite")
-            }
-            Error::Unsupported { what, value } => write!(f, "unsupported {what} {value}"),
         }
     }
 }

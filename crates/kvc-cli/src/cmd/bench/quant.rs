@@ -32,12 +32,10 @@ use std::time::Instant;
 
 use clap::Args;
 use half::f16;
-use kvc_quant::kvq::attention::{
-    attend_head, attend_head_f16, dot_f16_row, f16_row_to_f32, HeadRows,
-};
-use kvc_quant::kvq::qjl::QjlResidual;
-use kvc_quant::kvq::{ChannelGroupCodec, KvqConfig, LayerCodec, Method, RowCodec};
-use kvc_quant::Isa;
+use kvc_kvq::attention::{attend_head, attend_head_f16, dot_f16_row, f16_row_to_f32, HeadRows};
+use kvc_kvq::qjl::QjlResidual;
+use kvc_kvq::Isa;
+use kvc_kvq::{ChannelGroupCodec, KvqConfig, LayerCodec, Method, RowCodec};
 use serde_json::{json, Value};
 
 use super::cache::default_data_dir;
@@ -117,7 +115,7 @@ pub struct BenchQuantArgs {
     pub json: Option<PathBuf>,
 }
 
-fn lib(e: kvc_quant::Error) -> CliError {
+fn lib(e: kvc_kvq::Error) -> CliError {
     CliError::input(e)
 }
 
@@ -762,13 +760,8 @@ fn row_speed(kv: &Kv, reps: usize) -> Result<Vec<Value>, CliError> {
     let mut buf = vec![0f32; d];
     let mut out = Vec::new();
     for bits in ROW_BITS {
-        let c = RowCodec::new(
-            Method::LloydMax,
-            bits,
-            d,
-            kvc_quant::kvq::config::DEFAULT_SEED,
-        )
-        .map_err(lib)?;
+        let c =
+            RowCodec::new(Method::LloydMax, bits, d, kvc_kvq::config::DEFAULT_SEED).map_err(lib)?;
         let rb = c.row_bytes();
         let mut p = vec![0u8; n * rb];
         c.quantize_rows(&x, &mut p).map_err(lib)?;

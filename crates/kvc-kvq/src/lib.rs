@@ -1,5 +1,11 @@
 //! kvq: rotated 2-8-bit KV codes in packed rows of fixed size, and decode attention that
-//! reads the packed rows directly.
+//! reads the packed rows directly. This crate holds the codec (rows, K channel groups,
+//! centered rows), its kernels (portable, AVX2, AVX-512F, picked once at run time by
+//! [`Isa`]) and the plan format (per-layer bits, [`config`]) that engines load. It is not
+//! calibration (making plans from data: `kvc-kvq-calibrate`), not a file format for whole
+//! caches, not int8 C8 (`kvc-int8`), and it never codes losslessly (`kvc-codec`). It works
+//! on `f32` slices and byte buffers the caller owns and knows nothing about engines or
+//! cache layouts.
 //!
 //! A row is one token's vector of one KV head (`head_dim` values: 64, 128 or 256). It is
 //! rotated by a seeded randomized Hadamard ([`rotation`]), coded with Lloyd-Max levels for
@@ -42,6 +48,8 @@ pub mod center;
 pub mod channel_group;
 pub mod codebook;
 pub mod config;
+pub mod error;
+pub mod isa;
 mod multi;
 pub mod plan;
 pub mod qjl;
@@ -49,11 +57,12 @@ pub mod rotation;
 pub mod row;
 mod simd;
 
+pub use error::{Error, ErrorKind, Result};
+pub use isa::Isa;
+
 pub use channel_group::ChannelGroupCodec;
 pub use config::{KvqConfig, KvqPlan, LayerBits, Method};
 pub use row::{row_bits_per_value, row_bytes, RowCodec, FORMAT_VERSION};
-
-use crate::error::Result;
 
 /// The K and V codecs of one layer.
 #[derive(Debug, Clone)]

@@ -249,7 +249,7 @@ impl QjlResidual {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kvq::rotation::HEAD_DIMS;
+    use crate::rotation::HEAD_DIMS;
     use crate::ErrorKind;
 
     /// Deterministic test vectors (splitmix64 mapped to [-1, 1)).

@@ -1,0 +1,158 @@
+//! The one error type of `kvc-kvq`.
+
+use std::fmt;
+
+/// The broad class of an [`Error`], which `kvc-capi` maps to one C status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// A caller passed a bad argument: a size, a bit width, a config string.
+    InvalidArgument,
+    /// A buffer or file does not hold what its format says.
+    CorruptData,
+    /// A buffer is smaller than the format needs.
+    BufferTooSmall,
+    /// Well-formed input that kvc-kvq does not handle (a head_dim, a plan version).
+    Unsupported,
+}
+
+/// Everything that can go wrong in `kvc-kvq`; each variant names what and where.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum Error {
+    /// Two lengths that must agree do not.
+    LayoutMismatch {
+        /// What differs.
+        what: &'static str,
+        /// Expected value.
+        expected: usize,
+        /// Found value.
+        found: usize,
+    },
+    /// A value that quantization cannot use (NaN or infinity).
+    NonFinite {
+        /// Where.
+        what: &'static str,
+        /// Element index.
+        index: usize,
+    },
+    /// A buffer is shorter than the format needs.
+    BufferTooSmall {
+        /// Which buffer.
+        what: &'static str,
+        /// Bytes (or elements, as `what` says) needed.
+        needed: usize,
+        /// Bytes (or elements) given.
+        found: usize,
+    },
+    /// A size computed from the arguments does not fit in `usize`.
+    SizeOverflow {
+        /// What was being computed.
+        what: &'static str,
+    },
+    /// A numeric argument is out of its range.
+    InvalidValue {
+        /// Which argument.
+        what: &'static str,
+        /// What was given.
+        value: i64,
+        /// Why it is rejected.
+        reason: &'static str,
+    },
+    /// A layer of C8 parameters (or of a plan) that must exist is missing.
+    MissingLayer {
+        /// Layer number.
+        layer: usize,
+        /// Which tensor or entry.
+        which: &'static str,
+    },
+    /// A kvq config string (`k4v4`, `k3v3:lm`, ...) does not parse.
+    BadConfig {
+        /// The string given.
+        input: String,
+        /// Why.
+        reason: String,
+    },
+    /// A kvq plan (JSON) is malformed or inconsistent.
+    BadPlan {
+        /// Why.
+        reason: String,
+    },
+    /// A packed buffer holds a value its format forbids (a non-finite norm or scale).
+    CorruptRow {
+        /// Which field.
+        what: &'static str,
+        /// Row index in the buffer.
+        row: usize,
+    },
+    /// Well-formed input that kvc-kvq does not handle.
+    Unsupported {
+        /// What is not handled.
+        what: &'static str,
+        /// The value given.
+        value: i64,
+    },
+}
+
+impl Error {
+    /// The class of this error.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Error::LayoutMismatch { .. }
+            | Error::SizeOverflow { .. }
+            | Error::InvalidValue { .. }
+            | Error::BadConfig { .. } => ErrorKind::InvalidArgument,
+            Error::BufferTooSmall { .. } => ErrorKind::BufferTooSmall,
+            Error::NonFinite { .. }
+            | Error::MissingLayer { .. }
+            | Error::BadPlan { .. }
+            | Error::CorruptRow { .. } => ErrorKind::CorruptData,
+            Error::Unsupported { .. } => ErrorKind::Unsupported,
+        }
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::LayoutMismatch {
+                what,
+                expected,
+                found,
+            } => write!(
+                f,
+                "layout mismatch: {what} expected {expected}, found {found}"
+            ),
+            Error::NonFinite { what, index } => {
+                write!(f, "{what}: non-finite value at element {index}")
+            }
+            Error::BufferTooSmall {
+                what,
+                needed,
+                found,
+            } => write!(f, "{what} too small: needs {needed}, got {found}"),
+            Error::SizeOverflow { what } => write!(f, "size overflow computing {what}"),
+            Error::InvalidValue {
+                what,
+                value,
+                reason,
+            } => write!(f, "invalid {what} {value}: {reason}"),
+            Error::MissingLayer { layer, which } => {
+                write!(f, "layer {layer}: missing {which}")
+            }
+            Error::BadConfig { input, reason } => {
+                write!(f, "bad kvq config {input:?}: {reason}")
+            }
+            Error::BadPlan { reason } => write!(f, "bad kvq plan: {reason}"),
+            Error::CorruptRow { what, row } => {
+                write!(f, "packed row {row}: {what} is not finite")
+            }
+            Error::Unsupported { what, value } => write!(f, "unsupported {what} {value}"),
+        }
+    }
+}
+
+impl std::error::Error for Error {}
+
+/// `Result` with [`Error`].
+pub type Result<T> = std::result::Result<T, Error>;
