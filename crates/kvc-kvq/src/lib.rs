@@ -27,7 +27,8 @@
 //! attention block kernels, AVX-512F, picked at run time ([`crate::Isa`]); speed in
 //! `docs/results/kvq-speed.md`.
 //!
-//! [`plan`] makes per-layer K/V bits from calibration data (`kvc quant plan`).
+//! Plans (per-layer K/V bits) are read and checked here ([`KvqPlan`]) and made from
+//! calibration data by `kvc-kvq-calibrate` (`kvc kvq plan`).
 //!
 //! [`channel_group`] is the other K layout: K per channel over groups of tokens (KIVI), no
 //! rotation, one f16 step and minimum per channel and group, for a model whose K has
@@ -35,10 +36,6 @@
 //!
 //! [`center`] codes rows relative to a fixed vector per KV head (`x - c`), which attention
 //! on K ignores (the softmax is shift-invariant): for K whose channels carry large offsets.
-//!
-//! [`qjl`] is a measurement, not a format: the 1-bit QJL sketch of a K row's residual
-//! (TurboQuant-prod) and its unbiased inner-product correction, which `kvc bench quant`
-//! weighs against more bits per row (`docs/results/kvq-qjl.md`).
 //!
 //! Sink and recent tokens kept in full precision are the engine's choice: it keeps those
 //! rows in f16 and passes only the others here.
@@ -51,8 +48,6 @@ pub mod config;
 pub mod error;
 pub mod isa;
 mod multi;
-pub mod plan;
-pub mod qjl;
 pub mod rotation;
 pub mod row;
 mod simd;

@@ -1,16 +1,16 @@
 //! `kvc quant plan`: a per-layer kvq plan (K and V bits) for a budget ratio, calibrated on
 //! a dump of the model's own K, V and Q (the llama.cpp client's `--modes dump`). This file
-//! reads and checks the dump and prints; the algorithm is `kvc_kvq::plan`.
+//! reads and checks the dump and prints; the algorithm is `kvc_kvq_calibrate`.
 
 use std::path::{Path, PathBuf};
 
 use clap::Args;
 use kvc_kvq::config::DEFAULT_SEED;
-use kvc_kvq::plan::{
+use kvc_kvq::{KvqConfig, LayerBits, Method};
+use kvc_kvq_calibrate::{
     allocate, make_plan, plan_bits_per_value, sensitivity_with, BitBounds, CalibShape, CalibSource,
     QuerySample, BITS,
 };
-use kvc_kvq::{KvqConfig, LayerBits, Method};
 
 use crate::cli_error::CliError;
 

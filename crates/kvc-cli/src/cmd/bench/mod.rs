@@ -5,6 +5,7 @@
 pub mod cache;
 pub mod codec;
 pub mod dataset;
+pub mod qjl;
 pub mod quant;
 pub mod store;
 pub mod tiers;

@@ -17,7 +17,7 @@
 //! the f16 row ops in the same run (the packed attention timing is for rows only).
 //!
 //! `qjl:CONFIG` entries code K as CONFIG's K rows plus the 1-bit QJL sketch of each row's
-//! residual (TurboQuant-prod, `kvq::qjl`; `d / 8 + 2` bytes a row), V as CONFIG's rows. The
+//! residual (TurboQuant-prod, `bench/qjl.rs`; `d / 8 + 2` bytes a row), V as CONFIG's rows. The
 //! scores are `<q, k_row> + ` the QJL correction (the estimator, not a reconstruction);
 //! the K SNR is the reconstruction's (row plus `QjlResidual::reconstruct`), beside the
 //! rows' own SNR and the attention error of the same rows without the correction, so
@@ -30,10 +30,10 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
+use super::qjl::QjlResidual;
 use clap::Args;
 use half::f16;
 use kvc_kvq::attention::{attend_head, attend_head_f16, dot_f16_row, f16_row_to_f32, HeadRows};
-use kvc_kvq::qjl::QjlResidual;
 use kvc_kvq::Isa;
 use kvc_kvq::{ChannelGroupCodec, KvqConfig, LayerCodec, Method, RowCodec};
 use serde_json::{json, Value};
