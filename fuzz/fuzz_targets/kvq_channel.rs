@@ -1,4 +1,4 @@
-//! Fuzz K per channel over token groups (KIVI): kvc-quant's `ChannelGroupCodec`
+//! Fuzz K per channel over token groups (KIVI): kvc-kvq's `ChannelGroupCodec`
 //! (`block_bytes`, `dequantize_block`, `dequantize_row`, `dot_block`, `quantize_block`) and
 //! the C calls over it, `kvc_kvq_channel_*` (docs/formats/kvq.md, "Channel groups").
 //!

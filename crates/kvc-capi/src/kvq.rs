@@ -1,4 +1,4 @@
-//! `kvc_kvq`: kvq packed rows (`kvc-quant`, `docs/formats/kvq.md`) behind an opaque
+//! `kvc_kvq`: kvq packed rows (`kvc-kvq`, `docs/formats/kvq.md`) behind an opaque
 //! handle: per-layer K/V codecs from a config string or a plan, quantize / dequantize of
 //! row batches, and decode attention on the packed rows.
 

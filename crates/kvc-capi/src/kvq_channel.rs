@@ -1,5 +1,5 @@
 //! `kvc_kvq_channel_*`: K per channel over token groups (KIVI), addressed by `(bits,
-//! head_dim, group)` alone, with no handle (`kvc-quant`'s `ChannelGroupCodec`,
+//! head_dim, group)` alone, with no handle (`kvc-kvq`'s `ChannelGroupCodec`,
 //! `docs/formats/kvq.md`, "Channel groups"). A block codes `group` consecutive tokens of
 //! one KV head; each channel has its own f16 step and minimum over those tokens. The
 //! engine holds the tokens of the unfilled newest group in f16 and codes them once the

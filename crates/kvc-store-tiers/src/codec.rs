@@ -1,7 +1,7 @@
 //! The codecs a chunk's sections are stored with: raw (the cache's own bytes), gear-v1 and
 //! gear-v2 (both lossless, from `kvc-codec` through `kvc-store-async`'s [`StoreCodec`]
 //! implementations, which keep reusable per-thread encoders and decoders), and kvq
-//! (lossy: `kvc-quant`'s rotated Lloyd-Max rows, three K/V bit presets).
+//! (lossy: `kvc-kvq`'s rotated Lloyd-Max rows, three K/V bit presets).
 
 use std::sync::Arc;
 

@@ -1,4 +1,4 @@
-//! The one error type of int8 C8.
+//! The one error type of `kvc-int8`.
 
 use std::fmt;
 

@@ -6,10 +6,16 @@
 //! the parameters ([`ChannelQuant`], [`LayerQuant`], [`C8Params`]) and the element kernels
 //! on `f32` runs ([`Isa`]); `kvc-cache` walks engine layouts, converts dtypes, calibrates
 //! and reads msmodelslim files, and calls these.
+//!
+//! This crate is int8 C8 only: not kvq's 2-8-bit rotated rows (`kvc-kvq`), not layouts,
+//! dtypes or files (`kvc-cache`). Its C functions keep their historical names
+//! (`kvc_quant_*`, `kvc-capi`).
+
+pub mod error;
 
 use std::collections::BTreeMap;
 
-use crate::error::{Error, Result};
+pub use crate::error::{Error, ErrorKind, Result};
 
 /// Scale and offset of every channel of one tensor (K or V of one layer).
 #[derive(Debug, Clone, PartialEq)]
