@@ -1,5 +1,5 @@
 //! Which compiled kernels run: portable, AVX2 (+FMA, F16C) or AVX-512F, detected once per
-//! process, and [`dispatch!`], the one place that turns an [`Isa`] into a kernel call.
+//! process, and `dispatch!`, the one place that turns an [`Isa`] into a kernel call.
 
 use std::sync::atomic::{AtomicU8, Ordering};
 
