@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """NumPy reference for kvq channel groups (K per channel over token groups, KIVI;
-crates/kvc-quant/src/kvq/channel_group.rs, docs/formats/kvq.md "Channel groups").
+crates/kvc-kvq/src/channel_group.rs, docs/formats/kvq.md "Channel groups").
 
 Independent of the Rust code and written from the document alone: per channel the minimum
 rounded down to an f16, the step (max - min) / (2^b - 1) rounded up to an f16, codes
@@ -14,7 +14,7 @@ decoded rows are therefore bit-exact, not approximate.
   kvq_channel_reference.py check DIR      regenerates and fails unless the committed
                                           DIR/kvq_channel_reference.json is identical
 
-The Rust test crates/kvc-quant/tests/channel_reference.rs reads the committed fixture and
+The Rust test crates/kvc-kvq/tests/channel_reference.rs reads the committed fixture and
 checks the codec's blocks and decoded rows bit for bit and its scores within f32 rounding.
 """
 import json

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""NumPy float64 reference for kvq (crates/kvc-quant, docs/formats/kvq.md).
+"""NumPy float64 reference for kvq (crates/kvc-kvq, docs/formats/kvq.md).
 
 Independent of the Rust code: the seeded randomized Hadamard rotation, the Lloyd-Max
 codebooks for the rotated-coordinate law, the Lloyd-Max and uniform row quantizers (codes
@@ -10,7 +10,7 @@ on the dequantized rows, all in float64.
   kvq_reference.py check DIR      regenerates into a temporary directory and fails unless
                                   the committed DIR/kvq_reference.json is identical
 
-The Rust test crates/kvc-quant/tests/reference.rs reads the committed fixture and checks
+The Rust test crates/kvc-kvq/tests/reference.rs reads the committed fixture and checks
 the Rust kernels against it within stated tolerances.
 """
 import json
@@ -114,7 +114,7 @@ def attention(q, k, v):
 
 
 class Rng:
-    """xorshift64, as crates/kvc-quant/tests/common/mod.rs."""
+    """xorshift64, as crates/kvc-kvq/tests/common/mod.rs."""
 
     def __init__(self, seed):
         self.x = seed

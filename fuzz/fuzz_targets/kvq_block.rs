@@ -1,7 +1,7 @@
 //! Fuzz the handle-free kvq block tile kernels an attention loop calls on rows an engine's
 //! cache holds (include/kvc.h, docs/c-api.md "kvq block notes"): `kvc_kvq_block_dot_rows`,
 //! `_dot_rows_multi`, `_accumulate_rows`, `_accumulate_rows_multi` (the AVX2 / AVX-512 /
-//! portable kernels of crates/kvc-quant/src/kvq/multi.rs and simd.rs) and
+//! portable kernels of crates/kvc-kvq/src/multi.rs and simd/) and
 //! `kvc_kvq_block_dequantize` / `_dequantize_rotated`.
 //!
 //! Input: byte 0 picks head_dim (64, 128, 256) and bits (2..=8); byte 1 the number of

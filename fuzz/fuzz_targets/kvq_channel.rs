@@ -1,4 +1,4 @@
-//! Fuzz K per channel over token groups (KIVI): kvc-quant's `ChannelGroupCodec`
+//! Fuzz K per channel over token groups (KIVI): kvc-kvq's `ChannelGroupCodec`
 //! (`block_bytes`, `dequantize_block`, `dequantize_row`, `dot_block`, `quantize_block`) and
 //! the C calls over it, `kvc_kvq_channel_*` (docs/formats/kvq.md, "Channel groups").
 //!
@@ -42,9 +42,9 @@ use kvc::kvq_channel::{
     kvc_kvq_channel_quantize,
 };
 use kvc::KvcStatus;
-use kvc_quant::kvq::channel_group::GROUPS;
-use kvc_quant::kvq::ChannelGroupCodec;
-use kvc_quant::ErrorKind;
+use kvc_kvq::channel_group::GROUPS;
+use kvc_kvq::ChannelGroupCodec;
+use kvc_kvq::ErrorKind;
 use libfuzzer_sys::fuzz_target;
 
 const OK: KvcStatus = KvcStatus::KVC_OK;

@@ -55,7 +55,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicIsize, AtomicUsize, Ordering::Relaxed};
 
 use half::f16;
-use kvc_quant::kvq::{ChannelGroupCodec, KvqConfig, KvqPlan, Method, RowCodec};
+use kvc_kvq::{ChannelGroupCodec, KvqConfig, KvqPlan, Method, RowCodec};
 use libfuzzer_sys::fuzz_target;
 
 use cli_error::CliError;
@@ -214,7 +214,7 @@ fn case(data: &[u8]) -> Option<Case> {
     let seed = if head[0] & 0x80 != 0 {
         u64::from_le_bytes(head[5..13].try_into().ok()?)
     } else {
-        kvc_quant::kvq::config::DEFAULT_SEED
+        kvc_kvq::config::DEFAULT_SEED
     };
     let (kb, vb) = bits_of(head[1]);
     let cfg = KvqConfig::new(method, kb, vb, seed).ok()?;

@@ -168,8 +168,8 @@ pub enum Error {
         /// Groups in the plan.
         groups: usize,
     },
-    /// A `kvc-quant` error with no `kvc-cache` counterpart.
-    Quant(kvc_quant::Error),
+    /// A `kvc-int8` error with no `kvc-cache` counterpart.
+    Quant(kvc_int8::Error),
     /// The MLP compressor refused (layer out of range, factor or head_dim mismatch).
     Mlp(kvc_mlp::Error),
     /// mmap / madvise failed.
@@ -195,9 +195,7 @@ impl Error {
             | Error::DuplicatePosition { .. } => ErrorKind::InvalidArgument,
             Error::SharedCell { .. } | Error::GroupedPlan { .. } => ErrorKind::Unsupported,
             Error::Quant(e) => match e.kind() {
-                kvc_quant::ErrorKind::InvalidArgument => ErrorKind::InvalidArgument,
-                kvc_quant::ErrorKind::BufferTooSmall => ErrorKind::BufferTooSmall,
-                kvc_quant::ErrorKind::Unsupported => ErrorKind::Unsupported,
+                kvc_int8::ErrorKind::InvalidArgument => ErrorKind::InvalidArgument,
                 _ => ErrorKind::CorruptData,
             },
             Error::Mlp(e) => match e.kind() {
@@ -324,12 +322,12 @@ impl From<kvc_mlp::Error> for Error {
     }
 }
 
-/// The `kvc-quant` errors C8 can give map onto the `kvc-cache` variants they were before
+/// The `kvc-int8` errors C8 can give map onto the `kvc-cache` variants they were before
 /// C8 moved (callers match on those); any other is kept whole in [`Error::Quant`].
-impl From<kvc_quant::Error> for Error {
-    fn from(e: kvc_quant::Error) -> Error {
+impl From<kvc_int8::Error> for Error {
+    fn from(e: kvc_int8::Error) -> Error {
         match e {
-            kvc_quant::Error::LayoutMismatch {
+            kvc_int8::Error::LayoutMismatch {
                 what,
                 expected,
                 found,
@@ -338,20 +336,8 @@ impl From<kvc_quant::Error> for Error {
                 expected,
                 found,
             },
-            kvc_quant::Error::NonFinite { what, index } => Error::NonFinite { what, index },
-            kvc_quant::Error::BufferTooSmall {
-                what,
-                needed,
-                found,
-            } => Error::BufferTooSmall {
-                what,
-                needed,
-                found,
-            },
-            kvc_quant::Error::SizeOverflow { what } => Error::SizeOverflow { what },
-            kvc_quant::Error::MissingLayer { layer, which } => {
-                Error::MissingTensor { layer, which }
-            }
+            kvc_int8::Error::NonFinite { what, index } => Error::NonFinite { what, index },
+            kvc_int8::Error::MissingLayer { layer, which } => Error::MissingTensor { layer, which },
             other => Error::Quant(other),
         }
     }

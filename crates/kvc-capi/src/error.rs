@@ -149,7 +149,7 @@ wrap_crate_error!(kvc_cache, {
     Io => KVC_IO,
 });
 
-wrap_crate_error!(kvc_quant, {
+wrap_crate_error!(kvc_kvq, {
     InvalidArgument => KVC_INVALID_ARGUMENT,
     CorruptData => KVC_CORRUPT_DATA,
     BufferTooSmall => KVC_BUFFER_TOO_SMALL,

@@ -1,13 +1,13 @@
-//! `kvc_kvq`: kvq packed rows (`kvc-quant`, `docs/formats/kvq.md`) behind an opaque
+//! `kvc_kvq`: kvq packed rows (`kvc-kvq`, `docs/formats/kvq.md`) behind an opaque
 //! handle: per-layer K/V codecs from a config string or a plan, quantize / dequantize of
 //! row batches, and decode attention on the packed rows.
 
 use std::ffi::{c_char, CStr};
 
-use kvc_quant::kvq::attention::attend_heads;
-use kvc_quant::kvq::config::DEFAULT_SEED;
-use kvc_quant::kvq::{KvqConfig, KvqPlan, LayerCodec, Method, RowCodec};
-use kvc_quant::Isa;
+use kvc_kvq::attention::attend_heads;
+use kvc_kvq::config::DEFAULT_SEED;
+use kvc_kvq::Isa;
+use kvc_kvq::{KvqConfig, KvqPlan, LayerCodec, Method, RowCodec};
 
 use crate::boundary::{in_ref, in_slice, out_ref, out_slice, status_boundary};
 use crate::codec::{KvcTensor, KVC_TENSOR_K, KVC_TENSOR_V};
@@ -75,7 +75,7 @@ pub unsafe extern "C" fn kvc_kvq_new(
         // SAFETY: caller contract.
         unsafe { out_ref(out, "out") }?;
         let cfg = KvqConfig::parse(text)?;
-        if n_layer == 0 || n_layer as usize > kvc_quant::kvq::config::MAX_PLAN_LAYERS {
+        if n_layer == 0 || n_layer as usize > kvc_kvq::config::MAX_PLAN_LAYERS {
             return Err(Error::invalid(
                 "n_layer",
                 format!("{n_layer} is not in 1..=4096"),
@@ -278,7 +278,7 @@ pub unsafe extern "C" fn kvc_kvq_quantize_rows(
         let c = h.codec(layer, tensor)?;
         let (n, need) = row_sizes(h.head_dim, c.row_bytes(), n_rows)?;
         if dst_len < need {
-            return Err(kvc_quant::Error::BufferTooSmall {
+            return Err(kvc_kvq::Error::BufferTooSmall {
                 what: "dst (n_rows * row_bytes)",
                 needed: need,
                 found: dst_len,
@@ -324,7 +324,7 @@ pub unsafe extern "C" fn kvc_kvq_dequantize_rows(
         let c = h.codec(layer, tensor)?;
         let (n, need) = row_sizes(h.head_dim, c.row_bytes(), n_rows)?;
         if src_len < need {
-            return Err(kvc_quant::Error::BufferTooSmall {
+            return Err(kvc_kvq::Error::BufferTooSmall {
                 what: "src (n_rows * row_bytes)",
                 needed: need,
                 found: src_len,

@@ -21,9 +21,9 @@
 
 use std::sync::OnceLock;
 
-use kvc_quant::kvq::attention::HeadRows;
-use kvc_quant::kvq::config::DEFAULT_SEED;
-use kvc_quant::kvq::{Method, RowCodec};
+use kvc_kvq::attention::HeadRows;
+use kvc_kvq::config::DEFAULT_SEED;
+use kvc_kvq::{Method, RowCodec};
 
 use crate::boundary::{in_slice, out_ref, out_slice, status_boundary};
 use crate::error::Error;
@@ -84,7 +84,7 @@ fn packed_size(c: &RowCodec, n: usize) -> Result<usize, Error> {
 }
 
 fn short(what: &'static str, needed: usize, found: usize) -> Error {
-    kvc_quant::Error::BufferTooSmall {
+    kvc_kvq::Error::BufferTooSmall {
         what,
         needed,
         found,

@@ -1,9 +1,9 @@
 //! `kvc_kvq_*_centered` and `kvc_kvq_mean_center` (ABI 0.11): kvq rows coded relative to a
-//! fixed center per KV head (`kvc_quant::kvq::center`). Attention on centered rows needs no
+//! fixed center per KV head (`kvc_kvq::center`). Attention on centered rows needs no
 //! change for K (the softmax ignores `q . center`) and one addition of the center to each
 //! head's output for V.
 
-use kvc_quant::kvq::center::mean_center;
+use kvc_kvq::center::mean_center;
 
 use crate::boundary::{check_disjoint, in_slice, out_slice, status_boundary};
 use crate::codec::KvcTensor;

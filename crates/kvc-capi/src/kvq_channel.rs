@@ -1,5 +1,5 @@
 //! `kvc_kvq_channel_*`: K per channel over token groups (KIVI), addressed by `(bits,
-//! head_dim, group)` alone, with no handle (`kvc-quant`'s `ChannelGroupCodec`,
+//! head_dim, group)` alone, with no handle (`kvc-kvq`'s `ChannelGroupCodec`,
 //! `docs/formats/kvq.md`, "Channel groups"). A block codes `group` consecutive tokens of
 //! one KV head; each channel has its own f16 step and minimum over those tokens. The
 //! engine holds the tokens of the unfilled newest group in f16 and codes them once the
@@ -7,7 +7,7 @@
 //!
 //! Threads: every function is safe from any thread; none keeps state.
 
-use kvc_quant::kvq::ChannelGroupCodec;
+use kvc_kvq::ChannelGroupCodec;
 
 use crate::boundary::{check_disjoint, in_slice, out_ref, out_slice, status_boundary};
 use crate::error::Error;
@@ -25,7 +25,7 @@ fn codec(bits: u32, head_dim: u32, group: u32) -> Result<ChannelGroupCodec, Erro
 
 /// `KVC_BUFFER_TOO_SMALL` for `what`, with the bytes (or values) needed and given.
 pub(crate) fn short(what: &'static str, needed: usize, found: usize) -> Error {
-    kvc_quant::Error::BufferTooSmall {
+    kvc_kvq::Error::BufferTooSmall {
         what,
         needed,
         found,

@@ -267,7 +267,7 @@ fn plan_handle(json: &str) -> *mut KvcKvq {
 fn plans_map_to_block_bits_or_are_refused() {
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../data/kvq-plans");
     let json = std::fs::read_to_string(format!("{dir}/smollm2-135m-r3.5-kw3.json")).unwrap();
-    let plan = kvc_quant::kvq::KvqPlan::from_json(&json).unwrap();
+    let plan = kvc_kvq::KvqPlan::from_json(&json).unwrap();
     let h = plan_handle(&json);
     let (mut l, mut k, mut d) = (0u32, 0u32, 0u32);
     // SAFETY: pointers to live locals of the lengths passed; handles live until freed.

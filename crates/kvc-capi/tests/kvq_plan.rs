@@ -1,4 +1,4 @@
-//! A plan made by `kvc_quant::kvq::plan` (as `kvc quant plan` makes it), written as JSON,
+//! A plan made by `kvc_kvq_calibrate` (as `kvc quant plan` makes it), written as JSON,
 //! loads through `KvqPlan::from_json` and through `kvc_kvq_new_from_plan`, and the handle
 //! has the planned bytes per row in every layer.
 
@@ -7,10 +7,10 @@ use std::ptr;
 use kvc::codec::{KVC_TENSOR_K, KVC_TENSOR_V};
 use kvc::kvq::{kvc_kvq_free, kvc_kvq_new_from_plan, kvc_kvq_row_bytes, KvcKvq};
 use kvc::KvcStatus;
-use kvc_quant::kvq::plan::{
+use kvc_kvq::{row_bytes, KvqPlan, Method};
+use kvc_kvq_calibrate::{
     allocate, make_plan, sensitivity, BitBounds, CalibShape, CalibSource, QuerySample,
 };
-use kvc_quant::kvq::{row_bytes, KvqPlan, Method};
 
 #[test]
 fn calibrated_plan_loads_through_the_c_api() {

@@ -1,4 +1,5 @@
-//! The `kvc` command: benchmarks, inspection and offline replay.
+//! The `kvc` command: benchmarks, inspection, offline replay, and quantizing or coding
+//! cache files.
 //!
 //! `kvc` runs kvc's codecs, policies and compressors on files and on the embedded sample of
 //! real KV-cache data, and prints what they achieve (ratios, MB/s, errors) as a table and as
@@ -26,13 +27,22 @@ struct Cli {
 enum Command {
     /// H2O eviction policy: offline replay of attention traces.
     H2o(cmd::h2o::H2oArgs),
-    /// The learned MLP compressor: inspect weight files, compress raw K/V.
+    /// The learned MLP compressor: inspect weight files, compress raw K/V, train weights
+    /// on a model's own K/V/Q.
     Mlp(cmd::mlp::MlpArgs),
-    /// int8 C8 KV-cache quantization with msmodelslim scale files.
+    /// int8 C8 KV-cache quantization with msmodelslim scale files: calibrate, apply,
+    /// dequant.
+    Int8(cmd::quant::Int8Args),
+    /// kvq KV-cache codes (2-8-bit rotated rows): packed cache files (apply, dequant),
+    /// calibrated plans (plan), plans and configs (inspect).
+    Kvq(cmd::quant::KvqArgs),
+    /// Old spelling of `kvc int8` and `kvc kvq` (`quant apply --kvq`, `quant plan`, ...),
+    /// kept for scripts.
     Quant(cmd::quant::QuantArgs),
-    /// Encode or decode one gear-v1 blob.
+    /// Encode or decode one gear-v1 or gear-v2 blob of a raw tensor.
     Codec(cmd::codec::CodecArgs),
-    /// Benchmarks on real KV data (plain `kvc bench`: the codecs).
+    /// Benchmarks on real KV data: the codecs (plain `kvc bench`), cache compaction and C8,
+    /// the asynchronous store, kvq, the shared tiers.
     Bench(cmd::bench::BenchArgs),
 }
 
@@ -40,6 +50,8 @@ fn run(cli: Cli) -> Result<(), CliError> {
     match cli.command {
         Command::H2o(args) => cmd::h2o::run(args),
         Command::Mlp(args) => cmd::mlp::run(args),
+        Command::Int8(args) => cmd::quant::run_int8(args),
+        Command::Kvq(args) => cmd::quant::run_kvq(args),
         Command::Quant(args) => cmd::quant::run(args),
         Command::Codec(args) => cmd::codec::run(args),
         Command::Bench(args) => cmd::bench::run(args),

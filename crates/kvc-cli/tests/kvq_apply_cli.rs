@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use half::f16;
-use kvc_quant::kvq::{ChannelGroupCodec, KvqConfig, KvqPlan, RowCodec};
+use kvc_kvq::{ChannelGroupCodec, KvqConfig, KvqPlan, RowCodec};
 use serde_json::Value;
 
 fn kvc() -> Command {

@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use kvc_quant::kvq::KvqPlan;
+use kvc_kvq::KvqPlan;
 
 fn kvc() -> Command {
     Command::new(env!("CARGO_BIN_EXE_kvc"))

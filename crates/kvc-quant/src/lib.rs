@@ -1,20 +1,13 @@
-//! KV-cache quantization: the arithmetic that turns K and V values into fewer bits.
+//! Deprecated: a re-export shim kept for one release. Use `kvc-int8` (int8 C8, here
+//! [`c8`]) and `kvc-kvq` (kvq codes, here [`kvq`]) directly.
 //!
-//! `kvc-quant` holds every quantizer kvc has: int8 "C8" per-channel codes ([`c8`], the
-//! parameters and element kernels; msmodelslim files, layouts and calibration stay in
-//! `kvc-cache`), and kvq, near-lossless 2-8-bit codes for one (token, KV head) row at a
-//! time: a seeded randomized Hadamard rotation per head, uniform or Lloyd-Max codes, a
-//! packed row of fixed size, and decode attention that reads the packed rows directly;
-//! and K per channel over groups of tokens (KIVI: [`kvq::channel_group`]), a block of
-//! fixed size per group and KV head, with scores read from the codes; and rows coded
-//! relative to a per-head center ([`kvq::center`]).
-//! It works on `f32` slices and byte buffers the caller owns. It knows nothing about
-//! engines, cache layouts, eviction or files, and it never codes losslessly (that is
-//! `kvc-codec`).
+//! `kvc-quant` used to hold both quantizers; each now has a crate named for it. This crate
+//! only re-exports them under the old paths (`kvc_quant::c8::*`, `kvc_quant::kvq::*`,
+//! and C8's `Isa`, `Error`, `ErrorKind`, `Result` at the root as before). Two things did
+//! not stay: kvq's errors are `kvc_kvq::Error` (C8's are `kvc_int8::Error`), and kvq
+//! calibration (`kvq::plan`) is now `kvc-kvq-calibrate`. It holds no code of its own and
+//! will be removed in the next release.
 
-pub mod c8;
-pub mod error;
-pub mod kvq;
-
-pub use c8::Isa;
-pub use error::{Error, ErrorKind, Result};
+pub use kvc_int8 as c8;
+pub use kvc_int8::{error, Error, ErrorKind, Isa, Result};
+pub use kvc_kvq as kvq;

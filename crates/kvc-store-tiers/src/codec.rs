@@ -1,13 +1,13 @@
 //! The codecs a chunk's sections are stored with: raw (the cache's own bytes), gear-v1 and
 //! gear-v2 (both lossless, from `kvc-codec` through `kvc-store-async`'s [`StoreCodec`]
 //! implementations, which keep reusable per-thread encoders and decoders), and kvq
-//! (lossy: `kvc-quant`'s rotated Lloyd-Max rows, three K/V bit presets).
+//! (lossy: `kvc-kvq`'s rotated Lloyd-Max rows, three K/V bit presets).
 
 use std::sync::Arc;
 
 use half::{bf16, f16};
 use kvc_cache::DType;
-use kvc_quant::kvq::{config::DEFAULT_SEED, Method, RowCodec};
+use kvc_kvq::{config::DEFAULT_SEED, Method, RowCodec};
 use kvc_store_async::{ChunkInfo, GearV1Codec, GearV2Codec, StoreCodec, Tensor};
 
 use crate::error::{Error, Result};
@@ -117,7 +117,7 @@ impl ChunkCodec {
                 let (kb, vb) = self.kvq_bits().unwrap_or_default();
                 format!(
                     "kvq/format={}/lm/k{kb}v{vb}/seed={DEFAULT_SEED:#x}",
-                    kvc_quant::kvq::FORMAT_VERSION
+                    kvc_kvq::FORMAT_VERSION
                 )
             }
         }

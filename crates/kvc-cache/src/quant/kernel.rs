@@ -2,7 +2,7 @@
 
 use std::ops::Range;
 
-use kvc_quant::c8::{q_fast, Isa};
+use kvc_int8::{q_fast, Isa};
 
 use super::ChannelQuant;
 use crate::dtype::{load_f32, store_f32, DType};
@@ -269,7 +269,7 @@ pub(crate) fn observe(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kvc_quant::c8::q1;
+    use kvc_int8::q1;
 
     fn rng(seed: u64) -> impl FnMut() -> f32 {
         let mut x = seed | 1;

@@ -2,7 +2,7 @@
 //! (`channel = kv_head * head_dim + dim`) a scale and an offset,
 //! `q = clamp(round(x / scale + offset), -128, 127)`, `x = (q - offset) * scale`.
 //!
-//! The parameters and the element kernels live in `kvc_quant::c8` (re-exported here);
+//! The parameters and the element kernels live in `kvc_int8::c8` (re-exported here);
 //! this module walks engine layouts and row batches, converts dtypes, calibrates and reads
 //! msmodelslim files.
 //!
@@ -18,5 +18,5 @@ pub mod rows;
 
 pub use calibrate::{calibrate, ChannelStats, RopeStats, RopeStyle};
 pub use kernel::{dequantize, quant_error, quantize, ErrorStats};
-pub use kvc_quant::c8::{C8Params, ChannelQuant, LayerQuant};
+pub use kvc_int8::{C8Params, ChannelQuant, LayerQuant};
 pub use rows::{dequantize_rows, quantize_rows, roundtrip_rows};

@@ -179,7 +179,7 @@ fn assemble(acc: Partial) -> Result<C8Params> {
         let (_, ko) = take(ko, 1)?;
         let (vsn, vs) = take(vs, 2)?;
         let (_, vo) = take(vo, 3)?;
-        let wrap = |name: &str, r: kvc_quant::Result<ChannelQuant>| {
+        let wrap = |name: &str, r: kvc_int8::Result<ChannelQuant>| {
             r.map_err(|e| Error::BadTensor {
                 name: name.into(),
                 reason: e.to_string(),

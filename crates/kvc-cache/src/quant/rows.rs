@@ -10,7 +10,7 @@
 //! Lengths are checked exactly: a source must hold `rows * channels` elements, a
 //! destination at least that many (only those are written).
 
-use kvc_quant::c8::Isa;
+use kvc_int8::Isa;
 
 use super::ChannelQuant;
 use crate::dtype::{load_f32, store_f32, DType};

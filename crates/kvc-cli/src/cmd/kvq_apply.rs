@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use half::{bf16, f16};
-use kvc_quant::kvq::{ChannelGroupCodec, KvqConfig, KvqPlan, RowCodec};
+use kvc_kvq::{ChannelGroupCodec, KvqConfig, KvqPlan, RowCodec};
 use serde::Serialize;
 
 use super::kvq_file::{self, Header, Spec, Tensor};
@@ -243,7 +243,7 @@ fn tokens_of(s: &CacheShape, len: usize, path: &Path) -> Result<usize, CliError>
 
 /// Row codecs by bits (a codec's codebook is worth computing once).
 pub(crate) struct Codecs {
-    method: kvc_quant::kvq::Method,
+    method: kvc_kvq::Method,
     seed: u64,
     head_dim: usize,
     rows: HashMap<u8, RowCodec>,
@@ -287,7 +287,7 @@ pub(crate) fn encode_layer(
     let (d, nh, nt) = (h.head_dim, h.kv_heads, h.tokens);
     let bits = h.bits(i);
     let at = |t: usize, hd: usize| (t * nh + hd) * d;
-    let ctx = |e: kvc_quant::Error, t: usize, hd: usize| {
+    let ctx = |e: kvc_kvq::Error, t: usize, hd: usize| {
         CliError::input(format!("{what}: layer {i} token {t} head {hd}: {e}"))
     };
     match h.channel_group {
@@ -307,7 +307,7 @@ pub(crate) fn encode_layer(
             }
         }
         Some(g) => {
-            let gctx = |e: kvc_quant::Error, t: usize, hd: usize| {
+            let gctx = |e: kvc_kvq::Error, t: usize, hd: usize| {
                 CliError::input(format!(
                     "{what}: layer {i} head {hd}, the channel group of tokens {t}..{}: {e}",
                     t + g
@@ -367,7 +367,7 @@ fn decode_layer(
     let (d, nh, nt) = (h.head_dim, h.kv_heads, h.tokens);
     let bits = h.bits(i);
     let at = |t: usize, hd: usize| (t * nh + hd) * d;
-    let ctx = |e: kvc_quant::Error, t: usize, hd: usize| {
+    let ctx = |e: kvc_kvq::Error, t: usize, hd: usize| {
         CliError::input(format!("{what}: layer {i} token {t} head {hd}: {e}"))
     };
     match h.channel_group {
@@ -381,7 +381,7 @@ fn decode_layer(
             }
         }
         Some(g) => {
-            let gctx = |e: kvc_quant::Error, t: usize, hd: usize| {
+            let gctx = |e: kvc_kvq::Error, t: usize, hd: usize| {
                 CliError::input(format!(
                     "{what}: layer {i} head {hd}, the channel group of tokens {t}..{}: {e}",
                     t + g

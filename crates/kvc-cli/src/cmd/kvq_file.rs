@@ -7,9 +7,9 @@
 //! must be exactly what the header implies. Parsing never allocates more than the header's
 //! spec text and never indexes past the buffer.
 
-use kvc_quant::kvq::channel_group::GROUPS;
-use kvc_quant::kvq::config::MAX_PLAN_LAYERS;
-use kvc_quant::kvq::{row_bytes, ChannelGroupCodec, KvqConfig, KvqPlan, Method};
+use kvc_kvq::channel_group::GROUPS;
+use kvc_kvq::config::MAX_PLAN_LAYERS;
+use kvc_kvq::{row_bytes, ChannelGroupCodec, KvqConfig, KvqPlan, Method};
 
 use crate::cli_error::CliError;
 

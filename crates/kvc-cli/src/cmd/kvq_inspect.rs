@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use clap::Args;
-use kvc_quant::kvq::{row_bytes, KvqConfig, KvqPlan};
+use kvc_kvq::{row_bytes, KvqConfig, KvqPlan};
 
 use crate::cli_error::CliError;
 
@@ -24,7 +24,7 @@ pub struct InspectArgs {
     layers: usize,
 }
 
-fn lib(e: kvc_quant::Error) -> CliError {
+fn lib(e: kvc_kvq::Error) -> CliError {
     CliError::input(e)
 }
 

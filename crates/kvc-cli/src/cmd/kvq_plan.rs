@@ -1,16 +1,16 @@
 //! `kvc quant plan`: a per-layer kvq plan (K and V bits) for a budget ratio, calibrated on
 //! a dump of the model's own K, V and Q (the llama.cpp client's `--modes dump`). This file
-//! reads and checks the dump and prints; the algorithm is `kvc_quant::kvq::plan`.
+//! reads and checks the dump and prints; the algorithm is `kvc_kvq_calibrate`.
 
 use std::path::{Path, PathBuf};
 
 use clap::Args;
-use kvc_quant::kvq::config::DEFAULT_SEED;
-use kvc_quant::kvq::plan::{
+use kvc_kvq::config::DEFAULT_SEED;
+use kvc_kvq::{KvqConfig, LayerBits, Method};
+use kvc_kvq_calibrate::{
     allocate, make_plan, plan_bits_per_value, sensitivity_with, BitBounds, CalibShape, CalibSource,
     QuerySample, BITS,
 };
-use kvc_quant::kvq::{KvqConfig, LayerBits, Method};
 
 use crate::cli_error::CliError;
 
@@ -165,7 +165,7 @@ pub fn run(a: PlanArgs) -> Result<(), CliError> {
         from: a.query_from,
         stride: a.query_stride,
     };
-    let lib = |e: kvc_quant::Error| CliError::input(e);
+    let lib = |e: kvc_kvq::Error| CliError::input(e);
     let t0 = std::time::Instant::now();
     let k_center = (a.k_center_tokens > 0)
         .then(|| a.k_center_from..a.k_center_from.saturating_add(a.k_center_tokens));

@@ -1,7 +1,9 @@
-//! `kvc quant calibrate | apply | dequant`: int8 C8 quantization of raw KV caches laid
-//! out `[layer][token][kv_head][head_dim]`, with msmodelslim checkpoints; `apply --kvq` /
-//! `dequant --kvq` do the same with kvq packed rows ([`super::kvq_apply`]); `kvc quant
-//! inspect` shows a kvq plan; `kvc quant plan` makes one from a calibration dump.
+//! `kvc int8 calibrate | apply | dequant`: int8 C8 quantization of raw KV caches laid out
+//! `[layer][token][kv_head][head_dim]`, with msmodelslim checkpoints. `kvc kvq apply |
+//! dequant` do the same with kvq packed cache files ([`super::kvq_apply`]), `kvc kvq
+//! inspect` shows a kvq plan or config, `kvc kvq plan` makes a plan from a calibration
+//! dump. `kvc quant ...` is the old spelling of both (`quant apply --kvq`, `quant plan`,
+//! ...), kept because scripts use it; all three run the same code.
 
 use std::path::{Path, PathBuf};
 
@@ -14,7 +16,144 @@ use kvc_cache::{Addressing, DType, ErrorKind, TensorLayout};
 
 use crate::cli_error::CliError;
 
-/// `kvc quant` arguments.
+/// `kvc int8` arguments.
+#[derive(Args)]
+pub struct Int8Args {
+    #[command(subcommand)]
+    cmd: Int8Cmd,
+}
+
+#[derive(Subcommand)]
+enum Int8Cmd {
+    /// Calibrate per-channel scales / offsets from raw K and V caches and write an
+    /// msmodelslim checkpoint (quant_model_description.json + quant_model_weight.safetensors).
+    Calibrate(CalibrateArgs),
+    /// Quantize raw K and V caches to int8 with an msmodelslim C8 checkpoint.
+    Apply(Int8ApplyArgs),
+    /// Dequantize int8 K and V caches back to --dtype with an msmodelslim C8 checkpoint.
+    Dequant(Int8DequantArgs),
+}
+
+#[derive(Args)]
+struct Int8ApplyArgs {
+    /// msmodelslim checkpoint directory.
+    #[arg(long)]
+    scales: PathBuf,
+    #[command(flatten)]
+    shape: Shape,
+    /// Raw K cache.
+    #[arg(long)]
+    k: PathBuf,
+    /// Raw V cache.
+    #[arg(long)]
+    v: PathBuf,
+    /// int8 K output.
+    #[arg(long = "out-k")]
+    out_k: PathBuf,
+    /// int8 V output.
+    #[arg(long = "out-v")]
+    out_v: PathBuf,
+}
+
+#[derive(Args)]
+struct Int8DequantArgs {
+    /// msmodelslim checkpoint directory.
+    #[arg(long)]
+    scales: PathBuf,
+    #[command(flatten)]
+    shape: Shape,
+    /// int8 K cache.
+    #[arg(long)]
+    k: PathBuf,
+    /// int8 V cache.
+    #[arg(long)]
+    v: PathBuf,
+    /// K output in --dtype.
+    #[arg(long = "out-k")]
+    out_k: PathBuf,
+    /// V output in --dtype.
+    #[arg(long = "out-v")]
+    out_v: PathBuf,
+}
+
+/// `kvc kvq` arguments.
+#[derive(Args)]
+pub struct KvqArgs {
+    #[command(subcommand)]
+    cmd: KvqCmd,
+}
+
+#[derive(Subcommand)]
+enum KvqCmd {
+    /// Code raw K and V caches into kvq packed cache files with a config string or plan.
+    Apply(KvqApplyArgs),
+    /// Decode kvq packed cache files back to raw caches (the shape is in their headers).
+    Dequant(KvqDequantArgs),
+    /// Per-layer K/V bits for a budget ratio, calibrated on a K/V/Q dump of the model
+    /// (the llama.cpp client's `--modes dump`); prints the table, writes the plan JSON.
+    Plan(super::kvq_plan::PlanArgs),
+    /// Show a plan (JSON file) or config string: bits, bytes per row, ratio.
+    Inspect(super::kvq_inspect::InspectArgs),
+}
+
+#[derive(Args)]
+struct KvqApplyArgs {
+    /// A config string (`k4v4`, `k4v2:u32`) or a plan JSON file (`data/kvq-plans/`);
+    /// writes packed cache files (docs/formats/kvq.md).
+    #[arg(long, visible_alias = "kvq")]
+    spec: String,
+    /// Code K per channel over groups of G tokens (16, 32, 64, 128, 256; K bits from the
+    /// config or plan); a last partial group is stored as f16 rows.
+    #[arg(long = "k-channel-group", value_name = "G")]
+    k_channel_group: Option<usize>,
+    /// Write the per-layer table and the file totals as JSON.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    #[command(flatten)]
+    shape: Shape,
+    /// Raw K cache.
+    #[arg(long)]
+    k: PathBuf,
+    /// Raw V cache.
+    #[arg(long)]
+    v: PathBuf,
+    /// Packed K output.
+    #[arg(long = "out-k")]
+    out_k: PathBuf,
+    /// Packed V output.
+    #[arg(long = "out-v")]
+    out_v: PathBuf,
+}
+
+#[derive(Args)]
+struct KvqDequantArgs {
+    /// Element type of the written caches.
+    #[arg(long)]
+    dtype: FloatType,
+    /// Layers (checked against the headers when given).
+    #[arg(long)]
+    layers: Option<usize>,
+    /// KV heads (checked against the headers when given).
+    #[arg(long = "kv-heads")]
+    kv_heads: Option<usize>,
+    /// Elements per head (checked against the headers when given).
+    #[arg(long = "head-dim")]
+    head_dim: Option<usize>,
+    /// Packed K cache file.
+    #[arg(long)]
+    k: PathBuf,
+    /// Packed V cache file.
+    #[arg(long)]
+    v: PathBuf,
+    /// K output in --dtype.
+    #[arg(long = "out-k")]
+    out_k: PathBuf,
+    /// V output in --dtype.
+    #[arg(long = "out-v")]
+    out_v: PathBuf,
+}
+
+/// `kvc quant` arguments (the old spelling of `kvc int8` and `kvc kvq`).
 #[derive(Args)]
 pub struct QuantArgs {
     #[command(subcommand)]
@@ -23,19 +162,18 @@ pub struct QuantArgs {
 
 #[derive(Subcommand)]
 enum QuantCmd {
-    /// Calibrate per-channel scales / offsets from raw K and V caches and write an
+    /// `kvc int8 calibrate`: calibrate per-channel scales / offsets from raw K and V caches and write an
     /// msmodelslim checkpoint (quant_model_description.json + quant_model_weight.safetensors).
     Calibrate(CalibrateArgs),
-    /// Quantize raw K and V caches to int8 with an msmodelslim C8 checkpoint (--scales), or
-    /// to kvq packed cache files with a config string or plan (--kvq).
+    /// `kvc int8 apply` (--scales) or `kvc kvq apply` (--kvq): quantize raw K and V caches
+    /// to int8 with an msmodelslim C8 checkpoint, or to kvq packed cache files.
     Apply(ApplyArgs),
-    /// Dequantize int8 K and V caches back to --dtype with an msmodelslim C8 checkpoint
-    /// (--scales), or kvq packed cache files (--kvq; the shape is in their headers).
+    /// `kvc int8 dequant` (--scales) or `kvc kvq dequant` (--kvq): int8 caches or kvq
+    /// packed cache files back to --dtype.
     Dequant(DequantArgs),
-    /// kvq: show a plan (JSON file) or config string: bits, bytes per row, ratio.
+    /// `kvc kvq inspect`: show a kvq plan (JSON file) or config string.
     Inspect(super::kvq_inspect::InspectArgs),
-    /// kvq: per-layer K/V bits for a budget ratio, calibrated on a K/V/Q dump of the model
-    /// (the llama.cpp client's `--modes dump`); prints the table, writes the plan JSON.
+    /// `kvc kvq plan`: a calibrated kvq plan from a K/V/Q dump of the model.
     Plan(super::kvq_plan::PlanArgs),
 }
 
@@ -244,7 +382,68 @@ fn check_params(p: &C8Params, layers: usize, channels: usize) -> Result<(), CliE
     Ok(())
 }
 
-/// Runs `kvc quant`.
+/// Runs `kvc int8`.
+pub fn run_int8(args: Int8Args) -> Result<(), CliError> {
+    match args.cmd {
+        Int8Cmd::Calibrate(a) => calibrate(a),
+        Int8Cmd::Apply(a) => apply(ApplyArgs {
+            scales: Some(a.scales),
+            kvq: None,
+            k_channel_group: None,
+            json: None,
+            shape: a.shape,
+            k: a.k,
+            v: a.v,
+            out_k: a.out_k,
+            out_v: a.out_v,
+        }),
+        Int8Cmd::Dequant(a) => dequant(DequantArgs {
+            scales: Some(a.scales),
+            kvq: false,
+            dtype: a.shape.dtype,
+            layers: Some(a.shape.layers),
+            kv_heads: Some(a.shape.kv_heads),
+            head_dim: Some(a.shape.head_dim),
+            k: a.k,
+            v: a.v,
+            out_k: a.out_k,
+            out_v: a.out_v,
+        }),
+    }
+}
+
+/// Runs `kvc kvq`.
+pub fn run_kvq(args: KvqArgs) -> Result<(), CliError> {
+    match args.cmd {
+        KvqCmd::Apply(a) => apply(ApplyArgs {
+            scales: None,
+            kvq: Some(a.spec),
+            k_channel_group: a.k_channel_group,
+            json: a.json,
+            shape: a.shape,
+            k: a.k,
+            v: a.v,
+            out_k: a.out_k,
+            out_v: a.out_v,
+        }),
+        KvqCmd::Dequant(a) => dequant(DequantArgs {
+            scales: None,
+            kvq: true,
+            dtype: a.dtype,
+            layers: a.layers,
+            kv_heads: a.kv_heads,
+            head_dim: a.head_dim,
+            k: a.k,
+            v: a.v,
+            out_k: a.out_k,
+            out_v: a.out_v,
+        }),
+        KvqCmd::Plan(a) => super::kvq_plan::run(a),
+        KvqCmd::Inspect(a) => super::kvq_inspect::run(a),
+    }
+}
+
+/// Runs `kvc quant` (the old spelling).
 pub fn run(args: QuantArgs) -> Result<(), CliError> {
     match args.cmd {
         QuantCmd::Calibrate(a) => calibrate(a),

@@ -5,6 +5,7 @@
 pub mod cache;
 pub mod codec;
 pub mod dataset;
+pub mod qjl;
 pub mod quant;
 pub mod store;
 pub mod tiers;
@@ -32,7 +33,7 @@ enum BenchCommand {
     Cache(cache::BenchCacheArgs),
     /// kvc-store-async: simulated decode, bytes released, restore latency, C8 option.
     Store(store::BenchStoreArgs),
-    /// kvc-quant kvq: bits/value, SNR per layer, attention error, GB/s, packed attention time.
+    /// kvq (kvc-kvq): bits/value, SNR per layer, attention error, GB/s, packed attention time.
     Quant(quant::BenchQuantArgs),
     /// kvc-store-tiers: store/restore GB/s per tier and codec against raw Redis.
     Tiers(tiers::BenchTiersArgs),

@@ -17,7 +17,7 @@
 //! the f16 row ops in the same run (the packed attention timing is for rows only).
 //!
 //! `qjl:CONFIG` entries code K as CONFIG's K rows plus the 1-bit QJL sketch of each row's
-//! residual (TurboQuant-prod, `kvq::qjl`; `d / 8 + 2` bytes a row), V as CONFIG's rows. The
+//! residual (TurboQuant-prod, `bench/qjl.rs`; `d / 8 + 2` bytes a row), V as CONFIG's rows. The
 //! scores are `<q, k_row> + ` the QJL correction (the estimator, not a reconstruction);
 //! the K SNR is the reconstruction's (row plus `QjlResidual::reconstruct`), beside the
 //! rows' own SNR and the attention error of the same rows without the correction, so
@@ -30,14 +30,12 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
+use super::qjl::QjlResidual;
 use clap::Args;
 use half::f16;
-use kvc_quant::kvq::attention::{
-    attend_head, attend_head_f16, dot_f16_row, f16_row_to_f32, HeadRows,
-};
-use kvc_quant::kvq::qjl::QjlResidual;
-use kvc_quant::kvq::{ChannelGroupCodec, KvqConfig, LayerCodec, Method, RowCodec};
-use kvc_quant::Isa;
+use kvc_kvq::attention::{attend_head, attend_head_f16, dot_f16_row, f16_row_to_f32, HeadRows};
+use kvc_kvq::Isa;
+use kvc_kvq::{ChannelGroupCodec, KvqConfig, LayerCodec, Method, RowCodec};
 use serde_json::{json, Value};
 
 use super::cache::default_data_dir;
@@ -117,7 +115,7 @@ pub struct BenchQuantArgs {
     pub json: Option<PathBuf>,
 }
 
-fn lib(e: kvc_quant::Error) -> CliError {
+fn lib(e: kvc_kvq::Error) -> CliError {
     CliError::input(e)
 }
 
@@ -762,13 +760,8 @@ fn row_speed(kv: &Kv, reps: usize) -> Result<Vec<Value>, CliError> {
     let mut buf = vec![0f32; d];
     let mut out = Vec::new();
     for bits in ROW_BITS {
-        let c = RowCodec::new(
-            Method::LloydMax,
-            bits,
-            d,
-            kvc_quant::kvq::config::DEFAULT_SEED,
-        )
-        .map_err(lib)?;
+        let c =
+            RowCodec::new(Method::LloydMax, bits, d, kvc_kvq::config::DEFAULT_SEED).map_err(lib)?;
         let rb = c.row_bytes();
         let mut p = vec![0u8; n * rb];
         c.quantize_rows(&x, &mut p).map_err(lib)?;

@@ -1,11 +1,11 @@
 //! One-core kvq row speed on synthetic Gaussian rows: quantize and dequantize GB/s (of
 //! f16-equivalent bytes, 2 per value) for a few configs, with the f32 -> f16 conversion of
 //! the same rows (`half`) measured in the same run as a baseline.
-//! `cargo run --release -p kvc-quant --example kvq_speed`
+//! `cargo run --release -p kvc-kvq --example kvq_speed`
 
 use std::time::Instant;
 
-use kvc_quant::kvq::{KvqConfig, LayerCodec};
+use kvc_kvq::{KvqConfig, LayerCodec};
 
 fn main() {
     let d = 64;

@@ -1,4 +1,4 @@
-//! The one error type of `kvc-quant`.
+//! The one error type of `kvc-kvq`.
 
 use std::fmt;
 
@@ -12,11 +12,11 @@ pub enum ErrorKind {
     CorruptData,
     /// A buffer is smaller than the format needs.
     BufferTooSmall,
-    /// Well-formed input that kvc-quant does not handle (a head_dim, a plan version).
+    /// Well-formed input that kvc-kvq does not handle (a head_dim, a plan version).
     Unsupported,
 }
 
-/// Everything that can go wrong in `kvc-quant`; each variant names what and where.
+/// Everything that can go wrong in `kvc-kvq`; each variant names what and where.
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub enum Error {
@@ -85,7 +85,7 @@ pub enum Error {
         /// Row index in the buffer.
         row: usize,
     },
-    /// Well-formed input that kvc-quant does not handle.
+    /// Well-formed input that kvc-kvq does not handle.
     Unsupported {
         /// What is not handled.
         what: &'static str,

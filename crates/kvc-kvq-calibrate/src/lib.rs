@@ -1,4 +1,8 @@
-//! Calibrated mixed precision: per-layer K and V bits from the model's own KV.
+//! Calibrated mixed precision for kvq: per-layer K and V bits from the model's own KV.
+//!
+//! This crate makes kvq plans; it is not the plan format (`kvc_kvq::config`, which
+//! engines and `kvc-capi` load without this crate) nor the codec (`kvc-kvq`), and it reads
+//! no files.
 //!
 //! [`sensitivity`] measures, for every layer and every bit width 2..=8, the layer-local
 //! attention-output error when only K is quantized (V exact) and when only V is quantized
@@ -21,9 +25,9 @@
 
 use rayon::prelude::*;
 
-use super::config::{KvqPlan, LayerBits, LayerErrors, Method, PlanCalibration, PLAN_VERSION};
-use super::row::{row_bytes, RowCodec};
-use crate::error::{Error, Result};
+use kvc_kvq::config::{KvqPlan, LayerBits, LayerErrors, Method, PlanCalibration, PLAN_VERSION};
+use kvc_kvq::row::{row_bytes, RowCodec};
+use kvc_kvq::{Error, Result};
 
 /// The bit widths a plan chooses from.
 pub const BITS: std::ops::RangeInclusive<u8> = 2..=8;
@@ -113,7 +117,7 @@ impl CalibShape {
     }
 
     fn check(&self) -> Result<()> {
-        super::rotation::check_head_dim(self.head_dim)?;
+        kvc_kvq::rotation::check_head_dim(self.head_dim)?;
         for (what, v) in [
             ("n_layer", self.n_layer),
             ("n_tokens", self.n_tokens),
@@ -205,9 +209,9 @@ pub fn sensitivity(
     sensitivity_with(shape, k, v, q, method, seed, sample, None)
 }
 
-/// [`sensitivity`] for an engine that codes K centered ([`super::center`]): with
+/// [`sensitivity`] for an engine that codes K centered ([`kvc_kvq::center`]): with
 /// `k_center = Some(tokens)`, each layer's K center per KV head is the f16 mean of those
-/// tokens' K rows ([`super::center::mean_center`]) and every K row is coded as `k - c`, as
+/// tokens' K rows ([`kvc_kvq::center::mean_center`]) and every K row is coded as `k - c`, as
 /// the llama.cpp client's `--kvq-center` does with its recent window. Errors as
 /// `sensitivity`, and an empty token range or one past the dump.
 #[allow(clippy::too_many_arguments)]
@@ -383,7 +387,7 @@ fn layer_errors(
     let center = match k_center {
         Some(r) => {
             let mut c = vec![0f32; hk * d];
-            super::center::mean_center(&k[r.start * hk * d..r.end * hk * d], hk, d, &mut c)?;
+            kvc_kvq::center::mean_center(&k[r.start * hk * d..r.end * hk * d], hk, d, &mut c)?;
             Some(c)
         }
         None => None,
@@ -670,7 +674,7 @@ pub fn make_plan(
     let u32_of =
         |what: &'static str, x: usize| u32::try_from(x).map_err(|_| Error::SizeOverflow { what });
     let plan = KvqPlan {
-        format: super::config::PLAN_FORMAT.into(),
+        format: kvc_kvq::config::PLAN_FORMAT.into(),
         version: PLAN_VERSION,
         method: method.tag(),
         seed,

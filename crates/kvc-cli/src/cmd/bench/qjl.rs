@@ -4,7 +4,7 @@
 //! one, and the bytes below may change.
 //!
 //! TurboQuant-prod codes a K row `k` with a `(b-1)`-bit MSE code `k_mse` (here: a kvq
-//! [`RowCodec`](super::RowCodec) row) and adds a 1-bit Quantized Johnson-Lindenstrauss
+//! [`RowCodec`](kvc_kvq::RowCodec) row) and adds a 1-bit Quantized Johnson-Lindenstrauss
 //! sketch of the residual `r = k - k_mse`: the `d` signs of `S r` for a seeded Gaussian
 //! `d x d` matrix `S`, and the f16 norm `||r||`. For a query `q`,
 //!
@@ -36,8 +36,8 @@
 
 use half::f16;
 
-use super::rotation::{check_head_dim, splitmix64};
-use crate::error::{Error, Result};
+use kvc_kvq::rotation::{check_head_dim, splitmix64};
+use kvc_kvq::{Error, Result};
 
 /// Domain separation of the sketch matrix's stream from the rotation's (`"QJL_SKET"`).
 const STREAM_TAG: u64 = 0x514a_4c5f_534b_4554;
@@ -49,7 +49,6 @@ const SQRT_HALF_PI: f64 = 1.253_314_137_315_500_3;
 #[derive(Debug, Clone)]
 pub struct QjlResidual {
     dim: usize,
-    seed: u64,
     /// `S`, row-major, `dim * dim`.
     s: Vec<f32>,
 }
@@ -71,17 +70,7 @@ impl QjlResidual {
             s.push((r * t.cos()) as f32);
             s.push((r * t.sin()) as f32);
         }
-        Ok(QjlResidual { dim, seed, s })
-    }
-
-    /// The head size.
-    pub fn dim(&self) -> usize {
-        self.dim
-    }
-
-    /// The seed.
-    pub fn seed(&self) -> u64 {
-        self.seed
+        Ok(QjlResidual { dim, s })
     }
 
     /// Bytes of one sketch: `dim / 8` sign bytes and an f16 norm.
@@ -94,7 +83,8 @@ impl QjlResidual {
         8.0 * self.sketch_bytes() as f64 / self.dim as f64
     }
 
-    /// The matrix `S` (row-major, `dim * dim`).
+    /// The matrix `S` (row-major, `dim * dim`); the tests check its law.
+    #[cfg(test)]
     pub fn matrix(&self) -> &[f32] {
         &self.s
     }
@@ -145,7 +135,7 @@ impl QjlResidual {
                 reason: "exceeds the f16 range",
             });
         }
-        let mut p = [0f32; super::rotation::MAX_HEAD_DIM];
+        let mut p = [0f32; kvc_kvq::rotation::MAX_HEAD_DIM];
         let p = &mut p[..self.dim];
         self.project(residual, p);
         let (signs, tail) = out[..nb].split_at_mut(self.dim / 8);
@@ -249,8 +239,8 @@ impl QjlResidual {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kvq::rotation::HEAD_DIMS;
-    use crate::ErrorKind;
+    use kvc_kvq::rotation::HEAD_DIMS;
+    use kvc_kvq::ErrorKind;
 
     /// Deterministic test vectors (splitmix64 mapped to [-1, 1)).
     fn vector(d: usize, seed: u64) -> Vec<f32> {

@@ -4,9 +4,9 @@
 mod common;
 
 use common::{fnv1a, Rng};
-use kvc_quant::kvq::attention::{attend_head, attend_heads, HeadRows};
-use kvc_quant::kvq::{KvqConfig, LayerCodec, Method, RowCodec};
-use kvc_quant::{ErrorKind, Isa};
+use kvc_kvq::attention::{attend_head, attend_heads, HeadRows};
+use kvc_kvq::{ErrorKind, Isa};
+use kvc_kvq::{KvqConfig, LayerCodec, Method, RowCodec};
 use proptest::prelude::*;
 
 const METHODS: [Method; 3] = [
@@ -437,7 +437,7 @@ fn every_truncation_and_bad_argument_is_an_error() {
             let e = c.dequantize_rows(&q, &mut y3).unwrap_err();
             assert_eq!(
                 e,
-                kvc_quant::Error::CorruptRow {
+                kvc_kvq::Error::CorruptRow {
                     what: "f16 scale",
                     row: 1
                 }
@@ -466,7 +466,7 @@ fn every_truncation_and_bad_argument_is_an_error() {
             .unwrap_err();
             assert_eq!(
                 e,
-                kvc_quant::Error::CorruptRow {
+                kvc_kvq::Error::CorruptRow {
                     what: "f16 scale",
                     row: 1
                 }
@@ -595,7 +595,7 @@ fn golden_packed_rows() {
         let x = Rng(2024).kv_like(16, d);
         for m in [Method::LloydMax, Method::Uniform { group: 32 }] {
             for b in 2..=8u8 {
-                let c = RowCodec::new(m, b, d, kvc_quant::kvq::config::DEFAULT_SEED).unwrap();
+                let c = RowCodec::new(m, b, d, kvc_kvq::config::DEFAULT_SEED).unwrap();
                 let mut p = vec![0u8; 16 * c.row_bytes()];
                 c.quantize_rows(&x, &mut p).unwrap();
                 // The portable and the AVX2-compiled row loops write the same bytes and
@@ -676,7 +676,7 @@ fn corrupt_scales_are_reported_on_both_paths() {
                     .unwrap_err();
                     assert_eq!(
                         e,
-                        kvc_quant::Error::CorruptRow {
+                        kvc_kvq::Error::CorruptRow {
                             what: "f16 scale",
                             row
                         },
@@ -785,7 +785,7 @@ fn per_row_dot_and_rotated_dequantize() {
                 }
                 // Errors, on both paths.
                 for cc in [c.clone(), c.portable()] {
-                    let kind = |e: kvc_quant::Error| e.kind();
+                    let kind = |e: kvc_kvq::Error| e.kind();
                     assert_eq!(
                         kind(cc.dot_rotated(&qr[1..], &p[..rb], 0).unwrap_err()),
                         ErrorKind::InvalidArgument
@@ -808,7 +808,7 @@ fn per_row_dot_and_rotated_dequantize() {
                     bad[1] = 0x7e; // f16 NaN in the first scale
                     assert_eq!(
                         cc.dot_rotated(&qr, &bad, 9).unwrap_err(),
-                        kvc_quant::Error::CorruptRow {
+                        kvc_kvq::Error::CorruptRow {
                             what: "f16 scale",
                             row: 9
                         }

@@ -22,8 +22,8 @@
 use super::attention::{check_rows, HeadRows};
 use super::rotation::MAX_HEAD_DIM;
 use super::row::{dot8, RowCodec};
-use crate::c8::IsaKind;
 use crate::error::{Error, Result};
+use crate::isa::dispatch;
 
 /// Queries per pass over the rows on the block path (their permuted copies live on the
 /// stack); more queries make more passes.
@@ -89,19 +89,12 @@ impl RowCodec {
         if g == 0 || n_rows == 0 {
             return Ok(());
         }
-        match self.isa().0 {
-            IsaKind::Portable => rowwise_dot(self, q_rot, rows, n_rows, scores),
-            // SAFETY: `Avx2`/`Avx512` are only made by `Isa::detect` after the CPU reported
-            // AVX2, FMA and F16C; the shapes were checked above.
-            #[cfg(target_arch = "x86_64")]
-            IsaKind::Avx2 => unsafe { avx2::dot(self, q_rot, rows, n_rows, scores) },
-            // SAFETY: as above, and `Avx512` only after the CPU reported AVX-512F.
-            #[cfg(all(target_arch = "x86_64", kvq_avx512))]
-            IsaKind::Avx512 => unsafe { avx2::dot512(self, q_rot, rows, n_rows, scores) },
-            // SAFETY: as for `Avx2` (`Avx512` is never made without `kvq_avx512`).
-            #[cfg(all(target_arch = "x86_64", not(kvq_avx512)))]
-            IsaKind::Avx512 => unsafe { avx2::dot(self, q_rot, rows, n_rows, scores) },
-        }
+        // The kernels need only the shapes checked above.
+        dispatch!(self.isa(),
+            portable => rowwise_dot(self, q_rot, rows, n_rows, scores),
+            avx2 => avx2::dot(self, q_rot, rows, n_rows, scores),
+            avx512 => avx512::dot(self, q_rot, rows, n_rows, scores),
+        )
     }
 
     /// `acc[g] += sum_i weights[g * n_rows + i] * (rotated row i)` for `G` queries
@@ -127,18 +120,12 @@ impl RowCodec {
         if g == 0 || n_rows == 0 {
             return Ok(());
         }
-        match self.isa().0 {
-            IsaKind::Portable => rowwise_accumulate(self, weights, rows, n_rows, acc),
-            // SAFETY: as in `dot_rows_multi`.
-            #[cfg(target_arch = "x86_64")]
-            IsaKind::Avx2 => unsafe { avx2::accumulate(self, weights, rows, n_rows, acc) },
-            // SAFETY: as in `dot_rows_multi`.
-            #[cfg(all(target_arch = "x86_64", kvq_avx512))]
-            IsaKind::Avx512 => unsafe { avx2::accumulate512(self, weights, rows, n_rows, acc) },
-            // SAFETY: as in `dot_rows_multi`.
-            #[cfg(all(target_arch = "x86_64", not(kvq_avx512)))]
-            IsaKind::Avx512 => unsafe { avx2::accumulate(self, weights, rows, n_rows, acc) },
-        }
+        // The kernels need only the shapes checked above.
+        dispatch!(self.isa(),
+            portable => rowwise_accumulate(self, weights, rows, n_rows, acc),
+            avx2 => avx2::accumulate(self, weights, rows, n_rows, acc),
+            avx512 => avx512::accumulate(self, weights, rows, n_rows, acc),
+        )
     }
 }
 
@@ -209,6 +196,29 @@ fn rowwise_accumulate(
     Ok(())
 }
 
+/// Calls `$f::<BITS, NB, $z>` for the shape `($bits, $nb)` (2-4 bits, 1, 2 or 4
+/// blocks: every block-format shape).
+#[cfg(target_arch = "x86_64")]
+macro_rules! by_shape {
+    ($f:ident, $z:expr, $bits:expr, $nb:expr, $($arg:expr),*) => {
+        match ($bits, $nb) {
+            (2, 1) => $f::<2, 1, $z>($($arg),*),
+            (2, 2) => $f::<2, 2, $z>($($arg),*),
+            (2, 4) => $f::<2, 4, $z>($($arg),*),
+            (3, 1) => $f::<3, 1, $z>($($arg),*),
+            (3, 2) => $f::<3, 2, $z>($($arg),*),
+            (3, 4) => $f::<3, 4, $z>($($arg),*),
+            (4, 1) => $f::<4, 1, $z>($($arg),*),
+            (4, 2) => $f::<4, 2, $z>($($arg),*),
+            (4, 4) => $f::<4, 4, $z>($($arg),*),
+            _ => return Err(Error::Unsupported {
+                what: "kvq block kernel shape (bits, blocks)",
+                value: i64::from($bits),
+            }),
+        }
+    };
+}
+
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::incompatible_msrv)] // the AVX-512 intrinsics, only built with `kvq_avx512` (rustc 1.89+)
 mod avx2 {
@@ -219,28 +229,6 @@ mod avx2 {
     #[cfg(kvq_avx512)]
     use super::super::simd::block512;
     use super::*;
-
-    /// Calls `$f::<BITS, NB, $z>` for the shape `($bits, $nb)` (2-4 bits, 1, 2 or 4
-    /// blocks: every block-format shape).
-    macro_rules! by_shape {
-        ($f:ident, $z:expr, $bits:expr, $nb:expr, $($arg:expr),*) => {
-            match ($bits, $nb) {
-                (2, 1) => $f::<2, 1, $z>($($arg),*),
-                (2, 2) => $f::<2, 2, $z>($($arg),*),
-                (2, 4) => $f::<2, 4, $z>($($arg),*),
-                (3, 1) => $f::<3, 1, $z>($($arg),*),
-                (3, 2) => $f::<3, 2, $z>($($arg),*),
-                (3, 4) => $f::<3, 4, $z>($($arg),*),
-                (4, 1) => $f::<4, 1, $z>($($arg),*),
-                (4, 2) => $f::<4, 2, $z>($($arg),*),
-                (4, 4) => $f::<4, 4, $z>($($arg),*),
-                _ => return Err(Error::Unsupported {
-                    what: "kvq block kernel shape (bits, blocks)",
-                    value: i64::from($bits),
-                }),
-            }
-        };
-    }
 
     /// What the block decoder needs, made once per call.
     #[derive(Clone, Copy)]
@@ -373,7 +361,7 @@ mod avx2 {
     /// The CPU must have AVX2, FMA and F16C (AVX-512F when `Z`); `rows` holds `n` rows of
     /// `c`; `q.len() = G * 64 * NB`, `scores.len() = G * n`.
     #[inline(always)]
-    unsafe fn dot_block<const BITS: u32, const NB: usize, const Z: bool>(
+    pub(super) unsafe fn dot_block<const BITS: u32, const NB: usize, const Z: bool>(
         c: &RowCodec,
         q: &[f32],
         rows: HeadRows,
@@ -427,7 +415,7 @@ mod avx2 {
     /// # Safety
     /// As [`dot_block`], with `w` (`G * n`) and `acc` (`G * 64 * NB`).
     #[inline(always)]
-    unsafe fn accumulate_block<const BITS: u32, const NB: usize, const Z: bool>(
+    pub(super) unsafe fn accumulate_block<const BITS: u32, const NB: usize, const Z: bool>(
         c: &RowCodec,
         w: &[f32],
         rows: HeadRows,
@@ -510,39 +498,6 @@ mod avx2 {
         }
     }
 
-    /// `dot_rows_multi` with the 512-bit block decoder and vectors.
-    ///
-    /// # Safety
-    /// The CPU must have AVX-512F, AVX2, FMA and F16C; shapes checked by the caller.
-    #[cfg(kvq_avx512)]
-    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-    pub(super) unsafe fn dot512(
-        c: &RowCodec,
-        q: &[f32],
-        rows: HeadRows,
-        n: usize,
-        scores: &mut [f32],
-    ) -> Result<()> {
-        let bits = u32::from(c.bits());
-        if c.block_rows(rows.bytes, rows.stride).is_none() {
-            return rowwise_dot(c, q, rows, n, scores);
-        }
-        // SAFETY: features enabled here; shapes checked by the caller.
-        unsafe {
-            by_shape!(
-                dot_block,
-                true,
-                bits,
-                c.dim() / BLOCK,
-                c,
-                q,
-                rows,
-                n,
-                scores
-            )
-        }
-    }
-
     /// `accumulate_rows_multi` compiled with AVX2, FMA and F16C.
     ///
     /// # Safety
@@ -574,14 +529,57 @@ mod avx2 {
             )
         }
     }
+}
+
+/// The AVX-512F entry points of the tile calls: the block decoder and the dot products /
+/// axpys in 512-bit vectors (`Z = true` of the shared block loops in [`avx2`]), built only
+/// where rustc has the intrinsics (`kvq_avx512`) and run only when [`crate::Isa::detect`]
+/// saw AVX-512F.
+#[cfg(all(target_arch = "x86_64", kvq_avx512))]
+#[allow(clippy::incompatible_msrv)] // the AVX-512 intrinsics, only built with `kvq_avx512` (rustc 1.89+)
+mod avx512 {
+    use super::super::simd::block::BLOCK;
+    use super::avx2::{accumulate_block, dot_block};
+    use super::*;
+
+    /// `dot_rows_multi` with the 512-bit block decoder and vectors.
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512F, AVX2, FMA and F16C; shapes checked by the caller.
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    pub(super) unsafe fn dot(
+        c: &RowCodec,
+        q: &[f32],
+        rows: HeadRows,
+        n: usize,
+        scores: &mut [f32],
+    ) -> Result<()> {
+        let bits = u32::from(c.bits());
+        if c.block_rows(rows.bytes, rows.stride).is_none() {
+            return rowwise_dot(c, q, rows, n, scores);
+        }
+        // SAFETY: features enabled here; shapes checked by the caller.
+        unsafe {
+            by_shape!(
+                dot_block,
+                true,
+                bits,
+                c.dim() / BLOCK,
+                c,
+                q,
+                rows,
+                n,
+                scores
+            )
+        }
+    }
 
     /// `accumulate_rows_multi` with the 512-bit block decoder and vectors.
     ///
     /// # Safety
-    /// As [`dot512`].
-    #[cfg(kvq_avx512)]
+    /// As [`dot`].
     #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-    pub(super) unsafe fn accumulate512(
+    pub(super) unsafe fn accumulate(
         c: &RowCodec,
         w: &[f32],
         rows: HeadRows,
@@ -612,9 +610,9 @@ mod avx2 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::c8::Isa;
-    use crate::kvq::config::DEFAULT_SEED;
-    use crate::kvq::Method;
+    use crate::config::DEFAULT_SEED;
+    use crate::isa::Isa;
+    use crate::Method;
 
     fn values(n: usize, seed: u64) -> Vec<f32> {
         let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;

@@ -9,7 +9,7 @@
 //! codes in f32, so they agree within f32 rounding of the sums' terms (`(d + 16) * 2^-24`
 //! of `sum_c |q_c| (|min_c| + code * step_c)`).
 
-use kvc_quant::kvq::ChannelGroupCodec;
+use kvc_kvq::ChannelGroupCodec;
 use serde_json::Value;
 
 const FIXTURE: &str = include_str!("fixtures/kvq_channel_reference.json");

@@ -1,5 +1,11 @@
 //! kvq: rotated 2-8-bit KV codes in packed rows of fixed size, and decode attention that
-//! reads the packed rows directly.
+//! reads the packed rows directly. This crate holds the codec (rows, K channel groups,
+//! centered rows), its kernels (portable, AVX2, AVX-512F, picked once at run time by
+//! [`Isa`]) and the plan format (per-layer bits, [`config`]) that engines load. It is not
+//! calibration (making plans from data: `kvc-kvq-calibrate`), not a file format for whole
+//! caches, not int8 C8 (`kvc-int8`), and it never codes losslessly (`kvc-codec`). It works
+//! on `f32` slices and byte buffers the caller owns and knows nothing about engines or
+//! cache layouts.
 //!
 //! A row is one token's vector of one KV head (`head_dim` values: 64, 128 or 256). It is
 //! rotated by a seeded randomized Hadamard ([`rotation`]), coded with Lloyd-Max levels for
@@ -21,7 +27,8 @@
 //! attention block kernels, AVX-512F, picked at run time ([`crate::Isa`]); speed in
 //! `docs/results/kvq-speed.md`.
 //!
-//! [`plan`] makes per-layer K/V bits from calibration data (`kvc quant plan`).
+//! Plans (per-layer K/V bits) are read and checked here ([`KvqPlan`]) and made from
+//! calibration data by `kvc-kvq-calibrate` (`kvc kvq plan`).
 //!
 //! [`channel_group`] is the other K layout: K per channel over groups of tokens (KIVI), no
 //! rotation, one f16 step and minimum per channel and group, for a model whose K has
@@ -29,10 +36,6 @@
 //!
 //! [`center`] codes rows relative to a fixed vector per KV head (`x - c`), which attention
 //! on K ignores (the softmax is shift-invariant): for K whose channels carry large offsets.
-//!
-//! [`qjl`] is a measurement, not a format: the 1-bit QJL sketch of a K row's residual
-//! (TurboQuant-prod) and its unbiased inner-product correction, which `kvc bench quant`
-//! weighs against more bits per row (`docs/results/kvq-qjl.md`).
 //!
 //! Sink and recent tokens kept in full precision are the engine's choice: it keeps those
 //! rows in f16 and passes only the others here.
@@ -42,18 +45,19 @@ pub mod center;
 pub mod channel_group;
 pub mod codebook;
 pub mod config;
+pub mod error;
+pub mod isa;
 mod multi;
-pub mod plan;
-pub mod qjl;
 pub mod rotation;
 pub mod row;
 mod simd;
 
+pub use error::{Error, ErrorKind, Result};
+pub use isa::Isa;
+
 pub use channel_group::ChannelGroupCodec;
 pub use config::{KvqConfig, KvqPlan, LayerBits, Method};
 pub use row::{row_bits_per_value, row_bytes, RowCodec, FORMAT_VERSION};
-
-use crate::error::Result;
 
 /// The K and V codecs of one layer.
 #[derive(Debug, Clone)]

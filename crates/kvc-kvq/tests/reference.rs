@@ -8,10 +8,10 @@
 //! and scales in float64, Rust in f32: no code flips on this data, and the f16 scales
 //! agree); attention on the dequantized cache within 1e-4 of the output norm.
 
-use kvc_quant::kvq::attention::{attend_head, HeadRows};
-use kvc_quant::kvq::config::DEFAULT_SEED;
-use kvc_quant::kvq::{LayerCodec, Method, RowCodec};
-use kvc_quant::Isa;
+use kvc_kvq::attention::{attend_head, HeadRows};
+use kvc_kvq::config::DEFAULT_SEED;
+use kvc_kvq::Isa;
+use kvc_kvq::{LayerCodec, Method, RowCodec};
 use serde_json::Value;
 
 fn floats(v: &Value) -> Vec<f64> {

@@ -6,10 +6,16 @@
 //! the parameters ([`ChannelQuant`], [`LayerQuant`], [`C8Params`]) and the element kernels
 //! on `f32` runs ([`Isa`]); `kvc-cache` walks engine layouts, converts dtypes, calibrates
 //! and reads msmodelslim files, and calls these.
+//!
+//! This crate is int8 C8 only: not kvq's 2-8-bit rotated rows (`kvc-kvq`), not layouts,
+//! dtypes or files (`kvc-cache`). Its C functions keep their historical names
+//! (`kvc_quant_*`, `kvc-capi`).
+
+pub mod error;
 
 use std::collections::BTreeMap;
 
-use crate::error::{Error, Result};
+pub use crate::error::{Error, ErrorKind, Result};
 
 /// Scale and offset of every channel of one tensor (K or V of one layer).
 #[derive(Debug, Clone, PartialEq)]
@@ -209,36 +215,27 @@ mod avx2 {
 /// [`Isa::detect`] can select AVX2, so holding an `Isa` proves the CPU runs its loops;
 /// tests force [`Isa::PORTABLE`] too.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Isa(pub(crate) IsaKind);
+pub struct Isa(IsaKind);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum IsaKind {
+enum IsaKind {
     Portable,
     #[cfg(target_arch = "x86_64")]
     Avx2,
-    /// AVX2 and AVX-512F: every AVX2 loop, plus kvq's 512-bit attention kernels.
-    #[cfg(target_arch = "x86_64")]
-    Avx512,
 }
 
 impl Isa {
     /// The portable loops.
     pub const PORTABLE: Isa = Isa(IsaKind::Portable);
 
-    /// The best loops this CPU runs: AVX2 when it has AVX2, FMA and F16C (kvq's AVX2
-    /// kernels use FMA and read f16 scales with F16C; every AVX2 CPU kvc targets has all
-    /// three).
+    /// The best loops this CPU runs: AVX2 when it has AVX2, FMA and F16C (the same test as
+    /// kvq's `Isa::detect`; every AVX2 CPU kvc targets has all three).
     pub fn detect() -> Isa {
         #[cfg(target_arch = "x86_64")]
         if std::arch::is_x86_feature_detected!("avx2")
             && std::arch::is_x86_feature_detected!("fma")
             && std::arch::is_x86_feature_detected!("f16c")
         {
-            // kvq's AVX-512 kernels exist only when rustc has the intrinsics (build.rs).
-            #[cfg(kvq_avx512)]
-            if std::arch::is_x86_feature_detected!("avx512f") {
-                return Isa(IsaKind::Avx512);
-            }
             return Isa(IsaKind::Avx2);
         }
         Isa::PORTABLE
@@ -247,39 +244,20 @@ impl Isa {
     /// Whether this selects the AVX2 loops.
     pub fn is_avx2(self) -> bool {
         #[cfg(target_arch = "x86_64")]
-        if matches!(self.0, IsaKind::Avx2 | IsaKind::Avx512) {
+        if self.0 == IsaKind::Avx2 {
             return true;
         }
         false
-    }
-
-    /// Whether this also selects kvq's AVX-512 attention kernels.
-    pub fn is_avx512(self) -> bool {
-        #[cfg(target_arch = "x86_64")]
-        if self.0 == IsaKind::Avx512 {
-            return true;
-        }
-        false
-    }
-
-    /// The same loops without the AVX-512 ones (AVX2 stays AVX2, portable portable), for
-    /// tests and comparisons on an AVX-512 CPU.
-    pub fn without_avx512(self) -> Isa {
-        #[cfg(target_arch = "x86_64")]
-        if self.0 == IsaKind::Avx512 {
-            return Isa(IsaKind::Avx2);
-        }
-        self
     }
 
     /// `out[i] = q(x[i], scale[i], offset[i])`.
     pub fn quant_run(self, x: &[f32], scale: &[f32], offset: &[f32], out: &mut [u8]) {
         match self.0 {
             IsaKind::Portable => quant_run_body(x, scale, offset, out),
-            // SAFETY: `IsaKind::Avx2`/`Avx512` are only made by `Isa::detect` after the CPU reported
+            // SAFETY: `IsaKind::Avx2` is only made by `Isa::detect` after the CPU reported
             // AVX2 (and FMA).
             #[cfg(target_arch = "x86_64")]
-            IsaKind::Avx2 | IsaKind::Avx512 => unsafe { avx2::quant_run(x, scale, offset, out) },
+            IsaKind::Avx2 => unsafe { avx2::quant_run(x, scale, offset, out) },
         }
     }
 
@@ -287,10 +265,10 @@ impl Isa {
     pub fn quant_bcast(self, x: &[f32], scale: f32, offset: f32, out: &mut [u8]) {
         match self.0 {
             IsaKind::Portable => quant_bcast_body(x, scale, offset, out),
-            // SAFETY: `IsaKind::Avx2`/`Avx512` are only made by `Isa::detect` after the CPU reported
+            // SAFETY: `IsaKind::Avx2` is only made by `Isa::detect` after the CPU reported
             // AVX2 (and FMA).
             #[cfg(target_arch = "x86_64")]
-            IsaKind::Avx2 | IsaKind::Avx512 => unsafe { avx2::quant_bcast(x, scale, offset, out) },
+            IsaKind::Avx2 => unsafe { avx2::quant_bcast(x, scale, offset, out) },
         }
     }
 
@@ -298,10 +276,10 @@ impl Isa {
     pub fn dequant_run(self, q: &[u8], scale: &[f32], offset: &[f32], out: &mut [f32]) {
         match self.0 {
             IsaKind::Portable => dequant_run_body(q, scale, offset, out),
-            // SAFETY: `IsaKind::Avx2`/`Avx512` are only made by `Isa::detect` after the CPU reported
+            // SAFETY: `IsaKind::Avx2` is only made by `Isa::detect` after the CPU reported
             // AVX2 (and FMA).
             #[cfg(target_arch = "x86_64")]
-            IsaKind::Avx2 | IsaKind::Avx512 => unsafe { avx2::dequant_run(q, scale, offset, out) },
+            IsaKind::Avx2 => unsafe { avx2::dequant_run(q, scale, offset, out) },
         }
     }
 
@@ -309,12 +287,10 @@ impl Isa {
     pub fn dequant_bcast(self, q: &[u8], scale: f32, offset: f32, out: &mut [f32]) {
         match self.0 {
             IsaKind::Portable => dequant_bcast_body(q, scale, offset, out),
-            // SAFETY: `IsaKind::Avx2`/`Avx512` are only made by `Isa::detect` after the CPU reported
+            // SAFETY: `IsaKind::Avx2` is only made by `Isa::detect` after the CPU reported
             // AVX2 (and FMA).
             #[cfg(target_arch = "x86_64")]
-            IsaKind::Avx2 | IsaKind::Avx512 => unsafe {
-                avx2::dequant_bcast(q, scale, offset, out)
-            },
+            IsaKind::Avx2 => unsafe { avx2::dequant_bcast(q, scale, offset, out) },
         }
     }
 }

@@ -168,7 +168,7 @@ pub const PLAN_VERSION: u32 = 2;
 pub const PLAN_VERSION_MIN: u32 = 1;
 
 /// Predicted attention-output errors of one layer at its planned bits (see
-/// [`super::plan`]).
+/// `kvc-kvq-calibrate`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LayerErrors {

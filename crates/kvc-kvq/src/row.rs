@@ -12,8 +12,8 @@ use half::f16;
 use super::codebook::{boundaries, lloyd_max};
 use super::config::{check_bits, Method};
 use super::rotation::{check_head_dim, Rotation, MAX_HEAD_DIM};
-use crate::c8::{Isa, IsaKind};
 use crate::error::{Error, Result};
+use crate::isa::{Isa, IsaKind};
 
 /// Buckets of the Lloyd-Max coding start table (6-8 bits).
 const BUCKETS: usize = 2048;
@@ -617,7 +617,7 @@ impl RowCodec {
         acc: &mut [f32],
         row_index: usize,
     ) -> Result<()> {
-        use super::simd::avx2;
+        use super::simd::dot as avx2;
         let mut sc = [0f32; MAX_HEAD_DIM / 8];
         let sc = &mut sc[..self.scales];
         self.read_scales(row, sc, row_index)?;
@@ -690,7 +690,7 @@ impl RowCodec {
         row: &[u8],
         row_index: usize,
     ) -> Result<f32> {
-        use super::simd::avx2;
+        use super::simd::dot as avx2;
         let bits = u32::from(self.bits);
         let mut sc = [0f32; MAX_HEAD_DIM / 8];
         let sc = &mut sc[..self.scales];

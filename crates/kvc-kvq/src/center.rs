@@ -154,7 +154,7 @@ impl RowCodec {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kvq::Method;
+    use crate::Method;
 
     fn rows(n: usize, d: usize, offset: &[f32], seed: u64) -> Vec<f32> {
         let mut s = seed;

@@ -23,8 +23,8 @@ use rayon::prelude::*;
 use super::rotation::MAX_HEAD_DIM;
 use super::row::{dot8, RowCodec};
 use super::LayerCodec;
-use crate::c8::{Isa, IsaKind};
 use crate::error::{Error, Result};
+use crate::isa::{dispatch, Isa};
 
 /// Where one head's packed rows are: row `t` starts at byte `t * stride` of the slice.
 #[derive(Debug, Clone, Copy)]
@@ -124,8 +124,9 @@ pub fn attend_head(
         });
     }
     let scores = &mut scores[..n_tokens];
-    match isa.0 {
-        IsaKind::Portable => attend_body(
+    // The kernels need the shapes and rows checked above.
+    dispatch!(isa,
+        portable => attend_body(
             layer,
             q,
             k,
@@ -136,17 +137,9 @@ pub fn attend_head(
             |qr, row, t| layer.k.dot_rotated_portable(qr, row, t),
             |row, w, acc, t| layer.v.accumulate_rotated(row, w, acc, t),
         ),
-        // SAFETY: `IsaKind::Avx2`/`Avx512` are only made by `Isa::detect` after the CPU reported AVX2.
-        #[cfg(target_arch = "x86_64")]
-        IsaKind::Avx2 => unsafe { avx2::attend(layer, q, k, v, scale, scores, out) },
-        // SAFETY: `IsaKind::Avx512` is only made by `Isa::detect` after the CPU reported
-        // AVX-512F besides AVX2, FMA and F16C.
-        #[cfg(all(target_arch = "x86_64", kvq_avx512))]
-        IsaKind::Avx512 => unsafe { avx2::attend_avx512(layer, q, k, v, scale, scores, out) },
-        // SAFETY: as for `IsaKind::Avx2` (never made without `kvq_avx512`).
-        #[cfg(all(target_arch = "x86_64", not(kvq_avx512)))]
-        IsaKind::Avx512 => unsafe { avx2::attend(layer, q, k, v, scale, scores, out) },
-    }
+        avx2 => avx2::attend(layer, q, k, v, scale, scores, out),
+        avx512 => avx2::attend_avx512(layer, q, k, v, scale, scores, out),
+    )
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -485,14 +478,11 @@ pub fn attend_head_f16(
         check_rows(what, &rows, n_tokens, 2 * d)?;
     }
     let scores = &mut scores[..n_tokens];
-    match isa.0 {
-        IsaKind::Portable => f16_body(q, k, v, stride, scale, scores, out, softmax),
-        // SAFETY: `IsaKind::Avx2`/`Avx512` are only made by `Isa::detect` after the CPU reported AVX2.
-        #[cfg(target_arch = "x86_64")]
-        IsaKind::Avx2 | IsaKind::Avx512 => unsafe {
-            avx2::attend_f16(q, k, v, stride, scale, scores, out)
-        },
-    }
+    // The kernel needs the rows checked above.
+    dispatch!(isa,
+        portable => f16_body(q, k, v, stride, scale, scores, out, softmax),
+        avx2 => avx2::attend_f16(q, k, v, stride, scale, scores, out),
+    );
     Ok(())
 }
 
@@ -502,12 +492,11 @@ pub fn attend_head_f16(
 pub fn dot_f16_row(isa: Isa, q: &[f32], row: &[f16]) -> Result<f32> {
     super::rotation::check_head_dim(q.len())?;
     check_len("f16 row (head_dim)", q.len(), row.len())?;
-    match isa.0 {
-        IsaKind::Portable => Ok(f16_dot_body(q, row)),
-        // SAFETY: `IsaKind::Avx2`/`Avx512` are only made by `Isa::detect` after the CPU reported AVX2.
-        #[cfg(target_arch = "x86_64")]
-        IsaKind::Avx2 | IsaKind::Avx512 => Ok(unsafe { avx2_f16_dot(q, row) }),
-    }
+    // The kernel needs the lengths checked above.
+    Ok(dispatch!(isa,
+        portable => f16_dot_body(q, row),
+        avx2 => avx2_f16_dot(q, row),
+    ))
 }
 
 #[inline(always)]
