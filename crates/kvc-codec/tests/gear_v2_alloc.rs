@@ -43,12 +43,12 @@ fn allocs() -> u64 {
 /// pattern for every seed): chunk-local references and a row dictionary.
 fn tensor(dtype: Dtype, tokens: usize, channels: usize, seed: u64, repeats: bool) -> Vec<u8> {
     let mut x = seed | 1;
-    let mut v = Vec::with_capacity(tokens * channels * dtype.width());
-    for i in 0..tokens * channels * dtype.width() {
+    let mut v = Vec::with_capacity(tokens * channels * dtype.size());
+    for i in 0..tokens * channels * dtype.size() {
         x ^= x << 13;
         x ^= x >> 7;
         x ^= x << 17;
-        let hi = i % dtype.width() == dtype.width() - 1;
+        let hi = i % dtype.size() == dtype.size() - 1;
         v.push(if hi {
             (x as u8 & 0x80) | 0x38 | (x >> 9) as u8 & 3
         } else {
@@ -56,7 +56,7 @@ fn tensor(dtype: Dtype, tokens: usize, channels: usize, seed: u64, repeats: bool
         });
     }
     if repeats {
-        let row = channels * dtype.width();
+        let row = channels * dtype.size();
         for t in (72..tokens).step_by(3) {
             v.copy_within((t - 70) * row..(t - 69) * row, t * row);
         }
@@ -79,7 +79,7 @@ fn steady_state_encode_and_decode_allocate_nothing() {
         let mut enc = Encoder::with_coder(coder);
         let mut dec = Decoder::new();
         let mut blob = Vec::new();
-        let mut out = vec![0u8; tokens * channels * dtype.width()];
+        let mut out = vec![0u8; tokens * channels * dtype.size()];
         // Warm-up sizes every buffer.
         for seed in 1..3 {
             let data = tensor(dtype, tokens, channels, seed, repeats);

@@ -2,21 +2,9 @@
 
 use std::fmt;
 
-/// What class of failure an [`Error`] is; `kvc-capi` maps each kind to one C status.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum ErrorKind {
-    /// The caller passed something unusable (a config value, a layer, a range).
-    InvalidArgument,
-    /// Stored bytes do not decode to what was stored.
-    CorruptData,
-    /// The range is held by the store (in flight or compressed) and cannot be written.
-    Busy,
-    /// The operating system refused (mmap, madvise, mincore).
-    Io,
-    /// A failure inside a codec or a worker that valid input should not cause.
-    Internal,
-}
+/// The coarse class of an [`Error`], shared by every kvc crate; `kvc-capi` maps each
+/// kind to one C status.
+pub use kvc_types::ErrorKind;
 
 /// Everything that can go wrong in `kvc-store-async`. Each variant names what is wrong.
 #[derive(Debug)]

@@ -331,7 +331,7 @@ pub fn verify(blob: &[u8]) -> Result<BlobHeader> {
 pub fn dtype_of_id(id: u8) -> Option<DType> {
     match id {
         1 => Some(DType::F16),
-        2 => Some(DType::BF16),
+        2 => Some(DType::Bf16),
         3 => Some(DType::F32),
         _ => None,
     }

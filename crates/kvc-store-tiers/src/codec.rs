@@ -146,7 +146,7 @@ const MAX_ROW: usize = 256;
 fn load(dtype: DType, raw: &[u8], i: usize) -> f32 {
     match dtype {
         DType::F16 => f16::from_le_bytes([raw[2 * i], raw[2 * i + 1]]).to_f32(),
-        DType::BF16 => bf16::from_le_bytes([raw[2 * i], raw[2 * i + 1]]).to_f32(),
+        DType::Bf16 => bf16::from_le_bytes([raw[2 * i], raw[2 * i + 1]]).to_f32(),
         // Tiers never hold int8 (ChunkShape::validate), f32 is the only other case.
         _ => f32::from_le_bytes([raw[4 * i], raw[4 * i + 1], raw[4 * i + 2], raw[4 * i + 3]]),
     }
@@ -156,7 +156,7 @@ fn load(dtype: DType, raw: &[u8], i: usize) -> f32 {
 fn put(dtype: DType, out: &mut [u8], i: usize, x: f32) {
     match dtype {
         DType::F16 => out[2 * i..2 * i + 2].copy_from_slice(&f16::from_f32(x).to_le_bytes()),
-        DType::BF16 => out[2 * i..2 * i + 2].copy_from_slice(&bf16::from_f32(x).to_le_bytes()),
+        DType::Bf16 => out[2 * i..2 * i + 2].copy_from_slice(&bf16::from_f32(x).to_le_bytes()),
         _ => out[4 * i..4 * i + 4].copy_from_slice(&x.to_le_bytes()),
     }
 }

@@ -59,7 +59,7 @@ impl FloatType {
     fn dtype(self) -> DType {
         match self {
             FloatType::F16 => DType::F16,
-            FloatType::Bf16 => DType::BF16,
+            FloatType::Bf16 => DType::Bf16,
             FloatType::F32 => DType::F32,
         }
     }
