@@ -1,42 +1,13 @@
 //! A reusable gear-v2 encoder and decoder allocate nothing in steady state: after a first
 //! call has sized their buffers, encoding and decoding more tensors of the same shape makes
-//! no heap allocation (counted by a global allocator, per thread).
+//! no heap allocation (counted per thread by `kvc-test-alloc`'s global allocator).
 
 use kvc_codec::gear_v2::{Coder, Decoder, EncodeParams, Encoder, TensorKind};
 use kvc_codec::Dtype;
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
-
-struct Counting;
-
-thread_local! {
-    static ALLOCS: Cell<u64> = const { Cell::new(0) };
-}
-
-// SAFETY: forwards every call to the system allocator unchanged; it only counts calls.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCS.with(|a| a.set(a.get() + 1));
-        // SAFETY: same contract as the caller's.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: `ptr` came from `System.alloc` with this layout.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        ALLOCS.with(|a| a.set(a.get() + 1));
-        // SAFETY: same contract as the caller's.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
+use kvc_test_alloc::allocations as allocs;
 
 #[global_allocator]
-static GLOBAL: Counting = Counting;
-
-fn allocs() -> u64 {
-    ALLOCS.with(Cell::get)
-}
+static GLOBAL: kvc_test_alloc::Counting = kvc_test_alloc::Counting;
 
 /// Skewed KV-like data: small values with random signs, different per seed. With
 /// `repeats`, every third token from token 70 on repeats the row 70 tokens earlier (the same
