@@ -139,6 +139,7 @@ wrap_shared_kind_error!(
     kvc_h2o,
     kvc_mlp,
     kvc_cache,
+    kvc_store_codec,
     kvc_store_async,
     kvc_store_tiers
 );

@@ -84,6 +84,9 @@ pub enum Error {
     Cache(kvc_cache::Error),
     /// An error from `kvc-codec`.
     Codec(kvc_codec::Error),
+    /// A store codec error of a kind added to `kvc-store-codec` after this crate's own
+    /// variants (its own kind and message).
+    StoreCodec(kvc_store_codec::Error),
 }
 
 impl Error {
@@ -107,6 +110,7 @@ impl Error {
                 kvc_codec::ErrorKind::InvalidArgument => ErrorKind::InvalidArgument,
                 _ => ErrorKind::Internal,
             },
+            Error::StoreCodec(e) => e.kind(),
         }
     }
 }
@@ -161,6 +165,7 @@ impl fmt::Display for Error {
             Error::Pool { reason } => write!(f, "worker pool: {reason}"),
             Error::Cache(e) => write!(f, "cache: {e}"),
             Error::Codec(e) => write!(f, "codec: {e}"),
+            Error::StoreCodec(e) => write!(f, "{e}"),
         }
     }
 }
@@ -170,7 +175,38 @@ impl std::error::Error for Error {
         match self {
             Error::Cache(e) => Some(e),
             Error::Codec(e) => Some(e),
+            Error::StoreCodec(e) => Some(e),
             _ => None,
+        }
+    }
+}
+
+/// A store codec's error, as the variant of the same name and message.
+impl From<kvc_store_codec::Error> for Error {
+    fn from(e: kvc_store_codec::Error) -> Self {
+        match e {
+            kvc_store_codec::Error::InvalidConfig {
+                field,
+                value,
+                reason,
+            } => Error::InvalidConfig {
+                field,
+                value,
+                reason,
+            },
+            kvc_store_codec::Error::BlobMismatch {
+                what,
+                expected,
+                found,
+            } => Error::BlobMismatch {
+                what,
+                expected,
+                found,
+            },
+            kvc_store_codec::Error::Cache(e) => Error::Cache(e),
+            kvc_store_codec::Error::Codec(e) => Error::Codec(e),
+            #[allow(unreachable_patterns)]
+            e => Error::StoreCodec(e),
         }
     }
 }

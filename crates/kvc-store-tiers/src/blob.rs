@@ -3,7 +3,7 @@
 //! writer and the one reader, and the reader validates every field before it trusts it.
 
 use kvc_cache::DType;
-use kvc_store_async::Tensor;
+use kvc_store_codec::Tensor;
 use rayon::prelude::*;
 
 use crate::codec::{ChunkCodec, SectionCoder};

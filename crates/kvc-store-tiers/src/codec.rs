@@ -1,5 +1,5 @@
 //! The codecs a chunk's sections are stored with: raw (the cache's own bytes), gear-v1 and
-//! gear-v2 (both lossless, from `kvc-codec` through `kvc-store-async`'s [`StoreCodec`]
+//! gear-v2 (both lossless, from `kvc-codec` through `kvc-store-codec`'s [`StoreCodec`]
 //! implementations, which keep reusable per-thread encoders and decoders), and kvq
 //! (lossy: `kvc-quant`'s rotated Lloyd-Max rows, three K/V bit presets).
 
@@ -8,7 +8,7 @@ use std::sync::Arc;
 use half::{bf16, f16};
 use kvc_cache::DType;
 use kvc_quant::kvq::{config::DEFAULT_SEED, Method, RowCodec};
-use kvc_store_async::{ChunkInfo, GearV1Codec, GearV2Codec, StoreCodec, Tensor};
+use kvc_store_codec::{ChunkInfo, GearV1Codec, GearV2Codec, StoreCodec, Tensor};
 
 use crate::error::{Error, Result};
 

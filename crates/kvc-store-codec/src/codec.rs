@@ -1,4 +1,4 @@
-//! The codec is a parameter of the store: [`StoreCodec`], with gear-v1 ([`GearV1Codec`]),
+//! The codec is a parameter of a store: [`StoreCodec`], with gear-v1 ([`GearV1Codec`]),
 //! gear-v2 ([`GearV2Codec`]) and C8 int8 quantization before either ([`C8Codec`])
 //! implementations.
 //!
