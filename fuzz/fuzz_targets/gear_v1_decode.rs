@@ -30,7 +30,7 @@ fn check((encoder, decoder): &mut (GearV1Encoder, GearV1Decoder), dtype: Dtype, 
         Ok(out) => {
             assert_eq!(len.ok(), Some(out.len()));
             let word_count = u32::from_le_bytes(blob[..4].try_into().unwrap()) as usize;
-            assert_eq!(out.len(), word_count * dtype.width());
+            assert_eq!(out.len(), word_count * dtype.size());
             // decode_into with a buffer one byte short must fail cleanly.
             if !out.is_empty() {
                 let mut short = vec![0u8; out.len() - 1];

@@ -19,7 +19,7 @@ fuzz_target!(|data: &[u8]| {
         // The chunk index check bounds the output by the input: every value costs >= 1 bit,
         // or (version 2, repeated tokens) every token >= 2 bytes.
         let h = open.header();
-        let row = h.channels as usize * h.dtype.width();
+        let row = h.channels as usize * h.dtype.size();
         assert!(total <= data.len() * (8 * 4).max(row / 2));
         out.resize(total, 0);
         let whole = open.decode_into(out).map(|n| n == total);

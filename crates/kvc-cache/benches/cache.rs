@@ -66,7 +66,7 @@ fn compaction(c: &mut Criterion) {
 
 fn quant(c: &mut Criterion) {
     let mut g = c.benchmark_group("c8_one_layer_8k");
-    for dt in [DType::F16, DType::BF16, DType::F32] {
+    for dt in [DType::F16, DType::Bf16, DType::F32] {
         let l = TensorLayout::new(Addressing::CellRows, dt, HEADS, DIM, TOKENS).unwrap();
         let li = l.with_dtype(DType::I8).unwrap();
         let src: Vec<u8> = (0..l.byte_len()).map(|i| (i * 7 % 61) as u8).collect();

@@ -1,62 +1,8 @@
-//! Element types of a KV cache and their conversion to and from `f32`.
+//! Element types of a KV cache (the shared [`DType`]) and their conversion to and from `f32`.
 
-use std::fmt;
-
-/// The element type of a cache tensor.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum DType {
-    /// IEEE binary16.
-    F16,
-    /// bfloat16.
-    BF16,
-    /// IEEE binary32.
-    F32,
-    /// Signed 8-bit integer (C8 quantized).
-    I8,
-}
-
-impl DType {
-    /// Bytes per element.
-    pub const fn size(self) -> usize {
-        match self {
-            DType::F16 | DType::BF16 => 2,
-            DType::F32 => 4,
-            DType::I8 => 1,
-        }
-    }
-
-    /// Whether this is a floating-point type that C8 quantizes from.
-    pub const fn is_float(self) -> bool {
-        !matches!(self, DType::I8)
-    }
-
-    /// The short name used on the command line (`f16`, `bf16`, `f32`, `i8`).
-    pub const fn name(self) -> &'static str {
-        match self {
-            DType::F16 => "f16",
-            DType::BF16 => "bf16",
-            DType::F32 => "f32",
-            DType::I8 => "i8",
-        }
-    }
-
-    /// Parses a short name.
-    pub fn from_name(name: &str) -> Option<DType> {
-        match name {
-            "f16" => Some(DType::F16),
-            "bf16" => Some(DType::BF16),
-            "f32" => Some(DType::F32),
-            "i8" => Some(DType::I8),
-            _ => None,
-        }
-    }
-}
-
-impl fmt::Display for DType {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
+/// The element type of a cache tensor: kvc's shared [`kvc_types::Dtype`], under the name
+/// this crate has always used.
+pub use kvc_types::Dtype as DType;
 
 /// Converts `src` (little-endian elements of `dtype`) to `f32` into `dst`.
 ///
@@ -76,7 +22,7 @@ pub(crate) fn load_f32(dtype: DType, src: &[u8], dst: &mut [f32]) {
                 }
             }
         }
-        DType::BF16 => {
+        DType::Bf16 => {
             for (d, c) in dst.iter_mut().zip(src.chunks_exact(2)) {
                 *d = f32::from_bits(u32::from(u16::from_le_bytes([c[0], c[1]])) << 16);
             }
@@ -109,7 +55,7 @@ pub(crate) fn store_f32(dtype: DType, src: &[f32], dst: &mut [u8]) {
                 }
             }
         }
-        DType::BF16 => {
+        DType::Bf16 => {
             for (c, &x) in dst.chunks_exact_mut(2).zip(src) {
                 c.copy_from_slice(&half::bf16::from_f32(x).to_le_bytes());
             }

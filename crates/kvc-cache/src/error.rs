@@ -2,21 +2,9 @@
 
 use std::fmt;
 
-/// The broad class of an [`Error`], which `kvc-capi` maps to one C status.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum ErrorKind {
-    /// A caller passed a bad argument: a shape, a range, a plan.
-    InvalidArgument,
-    /// A file or buffer does not hold what its format says.
-    CorruptData,
-    /// A buffer is smaller than the layout needs.
-    BufferTooSmall,
-    /// Well-formed input that kvc does not handle (a dtype, a quantization type).
-    Unsupported,
-    /// The operating system refused (mmap, a file).
-    Io,
-}
+/// The coarse class of an [`Error`], shared by every kvc crate; `kvc-capi` maps each
+/// kind to one C status.
+pub use kvc_types::ErrorKind;
 
 /// Everything that can go wrong in `kvc-cache`; each variant names what and where.
 #[derive(Debug)]

@@ -118,7 +118,7 @@ pub fn mlp_compress_infinilm(
     };
     match layout.k.dtype() {
         DType::F16 => infinilm_typed::<half::f16>(compressor, layers, first_layer, shape, params),
-        DType::BF16 => infinilm_typed::<half::bf16>(compressor, layers, first_layer, shape, params),
+        DType::Bf16 => infinilm_typed::<half::bf16>(compressor, layers, first_layer, shape, params),
         DType::F32 => infinilm_typed::<f32>(compressor, layers, first_layer, shape, params),
         DType::I8 => unreachable!("checked by float_dtype"),
     }
@@ -341,7 +341,7 @@ pub fn mlp_compress_llama(
             DType::F16 => {
                 llama_layer::<half::f16>(compressor, l, layer, &src_cells, &dst_cells, params)?
             }
-            DType::BF16 => {
+            DType::Bf16 => {
                 llama_layer::<half::bf16>(compressor, l, layer, &src_cells, &dst_cells, params)?
             }
             DType::F32 => llama_layer::<f32>(compressor, l, layer, &src_cells, &dst_cells, params)?,

@@ -6,7 +6,7 @@ use kvc_cache::{
 };
 use proptest::prelude::*;
 
-const DTYPES: [DType; 4] = [DType::F16, DType::BF16, DType::F32, DType::I8];
+const DTYPES: [DType; 4] = [DType::F16, DType::Bf16, DType::F32, DType::I8];
 
 fn addressing(i: usize, cap: usize) -> Addressing {
     match i {
@@ -210,7 +210,7 @@ fn shared_cells_move_every_layer_and_the_table() {
 
 #[test]
 fn per_layer_plans_and_errors() {
-    let layout = KvLayout::infinilm(DType::BF16, 2, 8, 10).unwrap();
+    let layout = KvLayout::infinilm(DType::Bf16, 2, 8, 10).unwrap();
     let mut a = (bytes(layout.k.byte_len(), 1), bytes(layout.v.byte_len(), 2));
     let mut b = (bytes(layout.k.byte_len(), 3), bytes(layout.v.byte_len(), 4));
     let mut layers = vec![

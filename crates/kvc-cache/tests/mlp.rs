@@ -154,7 +154,7 @@ fn infinilm_case<T: KvElement>(dtype: DType, image_kv_len: usize) {
 #[test]
 fn infinilm_in_place_equals_out_of_place() {
     infinilm_case::<half::f16>(DType::F16, 0);
-    infinilm_case::<half::bf16>(DType::BF16, 9);
+    infinilm_case::<half::bf16>(DType::Bf16, 9);
     infinilm_case::<f32>(DType::F32, 0);
     infinilm_case::<f32>(DType::F32, 13);
 }
@@ -352,7 +352,7 @@ fn llama_case<T: KvElement>(dtype: DType, v_trans: bool, image_kv_len: usize) {
 fn llama_sequence_in_place_equals_out_of_place() {
     llama_case::<half::f16>(DType::F16, false, 0);
     llama_case::<half::f16>(DType::F16, true, 0);
-    llama_case::<half::bf16>(DType::BF16, true, 6);
+    llama_case::<half::bf16>(DType::Bf16, true, 6);
     llama_case::<f32>(DType::F32, false, 9);
 }
 

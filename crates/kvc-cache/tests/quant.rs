@@ -19,7 +19,7 @@ fn fixtures() -> PathBuf {
 fn to_f32(dt: DType, b: &[u8]) -> f32 {
     match dt {
         DType::F16 => half::f16::from_le_bytes([b[0], b[1]]).to_f32(),
-        DType::BF16 => half::bf16::from_le_bytes([b[0], b[1]]).to_f32(),
+        DType::Bf16 => half::bf16::from_le_bytes([b[0], b[1]]).to_f32(),
         DType::F32 => f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
         DType::I8 => f32::from(b[0] as i8),
     }
@@ -28,7 +28,7 @@ fn to_f32(dt: DType, b: &[u8]) -> f32 {
 fn from_f32(dt: DType, x: f32) -> Vec<u8> {
     match dt {
         DType::F16 => half::f16::from_f32(x).to_le_bytes().to_vec(),
-        DType::BF16 => half::bf16::from_f32(x).to_le_bytes().to_vec(),
+        DType::Bf16 => half::bf16::from_f32(x).to_le_bytes().to_vec(),
         DType::F32 => x.to_le_bytes().to_vec(),
         DType::I8 => vec![x as i8 as u8],
     }
@@ -64,7 +64,7 @@ fn layouts() -> Vec<Addressing> {
 fn quantize_and_dequantize_follow_the_formula_in_every_layout_and_dtype() {
     let (heads, dim, cap) = (2, 6, 13);
     for a in layouts() {
-        for dt in [DType::F16, DType::BF16, DType::F32] {
+        for dt in [DType::F16, DType::Bf16, DType::F32] {
             let l = TensorLayout::new(a, dt, heads, dim, cap).unwrap();
             let li = l.with_dtype(DType::I8).unwrap();
             let vals = rand_f32(cap * l.channels(), 7);
@@ -439,7 +439,7 @@ fn rows_bytes(dt: DType, vals: &[f32]) -> Vec<u8> {
 fn row_batches_quantize_like_a_llama_layer() {
     // 3 KV heads x 64 (SmolLM2), 9 rows: the rows of tokens 4..13 of a llama.cpp K tensor.
     let (channels, cap, rows) = (192usize, 16usize, 9usize);
-    for dt in [DType::F16, DType::BF16, DType::F32] {
+    for dt in [DType::F16, DType::Bf16, DType::F32] {
         let l = TensorLayout::new(Addressing::CellRows, dt, 3, 64, cap).unwrap();
         let li = l.with_dtype(DType::I8).unwrap();
         let cache = rows_bytes(dt, &rand_f32(cap * channels, 11));
@@ -538,7 +538,7 @@ fn row_batch_errors_are_typed_and_write_nothing() {
 #[test]
 fn row_calibration_equals_layout_calibration() {
     let (channels, cap) = (24usize, 20usize);
-    for dt in [DType::F16, DType::BF16, DType::F32] {
+    for dt in [DType::F16, DType::Bf16, DType::F32] {
         let l = TensorLayout::new(Addressing::CellRows, dt, 2, 12, cap).unwrap();
         let cache = rows_bytes(dt, &rand_f32(cap * channels, 5));
         let es = dt.size();

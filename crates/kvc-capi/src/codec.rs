@@ -14,7 +14,7 @@ use kvc_codec::Dtype as CodecDtype;
 use crate::boundary::{
     check_disjoint, in_ref, in_slice, out_ref, out_slice, status_boundary, value_boundary,
 };
-use crate::convert::{KvcDtype, KVC_DTYPE_BF16, KVC_DTYPE_F16, KVC_DTYPE_F32, KVC_DTYPE_I8};
+use crate::convert::{KvcDtype, KVC_DTYPE_F16};
 use crate::error::Error;
 use crate::handle::{free_handle, handle_mut, handle_ref, store_handle};
 use crate::status::KvcStatus;
@@ -72,22 +72,6 @@ pub struct KvcCodec {
     scratch: Vec<u8>,
 }
 
-pub(crate) fn codec_dtype(code: KvcDtype, argument: &'static str) -> Result<CodecDtype, Error> {
-    match code {
-        KVC_DTYPE_F16 => Ok(CodecDtype::F16),
-        KVC_DTYPE_BF16 => Ok(CodecDtype::Bf16),
-        KVC_DTYPE_F32 => Ok(CodecDtype::F32),
-        KVC_DTYPE_I8 => Ok(CodecDtype::I8),
-        _ => Err(Error::invalid(
-            argument,
-            format!(
-                "{code} is not a kvc_dtype (KVC_DTYPE_F16 = 0, KVC_DTYPE_BF16 = 1, \
-                 KVC_DTYPE_F32 = 2, KVC_DTYPE_I8 = 3)"
-            ),
-        )),
-    }
-}
-
 fn predictor_set(mask: u32, argument: &'static str) -> Result<PredictorSet, Error> {
     if mask == 0 || mask & !KVC_PREDICTOR_ALL != 0 {
         return Err(Error::invalid(
@@ -108,7 +92,7 @@ fn predictor_set(mask: u32, argument: &'static str) -> Result<PredictorSet, Erro
 impl KvcCodec {
     /// A codec for `config` (validated).
     pub fn new(config: &KvcCodecConfig) -> Result<KvcCodec, Error> {
-        let dtype = codec_dtype(config.dtype, "config.dtype")?;
+        let dtype = crate::elements::cache_dtype(config.dtype, "config.dtype")?;
         let k = predictor_set(config.k_predictors, "config.k_predictors")?;
         let v = predictor_set(config.v_predictors, "config.v_predictors")?;
         let enc = |predictors| {

@@ -27,7 +27,16 @@ pub const KVC_DTYPE_F32: KvcDtype = 2;
 /// cache view and the quantizer; `kvc_convert` rejects it. Added in ABI 0.2.
 pub const KVC_DTYPE_I8: KvcDtype = 3;
 
-/// The element types kvc converts between.
+// The values are kvc's shared dtype codes.
+const _: () = {
+    assert!(KVC_DTYPE_F16 == kvc_types::Dtype::F16.code());
+    assert!(KVC_DTYPE_BF16 == kvc_types::Dtype::Bf16.code());
+    assert!(KVC_DTYPE_F32 == kvc_types::Dtype::F32.code());
+    assert!(KVC_DTYPE_I8 == kvc_types::Dtype::I8.code());
+};
+
+/// The element types kvc converts between: the float subset of kvc's shared
+/// [`kvc_types::Dtype`] (`kvc_convert` refuses `KVC_DTYPE_I8`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Dtype {
     /// IEEE binary16.
@@ -41,20 +50,26 @@ pub enum Dtype {
 impl Dtype {
     /// The dtype for a C `kvc_dtype` value.
     pub fn from_code(code: KvcDtype) -> Option<Dtype> {
-        match code {
-            KVC_DTYPE_F16 => Some(Dtype::F16),
-            KVC_DTYPE_BF16 => Some(Dtype::Bf16),
-            KVC_DTYPE_F32 => Some(Dtype::F32),
-            _ => None,
+        match kvc_types::Dtype::from_code(code)? {
+            kvc_types::Dtype::F16 => Some(Dtype::F16),
+            kvc_types::Dtype::Bf16 => Some(Dtype::Bf16),
+            kvc_types::Dtype::F32 => Some(Dtype::F32),
+            kvc_types::Dtype::I8 => None,
+        }
+    }
+
+    /// kvc's shared element type of this one.
+    pub fn shared(self) -> kvc_types::Dtype {
+        match self {
+            Dtype::F16 => kvc_types::Dtype::F16,
+            Dtype::Bf16 => kvc_types::Dtype::Bf16,
+            Dtype::F32 => kvc_types::Dtype::F32,
         }
     }
 
     /// Bytes per element.
     pub fn size(self) -> usize {
-        match self {
-            Dtype::F16 | Dtype::Bf16 => 2,
-            Dtype::F32 => 4,
-        }
+        self.shared().size()
     }
 
     fn parse(code: KvcDtype, argument: &'static str) -> Result<Dtype, Error> {

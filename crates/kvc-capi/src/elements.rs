@@ -7,35 +7,26 @@ use std::ffi::c_void;
 use kvc_cache::DType;
 
 use crate::boundary::{in_slice, out_slice};
-use crate::convert::{KvcDtype, KVC_DTYPE_BF16, KVC_DTYPE_F16, KVC_DTYPE_F32, KVC_DTYPE_I8};
+use crate::convert::KvcDtype;
 use crate::error::Error;
 
 /// The kvc-cache element type of a C `kvc_dtype` (all four are accepted; operations that
 /// need a float type say so themselves).
 pub(crate) fn cache_dtype(code: KvcDtype, argument: &'static str) -> Result<DType, Error> {
-    match code {
-        KVC_DTYPE_F16 => Ok(DType::F16),
-        KVC_DTYPE_BF16 => Ok(DType::BF16),
-        KVC_DTYPE_F32 => Ok(DType::F32),
-        KVC_DTYPE_I8 => Ok(DType::I8),
-        _ => Err(Error::invalid(
+    DType::from_code(code).ok_or_else(|| {
+        Error::invalid(
             argument,
             format!(
                 "{code} is not a kvc_dtype (KVC_DTYPE_F16 = 0, KVC_DTYPE_BF16 = 1, \
                  KVC_DTYPE_F32 = 2, KVC_DTYPE_I8 = 3)"
             ),
-        )),
-    }
+        )
+    })
 }
 
 /// The C `kvc_dtype` of a kvc-cache element type.
 pub(crate) fn c_dtype(dtype: DType) -> KvcDtype {
-    match dtype {
-        DType::F16 => KVC_DTYPE_F16,
-        DType::BF16 => KVC_DTYPE_BF16,
-        DType::F32 => KVC_DTYPE_F32,
-        DType::I8 => KVC_DTYPE_I8,
-    }
+    dtype.code()
 }
 
 /// `a * b`, or `KVC_INVALID_ARGUMENT` naming `argument` when it overflows `size_t`.

@@ -2,6 +2,8 @@
 
 use std::fmt;
 
+use kvc_types::ErrorKind;
+
 use crate::status::KvcStatus;
 
 /// Why a kvc entry point failed. Each variant names what is wrong; [`Error::kind`] gives
@@ -97,9 +99,54 @@ impl fmt::Display for Error {
 
 impl std::error::Error for Error {}
 
-/// Maps a library crate's error to the boundary's error: its kind picks the status, its
-/// `Display` is the message. Kinds added to a crate later (the kinds are
-/// `#[non_exhaustive]`) become `KVC_INTERNAL` until mapped here.
+/// The C status of each kind of a library crate's error: one status per kind, whichever
+/// crate the error comes from. Kinds added later (the kind is `#[non_exhaustive]`) become
+/// `KVC_INTERNAL` until mapped here.
+impl From<ErrorKind> for KvcStatus {
+    fn from(kind: ErrorKind) -> KvcStatus {
+        match kind {
+            ErrorKind::InvalidArgument => KvcStatus::KVC_INVALID_ARGUMENT,
+            ErrorKind::CorruptData | ErrorKind::Foreign => KvcStatus::KVC_CORRUPT_DATA,
+            ErrorKind::BufferTooSmall => KvcStatus::KVC_BUFFER_TOO_SMALL,
+            ErrorKind::Unsupported => KvcStatus::KVC_UNSUPPORTED,
+            ErrorKind::Io => KvcStatus::KVC_IO,
+            ErrorKind::OutOfMemory => KvcStatus::KVC_OUT_OF_MEMORY,
+            ErrorKind::InvalidState | ErrorKind::Busy => KvcStatus::KVC_INVALID_STATE,
+            ErrorKind::Internal => KvcStatus::KVC_INTERNAL,
+            #[allow(unreachable_patterns)]
+            _ => KvcStatus::KVC_INTERNAL,
+        }
+    }
+}
+
+/// Maps a library crate's error whose `kind()` is the shared [`ErrorKind`] to the
+/// boundary's error: the kind picks the status, its `Display` is the message.
+macro_rules! wrap_shared_kind_error {
+    ($($krate:ident),* $(,)?) => {$(
+        impl From<$krate::Error> for Error {
+            fn from(err: $krate::Error) -> Error {
+                Error::Wrapped {
+                    status: err.kind().into(),
+                    message: err.to_string(),
+                }
+            }
+        }
+    )*};
+}
+
+wrap_shared_kind_error!(
+    kvc_codec,
+    kvc_h2o,
+    kvc_mlp,
+    kvc_cache,
+    kvc_store_codec,
+    kvc_store_async,
+    kvc_store_tiers
+);
+
+/// Maps a library crate's error with a kind of its own to the boundary's error: its kind
+/// picks the status, its `Display` is the message. Kinds added to a crate later (the
+/// kinds are `#[non_exhaustive]`) become `KVC_INTERNAL` until mapped here.
 macro_rules! wrap_crate_error {
     ($krate:ident, { $($variant:ident => $status:ident),* $(,)? }) => {
         impl From<$krate::Error> for Error {
@@ -118,40 +165,49 @@ macro_rules! wrap_crate_error {
     };
 }
 
-wrap_crate_error!(kvc_codec, {
-    InvalidArgument => KVC_INVALID_ARGUMENT,
-    CorruptData => KVC_CORRUPT_DATA,
-    BufferTooSmall => KVC_BUFFER_TOO_SMALL,
-    Unsupported => KVC_UNSUPPORTED,
-    Internal => KVC_INTERNAL,
-});
-
-wrap_crate_error!(kvc_h2o, {
-    InvalidArgument => KVC_INVALID_ARGUMENT,
-    InvalidState => KVC_INVALID_STATE,
-    Unsupported => KVC_UNSUPPORTED,
-    OutOfMemory => KVC_OUT_OF_MEMORY,
-});
-
-wrap_crate_error!(kvc_mlp, {
-    InvalidArgument => KVC_INVALID_ARGUMENT,
-    CorruptData => KVC_CORRUPT_DATA,
-    BufferTooSmall => KVC_BUFFER_TOO_SMALL,
-    Unsupported => KVC_UNSUPPORTED,
-    Io => KVC_IO,
-});
-
-wrap_crate_error!(kvc_cache, {
-    InvalidArgument => KVC_INVALID_ARGUMENT,
-    CorruptData => KVC_CORRUPT_DATA,
-    BufferTooSmall => KVC_BUFFER_TOO_SMALL,
-    Unsupported => KVC_UNSUPPORTED,
-    Io => KVC_IO,
-});
-
 wrap_crate_error!(kvc_kvq, {
     InvalidArgument => KVC_INVALID_ARGUMENT,
     CorruptData => KVC_CORRUPT_DATA,
     BufferTooSmall => KVC_BUFFER_TOO_SMALL,
     Unsupported => KVC_UNSUPPORTED,
 });
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The status of every shared kind, as the crates' own mappings gave it before the
+    /// kinds were shared (kvc-store-async's `Busy` was `KVC_INVALID_STATE`,
+    /// kvc-store-tiers' `Foreign` was `KVC_CORRUPT_DATA`).
+    #[test]
+    fn each_shared_kind_maps_to_its_status() {
+        let expected = [
+            (ErrorKind::InvalidArgument, KvcStatus::KVC_INVALID_ARGUMENT),
+            (ErrorKind::CorruptData, KvcStatus::KVC_CORRUPT_DATA),
+            (ErrorKind::BufferTooSmall, KvcStatus::KVC_BUFFER_TOO_SMALL),
+            (ErrorKind::Unsupported, KvcStatus::KVC_UNSUPPORTED),
+            (ErrorKind::Io, KvcStatus::KVC_IO),
+            (ErrorKind::OutOfMemory, KvcStatus::KVC_OUT_OF_MEMORY),
+            (ErrorKind::InvalidState, KvcStatus::KVC_INVALID_STATE),
+            (ErrorKind::Busy, KvcStatus::KVC_INVALID_STATE),
+            (ErrorKind::Foreign, KvcStatus::KVC_CORRUPT_DATA),
+            (ErrorKind::Internal, KvcStatus::KVC_INTERNAL),
+        ];
+        assert_eq!(expected.map(|(k, _)| k), ErrorKind::ALL);
+        for (kind, status) in expected {
+            assert_eq!(KvcStatus::from(kind), status, "{kind:?}");
+        }
+    }
+
+    #[test]
+    fn a_crate_error_keeps_its_status_and_message() {
+        let e = kvc_codec::Error::OutputTooSmall {
+            needed: 8,
+            available: 4,
+        };
+        let message = e.to_string();
+        let wrapped = Error::from(e);
+        assert_eq!(wrapped.kind(), KvcStatus::KVC_BUFFER_TOO_SMALL);
+        assert_eq!(wrapped.to_string(), message);
+    }
+}

@@ -17,27 +17,10 @@ use kvc_store_async::{
 use crate::boundary::{
     check_disjoint, in_ref, in_slice, out_ref, out_slice, status_boundary, value_boundary,
 };
-use crate::convert::{KvcDtype, KVC_DTYPE_BF16, KVC_DTYPE_F16, KVC_DTYPE_F32, KVC_DTYPE_I8};
+use crate::convert::KvcDtype;
 use crate::error::Error;
 use crate::handle::{free_handle, handle_ref, store_handle};
 use crate::status::KvcStatus;
-
-impl From<kvc_store_async::Error> for Error {
-    fn from(err: kvc_store_async::Error) -> Error {
-        use kvc_store_async::ErrorKind as K;
-        let status = match err.kind() {
-            K::InvalidArgument => KvcStatus::KVC_INVALID_ARGUMENT,
-            K::CorruptData => KvcStatus::KVC_CORRUPT_DATA,
-            K::Busy => KvcStatus::KVC_INVALID_STATE,
-            K::Io => KvcStatus::KVC_IO,
-            _ => KvcStatus::KVC_INTERNAL,
-        };
-        Error::Wrapped {
-            status,
-            message: err.to_string(),
-        }
-    }
-}
 
 /// `kvc_store_config.mode`: measure one layer per scope, never write back.
 pub const KVC_STORE_MODE_PROBE: u32 = 0;
@@ -233,18 +216,12 @@ pub struct KvcStoreLayer {
 
 impl KvcStoreLayer {
     fn layout(&self, i: usize) -> Result<KvLayout, Error> {
-        let dtype = match self.dtype {
-            KVC_DTYPE_F16 => DType::F16,
-            KVC_DTYPE_BF16 => DType::BF16,
-            KVC_DTYPE_F32 => DType::F32,
-            KVC_DTYPE_I8 => DType::I8,
-            d => {
-                return Err(Error::invalid(
-                    "layers",
-                    format!("layer {i}: dtype {d} is not a kvc_dtype"),
-                ))
-            }
-        };
+        let dtype = DType::from_code(self.dtype).ok_or_else(|| {
+            Error::invalid(
+                "layers",
+                format!("layer {i}: dtype {} is not a kvc_dtype", self.dtype),
+            )
+        })?;
         let v_trans = match self.v_trans {
             0 => false,
             1 => true,

@@ -19,26 +19,10 @@ use kvc_store_tiers::{
 use crate::boundary::{
     check_disjoint, in_ref, in_slice, out_ref, out_slice, status_boundary, value_boundary,
 };
-use crate::convert::{KvcDtype, KVC_DTYPE_BF16, KVC_DTYPE_F16, KVC_DTYPE_F32};
+use crate::convert::{KvcDtype, KVC_DTYPE_F16};
 use crate::error::Error;
 use crate::handle::{free_handle, handle_ref, store_handle};
 use crate::status::KvcStatus;
-
-impl From<kvc_store_tiers::Error> for Error {
-    fn from(err: kvc_store_tiers::Error) -> Error {
-        use kvc_store_tiers::ErrorKind as K;
-        let status = match err.kind() {
-            K::InvalidArgument => KvcStatus::KVC_INVALID_ARGUMENT,
-            K::CorruptData | K::Foreign => KvcStatus::KVC_CORRUPT_DATA,
-            K::Io => KvcStatus::KVC_IO,
-            _ => KvcStatus::KVC_INTERNAL,
-        };
-        Error::Wrapped {
-            status,
-            message: err.to_string(),
-        }
-    }
-}
 
 /// `kvc_tiers_config.codec`: the cache's bytes as they are.
 pub const KVC_TIERS_CODEC_RAW: u32 = 0;
@@ -273,17 +257,14 @@ pub unsafe extern "C" fn kvc_tiers_new(
         let c = unsafe { in_ref(config, "config") }?;
         // SAFETY: caller contract.
         unsafe { out_ref(out, "out") }?;
-        let dtype = match c.dtype {
-            KVC_DTYPE_F16 => DType::F16,
-            KVC_DTYPE_BF16 => DType::BF16,
-            KVC_DTYPE_F32 => DType::F32,
-            d => {
-                return Err(Error::invalid(
+        let dtype = DType::from_code(c.dtype)
+            .filter(|d| d.is_float())
+            .ok_or_else(|| {
+                Error::invalid(
                     "config.dtype",
-                    format!("{d} is not KVC_DTYPE_F16, _BF16 or _F32"),
-                ))
-            }
-        };
+                    format!("{} is not KVC_DTYPE_F16, _BF16 or _F32", c.dtype),
+                )
+            })?;
         let codec = match c.codec {
             KVC_TIERS_CODEC_RAW => ChunkCodec::Raw,
             KVC_TIERS_CODEC_GEAR_V1 => ChunkCodec::GearV1,

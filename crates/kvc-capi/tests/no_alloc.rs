@@ -3,8 +3,6 @@
 //! thread's allocations, for every float dtype and row widths below, at and across the
 //! kernels' block size.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
 use std::ptr;
 
 use kvc::codec::{KVC_TENSOR_K, KVC_TENSOR_V};
@@ -15,38 +13,10 @@ use kvc::quant::{
     KvcQuantConfig,
 };
 use kvc::KvcStatus;
-
-struct Counting;
-
-thread_local! {
-    static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
-}
-
-// SAFETY: forwards to the system allocator; the counter is a const-initialised
-// thread-local `Cell` without a destructor, so touching it never allocates or recurses.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let _ = ALLOCATIONS.try_with(|c| c.set(c.get() + 1));
-        // SAFETY: forwarded contract.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: forwarded contract.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        let _ = ALLOCATIONS.try_with(|c| c.set(c.get() + 1));
-        // SAFETY: forwarded contract.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
+use kvc_test_alloc::allocations;
 
 #[global_allocator]
-static GLOBAL: Counting = Counting;
-
-fn allocations() -> u64 {
-    ALLOCATIONS.with(Cell::get)
-}
+static GLOBAL: kvc_test_alloc::Counting = kvc_test_alloc::Counting;
 
 fn bytes(dtype: u32, values: &[f32]) -> Vec<u8> {
     values

@@ -38,11 +38,11 @@ fn main() {
         };
         let (tokens, channels) = sidecar_shape(&dir.join(format!("textA.{name}.json")));
         let dtype: Dtype = name[2..].parse().expect("a dtype name");
-        let layer_bytes = tokens * channels * dtype.width();
+        let layer_bytes = tokens * channels * dtype.size();
         let blob_bytes = std::env::var("KVC_BLOB_TOKENS")
             .ok()
             .and_then(|v| v.parse::<usize>().ok())
-            .map_or(layer_bytes, |t| t * channels * dtype.width());
+            .map_or(layer_bytes, |t| t * channels * dtype.size());
         let layers: Vec<&[u8]> = data
             .chunks(layer_bytes)
             .flat_map(|l| l.chunks(blob_bytes))

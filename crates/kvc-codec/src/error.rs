@@ -4,21 +4,9 @@ use std::fmt;
 
 use crate::dtype::Dtype;
 
-/// What class of failure an [`Error`] is; `kvc-capi` maps each kind to one C status.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum ErrorKind {
-    /// The caller passed something unusable (a bad option, a misaligned input length).
-    InvalidArgument,
-    /// The bytes to decode are not a valid blob.
-    CorruptData,
-    /// A caller-provided output buffer is too small.
-    BufferTooSmall,
-    /// The input is valid in principle but beyond what the format can represent.
-    Unsupported,
-    /// A failure inside a library we call (zstd) that valid input should never cause.
-    Internal,
-}
+/// The coarse class of an [`Error`], shared by every kvc crate; `kvc-capi` maps each
+/// kind to one C status.
+pub use kvc_types::ErrorKind;
 
 /// Everything that can go wrong in `kvc-codec`. Each variant names what is wrong.
 ///
@@ -368,12 +356,12 @@ impl fmt::Display for Error {
             Error::InputNotWholeElements { dtype, len } => write!(
                 f,
                 "input of {len} bytes is not a whole number of {dtype} elements ({} bytes each)",
-                dtype.width()
+                dtype.size()
             ),
             Error::InvalidChunkSize { dtype, chunk_bytes } => write!(
                 f,
                 "chunk size {chunk_bytes} bytes is not a positive multiple of the {dtype} width ({})",
-                dtype.width()
+                dtype.size()
             ),
             Error::OutputTooSmall { needed, available } => write!(
                 f,

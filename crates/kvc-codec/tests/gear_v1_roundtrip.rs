@@ -64,12 +64,12 @@ fn adversarial_inputs_all_dtypes_all_predictor_sets() {
     for dtype in Dtype::ALL {
         for set in all_sets() {
             for case in &cases {
-                let len = case.len() / dtype.width() * dtype.width();
+                let len = case.len() / dtype.size() * dtype.size();
                 round_trip(dtype, &case[..len], set);
             }
             // One element, and an odd number of elements.
-            round_trip(dtype, &xorshift(3, dtype.width()), set);
-            round_trip(dtype, &xorshift(4, dtype.width() * 333), set);
+            round_trip(dtype, &xorshift(3, dtype.size()), set);
+            round_trip(dtype, &xorshift(4, dtype.size() * 333), set);
         }
     }
 }
@@ -203,7 +203,7 @@ proptest! {
         set_i in 0usize..7,
     ) {
         let dtype = Dtype::ALL[dtype_i];
-        let len = data.len() / dtype.width() * dtype.width();
+        let len = data.len() / dtype.size() * dtype.size();
         round_trip(dtype, &data[..len], all_sets()[set_i]);
     }
 

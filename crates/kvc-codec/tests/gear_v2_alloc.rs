@@ -1,54 +1,25 @@
 //! A reusable gear-v2 encoder and decoder allocate nothing in steady state: after a first
 //! call has sized their buffers, encoding and decoding more tensors of the same shape makes
-//! no heap allocation (counted by a global allocator, per thread).
+//! no heap allocation (counted per thread by `kvc-test-alloc`'s global allocator).
 
 use kvc_codec::gear_v2::{Coder, Decoder, EncodeParams, Encoder, TensorKind};
 use kvc_codec::Dtype;
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
-
-struct Counting;
-
-thread_local! {
-    static ALLOCS: Cell<u64> = const { Cell::new(0) };
-}
-
-// SAFETY: forwards every call to the system allocator unchanged; it only counts calls.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCS.with(|a| a.set(a.get() + 1));
-        // SAFETY: same contract as the caller's.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: `ptr` came from `System.alloc` with this layout.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        ALLOCS.with(|a| a.set(a.get() + 1));
-        // SAFETY: same contract as the caller's.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
+use kvc_test_alloc::allocations as allocs;
 
 #[global_allocator]
-static GLOBAL: Counting = Counting;
-
-fn allocs() -> u64 {
-    ALLOCS.with(Cell::get)
-}
+static GLOBAL: kvc_test_alloc::Counting = kvc_test_alloc::Counting;
 
 /// Skewed KV-like data: small values with random signs, different per seed. With
 /// `repeats`, every third token from token 70 on repeats the row 70 tokens earlier (the same
 /// pattern for every seed): chunk-local references and a row dictionary.
 fn tensor(dtype: Dtype, tokens: usize, channels: usize, seed: u64, repeats: bool) -> Vec<u8> {
     let mut x = seed | 1;
-    let mut v = Vec::with_capacity(tokens * channels * dtype.width());
-    for i in 0..tokens * channels * dtype.width() {
+    let mut v = Vec::with_capacity(tokens * channels * dtype.size());
+    for i in 0..tokens * channels * dtype.size() {
         x ^= x << 13;
         x ^= x >> 7;
         x ^= x << 17;
-        let hi = i % dtype.width() == dtype.width() - 1;
+        let hi = i % dtype.size() == dtype.size() - 1;
         v.push(if hi {
             (x as u8 & 0x80) | 0x38 | (x >> 9) as u8 & 3
         } else {
@@ -56,7 +27,7 @@ fn tensor(dtype: Dtype, tokens: usize, channels: usize, seed: u64, repeats: bool
         });
     }
     if repeats {
-        let row = channels * dtype.width();
+        let row = channels * dtype.size();
         for t in (72..tokens).step_by(3) {
             v.copy_within((t - 70) * row..(t - 69) * row, t * row);
         }
@@ -79,7 +50,7 @@ fn steady_state_encode_and_decode_allocate_nothing() {
         let mut enc = Encoder::with_coder(coder);
         let mut dec = Decoder::new();
         let mut blob = Vec::new();
-        let mut out = vec![0u8; tokens * channels * dtype.width()];
+        let mut out = vec![0u8; tokens * channels * dtype.size()];
         // Warm-up sizes every buffer.
         for seed in 1..3 {
             let data = tensor(dtype, tokens, channels, seed, repeats);

@@ -58,7 +58,7 @@ enum Rows {
 fn small_blob_with(coder: Coder, dtype: Dtype, rows: Rows) -> (Vec<u8>, Vec<u8>) {
     // Few distinct values with shared low bits so that the chunks are Huffman-coded.
     let pool = sample(dtype, 1, 3, 11);
-    let size = dtype.width();
+    let size = dtype.size();
     let ids: [usize; 8] = match rows {
         Rows::Distinct => [5, 7, 9, 11, 15, 17, 19, 13],
         Rows::InChunk => [5, 7, 5, 11, 7, 7, 9, 13],
@@ -425,7 +425,7 @@ fn golden_v2_version2_blobs_decode() {
             if write {
                 // 40 tokens in 16-token chunks; tokens 16..40 repeat rows of their chunk.
                 let mut data = sample(dtype, 24, 12, 7);
-                let row = 12 * dtype.width();
+                let row = 12 * dtype.size();
                 for t in 24..40 {
                     let src = 16 + (t * 5) % 8;
                     data.extend_from_within(src * row..(src + 1) * row);
@@ -468,7 +468,7 @@ fn golden_v2_version3_blobs_decode() {
                 // mix rows 0..4 of chunk 0 (the dictionary; chunk 2 starts with one), rows of
                 // their own repeated, and new rows.
                 let fresh = sample(dtype, 16 + 2 * 8, 12, 9);
-                let row = 12 * dtype.width();
+                let row = 12 * dtype.size();
                 let mut data = fresh[..16 * row].to_vec();
                 for (chunk, fresh_at) in [(1, 16), (2, 24)] {
                     for t in 0..16usize {

@@ -63,7 +63,7 @@ fn random_and_adversarial_shapes() {
             (64, 12, 16),
             (33, 192, 8),
         ] {
-            let n = tokens * channels as usize * dtype.width();
+            let n = tokens * channels as usize * dtype.size();
             let mut params = EncodeParams::new(dtype, channels);
             params.chunk_tokens = chunk;
             params.kind = TensorKind::K;
@@ -77,7 +77,7 @@ fn random_and_adversarial_shapes() {
             let skew: Vec<u8> = (0..n)
                 .map(|i| {
                     let r = rng.next();
-                    if i % dtype.width() == dtype.width() - 1 {
+                    if i % dtype.size() == dtype.size() - 1 {
                         (r as u8 & 0x80) | 0x3c | (r >> 8) as u8 & 1
                     } else {
                         (r >> 16) as u8
@@ -144,7 +144,7 @@ fn rare_symbols_all_get_codes() {
     let mut rng = Rng(0x5eed_1234_abcd_ef01);
     let (tokens, channels) = (1100usize, 64usize);
     for (dtype, chunk) in DTYPES.into_iter().flat_map(|d| [(d, 256usize), (d, 37)]) {
-        let w = dtype.width();
+        let w = dtype.size();
         let mut data = vec![0u8; tokens * channels * w];
         for t in 0..tokens {
             for c in 0..channels {
@@ -189,13 +189,13 @@ fn repeated_rows_roundtrip() {
     for dtype in DTYPES {
         for seed in 0..12u64 {
             let channels = 8 + (seed as usize * 5) % 24;
-            let row = channels * dtype.width();
+            let row = channels * dtype.size();
             let pool_rows = 2 + seed as usize % 7;
             let pool: Vec<u8> = (0..pool_rows * row)
                 .map(|j| {
                     let r = rng.next();
                     // Mixed signs (the sign bit is the top bit of each value's last byte).
-                    if (j + 1) % dtype.width() == 0 {
+                    if (j + 1) % dtype.size() == 0 {
                         (r as u8 & 0x83) | (r >> 8) as u8 & 0x0c
                     } else {
                         r as u8
@@ -217,7 +217,7 @@ fn repeated_rows_roundtrip() {
             let blob = Encoder::with_coder(Coder::SharedShape)
                 .encode(&params, &data)
                 .unwrap();
-            if dtype.width() >= 2 {
+            if dtype.size() >= 2 {
                 assert!(
                     blob.len() < data.len(),
                     "{dtype} seed {seed}: repeats not used"
@@ -274,7 +274,7 @@ fn row_dictionary_roundtrip() {
     for dtype in DTYPES {
         for seed in 0..8u64 {
             let channels = 16 + (seed as usize * 7) % 40;
-            let row = channels * dtype.width();
+            let row = channels * dtype.size();
             let random_row =
                 |rng: &mut Rng| -> Vec<u8> { (0..row).map(|_| rng.next() as u8).collect() };
             let pool: Vec<Vec<u8>> = (0..6).map(|_| random_row(&mut rng)).collect();

@@ -2,19 +2,9 @@
 
 use std::fmt;
 
-/// What kind of failure an [`Error`] is; `kvc-capi` maps each kind to one C status.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum ErrorKind {
-    /// A configuration value, a shape or a buffer passed in is wrong.
-    InvalidArgument,
-    /// The call sequence is wrong (ingesting without an open call, opening one twice).
-    InvalidState,
-    /// The request is well formed but this combination of settings cannot serve it.
-    Unsupported,
-    /// Memory for the layer's scores could not be allocated.
-    OutOfMemory,
-}
+/// The coarse class of an [`Error`], shared by every kvc crate; `kvc-capi` maps each
+/// kind to one C status.
+pub use kvc_types::ErrorKind;
 
 /// Why a `kvc-h2o` call failed. Every variant names the field and the values involved.
 #[derive(Clone, Debug, PartialEq)]

@@ -3,17 +3,9 @@
 use std::fmt;
 use std::path::PathBuf;
 
-/// The broad class of an [`Error`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum ErrorKind {
-    /// A caller passed a bad option or shape.
-    InvalidArgument,
-    /// A dump is malformed: sidecars disagree, sizes are wrong, values are not finite.
-    CorruptData,
-    /// Reading a file failed.
-    Io,
-}
+/// The coarse class of an [`Error`], shared by every kvc crate; `kvc-capi` maps each
+/// kind to one C status.
+pub use kvc_types::ErrorKind;
 
 /// Everything that can go wrong while loading dumps or training.
 #[derive(Debug)]

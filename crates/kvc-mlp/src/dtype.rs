@@ -1,8 +1,10 @@
 //! Element types: the weight file's dtype codes and the KV element types the compressor reads.
 
 use half::{bf16, f16};
+use kvc_types::Dtype;
 
-/// The element type of a `.bin` v1 weight file (header field `dtype_code`).
+/// The element type of a `.bin` v1 weight file (header field `dtype_code`): the float
+/// subset of kvc's shared [`Dtype`], whose codes it uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum WeightDtype {
     /// Code 0: IEEE binary16.
@@ -14,31 +16,39 @@ pub enum WeightDtype {
 }
 
 impl WeightDtype {
-    /// The dtype for a `dtype_code`, or `None` if the code is unknown.
+    /// The dtype for a `dtype_code`, or `None` if the code is unknown or not a float
+    /// (the file stores floats only).
     pub fn from_code(code: u16) -> Option<Self> {
-        match code {
-            0 => Some(WeightDtype::F16),
-            1 => Some(WeightDtype::Bf16),
-            2 => Some(WeightDtype::F32),
-            _ => None,
+        Dtype::from_code(code.into()).and_then(WeightDtype::from_dtype)
+    }
+
+    /// The weight dtype of a float [`Dtype`]; `None` for `i8`.
+    pub fn from_dtype(dtype: Dtype) -> Option<Self> {
+        match dtype {
+            Dtype::F16 => Some(WeightDtype::F16),
+            Dtype::Bf16 => Some(WeightDtype::Bf16),
+            Dtype::F32 => Some(WeightDtype::F32),
+            Dtype::I8 => None,
         }
     }
 
-    /// The `dtype_code` written in the header.
-    pub fn code(self) -> u16 {
+    /// kvc's shared element type of this weight dtype.
+    pub fn dtype(self) -> Dtype {
         match self {
-            WeightDtype::F16 => 0,
-            WeightDtype::Bf16 => 1,
-            WeightDtype::F32 => 2,
+            WeightDtype::F16 => Dtype::F16,
+            WeightDtype::Bf16 => Dtype::Bf16,
+            WeightDtype::F32 => Dtype::F32,
         }
+    }
+
+    /// The `dtype_code` written in the header (kvc's shared [`Dtype::code`]).
+    pub fn code(self) -> u16 {
+        self.dtype().code() as u16
     }
 
     /// Bytes per element.
     pub fn size(self) -> usize {
-        match self {
-            WeightDtype::F16 | WeightDtype::Bf16 => 2,
-            WeightDtype::F32 => 4,
-        }
+        self.dtype().size()
     }
 
     /// The conventional short name (`fp16`, `bf16`, `fp32`).
@@ -168,7 +178,12 @@ mod tests {
         for d in [WeightDtype::F16, WeightDtype::Bf16, WeightDtype::F32] {
             assert_eq!(WeightDtype::from_code(d.code()), Some(d));
         }
-        assert_eq!(WeightDtype::from_code(3), None);
+        assert_eq!(WeightDtype::from_code(3), None); // i8: not a weight dtype
+        assert_eq!(WeightDtype::from_code(4), None);
+        assert_eq!(
+            [WeightDtype::F16, WeightDtype::Bf16, WeightDtype::F32].map(WeightDtype::code),
+            [0, 1, 2]
+        );
     }
 
     #[test]

@@ -3,21 +3,9 @@
 use std::fmt;
 use std::path::PathBuf;
 
-/// The broad class of an [`Error`], which `kvc-capi` maps to one C status.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum ErrorKind {
-    /// A caller passed a bad argument (shape, length, layer index, option).
-    InvalidArgument,
-    /// A weight file is malformed: truncated, wrong magic, inconsistent shapes.
-    CorruptData,
-    /// An output buffer is smaller than the result.
-    BufferTooSmall,
-    /// The input is well formed but uses something this version does not support.
-    Unsupported,
-    /// Reading a file failed.
-    Io,
-}
+/// The coarse class of an [`Error`], shared by every kvc crate; `kvc-capi` maps each
+/// kind to one C status.
+pub use kvc_types::ErrorKind;
 
 /// Everything that can go wrong in `kvc-mlp`. File errors name the field and its byte offset.
 #[derive(Debug)]

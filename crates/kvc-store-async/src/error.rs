@@ -2,21 +2,9 @@
 
 use std::fmt;
 
-/// What class of failure an [`Error`] is; `kvc-capi` maps each kind to one C status.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum ErrorKind {
-    /// The caller passed something unusable (a config value, a layer, a range).
-    InvalidArgument,
-    /// Stored bytes do not decode to what was stored.
-    CorruptData,
-    /// The range is held by the store (in flight or compressed) and cannot be written.
-    Busy,
-    /// The operating system refused (mmap, madvise, mincore).
-    Io,
-    /// A failure inside a codec or a worker that valid input should not cause.
-    Internal,
-}
+/// The coarse class of an [`Error`], shared by every kvc crate; `kvc-capi` maps each
+/// kind to one C status.
+pub use kvc_types::ErrorKind;
 
 /// Everything that can go wrong in `kvc-store-async`. Each variant names what is wrong.
 #[derive(Debug)]
@@ -96,6 +84,9 @@ pub enum Error {
     Cache(kvc_cache::Error),
     /// An error from `kvc-codec`.
     Codec(kvc_codec::Error),
+    /// A store codec error of a kind added to `kvc-store-codec` after this crate's own
+    /// variants (its own kind and message).
+    StoreCodec(kvc_store_codec::Error),
 }
 
 impl Error {
@@ -119,6 +110,7 @@ impl Error {
                 kvc_codec::ErrorKind::InvalidArgument => ErrorKind::InvalidArgument,
                 _ => ErrorKind::Internal,
             },
+            Error::StoreCodec(e) => e.kind(),
         }
     }
 }
@@ -173,6 +165,7 @@ impl fmt::Display for Error {
             Error::Pool { reason } => write!(f, "worker pool: {reason}"),
             Error::Cache(e) => write!(f, "cache: {e}"),
             Error::Codec(e) => write!(f, "codec: {e}"),
+            Error::StoreCodec(e) => write!(f, "{e}"),
         }
     }
 }
@@ -182,7 +175,38 @@ impl std::error::Error for Error {
         match self {
             Error::Cache(e) => Some(e),
             Error::Codec(e) => Some(e),
+            Error::StoreCodec(e) => Some(e),
             _ => None,
+        }
+    }
+}
+
+/// A store codec's error, as the variant of the same name and message.
+impl From<kvc_store_codec::Error> for Error {
+    fn from(e: kvc_store_codec::Error) -> Self {
+        match e {
+            kvc_store_codec::Error::InvalidConfig {
+                field,
+                value,
+                reason,
+            } => Error::InvalidConfig {
+                field,
+                value,
+                reason,
+            },
+            kvc_store_codec::Error::BlobMismatch {
+                what,
+                expected,
+                found,
+            } => Error::BlobMismatch {
+                what,
+                expected,
+                found,
+            },
+            kvc_store_codec::Error::Cache(e) => Error::Cache(e),
+            kvc_store_codec::Error::Codec(e) => Error::Codec(e),
+            #[allow(unreachable_patterns)]
+            e => Error::StoreCodec(e),
         }
     }
 }

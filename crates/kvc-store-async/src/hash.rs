@@ -1,4 +1,5 @@
-//! FNV-1a 64, the hash MNN's store uses for its decode-cache keys, and [`check64`], the
+//! FNV-1a 64 (kvc's shared checksum, from `kvc-types`), the hash MNN's store uses for its
+//! decode-cache keys, and [`check64`], the
 //! fast hash the store checks restored bytes with.
 //!
 //! FNV-1a works a byte at a time through one multiply chain (about 4 cycles a byte): on
@@ -7,25 +8,7 @@
 //! [`check64`], which the worker also computes and which reads 32 bytes per round in four
 //! independent lanes.
 
-/// FNV-1a 64 offset basis.
-pub const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
-/// FNV-1a 64 prime.
-pub const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
-
-/// Continues an FNV-1a 64 hash `h` over `bytes`.
-#[inline]
-pub fn fnv1a64_update(mut h: u64, bytes: &[u8]) -> u64 {
-    for &b in bytes {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(FNV_PRIME);
-    }
-    h
-}
-
-/// FNV-1a 64 of `bytes`.
-pub fn fnv1a64(bytes: &[u8]) -> u64 {
-    fnv1a64_update(FNV_OFFSET, bytes)
-}
+pub use kvc_types::{fnv1a64, fnv1a64_update, FNV_OFFSET, FNV_PRIME};
 
 const P1: u64 = 0x9e37_79b1_85eb_ca87;
 const P2: u64 = 0xc2b2_ae3d_27d4_eb4f;
@@ -125,14 +108,5 @@ mod tests {
                 assert_ne!(z[i], z[j], "{i} vs {j}");
             }
         }
-    }
-
-    #[test]
-    fn known_vectors() {
-        // Reference values of the FNV specification.
-        assert_eq!(fnv1a64(b""), 0xcbf2_9ce4_8422_2325);
-        assert_eq!(fnv1a64(b"a"), 0xaf63_dc4c_8601_ec8c);
-        assert_eq!(fnv1a64(b"foobar"), 0x8594_4171_f739_67e8);
-        assert_eq!(fnv1a64_update(fnv1a64(b"foo"), b"bar"), fnv1a64(b"foobar"));
     }
 }

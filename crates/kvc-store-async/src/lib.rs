@@ -32,7 +32,10 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-pub mod codec;
+/// The store's codecs, from `kvc-store-codec` (shared with `kvc-store-tiers`).
+pub mod codec {
+    pub use kvc_store_codec::codec::*;
+}
 pub mod config;
 pub mod error;
 mod gather;

@@ -1363,20 +1363,23 @@ impl RestoreTask<'_> {
             Dest::Direct(d) => d,
             Dest::Scratch(v) => v,
         };
-        let r = codec.decode(&self.info, self.blob, out).and_then(|()| {
-            if verify && check64(out) != self.check {
-                return Err(Error::RestoreFailed {
-                    layer: self.info.layer,
-                    start: self.info.start,
-                    reason: format!(
+        let r = codec
+            .decode(&self.info, self.blob, out)
+            .map_err(Error::from)
+            .and_then(|()| {
+                if verify && check64(out) != self.check {
+                    return Err(Error::RestoreFailed {
+                        layer: self.info.layer,
+                        start: self.info.start,
+                        reason: format!(
                         "decoded {} bytes (chunk {}) do not match the hash taken at compression",
                         self.info.tensor.name(),
                         self.chunk
                     ),
-                });
-            }
-            Ok(())
-        });
+                    });
+                }
+                Ok(())
+            });
         self.ended = Some(Instant::now());
         self.outcome = Some(r);
     }

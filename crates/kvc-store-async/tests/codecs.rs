@@ -142,7 +142,7 @@ fn a_blob_decoded_for_another_chunk_is_refused() {
             let e = codec.decode(&other, &blob, &mut out).unwrap_err();
             assert_eq!(e.kind(), ErrorKind::CorruptData, "{e}");
             let bf = ChunkInfo {
-                dtype: DType::BF16,
+                dtype: DType::Bf16,
                 ..info
             };
             assert!(codec.decode(&bf, &blob, &mut out).is_err());

@@ -3,7 +3,7 @@
 //! writer and the one reader, and the reader validates every field before it trusts it.
 
 use kvc_cache::DType;
-use kvc_store_async::Tensor;
+use kvc_store_codec::Tensor;
 use rayon::prelude::*;
 
 use crate::codec::{ChunkCodec, SectionCoder};
@@ -331,7 +331,7 @@ pub fn verify(blob: &[u8]) -> Result<BlobHeader> {
 pub fn dtype_of_id(id: u8) -> Option<DType> {
     match id {
         1 => Some(DType::F16),
-        2 => Some(DType::BF16),
+        2 => Some(DType::Bf16),
         3 => Some(DType::F32),
         _ => None,
     }

@@ -1,5 +1,5 @@
 //! The codecs a chunk's sections are stored with: raw (the cache's own bytes), gear-v1 and
-//! gear-v2 (both lossless, from `kvc-codec` through `kvc-store-async`'s [`StoreCodec`]
+//! gear-v2 (both lossless, from `kvc-codec` through `kvc-store-codec`'s [`StoreCodec`]
 //! implementations, which keep reusable per-thread encoders and decoders), and kvq
 //! (lossy: `kvc-kvq`'s rotated Lloyd-Max rows, three K/V bit presets).
 
@@ -8,7 +8,7 @@ use std::sync::Arc;
 use half::{bf16, f16};
 use kvc_cache::DType;
 use kvc_kvq::{config::DEFAULT_SEED, Method, RowCodec};
-use kvc_store_async::{ChunkInfo, GearV1Codec, GearV2Codec, StoreCodec, Tensor};
+use kvc_store_codec::{ChunkInfo, GearV1Codec, GearV2Codec, StoreCodec, Tensor};
 
 use crate::error::{Error, Result};
 
@@ -146,7 +146,7 @@ const MAX_ROW: usize = 256;
 fn load(dtype: DType, raw: &[u8], i: usize) -> f32 {
     match dtype {
         DType::F16 => f16::from_le_bytes([raw[2 * i], raw[2 * i + 1]]).to_f32(),
-        DType::BF16 => bf16::from_le_bytes([raw[2 * i], raw[2 * i + 1]]).to_f32(),
+        DType::Bf16 => bf16::from_le_bytes([raw[2 * i], raw[2 * i + 1]]).to_f32(),
         // Tiers never hold int8 (ChunkShape::validate), f32 is the only other case.
         _ => f32::from_le_bytes([raw[4 * i], raw[4 * i + 1], raw[4 * i + 2], raw[4 * i + 3]]),
     }
@@ -156,7 +156,7 @@ fn load(dtype: DType, raw: &[u8], i: usize) -> f32 {
 fn put(dtype: DType, out: &mut [u8], i: usize, x: f32) {
     match dtype {
         DType::F16 => out[2 * i..2 * i + 2].copy_from_slice(&f16::from_f32(x).to_le_bytes()),
-        DType::BF16 => out[2 * i..2 * i + 2].copy_from_slice(&bf16::from_f32(x).to_le_bytes()),
+        DType::Bf16 => out[2 * i..2 * i + 2].copy_from_slice(&bf16::from_f32(x).to_le_bytes()),
         _ => out[4 * i..4 * i + 4].copy_from_slice(&x.to_le_bytes()),
     }
 }

@@ -2,21 +2,9 @@
 
 use std::fmt;
 
-/// What class of failure an [`Error`] is; `kvc-capi` maps each kind to one C status.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum ErrorKind {
-    /// The caller passed something unusable (a config value, a shape, a length).
-    InvalidArgument,
-    /// Stored bytes are not a valid chunk blob (magic, version, length, checksum, shape).
-    CorruptData,
-    /// A valid blob that belongs to another key or another model and layout.
-    Foreign,
-    /// A tier's medium failed: a file system error, Redis down, a timeout.
-    Io,
-    /// A failure inside a codec that valid input should not cause.
-    Internal,
-}
+/// The coarse class of an [`Error`], shared by every kvc crate; `kvc-capi` maps each
+/// kind to one C status.
+pub use kvc_types::ErrorKind;
 
 /// Everything that can go wrong in `kvc-store-tiers`. Each variant names what is wrong.
 #[derive(Debug)]

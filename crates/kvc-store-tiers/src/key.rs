@@ -88,7 +88,7 @@ impl ChunkShape {
 pub(crate) fn dtype_id(d: DType) -> u8 {
     match d {
         DType::F16 => 1,
-        DType::BF16 => 2,
+        DType::Bf16 => 2,
         DType::F32 => 3,
         DType::I8 => 4,
     }
@@ -282,7 +282,7 @@ mod tests {
             Fingerprint::new(
                 &[1; 32],
                 &ChunkShape {
-                    dtype: DType::BF16,
+                    dtype: DType::Bf16,
                     ..shape()
                 },
                 &ChunkCodec::GearV2,

@@ -5,7 +5,9 @@
 //! test binary's global allocator and wrap one call in [`measure`], which returns the peak
 //! of the bytes that call held at once and its largest single request. Counting is per
 //! thread and only inside `measure`, so the test harness's own threads do not disturb it.
-//! It is a dev-dependency only: no library crate links it.
+//! [`allocations`] counts every request (allocations and reallocations) a thread makes,
+//! always, for the tests that check a steady state allocates nothing. It is a
+//! dev-dependency only: no library crate links it.
 //!
 //! ```ignore
 //! #[global_allocator]
@@ -24,6 +26,11 @@ thread_local! {
     static LIVE: Cell<i64> = const { Cell::new(0) };
     static PEAK: Cell<i64> = const { Cell::new(0) };
     static LARGEST: Cell<usize> = const { Cell::new(0) };
+    static REQUESTS: Cell<u64> = const { Cell::new(0) };
+}
+
+fn request() {
+    let _ = REQUESTS.try_with(|r| r.set(r.get() + 1));
 }
 
 fn grow(n: usize) {
@@ -52,11 +59,13 @@ fn shrink(n: usize) {
 // allocates or recurses.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        request();
         grow(layout.size());
         // SAFETY: forwarded contract.
         unsafe { System.alloc(layout) }
     }
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        request();
         grow(layout.size());
         // SAFETY: forwarded contract.
         unsafe { System.alloc_zeroed(layout) }
@@ -67,6 +76,7 @@ unsafe impl GlobalAlloc for Counting {
         unsafe { System.dealloc(ptr, layout) }
     }
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        request();
         shrink(layout.size());
         grow(new_size);
         // SAFETY: forwarded contract.
@@ -85,6 +95,14 @@ pub fn measure(f: impl FnOnce()) -> (usize, usize) {
     f();
     ON.with(|on| on.set(false));
     (PEAK.with(Cell::get) as usize, LARGEST.with(Cell::get))
+}
+
+/// How many allocation requests (`alloc`, `alloc_zeroed`, `realloc`) the current thread
+/// has made since it started, counted whether or not [`measure`] runs: take it before and
+/// after a call to see whether the call allocated. Meaningful only in a binary whose global
+/// allocator is [`Counting`]; elsewhere it stays 0.
+pub fn allocations() -> u64 {
+    REQUESTS.with(Cell::get)
 }
 
 /// Deterministic bytes (xorshift64) for the random inputs of those tests.

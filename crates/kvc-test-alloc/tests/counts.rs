@@ -20,3 +20,17 @@ fn measure_sees_the_peak_and_the_largest_request() {
     let (peak, largest) = kvc_test_alloc::measure(|| {});
     assert_eq!((peak, largest), (0, 0));
 }
+
+#[test]
+fn allocations_counts_every_request_of_this_thread() {
+    let before = kvc_test_alloc::allocations();
+    let a = std::hint::black_box(vec![1u8; 1000]);
+    let mut b = std::hint::black_box(Vec::<u8>::with_capacity(10));
+    b.resize(300, 2); // a realloc
+    let c = std::hint::black_box(vec![0u8; 100]); // alloc_zeroed
+    drop((a, b, c));
+    assert_eq!(kvc_test_alloc::allocations() - before, 4);
+    let before = kvc_test_alloc::allocations();
+    let x = std::hint::black_box(5u64) * 3;
+    assert_eq!(kvc_test_alloc::allocations(), before, "{x}");
+}

@@ -285,7 +285,7 @@ mod tests {
     fn every_isa_quantizes_and_dequantizes_identically() {
         let mut r = rng(42);
         for a in [Addressing::CellRows, Addressing::CellColumns] {
-            for dt in [DType::F16, DType::BF16, DType::F32] {
+            for dt in [DType::F16, DType::Bf16, DType::F32] {
                 let l = TensorLayout::new(a, dt, 3, 20, 37).unwrap();
                 let li = l.with_dtype(DType::I8).unwrap();
                 let xs: Vec<f32> = (0..l.elem_count()).map(|_| r()).collect();

@@ -315,7 +315,7 @@ mod tests {
         for channels in [1usize, 7, 64, 192, BLOCK, BLOCK + 1, 576, 1000] {
             let rows = 5;
             let q = params(channels, &mut r);
-            for dt in [DType::F16, DType::BF16, DType::F32] {
+            for dt in [DType::F16, DType::Bf16, DType::F32] {
                 let l = TensorLayout::new(Addressing::CellRows, dt, 1, channels, rows).unwrap();
                 let li = l.with_dtype(DType::I8).unwrap();
                 let xs: Vec<f32> = (0..l.elem_count()).map(|_| r()).collect();

@@ -95,9 +95,22 @@ enum CodecCommand {
     },
 }
 
+/// clap parser for a `--dtype` that must be a float type (`f16`, `bf16`, `f32`; the
+/// help lists them).
+pub fn float_dtype() -> impl clap::builder::TypedValueParser<Value = Dtype> {
+    use clap::builder::TypedValueParser;
+    clap::builder::PossibleValuesParser::new(
+        Dtype::ALL
+            .into_iter()
+            .filter(|d| d.is_float())
+            .map(Dtype::name),
+    )
+    .try_map(|s: String| s.parse::<Dtype>())
+}
+
 /// clap parser for `--dtype`.
 pub fn parse_dtype(s: &str) -> Result<Dtype, String> {
-    s.parse().map_err(|e: kvc_codec::Error| e.to_string())
+    s.parse::<Dtype>().map_err(|e| e.to_string())
 }
 
 /// clap parser for predictor lists.

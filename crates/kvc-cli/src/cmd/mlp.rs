@@ -2,7 +2,8 @@
 
 use std::path::{Path, PathBuf};
 
-use clap::{Args, Subcommand, ValueEnum};
+use clap::{Args, Subcommand};
+use kvc_codec::Dtype;
 use kvc_mlp::{
     bf16, f16, CompressParams, Compressor, CompressorWeights, ErrorKind, KvElement, KvShape,
 };
@@ -30,14 +31,6 @@ enum MlpCommand {
     Train(Box<super::mlp_train::TrainArgs>),
 }
 
-/// Element type of the raw K/V files.
-#[derive(Clone, Copy, ValueEnum)]
-enum Dtype {
-    F16,
-    Bf16,
-    F32,
-}
-
 #[derive(Args)]
 struct CompressArgs {
     /// The .bin v1 weight file.
@@ -47,7 +40,7 @@ struct CompressArgs {
     #[arg(long)]
     layer: usize,
     /// Element type of K, V and the outputs.
-    #[arg(long, value_enum)]
+    #[arg(long, value_parser = super::codec::float_dtype())]
     dtype: Dtype,
     /// Number of KV heads H.
     #[arg(long)]
@@ -98,6 +91,9 @@ pub fn run(args: MlpArgs) -> Result<(), CliError> {
             Dtype::F16 => compress::<f16>(&a),
             Dtype::Bf16 => compress::<bf16>(&a),
             Dtype::F32 => compress::<f32>(&a),
+            d => Err(CliError::input(format!(
+                "--dtype {d}: K and V must be f16, bf16 or f32"
+            ))),
         },
     }
 }

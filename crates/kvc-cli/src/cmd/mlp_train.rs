@@ -15,17 +15,6 @@ use serde_json::{json, Value};
 
 use crate::cli_error::CliError;
 
-/// Element type of the written weights.
-#[derive(Clone, Copy, ValueEnum)]
-pub enum OutDtype {
-    /// IEEE binary16.
-    F16,
-    /// bfloat16.
-    Bf16,
-    /// IEEE binary32.
-    F32,
-}
-
 /// Where training starts.
 #[derive(Clone, Copy, ValueEnum)]
 pub enum InitArg {
@@ -91,8 +80,8 @@ pub struct TrainArgs {
     #[arg(long, default_value_t = 1)]
     min_seq_len: usize,
     /// Element type of the written weights.
-    #[arg(long, value_enum, default_value = "f16")]
-    dtype: OutDtype,
+    #[arg(long, value_parser = super::codec::float_dtype(), default_value = "f16")]
+    dtype: kvc_codec::Dtype,
     /// The weight file to write; the sidecar goes to the same path with `.json`.
     #[arg(long)]
     out: PathBuf,
@@ -219,11 +208,12 @@ pub fn run(a: TrainArgs) -> Result<(), CliError> {
         }
     }
     let layers = parse_layers(a.layers.as_deref(), first.n_layer)?;
-    let dtype = match a.dtype {
-        OutDtype::F16 => WeightDtype::F16,
-        OutDtype::Bf16 => WeightDtype::Bf16,
-        OutDtype::F32 => WeightDtype::F32,
-    };
+    let dtype = WeightDtype::from_dtype(a.dtype).ok_or_else(|| {
+        CliError::input(format!(
+            "--dtype {}: weights are stored as f16, bf16 or f32",
+            a.dtype
+        ))
+    })?;
     let cfg = TrainConfig {
         geometry: Geometry {
             sink: a.sink,

@@ -7,7 +7,7 @@
 
 use std::path::{Path, PathBuf};
 
-use clap::{Args, Subcommand, ValueEnum};
+use clap::{Args, Subcommand};
 use kvc_cache::quant::msmodelslim::{read_checkpoint, write_checkpoint, ScaleDType};
 use kvc_cache::quant::{
     dequantize, quant_error, quantize, C8Params, ChannelStats, ErrorStats, LayerQuant,
@@ -128,8 +128,8 @@ struct KvqApplyArgs {
 #[derive(Args)]
 struct KvqDequantArgs {
     /// Element type of the written caches.
-    #[arg(long)]
-    dtype: FloatType,
+    #[arg(long, value_parser = super::codec::float_dtype())]
+    dtype: DType,
     /// Layers (checked against the headers when given).
     #[arg(long)]
     layers: Option<usize>,
@@ -177,45 +177,23 @@ enum QuantCmd {
     Plan(super::kvq_plan::PlanArgs),
 }
 
-/// Element type of the float caches.
-#[derive(Clone, Copy, ValueEnum)]
-enum FloatType {
-    F16,
-    Bf16,
-    F32,
-}
-
-impl FloatType {
-    fn elem(self) -> super::kvq_apply::Elem {
-        match self {
-            FloatType::F16 => super::kvq_apply::Elem::F16,
-            FloatType::Bf16 => super::kvq_apply::Elem::Bf16,
-            FloatType::F32 => super::kvq_apply::Elem::F32,
-        }
+/// The kvq file writer's element type of a float cache (`--dtype` only parses floats).
+fn elem(dtype: DType) -> Result<super::kvq_apply::Elem, CliError> {
+    match dtype {
+        DType::F16 => Ok(super::kvq_apply::Elem::F16),
+        DType::Bf16 => Ok(super::kvq_apply::Elem::Bf16),
+        DType::F32 => Ok(super::kvq_apply::Elem::F32),
+        d => Err(CliError::input(format!(
+            "--dtype {d}: the caches are f16, bf16 or f32"
+        ))),
     }
-
-    fn dtype(self) -> DType {
-        match self {
-            FloatType::F16 => DType::F16,
-            FloatType::Bf16 => DType::BF16,
-            FloatType::F32 => DType::F32,
-        }
-    }
-}
-
-/// Element type of written scales / offsets.
-#[derive(Clone, Copy, ValueEnum)]
-enum ScaleType {
-    F16,
-    Bf16,
-    F32,
 }
 
 #[derive(Args)]
 struct Shape {
     /// Element type of the float caches.
-    #[arg(long)]
-    dtype: FloatType,
+    #[arg(long, value_parser = super::codec::float_dtype())]
+    dtype: DType,
     /// Layers in each file.
     #[arg(long)]
     layers: usize,
@@ -244,8 +222,8 @@ struct CalibrateArgs {
     #[arg(long)]
     out: PathBuf,
     /// Element type of the written scales and offsets.
-    #[arg(long = "scale-dtype", value_enum, default_value = "f32")]
-    scale_dtype: ScaleType,
+    #[arg(long = "scale-dtype", value_parser = super::codec::float_dtype(), default_value = "f32")]
+    scale_dtype: DType,
 }
 
 #[derive(Args)]
@@ -290,8 +268,8 @@ struct DequantArgs {
     #[arg(long)]
     kvq: bool,
     /// Element type of the written caches.
-    #[arg(long)]
-    dtype: FloatType,
+    #[arg(long, value_parser = super::codec::float_dtype())]
+    dtype: DType,
     /// Layers in each file.
     #[arg(long, required_unless_present = "kvq")]
     layers: Option<usize>,
@@ -455,7 +433,7 @@ pub fn run(args: QuantArgs) -> Result<(), CliError> {
 }
 
 fn calibrate(a: CalibrateArgs) -> Result<(), CliError> {
-    let dt = a.shape.dtype.dtype();
+    let dt = a.shape.dtype;
     let (k, v) = (read(&a.k)?, read(&a.v)?);
     let lk = layer_layout(&a.shape, dt, k.len(), &a.k)?;
     let lv = layer_layout(&a.shape, dt, v.len(), &a.v)?;
@@ -476,9 +454,14 @@ fn calibrate(a: CalibrateArgs) -> Result<(), CliError> {
             .map_err(|e| lib_err(e.into()))?;
     }
     let sd = match a.scale_dtype {
-        ScaleType::F16 => ScaleDType::F16,
-        ScaleType::Bf16 => ScaleDType::BF16,
-        ScaleType::F32 => ScaleDType::F32,
+        DType::F16 => ScaleDType::F16,
+        DType::Bf16 => ScaleDType::BF16,
+        DType::F32 => ScaleDType::F32,
+        d => {
+            return Err(CliError::input(format!(
+                "--scale-dtype {d}: scales are f16, bf16 or f32"
+            )))
+        }
     };
     write_checkpoint(&a.out, &params, sd).map_err(lib_err)?;
     println!(
@@ -502,7 +485,7 @@ fn apply(a: ApplyArgs) -> Result<(), CliError> {
             return super::kvq_apply::apply(super::kvq_apply::ApplyJob {
                 spec,
                 shape: super::kvq_apply::CacheShape {
-                    elem: a.shape.dtype.elem(),
+                    elem: elem(a.shape.dtype)?,
                     layers: a.shape.layers,
                     kv_heads: a.shape.kv_heads,
                     head_dim: a.shape.head_dim,
@@ -518,7 +501,7 @@ fn apply(a: ApplyArgs) -> Result<(), CliError> {
         (None, Some(s)) => s,
         (None, None) => return Err(CliError::input("give --scales DIR (C8) or --kvq SPEC")),
     };
-    let dt = a.shape.dtype.dtype();
+    let dt = a.shape.dtype;
     let params = read_checkpoint(scales).map_err(lib_err)?;
     let (k, v) = (read(&a.k)?, read(&a.v)?);
     let lk = layer_layout(&a.shape, dt, k.len(), &a.k)?;
@@ -573,7 +556,7 @@ fn apply(a: ApplyArgs) -> Result<(), CliError> {
 fn dequant(a: DequantArgs) -> Result<(), CliError> {
     if a.kvq {
         return super::kvq_apply::dequant(super::kvq_apply::DequantJob {
-            elem: a.dtype.elem(),
+            elem: elem(a.dtype)?,
             layers: a.layers,
             kv_heads: a.kv_heads,
             head_dim: a.head_dim,
@@ -596,7 +579,7 @@ fn dequant(a: DequantArgs) -> Result<(), CliError> {
         kv_heads,
         head_dim,
     };
-    let dt = shape.dtype.dtype();
+    let dt = shape.dtype;
     let params = read_checkpoint(scales).map_err(lib_err)?;
     let (k, v) = (read(&a.k)?, read(&a.v)?);
     let ik = layer_layout(&shape, DType::I8, k.len(), &a.k)?;

@@ -70,7 +70,7 @@ impl GearV1Decoder {
         layout: &BlobLayout,
         out: &mut [u8],
     ) -> Result<()> {
-        let width = dtype.width();
+        let width = dtype.size();
         let words = layout.word_count as usize;
         debug_assert_eq!(out.len(), words * width);
         self.residuals.resize(words, 0);

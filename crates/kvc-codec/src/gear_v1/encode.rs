@@ -77,7 +77,7 @@ impl GearV1Encoder {
     /// works when the blob fits and fails with [`Error::OutputTooSmall`] otherwise.
     pub fn encode_into(&mut self, dtype: Dtype, data: &[u8], out: &mut [u8]) -> Result<usize> {
         let words = element_count(dtype, data.len())?;
-        let width = dtype.width();
+        let width = dtype.size();
         put(out, 0, &(words as u32).to_le_bytes())?;
         let mut off = BLOB_HEADER_LEN;
         for lane in 0..width {
@@ -228,7 +228,7 @@ pub fn encode_chunks_parallel(
     data: &[u8],
     chunk_bytes: usize,
 ) -> Result<Vec<Vec<u8>>> {
-    if chunk_bytes == 0 || chunk_bytes % dtype.width() != 0 {
+    if chunk_bytes == 0 || chunk_bytes % dtype.size() != 0 {
         return Err(Error::InvalidChunkSize { dtype, chunk_bytes });
     }
     element_count(dtype, data.len())?;

@@ -104,7 +104,7 @@ impl BlobLayout {
 
     /// Bytes the blob decodes to.
     pub fn decoded_len(&self, dtype: Dtype) -> usize {
-        self.word_count as usize * dtype.width()
+        self.word_count as usize * dtype.size()
     }
 
     /// Reads and validates the structure of `blob` for `dtype`: every header, every
@@ -126,10 +126,10 @@ impl BlobLayout {
         let mut layout = BlobLayout {
             word_count,
             frames: [None; 4],
-            lanes: dtype.width(),
+            lanes: dtype.size(),
         };
         let mut off = BLOB_HEADER_LEN;
-        for stream in 0..dtype.width() {
+        for stream in 0..dtype.size() {
             let h = blob
                 .get(off..off + FRAME_HEADER_LEN)
                 .ok_or(Error::GearV1Truncated {
@@ -201,18 +201,18 @@ impl BlobLayout {
 /// a frame header and the worst-case RLE payload (no candidate chosen is ever larger).
 pub fn max_encoded_len(dtype: Dtype, input_len: usize) -> Result<usize> {
     let words = element_count(dtype, input_len)?;
-    Ok(BLOB_HEADER_LEN + dtype.width() * (FRAME_HEADER_LEN + rle::max_encoded_len(words)))
+    Ok(BLOB_HEADER_LEN + dtype.size() * (FRAME_HEADER_LEN + rle::max_encoded_len(words)))
 }
 
 /// The number of elements in `input_len` bytes of `dtype`, checked against gear-v1's limits.
 pub fn element_count(dtype: Dtype, input_len: usize) -> Result<usize> {
-    if input_len % dtype.width() != 0 {
+    if input_len % dtype.size() != 0 {
         return Err(Error::InputNotWholeElements {
             dtype,
             len: input_len,
         });
     }
-    let words = input_len / dtype.width();
+    let words = input_len / dtype.size();
     if words > MAX_ELEMENTS {
         return Err(Error::GearV1TooManyElements {
             elements: words,

@@ -151,7 +151,7 @@ impl<'d, 'b> OpenBlob<'d, 'b> {
 
     /// Decoded bytes of chunk `i` (whole tokens).
     pub fn chunk_len(&self, i: usize) -> usize {
-        self.header.chunk_tokens_of(i) * self.header.channels as usize * self.header.dtype.width()
+        self.header.chunk_tokens_of(i) * self.header.channels as usize * self.header.dtype.size()
     }
 
     /// Decodes the whole tensor into `out` (at least `decoded_len` bytes); returns bytes written.
@@ -218,7 +218,7 @@ impl<'d, 'b> OpenBlob<'d, 'b> {
     /// Decodes the blob's row dictionary (format version 3) into `dictionary`, a stored or
     /// coded chunk of `dict_rows` rows; leaves it empty when the blob has none.
     fn decode_dictionary(&self, dictionary: &mut Vec<u8>) -> Result<()> {
-        let row = self.header.channels as usize * self.header.dtype.width();
+        let row = self.header.channels as usize * self.header.dtype.size();
         let len = self.header.dict_rows as usize * row;
         dictionary.clear();
         if len == 0 {
@@ -258,7 +258,7 @@ impl<'d, 'b> OpenBlob<'d, 'b> {
     /// Decodes one body (lane lengths, lanes, packed low bits) at the start of `body` into
     /// `out`, whose length gives the number of tokens; returns the bytes used.
     fn decode_body(&self, body: &[u8], out: &mut [u8]) -> std::result::Result<usize, &'static str> {
-        let values = out.len() / self.header.dtype.width();
+        let values = out.len() / self.header.dtype.size();
         if body.len() < BODY_HEADER {
             return Err("coded chunk shorter than its header");
         }

@@ -58,7 +58,7 @@ impl EncodeParams {
         if self.chunk_tokens == 0 {
             return Err(Error::V2ZeroChunkTokens);
         }
-        let token_bytes = self.channels as usize * self.dtype.width();
+        let token_bytes = self.channels as usize * self.dtype.size();
         if len % token_bytes != 0 {
             return Err(Error::V2InputNotWholeTokens { len, token_bytes });
         }
@@ -72,7 +72,7 @@ pub fn max_encoded_len(params: &EncodeParams, input_len: usize) -> Result<usize>
     let chunks = tokens.div_ceil(params.chunk_tokens as usize);
     let tables = params.channels as usize * 2;
     // A table is at most 2 run bytes per 128 symbols plus a nibble per symbol.
-    let table_max = params.dtype.width().max(2) * 256 / 2 + 8 + 512 / 2;
+    let table_max = params.dtype.size().max(2) * 256 / 2 + 8 + 512 / 2;
     // The shared-shape model adds a cluster count and three bytes per channel.
     let shared = 1 + 3 * params.channels as usize;
     Ok(HEADER_LEN + shared + tables * table_max + chunks * (4 + 1) + input_len)
@@ -150,7 +150,7 @@ impl Encoder {
         pass: EncodePass,
     ) -> Result<()> {
         params.tokens_for(input.len())?;
-        let row_bytes = params.channels as usize * params.dtype.width();
+        let row_bytes = params.channels as usize * params.dtype.size();
         let ct = params.chunk_tokens as usize;
         self.plan.plan(input, row_bytes, ct, true);
         pass(self, params, input, out)?;
@@ -258,7 +258,7 @@ impl Encoder {
     ) {
         let start = out.len();
         let c = params.channels as usize;
-        let row_bytes = c * params.dtype.width();
+        let row_bytes = c * params.dtype.size();
         let ct = params.chunk_tokens as usize;
         let t0 = i * ct;
         let t1 = (t0 + ct).min(input.len() / row_bytes);

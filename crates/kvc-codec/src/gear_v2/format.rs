@@ -184,7 +184,7 @@ impl BlobHeader {
     }
     /// Decoded size in bytes (checked: the header parser refuses sizes that overflow).
     pub fn decoded_len(&self) -> usize {
-        self.tokens as usize * self.channels as usize * self.dtype.width()
+        self.tokens as usize * self.channels as usize * self.dtype.size()
     }
     /// Tokens held by chunk `i`.
     pub fn chunk_tokens_of(&self, i: usize) -> usize {
@@ -284,7 +284,7 @@ impl BlobHeader {
         }
         let total = (tokens as u64)
             .checked_mul(channels as u64)
-            .and_then(|v| v.checked_mul(dtype.width() as u64))
+            .and_then(|v| v.checked_mul(dtype.size() as u64))
             .filter(|&v| v <= isize::MAX as u64)
             .ok_or(bad("tokens", 8, tokens as u64))?;
         let _ = total;

@@ -324,7 +324,7 @@ pub(crate) mod tests {
         let mut rng = crate::gear_v2::test_rng::XorShift64(0x2545_f491_4f6c_dd1d);
         for dtype in [Dtype::F16, Dtype::Bf16, Dtype::F32, Dtype::I8] {
             for (tokens, channels, chunk) in [(300, 22, 64), (97, 8, 13), (5, 3, 256)] {
-                let w = dtype.width();
+                let w = dtype.size();
                 let mut data = vec![0u8; tokens * channels * w];
                 for (i, b) in data.iter_mut().enumerate() {
                     let x = rng.next();

@@ -4,7 +4,8 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use kvc_store_async::{ChunkInfo, Error, GearV1Codec, Result, StoreCodec};
+use kvc_store_async::{ChunkInfo, GearV1Codec, StoreCodec};
+use kvc_store_codec::{Error, Result};
 
 /// xorshift64*.
 pub struct Rng(pub u64);
@@ -86,7 +87,8 @@ impl StoreCodec for FaultyCodec {
         }
         if hit(h, self.faults.fail) {
             self.injected.fetch_add(1, Ordering::Relaxed);
-            return Err(Error::Pool {
+            return Err(Error::Failed {
+                codec: self.name(),
                 reason: "injected encoder failure".into(),
             });
         }

@@ -148,7 +148,7 @@ fn quant_speed(a: &BenchCacheArgs) -> Result<Vec<Value>, CliError> {
         ("rows (llama.cpp K)", Addressing::CellRows),
         ("columns (llama V transposed)", Addressing::CellColumns),
     ] {
-        for dt in [DType::F16, DType::BF16, DType::F32] {
+        for dt in [DType::F16, DType::Bf16, DType::F32] {
             let l = TensorLayout::new(addr, dt, a.kv_heads, a.head_dim, a.tokens).map_err(lib)?;
             let li = l.with_dtype(DType::I8).map_err(lib)?;
             let mut src = vec![0u8; l.byte_len()];
@@ -158,7 +158,7 @@ fn quant_speed(a: &BenchCacheArgs) -> Result<Vec<Value>, CliError> {
                 let v = ((x >> 8) as f32 / (1 << 24) as f32 - 0.5) * 4.0;
                 match dt {
                     DType::F16 => c.copy_from_slice(&half::f16::from_f32(v).to_le_bytes()),
-                    DType::BF16 => c.copy_from_slice(&half::bf16::from_f32(v).to_le_bytes()),
+                    DType::Bf16 => c.copy_from_slice(&half::bf16::from_f32(v).to_le_bytes()),
                     _ => c.copy_from_slice(&v.to_le_bytes()),
                 }
             }
@@ -233,7 +233,7 @@ fn c8_error(dir: &Path) -> Result<Vec<Value>, CliError> {
         let dt = if dtn == "f16" {
             DType::F16
         } else {
-            DType::BF16
+            DType::Bf16
         };
         for t in ["K", "V"] {
             let Some((raw, [layers, tokens, heads, dim])) = read_dump(dir, t, dtn)? else {

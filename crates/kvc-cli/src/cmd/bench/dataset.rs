@@ -37,7 +37,7 @@ impl Dump {
 
     /// Bytes of one token of one layer.
     pub fn token_bytes(&self) -> usize {
-        self.n_kv_head * self.head_dim * self.dtype.width()
+        self.n_kv_head * self.head_dim * self.dtype.size()
     }
 
     /// Layer `i`.
@@ -103,7 +103,7 @@ fn dump_from(name: &str, json: &str, bytes: Vec<u8>) -> Result<Dump, CliError> {
     let expected = meta
         .shape
         .iter()
-        .try_fold(dtype.width(), |acc, &d| acc.checked_mul(d));
+        .try_fold(dtype.size(), |acc, &d| acc.checked_mul(d));
     if expected != Some(bytes.len()) || bytes.is_empty() {
         return Err(CliError::input(format!(
             "{name}: shape {:?} of {dtype} needs {} bytes, file has {}",

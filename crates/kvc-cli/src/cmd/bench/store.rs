@@ -83,7 +83,7 @@ fn load(a: &BenchStoreArgs) -> Result<Dataset, CliError> {
 fn to_f32(dtype: DType, b: &[u8]) -> f32 {
     let bits = u16::from_le_bytes([b[0], b[1]]);
     match dtype {
-        DType::BF16 => half::bf16::from_bits(bits).to_f32(),
+        DType::Bf16 => half::bf16::from_bits(bits).to_f32(),
         _ => half::f16::from_bits(bits).to_f32(),
     }
 }
@@ -193,7 +193,7 @@ pub fn measure(a: &BenchStoreArgs) -> Result<Value, CliError> {
     }
     let (layers, heads, dim) = (kd.n_layer, kd.n_kv_head, kd.head_dim);
     let cdt = if dtype == Dtype::Bf16 {
-        DType::BF16
+        DType::Bf16
     } else {
         DType::F16
     };

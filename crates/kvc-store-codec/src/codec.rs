@@ -1,4 +1,4 @@
-//! The codec is a parameter of the store: [`StoreCodec`], with gear-v1 ([`GearV1Codec`]),
+//! The codec is a parameter of a store: [`StoreCodec`], with gear-v1 ([`GearV1Codec`]),
 //! gear-v2 ([`GearV2Codec`]) and C8 int8 quantization before either ([`C8Codec`])
 //! implementations.
 //!
@@ -13,28 +13,9 @@ use std::sync::Arc;
 
 use kvc_codec::gear_v1::{EncodeOptions, GearV1Decoder, GearV1Encoder};
 use kvc_codec::gear_v2::{self, EncodeParams, TensorKind};
-use kvc_codec::Dtype;
+pub use kvc_types::Tensor;
 
 use crate::error::{Error, Result};
-
-/// K or V.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Tensor {
-    /// Keys.
-    K,
-    /// Values.
-    V,
-}
-
-impl Tensor {
-    /// `"K"` or `"V"`.
-    pub fn name(self) -> &'static str {
-        match self {
-            Tensor::K => "K",
-            Tensor::V => "V",
-        }
-    }
-}
 
 /// What a codec is handed: one tensor of one chunk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -98,15 +79,6 @@ pub trait StoreCodec: Send + Sync {
     }
 }
 
-fn codec_dtype(d: DType) -> Dtype {
-    match d {
-        DType::F16 => Dtype::F16,
-        DType::BF16 => Dtype::Bf16,
-        DType::F32 => Dtype::F32,
-        DType::I8 => Dtype::I8,
-    }
-}
-
 /// gear-v1 (the MNN format) with reusable encoders and decoders.
 pub struct GearV1Codec {
     options: EncodeOptions,
@@ -125,7 +97,7 @@ impl GearV1Codec {
         })
     }
 
-    fn encode_dtype(&self, dtype: Dtype, raw: &[u8], blob: &mut Vec<u8>) -> Result<()> {
+    fn encode_dtype(&self, dtype: DType, raw: &[u8], blob: &mut Vec<u8>) -> Result<()> {
         let popped = self.encoders.lock().pop();
         let mut enc = match popped {
             Some(e) => e,
@@ -136,7 +108,7 @@ impl GearV1Codec {
         Ok(r?)
     }
 
-    fn decode_dtype(&self, dtype: Dtype, blob: &[u8], out: &mut [u8]) -> Result<()> {
+    fn decode_dtype(&self, dtype: DType, blob: &[u8], out: &mut [u8]) -> Result<()> {
         let popped = self.decoders.lock().pop();
         let mut dec = match popped {
             Some(d) => d,
@@ -166,10 +138,10 @@ impl StoreCodec for GearV1Codec {
         true
     }
     fn encode(&self, info: &ChunkInfo, raw: &[u8], blob: &mut Vec<u8>) -> Result<()> {
-        self.encode_dtype(codec_dtype(info.dtype), raw, blob)
+        self.encode_dtype(info.dtype, raw, blob)
     }
     fn decode(&self, info: &ChunkInfo, blob: &[u8], out: &mut [u8]) -> Result<()> {
-        self.decode_dtype(codec_dtype(info.dtype), blob, out)
+        self.decode_dtype(info.dtype, blob, out)
     }
 }
 
@@ -217,7 +189,7 @@ impl GearV2Codec {
             reason: "more than gear-v2 accepts",
         })?;
         Ok(EncodeParams {
-            dtype: codec_dtype(info.dtype),
+            dtype: info.dtype,
             channels,
             kind: match info.tensor {
                 Tensor::K => TensorKind::K,
@@ -258,7 +230,7 @@ impl StoreCodec for GearV2Codec {
                 })
             };
             if h.dtype != params.dtype {
-                return mismatch("dtype width", params.dtype.width(), h.dtype.width());
+                return mismatch("dtype width", params.dtype.size(), h.dtype.size());
             }
             if h.channels != params.channels {
                 return mismatch("channels", params.channels as usize, h.channels as usize);
