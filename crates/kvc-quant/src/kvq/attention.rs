@@ -112,15 +112,21 @@ pub fn attend_head(
     check_rows("packed K rows", &k, n_tokens, layer.k.row_bytes())?;
     check_rows("packed V rows", &v, n_tokens, layer.v.row_bytes())?;
     if !scale.is_finite() {
-        return Err(Error::NonFinite {
+        return Err(Error::BadValue {
             what: "attention scale",
-            index: 0,
+            row: 0,
+            element: 0,
+            value: scale,
+            reason: "is not finite",
         });
     }
     if let Some(i) = q.iter().position(|x| !x.is_finite()) {
-        return Err(Error::NonFinite {
+        return Err(Error::BadValue {
             what: "query",
-            index: i,
+            row: 0,
+            element: i,
+            value: q[i],
+            reason: "is not finite",
         });
     }
     let scores = &mut scores[..n_tokens];
@@ -636,12 +642,48 @@ pub fn attend_heads(
     };
     rows(k_rows, &layer.k)?;
     rows(v_rows, &layer.v)?;
-    if let Some(i) = q.iter().position(|x| !x.is_finite()) {
-        return Err(Error::NonFinite {
-            what: "query",
-            index: i,
+    if !scale.is_finite() {
+        return Err(Error::BadValue {
+            what: "attention scale",
+            row: 0,
+            element: 0,
+            value: scale,
+            reason: "is not finite",
         });
     }
+    if let Some(i) = q.iter().position(|x| !x.is_finite()) {
+        return Err(Error::BadValue {
+            what: "query",
+            row: i / d,
+            element: i % d,
+            value: q[i],
+            reason: "is not finite",
+        });
+    }
+    // All or nothing: every packed row is checked before any head writes `out` (the
+    // heads run in parallel, so a corrupt row found inside one would leave the others
+    // written). The error names the row (token * n_kv_head + head).
+    let rows_n = n_tokens * n_kv_head;
+    layer
+        .k
+        .check_packed_rows(&k_rows[..rows_n * layer.k.row_bytes()])
+        .map_err(|e| match e {
+            Error::CorruptRow { row, .. } => Error::CorruptRow {
+                what: "K row f16 scale",
+                row,
+            },
+            e => e,
+        })?;
+    layer
+        .v
+        .check_packed_rows(&v_rows[..rows_n * layer.v.row_bytes()])
+        .map_err(|e| match e {
+            Error::CorruptRow { row, .. } => Error::CorruptRow {
+                what: "V row f16 scale",
+                row,
+            },
+            e => e,
+        })?;
     if n_tokens == 0 {
         out.fill(0.0);
         return Ok(());

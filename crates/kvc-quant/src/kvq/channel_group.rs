@@ -108,13 +108,18 @@ impl ChannelGroupCodec {
     pub fn quantize_block(&self, rows: &[f32], out: &mut [u8]) -> Result<()> {
         self.check_rows("rows (group * head_dim)", rows.len())?;
         self.check_block("block", out.len())?;
-        if let Some(i) = rows
-            .iter()
-            .position(|x| !x.is_finite() || x.abs() > f16::MAX.to_f32())
-        {
-            return Err(Error::NonFinite {
-                what: "channel group rows (outside f16's range)",
-                index: i,
+        if let Some(i) = rows.iter().position(|x| !(x.abs() <= f16::MAX.to_f32())) {
+            let v = rows[i];
+            return Err(Error::BadValue {
+                what: "channel group rows",
+                row: i / self.dim,
+                element: i % self.dim,
+                value: v,
+                reason: if v.is_finite() {
+                    "is outside f16's range (|value| <= 65504)"
+                } else {
+                    "is not finite"
+                },
             });
         }
         let d = self.dim;
