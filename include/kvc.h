@@ -2448,8 +2448,10 @@ enum kvc_status kvc_kvq_block_bits(const struct kvc_kvq *kvq,
  * Quantizes `n_rows` rows of `head_dim` floats at `src` (one row = one token of one KV
  * head; llama.cpp's K/V rows of a layer are `n_tokens * n_kv_head` such rows) into
  * `dst` (`dst_len` bytes, at least `n_rows * row_bytes`; only those are written). A
- * non-finite value is `KVC_CORRUPT_DATA`; a short `dst` `KVC_BUFFER_TOO_SMALL`.
- * No allocation.
+ * value that is not finite or beyond 2^32, or a row whose f16 scale would overflow, is
+ * `KVC_INVALID_ARGUMENT`, the message naming the row and the element; a short `dst`
+ * `KVC_BUFFER_TOO_SMALL`. All or nothing: every row is checked before `dst` is written,
+ * so on any error `dst` is byte-identical to before the call. No allocation.
  *
  * # Safety
  * `kvq` a live handle; `src` readable for `n_rows * head_dim` floats; `dst` writable for
@@ -2467,7 +2469,11 @@ enum kvc_status kvc_kvq_quantize_rows(const struct kvc_kvq *kvq,
 /**
  * Dequantizes `n_rows` packed rows from `src` (`src_len` bytes, at least `n_rows *
  * row_bytes`) into `n_rows * head_dim` floats at `dst`. A short `src` is
- * `KVC_BUFFER_TOO_SMALL`; a row with a non-finite scale `KVC_CORRUPT_DATA`.
+ * `KVC_BUFFER_TOO_SMALL`; a row with a non-finite scale `KVC_CORRUPT_DATA`, the message
+ * naming the row. All or nothing: every row is checked before `dst` is written, so on
+ * any error `dst` is byte-identical to before the call. The argument order differs from
+ * `kvc_kvq_quantize_rows` and `dst` has no length: `kvc_kvq_dequantize_rows_checked` is
+ * the same call ordered like quantize, with `dst_len`.
  *
  * # Safety
  * `kvq` a live handle; `src` readable for `src_len` bytes; `dst` writable for
@@ -2488,7 +2494,17 @@ enum kvc_status kvc_kvq_dequantize_rows(const struct kvc_kvq *kvq,
  * hold `n_tokens * n_kv_head` packed rows, token-major (`k_len`, `v_len` bytes, at least
  * that), `scale` multiplies the scores (usually `1/sqrt(head_dim)`), `scores` is scratch of
  * `scores_len >= n_head * n_tokens` floats, and `out` receives `n_head * head_dim`
- * floats. Threads over heads; no allocation beyond the thread pool's.
+ * floats. On `KVC_OK` with `n_tokens > 0`, `scores[h * n_tokens + t]` holds the
+ * unnormalized softmax weight of token `t` for query head `h`, `exp(scale * q_h . k_t -
+ * max_t')` (the largest is 1; token `t`'s weight is it divided by the head's sum); on
+ * error its contents are unspecified (scratch).
+ * A NaN or infinite `scale` or query value is `KVC_INVALID_ARGUMENT`; a packed row with
+ * a non-finite scale `KVC_CORRUPT_DATA` naming the row (`token * n_kv_head + head`),
+ * found before anything is written to `out` (all or nothing).
+ *
+ * Threads: runs the heads in parallel on rayon's global pool, shared by every kvc call
+ * in the process; it has one thread per CPU unless the environment variable
+ * `RAYON_NUM_THREADS` is set before the first call. No allocation beyond the pool's.
  *
  * # Safety
  * `kvq` a live handle; every pointer valid for the lengths stated; `scores` and `out`
@@ -2736,8 +2752,9 @@ enum kvc_status kvc_kvq_block_accumulate_rows_multi(uint32_t head_dim,
  * `r` uses center row `r % h` (so llama.cpp-style rows, `[token][n_kv_head][head_dim]`,
  * take an `[n_kv_head][head_dim]` center). The packed rows are ordinary kvq rows.
  * Attention on them: K scores need no correction; add the V center to each head's output.
- * A center that is not whole rows is `KVC_INVALID_ARGUMENT`; a non-finite center value, or a
- * row whose difference overflows, `KVC_CORRUPT_DATA`. No allocation.
+ * A center that is not whole rows, a non-finite center value, or a row whose difference
+ * is not finite or beyond 2^32, is `KVC_INVALID_ARGUMENT` (the message names the row and
+ * the element). All or nothing, as `kvc_kvq_quantize_rows`. No allocation.
  *
  * Ownership: every buffer stays the caller's. Threads: any number of calls may share one
  * `kvq`.
@@ -2761,7 +2778,7 @@ enum kvc_status kvc_kvq_quantize_rows_centered(const struct kvc_kvq *kvq,
  * Dequantizes `n_rows` packed rows as `kvc_kvq_dequantize_rows` does and adds the center
  * back (row `r` center row `r % (center_len / head_dim)`): the values of rows written
  * with `kvc_kvq_quantize_rows_centered` and the same center. A center that is not whole
- * rows is `KVC_INVALID_ARGUMENT`, a non-finite one `KVC_CORRUPT_DATA`; a short `src`
+ * rows, or a non-finite one, is `KVC_INVALID_ARGUMENT`; a short `src`
  * `KVC_BUFFER_TOO_SMALL`. No allocation.
  *
  * Ownership and threads: as `kvc_kvq_quantize_rows_centered`.
@@ -2787,7 +2804,7 @@ enum kvc_status kvc_kvq_dequantize_rows_centered(const struct kvc_kvq *kvq,
  * (`n_values` floats, `[token][n_kv_head][head_dim]`, at least one token) per KV head and
  * channel, rounded to f16 (the precision to store it in), written to `out` (`out_len` must
  * be `n_kv_head * head_dim`) only on success. A length that is not whole tokens or a wrong
- * `out_len` is `KVC_INVALID_ARGUMENT`; a non-finite value `KVC_CORRUPT_DATA`. Handle-free;
+ * `out_len`, or a non-finite value, is `KVC_INVALID_ARGUMENT`. Handle-free;
  * no allocation.
  *
  * Ownership: every buffer stays the caller's. Threads: safe from any thread.
@@ -2823,7 +2840,8 @@ enum kvc_status kvc_kvq_channel_block_bytes(uint32_t bits,
  * Codes `group` rows of `head_dim` floats at `rows` (token-major: row `t` starts at
  * `rows + t * head_dim`) into one block at `dst` (`dst_len` bytes, at least
  * `kvc_kvq_channel_block_bytes`). A non-finite value, or one outside f16's range, is
- * `KVC_CORRUPT_DATA`; a short `dst` is `KVC_BUFFER_TOO_SMALL`. `dst` is written only on
+ * `KVC_INVALID_ARGUMENT` (a caller's value, named by token row and channel); a short
+ * `dst` is `KVC_BUFFER_TOO_SMALL`. `dst` is written only on
  * `KVC_OK`.
  *
  * Ownership: both buffers stay the caller's.
