@@ -193,6 +193,99 @@ int main(void) {
            KVC_BUFFER_TOO_SMALL, "kvc_kvq_quantize_rows", NULL, NULL);
     CHECK(memcmp(p, keep_p, sizeof p) == 0);
 
+    /* ABI 0.12: the symmetric calls. */
+    for (size_t i = 0; i < ROWS * D; i++) x[i] = randf(&s);
+    CHECK_STATUS(kvc_kvq_quantize_rows(kvq, 0, KVC_TENSOR_K, x, ROWS, good, sizeof good), KVC_OK);
+    {
+        /* dequantize ordered like quantize, with dst_len: the same floats; short dst and a
+         * corrupt row leave dst untouched. */
+        static float y1[ROWS * D], y2[ROWS * D];
+        CHECK_STATUS(kvc_kvq_dequantize_rows(kvq, 0, KVC_TENSOR_K, good, sizeof good, y1, ROWS), KVC_OK);
+        CHECK_STATUS(kvc_kvq_dequantize_rows_checked(kvq, 0, KVC_TENSOR_K, good, sizeof good, ROWS, y2,
+                                                     ROWS * D),
+                     KVC_OK);
+        CHECK(memcmp(y1, y2, sizeof y1) == 0);
+        memcpy(y2, keep_y, sizeof y2);
+        EXPECT(kvc_kvq_dequantize_rows_checked(kvq, 0, KVC_TENSOR_K, good, sizeof good, ROWS, y2,
+                                               ROWS * D - 1),
+               KVC_BUFFER_TOO_SMALL, "kvc_kvq_dequantize_rows_checked", "dst", NULL);
+        CHECK(memcmp(y2, keep_y, sizeof y2) == 0);
+        static uint8_t bad[ROWS * (2 + 32)];
+        memcpy(bad, good, sizeof bad);
+        bad[3 * rb + 1] = 0x7c; /* f16 infinity (low byte 0 below) */
+        bad[3 * rb] = 0x00;
+        EXPECT(kvc_kvq_dequantize_rows_checked(kvq, 0, KVC_TENSOR_K, bad, sizeof bad, ROWS, y2,
+                                               ROWS * D),
+               KVC_CORRUPT_DATA, "kvc_kvq_dequantize_rows_checked", "packed row 3", NULL);
+        CHECK(memcmp(y2, keep_y, sizeof y2) == 0);
+
+        /* f16 and bf16 rows in: the bytes of the f32 call on the same values. */
+        static uint16_t h[ROWS * D];
+        static float back[ROWS * D];
+        static uint8_t p32[ROWS * (2 + 32)], p16[ROWS * (2 + 32)];
+        const kvc_dtype types[2] = {KVC_DTYPE_F16, KVC_DTYPE_BF16};
+        for (int j = 0; j < 2; j++) {
+            size_t n = 0;
+            CHECK_STATUS(kvc_convert(KVC_DTYPE_F32, x, ROWS * D, types[j], h, ROWS * D, &n), KVC_OK);
+            CHECK_STATUS(kvc_convert(types[j], h, ROWS * D, KVC_DTYPE_F32, back, ROWS * D, &n), KVC_OK);
+            CHECK_STATUS(kvc_kvq_quantize_rows(kvq, 0, KVC_TENSOR_K, back, ROWS, p32, sizeof p32), KVC_OK);
+            CHECK_STATUS(kvc_kvq_quantize_rows_typed(kvq, 0, KVC_TENSOR_K, types[j], h, ROWS, p16,
+                                                     sizeof p16),
+                         KVC_OK);
+            CHECK(memcmp(p32, p16, sizeof p32) == 0);
+            /* and out: the f32 values rounded to the type */
+            static uint16_t o16[ROWS * D], want[ROWS * D];
+            CHECK_STATUS(kvc_kvq_dequantize_rows_typed(kvq, 0, KVC_TENSOR_K, good, sizeof good, ROWS,
+                                                       types[j], o16, ROWS * D),
+                         KVC_OK);
+            CHECK_STATUS(kvc_convert(KVC_DTYPE_F32, y1, ROWS * D, types[j], want, ROWS * D, &n), KVC_OK);
+            CHECK(memcmp(o16, want, sizeof o16) == 0);
+        }
+        /* A NaN among f16 rows (row 5): refused, dst untouched. */
+        h[5 * D + 2] = 0x7e00;
+        memcpy(p16, keep_p, sizeof p16);
+        EXPECT(kvc_kvq_quantize_rows_typed(kvq, 0, KVC_TENSOR_K, KVC_DTYPE_F16, h, ROWS, p16, sizeof p16),
+               KVC_INVALID_ARGUMENT, "kvc_kvq_quantize_rows_typed", "row 5, element 2", NULL);
+        CHECK(memcmp(p16, keep_p, sizeof p16) == 0);
+        EXPECT(kvc_kvq_quantize_rows_typed(kvq, 0, KVC_TENSOR_K, KVC_DTYPE_I8, h, ROWS, p16, sizeof p16),
+               KVC_UNSUPPORTED, "kvc_kvq_quantize_rows_typed", "KVC_DTYPE_I8", NULL);
+        EXPECT(kvc_kvq_quantize_rows_typed(kvq, 0, KVC_TENSOR_K, 9, h, ROWS, p16, sizeof p16),
+               KVC_INVALID_ARGUMENT, "kvc_kvq_quantize_rows_typed", "dtype", NULL);
+        CHECK(memcmp(p16, keep_p, sizeof p16) == 0);
+    }
+    {
+        /* Strided attend: the token-major cache copied head-major ([H, S, D], S = 12 slots
+         * of which T = 8 are used) gives the bits of kvc_kvq_attend. */
+        enum { T = ROWS / NKV, S = 12 };
+        static uint8_t hk[NKV * S * (2 + 32)], hv[NKV * S * (2 + 32)];
+        static float q[NH * D], sc[NH * T], o1[NH * D], o2[NH * D];
+        for (int i = 0; i < NH * D; i++) q[i] = randf(&s);
+        for (int t = 0; t < T; t++)
+            for (int hh = 0; hh < NKV; hh++) {
+                memcpy(hk + ((size_t) hh * S + (size_t) t) * rb, good + ((size_t) t * NKV + (size_t) hh) * rb, rb);
+                memcpy(hv + ((size_t) hh * S + (size_t) t) * rb, good + ((size_t) t * NKV + (size_t) hh) * rb, rb);
+            }
+        CHECK_STATUS(kvc_kvq_attend(kvq, 0, q, NH, good, sizeof good, good, sizeof good, T, 0.125f, sc,
+                                    NH * T, o1),
+                     KVC_OK);
+        CHECK_STATUS(kvc_kvq_attend_strided(kvq, 0, q, NH, hk, sizeof hk, rb, S * rb, hv, sizeof hv, rb,
+                                            S * rb, T, 0.125f, sc, NH * T, o2),
+                     KVC_OK);
+        CHECK(memcmp(o1, o2, sizeof o1) == 0);
+        CHECK_STATUS(kvc_kvq_attend_strided(kvq, 0, q, NH, good, sizeof good, NKV * rb, rb, good,
+                                            sizeof good, NKV * rb, rb, T, 0.125f, sc, NH * T, o2),
+                     KVC_OK);
+        CHECK(memcmp(o1, o2, sizeof o1) == 0);
+        memcpy(o2, keep_y, sizeof o2);
+        EXPECT(kvc_kvq_attend_strided(kvq, 0, q, NH, hk, sizeof hk, rb - 1, S * rb, hv, sizeof hv, rb,
+                                      S * rb, T, 0.125f, sc, NH * T, o2),
+               KVC_INVALID_ARGUMENT, "kvc_kvq_attend_strided", "token stride", NULL);
+        EXPECT(kvc_kvq_attend_strided(kvq, 0, q, NH, hk, sizeof hk - 1, rb, S * rb, hv, sizeof hv, rb,
+                                      S * rb, S + 1, 0.125f, sc, NH * (S + 1), o2),
+               KVC_BUFFER_TOO_SMALL, "kvc_kvq_attend_strided", NULL, NULL);
+        CHECK(memcmp(o2, keep_y, sizeof o2) == 0);
+    }
+
     kvc_kvq_free(kvq);
     puts("test_kvq_contract: ok");
     return 0;

@@ -138,7 +138,7 @@
  * fields are added (only ever appended). A program built against minor `m` runs on any
  * library with the same major and a minor `>= m`.
  */
-#define KVC_ABI_VERSION_MINOR 11
+#define KVC_ABI_VERSION_MINOR 12
 
 /**
  * The ABI version this header describes, `(major << 16) | minor`. Pass it to
@@ -1818,6 +1818,60 @@ typedef struct kvc_api {
                                        uint32_t head_dim,
                                        float *out,
                                        size_t out_len);
+    /**
+     * See `kvc_kvq_dequantize_rows_checked` (ABI 0.12).
+     */
+    enum kvc_status (*kvq_dequantize_rows_checked)(const struct kvc_kvq *kvq,
+                                                   uint32_t layer,
+                                                   kvc_tensor tensor,
+                                                   const uint8_t *src,
+                                                   size_t src_len,
+                                                   size_t n_rows,
+                                                   float *dst,
+                                                   size_t dst_len);
+    /**
+     * See `kvc_kvq_quantize_rows_typed` (ABI 0.12).
+     */
+    enum kvc_status (*kvq_quantize_rows_typed)(const struct kvc_kvq *kvq,
+                                               uint32_t layer,
+                                               kvc_tensor tensor,
+                                               kvc_dtype dtype,
+                                               const void *src,
+                                               size_t n_rows,
+                                               uint8_t *dst,
+                                               size_t dst_len);
+    /**
+     * See `kvc_kvq_dequantize_rows_typed` (ABI 0.12).
+     */
+    enum kvc_status (*kvq_dequantize_rows_typed)(const struct kvc_kvq *kvq,
+                                                 uint32_t layer,
+                                                 kvc_tensor tensor,
+                                                 const uint8_t *src,
+                                                 size_t src_len,
+                                                 size_t n_rows,
+                                                 kvc_dtype dtype,
+                                                 void *dst,
+                                                 size_t dst_len);
+    /**
+     * See `kvc_kvq_attend_strided` (ABI 0.12).
+     */
+    enum kvc_status (*kvq_attend_strided)(const struct kvc_kvq *kvq,
+                                          uint32_t layer,
+                                          const float *q,
+                                          uint32_t n_head,
+                                          const uint8_t *k,
+                                          size_t k_len,
+                                          size_t k_token_stride,
+                                          size_t k_head_stride,
+                                          const uint8_t *v,
+                                          size_t v_len,
+                                          size_t v_token_stride,
+                                          size_t v_head_stride,
+                                          size_t n_tokens,
+                                          float scale,
+                                          float *scores,
+                                          size_t scores_len,
+                                          float *out);
 } kvc_api;
 
 /**
@@ -2473,7 +2527,7 @@ enum kvc_status kvc_kvq_quantize_rows(const struct kvc_kvq *kvq,
  * naming the row. All or nothing: every row is checked before `dst` is written, so on
  * any error `dst` is byte-identical to before the call. The argument order differs from
  * `kvc_kvq_quantize_rows` and `dst` has no length: `kvc_kvq_dequantize_rows_checked` is
- * the same call ordered like quantize, with `dst_len`.
+ * the same call ordered like quantize, with `dst_len` (ABI 0.12).
  *
  * # Safety
  * `kvq` a live handle; `src` readable for `src_len` bytes; `dst` writable for
@@ -2893,6 +2947,115 @@ enum kvc_status kvc_kvq_channel_dot(uint32_t bits,
                                     const uint8_t *src,
                                     size_t src_len,
                                     float *scores);
+
+/**
+ * Quantizes `n_rows` rows of `head_dim` values of type `dtype` (`KVC_DTYPE_F32`,
+ * `KVC_DTYPE_F16` or `KVC_DTYPE_BF16`) at `src` into `dst` (`dst_len` bytes, at least
+ * `n_rows * row_bytes`; only those are written): `kvc_kvq_quantize_rows` for an engine
+ * whose rows are f16 or bf16. The bytes are those of the f32 call on the same values.
+ * Errors as `kvc_kvq_quantize_rows` (a value that is not finite, or a row whose scale
+ * would overflow f16, is `KVC_INVALID_ARGUMENT` naming the row and element); another
+ * dtype value is `KVC_INVALID_ARGUMENT`, `KVC_DTYPE_I8` `KVC_UNSUPPORTED`. All or
+ * nothing: on any error `dst` is byte-identical to before the call. No allocation.
+ *
+ * Threads: safe from any thread; runs on the caller's thread.
+ *
+ * # Safety
+ * `kvq` a live handle; `src` readable for `n_rows * head_dim` elements of `dtype` and
+ * aligned for it; `dst` writable for `dst_len` bytes, not overlapping `src`.
+ */
+KVC_NODISCARD
+enum kvc_status kvc_kvq_quantize_rows_typed(const struct kvc_kvq *kvq,
+                                            uint32_t layer,
+                                            kvc_tensor tensor,
+                                            kvc_dtype dtype,
+                                            const void *src,
+                                            size_t n_rows,
+                                            uint8_t *dst,
+                                            size_t dst_len);
+
+/**
+ * Dequantizes `n_rows` packed rows from `src` (`src_len` bytes, at least `n_rows *
+ * row_bytes`) into `dst` (`dst_len` floats, at least `n_rows * head_dim`; only those are
+ * written): `kvc_kvq_dequantize_rows` with its arguments ordered like
+ * `kvc_kvq_quantize_rows` and the output's length checked. A short `src` or `dst` is
+ * `KVC_BUFFER_TOO_SMALL`; a row with a non-finite scale `KVC_CORRUPT_DATA` naming the
+ * row. All or nothing: on any error `dst` is byte-identical to before the call. No
+ * allocation.
+ *
+ * Threads: safe from any thread; runs on the caller's thread.
+ *
+ * # Safety
+ * `kvq` a live handle; `src` readable for `src_len` bytes; `dst` writable for `dst_len`
+ * floats, not overlapping `src`.
+ */
+KVC_NODISCARD
+enum kvc_status kvc_kvq_dequantize_rows_checked(const struct kvc_kvq *kvq,
+                                                uint32_t layer,
+                                                kvc_tensor tensor,
+                                                const uint8_t *src,
+                                                size_t src_len,
+                                                size_t n_rows,
+                                                float *dst,
+                                                size_t dst_len);
+
+/**
+ * As `kvc_kvq_dequantize_rows_checked`, writing the rows as `dtype` (`KVC_DTYPE_F32`,
+ * `KVC_DTYPE_F16` or `KVC_DTYPE_BF16`; `dst_len` in elements). Each value is the f32
+ * value rounded to nearest even; for f16, a decoded value beyond 65504 is
+ * `KVC_INVALID_ARGUMENT` naming the row and element (ask for f32 or bf16), found before
+ * anything is written. Another dtype value is `KVC_INVALID_ARGUMENT`, `KVC_DTYPE_I8`
+ * `KVC_UNSUPPORTED`. All or nothing. No allocation.
+ *
+ * Threads: safe from any thread; runs on the caller's thread.
+ *
+ * # Safety
+ * `kvq` a live handle; `src` readable for `src_len` bytes; `dst` writable for `dst_len`
+ * elements of `dtype`, aligned for it, not overlapping `src`.
+ */
+KVC_NODISCARD
+enum kvc_status kvc_kvq_dequantize_rows_typed(const struct kvc_kvq *kvq,
+                                              uint32_t layer,
+                                              kvc_tensor tensor,
+                                              const uint8_t *src,
+                                              size_t src_len,
+                                              size_t n_rows,
+                                              kvc_dtype dtype,
+                                              void *dst,
+                                              size_t dst_len);
+
+/**
+ * `kvc_kvq_attend` on a packed cache of any layout: row `(t, h)` of K starts at byte `h *
+ * k_head_stride + t * k_token_stride` of `k` (`k_len` bytes), likewise V. Token-major
+ * (llama.cpp, what `kvc_kvq_attend` reads): `token_stride = n_kv_head * row_bytes`,
+ * `head_stride = row_bytes`; head-major `[H, S, D]` with `S` slots per head:
+ * `token_stride = row_bytes`, `head_stride = S * row_bytes`. A token stride shorter
+ * than a row is `KVC_INVALID_ARGUMENT`; a cache whose last row ends past its length
+ * `KVC_BUFFER_TOO_SMALL`. Everything else as `kvc_kvq_attend` (the scores it leaves, the
+ * thread pool, all or nothing).
+ *
+ * # Safety
+ * `kvq` a live handle; every pointer valid for the lengths stated; `scores` and `out`
+ * writable and not overlapping each other or the inputs.
+ */
+KVC_NODISCARD
+enum kvc_status kvc_kvq_attend_strided(const struct kvc_kvq *kvq,
+                                       uint32_t layer,
+                                       const float *q,
+                                       uint32_t n_head,
+                                       const uint8_t *k,
+                                       size_t k_len,
+                                       size_t k_token_stride,
+                                       size_t k_head_stride,
+                                       const uint8_t *v,
+                                       size_t v_len,
+                                       size_t v_token_stride,
+                                       size_t v_head_stride,
+                                       size_t n_tokens,
+                                       float scale,
+                                       float *scores,
+                                       size_t scores_len,
+                                       float *out);
 
 /**
  * Copies the message explaining this thread's last failed kvc call into `buf`.

@@ -19,9 +19,9 @@ use crate::status::KvcStatus;
 /// `kvc_kvq_new_from_plan`, free with `kvc_kvq_free`. Read-only after creation: every
 /// other function takes `const kvc_kvq*` and may run concurrently on one handle.
 pub struct KvcKvq {
-    layers: Vec<LayerCodec>,
-    head_dim: usize,
-    n_kv_head: usize,
+    pub(crate) layers: Vec<LayerCodec>,
+    pub(crate) head_dim: usize,
+    pub(crate) n_kv_head: usize,
     /// Why these codecs are not the handle-free block formats (`kvc_kvq_block_*`), if
     /// they are not.
     not_block: Option<String>,
@@ -325,7 +325,7 @@ pub unsafe extern "C" fn kvc_kvq_quantize_rows(
 /// naming the row. All or nothing: every row is checked before `dst` is written, so on
 /// any error `dst` is byte-identical to before the call. The argument order differs from
 /// `kvc_kvq_quantize_rows` and `dst` has no length: `kvc_kvq_dequantize_rows_checked` is
-/// the same call ordered like quantize, with `dst_len`.
+/// the same call ordered like quantize, with `dst_len` (ABI 0.12).
 ///
 /// # Safety
 /// `kvq` a live handle; `src` readable for `src_len` bytes; `dst` writable for

@@ -113,7 +113,7 @@ pub enum Error {
 impl Error {
     /// The same error naming row `row` of a batch (for errors that name a row: a bad
     /// input value or a corrupt packed row); any other error unchanged.
-    pub(crate) fn at_row(self, row: usize) -> Error {
+    pub fn at_row(self, row: usize) -> Error {
         match self {
             Error::BadValue {
                 what,

@@ -973,7 +973,7 @@ impl RowCodec {
     /// finite and within [`MAX_ABS_VALUE`], each scale within f16 (coded into stack
     /// scratch for the rare rows large enough to need it). Writes nothing; the error names
     /// the row and the element.
-    pub(crate) fn check_rows_codable(&self, x: &[f32]) -> Result<()> {
+    pub fn check_rows_codable(&self, x: &[f32]) -> Result<()> {
         let safe = self.always_codable_below();
         let mut scratch = [0u8; MAX_ROW_BYTES];
         for (r, xr) in x.chunks_exact(self.dim).enumerate() {
@@ -988,7 +988,7 @@ impl RowCodec {
 
     /// Checks every packed row's scales (whole rows of `row_bytes`): finite, else
     /// `Error::CorruptRow` naming the row. Writes nothing.
-    pub(crate) fn check_packed_rows(&self, packed: &[u8]) -> Result<()> {
+    pub fn check_packed_rows(&self, packed: &[u8]) -> Result<()> {
         let mut sc = [0f32; MAX_HEAD_DIM / 8];
         let sc = &mut sc[..self.scales];
         for (r, row) in packed.chunks_exact(self.row_bytes).enumerate() {
