@@ -249,7 +249,7 @@ fn check_quantize(kvq: *mut KvcKvq, tensor: u32, d: usize, rb: usize, bytes: &[u
     let st = unsafe {
         kvc_kvq_quantize_rows(kvq, 0, tensor, x.as_ptr(), n, dst.as_mut_ptr(), dst.len())
     };
-    let out_of_range = x.iter().any(|v| !(v.abs() <= 4_294_967_296.0));
+    let out_of_range = x.iter().any(|v| v.is_nan() || v.abs() > 4_294_967_296.0);
     if st != KvcStatus::KVC_OK {
         assert_eq!(st, KvcStatus::KVC_INVALID_ARGUMENT);
         assert!(dst.iter().all(|&b| b == 0xa5), "quantize wrote on failure");

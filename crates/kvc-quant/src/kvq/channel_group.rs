@@ -108,7 +108,10 @@ impl ChannelGroupCodec {
     pub fn quantize_block(&self, rows: &[f32], out: &mut [u8]) -> Result<()> {
         self.check_rows("rows (group * head_dim)", rows.len())?;
         self.check_block("block", out.len())?;
-        if let Some(i) = rows.iter().position(|x| !(x.abs() <= f16::MAX.to_f32())) {
+        if let Some(i) = rows
+            .iter()
+            .position(|x| x.is_nan() || x.abs() > f16::MAX.to_f32())
+        {
             let v = rows[i];
             return Err(Error::BadValue {
                 what: "channel group rows",

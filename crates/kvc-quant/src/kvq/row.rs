@@ -49,7 +49,7 @@ pub(crate) fn check_values(what: &'static str, x: &[f32], row: usize) -> Result<
     }
     let i = x
         .iter()
-        .position(|v| !(v.abs() <= MAX_ABS_VALUE))
+        .position(|v| v.is_nan() || v.abs() > MAX_ABS_VALUE)
         .unwrap_or(0);
     let v = x[i];
     Err(Error::BadValue {
