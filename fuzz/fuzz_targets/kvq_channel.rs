@@ -318,7 +318,10 @@ fn check_quantize(c: &ChannelGroupCodec, head: &[u8], bytes: &[u8]) {
     if wide && x.iter().any(|v| v.is_nan() || v.abs() > 65504.0) {
         let e = c.quantize_block(&x, &mut block).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::InvalidArgument);
-        assert!(block.iter().all(|&b| b == 0xa5), "quantize wrote on failure");
+        assert!(
+            block.iter().all(|&b| b == 0xa5),
+            "quantize wrote on failure"
+        );
         return;
     }
     c.quantize_block(&x, &mut block).unwrap();

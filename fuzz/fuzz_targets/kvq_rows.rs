@@ -200,7 +200,10 @@ fuzz_target!(|data: &[u8]| {
     });
     if bad {
         assert_eq!(st, KvcStatus::KVC_CORRUPT_DATA);
-        assert!(out.iter().all(|x| x.is_nan()), "dequantize wrote on failure");
+        assert!(
+            out.iter().all(|x| x.is_nan()),
+            "dequantize wrote on failure"
+        );
     } else {
         assert_eq!(st, KvcStatus::KVC_OK);
         assert!(out[..n * d].iter().all(|x| x.is_finite()));
@@ -266,7 +269,10 @@ fn check_quantize(kvq: *mut KvcKvq, tensor: u32, d: usize, rb: usize, bytes: &[u
     assert_eq!(st, KvcStatus::KVC_OK);
     for (xr, yr) in x.chunks_exact(d).zip(y.chunks_exact(d)) {
         if xr.iter().any(|v| v.abs() >= 1e-3) {
-            assert!(yr.iter().any(|v| *v != 0.0), "a row that is not zero decoded to zeros");
+            assert!(
+                yr.iter().any(|v| *v != 0.0),
+                "a row that is not zero decoded to zeros"
+            );
         }
     }
 }
