@@ -224,6 +224,43 @@ static void test_library_handles() {
     CHECK(kvc::kvq_quantize_rows_centered(kvq->get(), 1, KVC_TENSOR_K, kv_rows.data(), 2,
                                           std::vector<float>(63)).status() == KVC_INVALID_ARGUMENT);
     CHECK(kvc::kvq_mean_center(kv_rows.data(), 65, 1u, 64u).status() == KVC_INVALID_ARGUMENT);
+
+    // Caller-buffer wrappers (ABI 0.12): row sizes, quantize / dequantize into the caller's
+    // buffers, attend with caller scratch; the same bytes and values as the C calls.
+    auto krow = kvc::kvq_row_bytes(kvq->get(), 1, KVC_TENSOR_K);
+    CHECK(krow.ok() && *krow == 34);
+    std::vector<std::uint8_t> into(2 * 34, 0xee);
+    CHECK(kvc::kvq_quantize_rows_into(kvq->get(), 1, KVC_TENSOR_K, kv_rows.data(), 2, into.data(),
+                                      into.size()).ok());
+    CHECK(into == *packed);
+    std::vector<float> back2(kv_rows.size(), -1.0f);
+    CHECK(kvc::kvq_dequantize_rows_into(kvq->get(), 1, KVC_TENSOR_K, into.data(), into.size(), 2,
+                                        back2.data(), back2.size()).ok());
+    CHECK(back2 == kv_back);
+    std::vector<float> keep(back2);
+    CHECK(kvc::kvq_dequantize_rows_into(kvq->get(), 1, KVC_TENSOR_K, into.data(), into.size(), 2,
+                                        back2.data(), back2.size() - 1).status() ==
+          KVC_BUFFER_TOO_SMALL);
+    CHECK(back2 == keep);
+    // attend: 3 KV heads, 3 query heads, 2 tokens -> 6 K and 6 V rows (K 4-bit, V 2-bit).
+    auto vrow = kvc::kvq_row_bytes(kvq->get(), 1, KVC_TENSOR_V);
+    CHECK(vrow.ok());
+    std::vector<float> rows6(6 * 64), q(3 * 64, 0.1f), scores(3 * 2), out(3 * 64);
+    for (std::size_t i = 0; i < rows6.size(); i++) rows6[i] = float(i % 11) - 5.0f;
+    std::vector<std::uint8_t> k6(6 * *krow), v6(6 * *vrow);
+    CHECK(kvc::kvq_quantize_rows_into(kvq->get(), 1, KVC_TENSOR_K, rows6.data(), 6, k6.data(),
+                                      k6.size()).ok());
+    CHECK(kvc::kvq_quantize_rows_into(kvq->get(), 1, KVC_TENSOR_V, rows6.data(), 6, v6.data(),
+                                      v6.size()).ok());
+    CHECK(kvc::kvq_attend(kvq->get(), 1, q.data(), 3, k6.data(), k6.size(), v6.data(), v6.size(),
+                          2, 0.125f, scores.data(), scores.size(), out.data()).ok());
+    std::vector<float> out_c(out.size());
+    CHECK(kvc_kvq_attend(kvq->get(), 1, q.data(), 3, k6.data(), k6.size(), v6.data(), v6.size(), 2,
+                         0.125f, scores.data(), scores.size(), out_c.data()) == KVC_OK);
+    CHECK(out == out_c);
+    CHECK(kvc::kvq_attend(kvq->get(), 1, q.data(), 3, k6.data(), k6.size(), v6.data(), v6.size(),
+                          2, std::nanf(""), scores.data(), scores.size(), out.data()).status() ==
+          KVC_INVALID_ARGUMENT);
 }
 
 // kvc::Tiers (ABI 0.7): RAII handle, store then restore through the helpers.

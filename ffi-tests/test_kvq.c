@@ -82,7 +82,7 @@ int main(void) {
     bad[5] = NAN;
     uint8_t one[66];
     CHECK_STATUS(kvc_kvq_quantize_rows(kvq, 0, KVC_TENSOR_K, bad, 1, one, sizeof one),
-                 KVC_CORRUPT_DATA);
+                 KVC_INVALID_ARGUMENT);
 
     /* Attention: packed vs double attention on the dequantized rows. */
     static float scores[NH * T], out[NH * D];
@@ -367,7 +367,7 @@ int main(void) {
             free(cbad);
         }
 
-        /* input that is NaN, infinite or beyond f16's range: corrupt, dst untouched;
+        /* input that is NaN, infinite or beyond f16's range: a caller's mistake, dst untouched;
            f16's largest finite value is accepted and decodes exactly */
         {
             unsigned char* cout = malloc(CBYTES);
@@ -377,7 +377,7 @@ int main(void) {
                 memcpy(cz, cx, sizeof cz);
                 cz[(int) j * 131 % (CG * CD)] = poison[j];
                 memset(cout, 0x5a, CBYTES);
-                CHECK_STATUS(kvc_kvq_channel_quantize(CB, CD, CG, cz, cout, CBYTES), KVC_CORRUPT_DATA);
+                CHECK_STATUS(kvc_kvq_channel_quantize(CB, CD, CG, cz, cout, CBYTES), KVC_INVALID_ARGUMENT);
                 for (int i = 0; i < CBYTES; ++i) CHECK(cout[i] == 0x5a);
             }
             memcpy(cz, cx, sizeof cz);
@@ -476,9 +476,9 @@ int main(void) {
         memcpy(cnan, cc, sizeof cnan);
         cnan[9] = NAN;
         CHECK_STATUS(kvc_kvq_quantize_rows_centered(kc, 0, KVC_TENSOR_K, cx, CT * CH, cnan, CW, pb, sizeof pb),
-                     KVC_CORRUPT_DATA);
+                     KVC_INVALID_ARGUMENT);
         CHECK_STATUS(kvc_kvq_dequantize_rows_centered(kc, 0, KVC_TENSOR_K, pa, sizeof pa, cnan, CW, cy, CT * CH),
-                     KVC_CORRUPT_DATA);
+                     KVC_INVALID_ARGUMENT);
         /* mean_center: whole tokens, the out length, non-finite rows; out untouched on error */
         float keep[CW];
         memcpy(keep, cc, sizeof keep);
@@ -486,7 +486,7 @@ int main(void) {
         CHECK_STATUS(kvc_kvq_mean_center(cx, CT * CW, CH, CDIM, cc, CW - 1), KVC_INVALID_ARGUMENT);
         CHECK_STATUS(kvc_kvq_mean_center(cx, 0, CH, CDIM, cc, CW), KVC_INVALID_ARGUMENT);
         CHECK_STATUS(kvc_kvq_mean_center(cx, CT * CW, 0, CDIM, cc, CW), KVC_INVALID_ARGUMENT);
-        CHECK_STATUS(kvc_kvq_mean_center(cnan, CW, CH, CDIM, cc, CW), KVC_CORRUPT_DATA);
+        CHECK_STATUS(kvc_kvq_mean_center(cnan, CW, CH, CDIM, cc, CW), KVC_INVALID_ARGUMENT);
         CHECK_STATUS(kvc_kvq_mean_center(NULL, CW, CH, CDIM, cc, CW), KVC_NULL_ARGUMENT);
         CHECK_STATUS(kvc_kvq_mean_center(cx, CT * CW, CH, CDIM, cx, CW), KVC_INVALID_ARGUMENT);
         CHECK(memcmp(keep, cc, sizeof keep) == 0);

@@ -138,7 +138,7 @@
  * fields are added (only ever appended). A program built against minor `m` runs on any
  * library with the same major and a minor `>= m`.
  */
-#define KVC_ABI_VERSION_MINOR 11
+#define KVC_ABI_VERSION_MINOR 12
 
 /**
  * The ABI version this header describes, `(major << 16) | minor`. Pass it to
@@ -1818,6 +1818,60 @@ typedef struct kvc_api {
                                        uint32_t head_dim,
                                        float *out,
                                        size_t out_len);
+    /**
+     * See `kvc_kvq_dequantize_rows_checked` (ABI 0.12).
+     */
+    enum kvc_status (*kvq_dequantize_rows_checked)(const struct kvc_kvq *kvq,
+                                                   uint32_t layer,
+                                                   kvc_tensor tensor,
+                                                   const uint8_t *src,
+                                                   size_t src_len,
+                                                   size_t n_rows,
+                                                   float *dst,
+                                                   size_t dst_len);
+    /**
+     * See `kvc_kvq_quantize_rows_typed` (ABI 0.12).
+     */
+    enum kvc_status (*kvq_quantize_rows_typed)(const struct kvc_kvq *kvq,
+                                               uint32_t layer,
+                                               kvc_tensor tensor,
+                                               kvc_dtype dtype,
+                                               const void *src,
+                                               size_t n_rows,
+                                               uint8_t *dst,
+                                               size_t dst_len);
+    /**
+     * See `kvc_kvq_dequantize_rows_typed` (ABI 0.12).
+     */
+    enum kvc_status (*kvq_dequantize_rows_typed)(const struct kvc_kvq *kvq,
+                                                 uint32_t layer,
+                                                 kvc_tensor tensor,
+                                                 const uint8_t *src,
+                                                 size_t src_len,
+                                                 size_t n_rows,
+                                                 kvc_dtype dtype,
+                                                 void *dst,
+                                                 size_t dst_len);
+    /**
+     * See `kvc_kvq_attend_strided` (ABI 0.12).
+     */
+    enum kvc_status (*kvq_attend_strided)(const struct kvc_kvq *kvq,
+                                          uint32_t layer,
+                                          const float *q,
+                                          uint32_t n_head,
+                                          const uint8_t *k,
+                                          size_t k_len,
+                                          size_t k_token_stride,
+                                          size_t k_head_stride,
+                                          const uint8_t *v,
+                                          size_t v_len,
+                                          size_t v_token_stride,
+                                          size_t v_head_stride,
+                                          size_t n_tokens,
+                                          float scale,
+                                          float *scores,
+                                          size_t scores_len,
+                                          float *out);
 } kvc_api;
 
 /**
@@ -2448,8 +2502,10 @@ enum kvc_status kvc_kvq_block_bits(const struct kvc_kvq *kvq,
  * Quantizes `n_rows` rows of `head_dim` floats at `src` (one row = one token of one KV
  * head; llama.cpp's K/V rows of a layer are `n_tokens * n_kv_head` such rows) into
  * `dst` (`dst_len` bytes, at least `n_rows * row_bytes`; only those are written). A
- * non-finite value is `KVC_CORRUPT_DATA`; a short `dst` `KVC_BUFFER_TOO_SMALL`.
- * No allocation.
+ * value that is not finite or beyond 2^32, or a row whose f16 scale would overflow, is
+ * `KVC_INVALID_ARGUMENT`, the message naming the row and the element; a short `dst`
+ * `KVC_BUFFER_TOO_SMALL`. All or nothing: every row is checked before `dst` is written,
+ * so on any error `dst` is byte-identical to before the call. No allocation.
  *
  * # Safety
  * `kvq` a live handle; `src` readable for `n_rows * head_dim` floats; `dst` writable for
@@ -2467,7 +2523,11 @@ enum kvc_status kvc_kvq_quantize_rows(const struct kvc_kvq *kvq,
 /**
  * Dequantizes `n_rows` packed rows from `src` (`src_len` bytes, at least `n_rows *
  * row_bytes`) into `n_rows * head_dim` floats at `dst`. A short `src` is
- * `KVC_BUFFER_TOO_SMALL`; a row with a non-finite scale `KVC_CORRUPT_DATA`.
+ * `KVC_BUFFER_TOO_SMALL`; a row with a non-finite scale `KVC_CORRUPT_DATA`, the message
+ * naming the row. All or nothing: every row is checked before `dst` is written, so on
+ * any error `dst` is byte-identical to before the call. The argument order differs from
+ * `kvc_kvq_quantize_rows` and `dst` has no length: `kvc_kvq_dequantize_rows_checked` is
+ * the same call ordered like quantize, with `dst_len` (ABI 0.12).
  *
  * # Safety
  * `kvq` a live handle; `src` readable for `src_len` bytes; `dst` writable for
@@ -2488,7 +2548,17 @@ enum kvc_status kvc_kvq_dequantize_rows(const struct kvc_kvq *kvq,
  * hold `n_tokens * n_kv_head` packed rows, token-major (`k_len`, `v_len` bytes, at least
  * that), `scale` multiplies the scores (usually `1/sqrt(head_dim)`), `scores` is scratch of
  * `scores_len >= n_head * n_tokens` floats, and `out` receives `n_head * head_dim`
- * floats. Threads over heads; no allocation beyond the thread pool's.
+ * floats. On `KVC_OK` with `n_tokens > 0`, `scores[h * n_tokens + t]` holds the
+ * unnormalized softmax weight of token `t` for query head `h`, `exp(scale * q_h . k_t -
+ * max_t')` (the largest is 1; token `t`'s weight is it divided by the head's sum); on
+ * error its contents are unspecified (scratch).
+ * A NaN or infinite `scale` or query value is `KVC_INVALID_ARGUMENT`; a packed row with
+ * a non-finite scale `KVC_CORRUPT_DATA` naming the row (`token * n_kv_head + head`),
+ * found before anything is written to `out` (all or nothing).
+ *
+ * Threads: runs the heads in parallel on rayon's global pool, shared by every kvc call
+ * in the process; it has one thread per CPU unless the environment variable
+ * `RAYON_NUM_THREADS` is set before the first call. No allocation beyond the pool's.
  *
  * # Safety
  * `kvq` a live handle; every pointer valid for the lengths stated; `scores` and `out`
@@ -2736,8 +2806,9 @@ enum kvc_status kvc_kvq_block_accumulate_rows_multi(uint32_t head_dim,
  * `r` uses center row `r % h` (so llama.cpp-style rows, `[token][n_kv_head][head_dim]`,
  * take an `[n_kv_head][head_dim]` center). The packed rows are ordinary kvq rows.
  * Attention on them: K scores need no correction; add the V center to each head's output.
- * A center that is not whole rows is `KVC_INVALID_ARGUMENT`; a non-finite center value, or a
- * row whose difference overflows, `KVC_CORRUPT_DATA`. No allocation.
+ * A center that is not whole rows, a non-finite center value, or a row whose difference
+ * is not finite or beyond 2^32, is `KVC_INVALID_ARGUMENT` (the message names the row and
+ * the element). All or nothing, as `kvc_kvq_quantize_rows`. No allocation.
  *
  * Ownership: every buffer stays the caller's. Threads: any number of calls may share one
  * `kvq`.
@@ -2761,7 +2832,7 @@ enum kvc_status kvc_kvq_quantize_rows_centered(const struct kvc_kvq *kvq,
  * Dequantizes `n_rows` packed rows as `kvc_kvq_dequantize_rows` does and adds the center
  * back (row `r` center row `r % (center_len / head_dim)`): the values of rows written
  * with `kvc_kvq_quantize_rows_centered` and the same center. A center that is not whole
- * rows is `KVC_INVALID_ARGUMENT`, a non-finite one `KVC_CORRUPT_DATA`; a short `src`
+ * rows, or a non-finite one, is `KVC_INVALID_ARGUMENT`; a short `src`
  * `KVC_BUFFER_TOO_SMALL`. No allocation.
  *
  * Ownership and threads: as `kvc_kvq_quantize_rows_centered`.
@@ -2787,7 +2858,7 @@ enum kvc_status kvc_kvq_dequantize_rows_centered(const struct kvc_kvq *kvq,
  * (`n_values` floats, `[token][n_kv_head][head_dim]`, at least one token) per KV head and
  * channel, rounded to f16 (the precision to store it in), written to `out` (`out_len` must
  * be `n_kv_head * head_dim`) only on success. A length that is not whole tokens or a wrong
- * `out_len` is `KVC_INVALID_ARGUMENT`; a non-finite value `KVC_CORRUPT_DATA`. Handle-free;
+ * `out_len`, or a non-finite value, is `KVC_INVALID_ARGUMENT`. Handle-free;
  * no allocation.
  *
  * Ownership: every buffer stays the caller's. Threads: safe from any thread.
@@ -2823,7 +2894,8 @@ enum kvc_status kvc_kvq_channel_block_bytes(uint32_t bits,
  * Codes `group` rows of `head_dim` floats at `rows` (token-major: row `t` starts at
  * `rows + t * head_dim`) into one block at `dst` (`dst_len` bytes, at least
  * `kvc_kvq_channel_block_bytes`). A non-finite value, or one outside f16's range, is
- * `KVC_CORRUPT_DATA`; a short `dst` is `KVC_BUFFER_TOO_SMALL`. `dst` is written only on
+ * `KVC_INVALID_ARGUMENT` (a caller's value, named by token row and channel); a short
+ * `dst` is `KVC_BUFFER_TOO_SMALL`. `dst` is written only on
  * `KVC_OK`.
  *
  * Ownership: both buffers stay the caller's.
@@ -2875,6 +2947,115 @@ enum kvc_status kvc_kvq_channel_dot(uint32_t bits,
                                     const uint8_t *src,
                                     size_t src_len,
                                     float *scores);
+
+/**
+ * Quantizes `n_rows` rows of `head_dim` values of type `dtype` (`KVC_DTYPE_F32`,
+ * `KVC_DTYPE_F16` or `KVC_DTYPE_BF16`) at `src` into `dst` (`dst_len` bytes, at least
+ * `n_rows * row_bytes`; only those are written): `kvc_kvq_quantize_rows` for an engine
+ * whose rows are f16 or bf16. The bytes are those of the f32 call on the same values.
+ * Errors as `kvc_kvq_quantize_rows` (a value that is not finite, or a row whose scale
+ * would overflow f16, is `KVC_INVALID_ARGUMENT` naming the row and element); another
+ * dtype value is `KVC_INVALID_ARGUMENT`, `KVC_DTYPE_I8` `KVC_UNSUPPORTED`. All or
+ * nothing: on any error `dst` is byte-identical to before the call. No allocation.
+ *
+ * Threads: safe from any thread; runs on the caller's thread.
+ *
+ * # Safety
+ * `kvq` a live handle; `src` readable for `n_rows * head_dim` elements of `dtype` and
+ * aligned for it; `dst` writable for `dst_len` bytes, not overlapping `src`.
+ */
+KVC_NODISCARD
+enum kvc_status kvc_kvq_quantize_rows_typed(const struct kvc_kvq *kvq,
+                                            uint32_t layer,
+                                            kvc_tensor tensor,
+                                            kvc_dtype dtype,
+                                            const void *src,
+                                            size_t n_rows,
+                                            uint8_t *dst,
+                                            size_t dst_len);
+
+/**
+ * Dequantizes `n_rows` packed rows from `src` (`src_len` bytes, at least `n_rows *
+ * row_bytes`) into `dst` (`dst_len` floats, at least `n_rows * head_dim`; only those are
+ * written): `kvc_kvq_dequantize_rows` with its arguments ordered like
+ * `kvc_kvq_quantize_rows` and the output's length checked. A short `src` or `dst` is
+ * `KVC_BUFFER_TOO_SMALL`; a row with a non-finite scale `KVC_CORRUPT_DATA` naming the
+ * row. All or nothing: on any error `dst` is byte-identical to before the call. No
+ * allocation.
+ *
+ * Threads: safe from any thread; runs on the caller's thread.
+ *
+ * # Safety
+ * `kvq` a live handle; `src` readable for `src_len` bytes; `dst` writable for `dst_len`
+ * floats, not overlapping `src`.
+ */
+KVC_NODISCARD
+enum kvc_status kvc_kvq_dequantize_rows_checked(const struct kvc_kvq *kvq,
+                                                uint32_t layer,
+                                                kvc_tensor tensor,
+                                                const uint8_t *src,
+                                                size_t src_len,
+                                                size_t n_rows,
+                                                float *dst,
+                                                size_t dst_len);
+
+/**
+ * As `kvc_kvq_dequantize_rows_checked`, writing the rows as `dtype` (`KVC_DTYPE_F32`,
+ * `KVC_DTYPE_F16` or `KVC_DTYPE_BF16`; `dst_len` in elements). Each value is the f32
+ * value rounded to nearest even; for f16, a decoded value beyond 65504 is
+ * `KVC_INVALID_ARGUMENT` naming the row and element (ask for f32 or bf16), found before
+ * anything is written. Another dtype value is `KVC_INVALID_ARGUMENT`, `KVC_DTYPE_I8`
+ * `KVC_UNSUPPORTED`. All or nothing. No allocation.
+ *
+ * Threads: safe from any thread; runs on the caller's thread.
+ *
+ * # Safety
+ * `kvq` a live handle; `src` readable for `src_len` bytes; `dst` writable for `dst_len`
+ * elements of `dtype`, aligned for it, not overlapping `src`.
+ */
+KVC_NODISCARD
+enum kvc_status kvc_kvq_dequantize_rows_typed(const struct kvc_kvq *kvq,
+                                              uint32_t layer,
+                                              kvc_tensor tensor,
+                                              const uint8_t *src,
+                                              size_t src_len,
+                                              size_t n_rows,
+                                              kvc_dtype dtype,
+                                              void *dst,
+                                              size_t dst_len);
+
+/**
+ * `kvc_kvq_attend` on a packed cache of any layout: row `(t, h)` of K starts at byte `h *
+ * k_head_stride + t * k_token_stride` of `k` (`k_len` bytes), likewise V. Token-major
+ * (llama.cpp, what `kvc_kvq_attend` reads): `token_stride = n_kv_head * row_bytes`,
+ * `head_stride = row_bytes`; head-major `[H, S, D]` with `S` slots per head:
+ * `token_stride = row_bytes`, `head_stride = S * row_bytes`. A token stride shorter
+ * than a row is `KVC_INVALID_ARGUMENT`; a cache whose last row ends past its length
+ * `KVC_BUFFER_TOO_SMALL`. Everything else as `kvc_kvq_attend` (the scores it leaves, the
+ * thread pool, all or nothing).
+ *
+ * # Safety
+ * `kvq` a live handle; every pointer valid for the lengths stated; `scores` and `out`
+ * writable and not overlapping each other or the inputs.
+ */
+KVC_NODISCARD
+enum kvc_status kvc_kvq_attend_strided(const struct kvc_kvq *kvq,
+                                       uint32_t layer,
+                                       const float *q,
+                                       uint32_t n_head,
+                                       const uint8_t *k,
+                                       size_t k_len,
+                                       size_t k_token_stride,
+                                       size_t k_head_stride,
+                                       const uint8_t *v,
+                                       size_t v_len,
+                                       size_t v_token_stride,
+                                       size_t v_head_stride,
+                                       size_t n_tokens,
+                                       float scale,
+                                       float *scores,
+                                       size_t scores_len,
+                                       float *out);
 
 /**
  * Copies the message explaining this thread's last failed kvc call into `buf`.

@@ -336,6 +336,48 @@ inline Result<std::vector<std::uint8_t>> kvq_quantize_rows_centered(
     return out;
 }
 
+/// kvc_kvq_row_bytes: bytes of one packed row of `tensor` in `layer`.
+inline Result<std::size_t> kvq_row_bytes(const kvc_kvq* kvq, std::uint32_t layer,
+                                         kvc_tensor tensor) {
+    std::size_t row = 0;
+    const kvc_status st = kvc_kvq_row_bytes(kvq, layer, tensor, &row);
+    if (st != KVC_OK) return detail::error_from(st);
+    return row;
+}
+
+/// kvc_kvq_quantize_rows into the caller's buffer (no allocation): `n_rows` rows of
+/// head_dim floats at `src` into `dst` (`dst_len` bytes, at least n_rows * row_bytes).
+/// All or nothing: on an error `dst` is unchanged.
+inline Result<void> kvq_quantize_rows_into(const kvc_kvq* kvq, std::uint32_t layer,
+                                           kvc_tensor tensor, const float* src,
+                                           std::size_t n_rows, std::uint8_t* dst,
+                                           std::size_t dst_len) {
+    return detail::check(kvc_kvq_quantize_rows(kvq, layer, tensor, src, n_rows, dst, dst_len));
+}
+
+/// kvc_kvq_dequantize_rows_checked into the caller's buffer (no allocation): `n_rows`
+/// packed rows at `src` (`src_len` bytes) into `dst` (`dst_len` floats, at least n_rows *
+/// head_dim). All or nothing.
+inline Result<void> kvq_dequantize_rows_into(const kvc_kvq* kvq, std::uint32_t layer,
+                                             kvc_tensor tensor, const std::uint8_t* src,
+                                             std::size_t src_len, std::size_t n_rows,
+                                             float* dst, std::size_t dst_len) {
+    return detail::check(kvc_kvq_dequantize_rows_checked(kvq, layer, tensor, src, src_len,
+                                                         n_rows, dst, dst_len));
+}
+
+/// kvc_kvq_attend into the caller's buffers (no allocation): one decode step of `n_head`
+/// query heads on a token-major packed cache of `n_tokens` tokens. `scores` is scratch of
+/// `scores_len >= n_head * n_tokens` floats (on success: each head's unnormalized softmax
+/// weights); `out` receives n_head * head_dim floats. All or nothing for `out`.
+inline Result<void> kvq_attend(const kvc_kvq* kvq, std::uint32_t layer, const float* q,
+                               std::uint32_t n_head, const std::uint8_t* k, std::size_t k_len,
+                               const std::uint8_t* v, std::size_t v_len, std::size_t n_tokens,
+                               float scale, float* scores, std::size_t scores_len, float* out) {
+    return detail::check(kvc_kvq_attend(kvq, layer, q, n_head, k, k_len, v, v_len, n_tokens,
+                                        scale, scores, scores_len, out));
+}
+
 /// kvc_kvq_mean_center into a new vector of n_kv_head * head_dim floats.
 inline Result<std::vector<float>> kvq_mean_center(const float* rows, std::size_t n_values,
                                                   std::uint32_t n_kv_head,

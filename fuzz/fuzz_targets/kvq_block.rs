@@ -26,6 +26,10 @@
 //!   `KVC_BUFFER_TOO_SMALL` and write nothing; no rows or no queries is `KVC_OK` and writes
 //!   nothing.
 //!
+//! - `kvc_kvq_block_quantize` of the row bytes read as f32 (the whole f32 range, past f16
+//!   and past the point where a square overflows): a value not finite or beyond 2^32 gives
+//!   a poisoned row (NaNs when decoded), never a row of scale 0.
+//!
 //! Seeds: with `KVC_FUZZ_WRITE_SEEDS=<dir>` the first call writes there, for every
 //! head_dim and bits, inputs whose rows are rows of the embedded sample (data/sample, real
 //! llama.cpp K and V) quantized with `kvc_kvq_block_quantize`; scripts/fuzz-all.sh does
@@ -461,4 +465,75 @@ fuzz_target!(|data: &[u8]| {
             );
         }
     }
+    check_block_quantize(d, bits, body);
 });
+
+/// `kvc_kvq_block_quantize` of the row bytes read as f32 (any pattern: the whole f32
+/// range, past f16 and past the point where a square overflows f32): a row holding a
+/// value that is not finite or beyond 2^32 is written poisoned and decodes to NaNs; any
+/// other row is poisoned only when its f16 scale would overflow (a value above 1000), and
+/// otherwise decodes to finite values, never to a zero row when it is not tiny.
+fn check_block_quantize(d: u32, bits: u32, bytes: &[u8]) {
+    let du = d as usize;
+    let x: Vec<f32> = bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    let n = (x.len() / du).min(4);
+    if n == 0 {
+        return;
+    }
+    let x = &x[..n * du];
+    let rb = row_bytes(d, bits);
+    let mut packed = vec![0u8; n * rb];
+    // SAFETY: `x` readable for n * d floats, `packed` writable for n rows; disjoint.
+    let st = unsafe {
+        kvc_kvq_block_quantize(
+            d,
+            bits,
+            x.as_ptr(),
+            x.len(),
+            packed.as_mut_ptr(),
+            packed.len(),
+        )
+    };
+    assert_eq!(st, OK);
+    let mut y = vec![0f32; n * du];
+    // SAFETY: `packed` readable for its length, `y` writable for n * d floats.
+    let st = unsafe {
+        kvc_kvq_block_dequantize(
+            d,
+            bits,
+            packed.as_ptr(),
+            packed.len(),
+            y.as_mut_ptr(),
+            y.len(),
+        )
+    };
+    assert_eq!(st, OK);
+    for ((xr, yr), row) in x
+        .chunks_exact(du)
+        .zip(y.chunks_exact(du))
+        .zip(packed.chunks_exact(rb))
+    {
+        let out_of_range = xr.iter().any(|v| v.is_nan() || v.abs() > 4_294_967_296.0);
+        if out_of_range {
+            assert!(
+                !scale_finite(row),
+                "a value past 2^32 or not finite was coded"
+            );
+        }
+        if !scale_finite(row) {
+            assert!(yr.iter().all(|v| v.is_nan()));
+            assert!(out_of_range || xr.iter().any(|v| v.abs() > 1000.0));
+        } else {
+            assert!(yr.iter().all(|v| v.is_finite()));
+            if xr.iter().any(|v| v.abs() >= 1e-3) {
+                assert!(
+                    yr.iter().any(|v| *v != 0.0),
+                    "a row that is not zero decoded to zeros"
+                );
+            }
+        }
+    }
+}

@@ -27,7 +27,10 @@
 //!   and decoding is within half a step per channel plus f32 rounding, with the stored
 //!   minimum the largest f16 not above the channel's minimum and the step the range over
 //!   `2^b - 1` rounded up to an f16; a planted non-finite or out-of-range value is
-//!   `CorruptData` and nothing is written.
+//!   `InvalidArgument` (a caller's value) and nothing is written. With bit 0 of byte 3 the
+//!   rows are the bytes read as f32 (the whole f32 range: past f16, past the point where a
+//!   square overflows, NaN, infinities): any value outside f16's range is refused the
+//!   same way.
 //!
 //! Seeds: with `KVC_FUZZ_WRITE_SEEDS=<dir>` the first call writes there, for every bits
 //! and group at head_dim 64, inputs whose block is real K of the embedded sample
@@ -278,13 +281,22 @@ fn check_quantize(c: &ChannelGroupCodec, head: &[u8], bytes: &[u8]) {
             (f16_to_f32(h) * f).clamp(-65504.0, 65504.0)
         })
         .collect();
+    // Values over the whole f32 range: the head's bit 0 of byte 3 reads the bytes as f32
+    // (any pattern: past f16, past a square's overflow, NaN, infinities) instead.
+    let wide = head[3] & 1 != 0 && bytes.len() >= 4 * n;
+    if wide {
+        for (v, c) in x.iter_mut().zip(bytes.chunks_exact(4)) {
+            *v = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+        }
+    }
     let mut block = vec![0xa5u8; c.block_bytes()];
     if head[3] & 2 != 0 {
         let at = (usize::from(head[2]) * 257 + usize::from(head[3])) % n;
         x[at] = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 65520.0, -1e30]
             [usize::from(head[3] >> 2) % 5];
         let e = c.quantize_block(&x, &mut block).unwrap_err();
-        assert_eq!(e.kind(), ErrorKind::CorruptData);
+        // A caller's bad value: an invalid argument (bad bytes are corrupt data).
+        assert_eq!(e.kind(), ErrorKind::InvalidArgument);
         // SAFETY: `x` readable for n floats, `block` writable for its length; disjoint.
         let st = unsafe {
             kvc_kvq_channel_quantize(
@@ -296,7 +308,16 @@ fn check_quantize(c: &ChannelGroupCodec, head: &[u8], bytes: &[u8]) {
                 block.len(),
             )
         };
-        assert_eq!(st, KvcStatus::KVC_CORRUPT_DATA);
+        assert_eq!(st, KvcStatus::KVC_INVALID_ARGUMENT);
+        assert!(
+            block.iter().all(|&b| b == 0xa5),
+            "quantize wrote on failure"
+        );
+        return;
+    }
+    if wide && x.iter().any(|v| v.is_nan() || v.abs() > 65504.0) {
+        let e = c.quantize_block(&x, &mut block).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidArgument);
         assert!(
             block.iter().all(|&b| b == 0xa5),
             "quantize wrote on failure"

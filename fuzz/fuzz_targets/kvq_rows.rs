@@ -4,7 +4,16 @@
 //! tensor; the rest are the packed rows. Any bytes give `KVC_OK` with finite values, or
 //! `KVC_CORRUPT_DATA` exactly when some row's scale is not finite — never a panic or an
 //! out-of-bounds access. The centered reader (`kvc_kvq_dequantize_rows_centered`, ABI 0.11)
-//! with a zero center must agree with it bit for bit and status for status.
+//! with a zero center must agree with it bit for bit and status for status. On an error
+//! the output is untouched (all or nothing).
+//!
+//! The same bytes, read as little-endian f32 rows over the whole f32 range (past f16, and
+//! past the point where a square overflows f32), are quantized with
+//! `kvc_kvq_quantize_rows`: a value that is not finite or beyond 2^32 is
+//! `KVC_INVALID_ARGUMENT` with `dst` untouched; otherwise either `KVC_OK`, and every row
+//! that is not tiny decodes to a row that is not zero (never the scale-0 row of an
+//! overflowed norm), or `KVC_INVALID_ARGUMENT` for a row too large for an f16 scale, with
+//! `dst` untouched.
 //!
 //! Seeds: with `KVC_FUZZ_WRITE_SEEDS=<dir>` the first call writes there, for every
 //! configuration and tensor, 8 rows of the embedded sample (data/sample, real llama.cpp
@@ -191,6 +200,10 @@ fuzz_target!(|data: &[u8]| {
     });
     if bad {
         assert_eq!(st, KvcStatus::KVC_CORRUPT_DATA);
+        assert!(
+            out.iter().all(|x| x.is_nan()),
+            "dequantize wrote on failure"
+        );
     } else {
         assert_eq!(st, KvcStatus::KVC_OK);
         assert!(out[..n * d].iter().all(|x| x.is_finite()));
@@ -220,4 +233,46 @@ fuzz_target!(|data: &[u8]| {
             .zip(&centered)
             .all(|(a, b)| a.to_bits() == b.to_bits() || (*a == 0.0 && *b == 0.0)));
     }
+    check_quantize(kvq, tensor, d, rb, rows);
 });
+
+/// Quantizes the bytes read as f32 rows (any bit pattern: the whole f32 range).
+fn check_quantize(kvq: *mut KvcKvq, tensor: u32, d: usize, rb: usize, bytes: &[u8]) {
+    let x: Vec<f32> = bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    let n = (x.len() / d).min(MAX_ROWS);
+    if n == 0 {
+        return;
+    }
+    let x = &x[..n * d];
+    let mut dst = vec![0xa5u8; n * rb];
+    // SAFETY: `x` readable for n * d floats, `dst` writable for n * rb bytes; disjoint.
+    let st = unsafe {
+        kvc_kvq_quantize_rows(kvq, 0, tensor, x.as_ptr(), n, dst.as_mut_ptr(), dst.len())
+    };
+    let out_of_range = x.iter().any(|v| v.is_nan() || v.abs() > 4_294_967_296.0);
+    if st != KvcStatus::KVC_OK {
+        assert_eq!(st, KvcStatus::KVC_INVALID_ARGUMENT);
+        assert!(dst.iter().all(|&b| b == 0xa5), "quantize wrote on failure");
+        // Finite in-range rows are refused only when a scale cannot fit in f16.
+        assert!(out_of_range || x.iter().any(|v| v.abs() > 1000.0));
+        return;
+    }
+    assert!(!out_of_range, "a value past 2^32 or not finite was coded");
+    let mut y = vec![0f32; n * d];
+    // SAFETY: `dst` readable for its length; `y` holds n * d floats.
+    let st = unsafe {
+        kvc_kvq_dequantize_rows(kvq, 0, tensor, dst.as_ptr(), dst.len(), y.as_mut_ptr(), n)
+    };
+    assert_eq!(st, KvcStatus::KVC_OK);
+    for (xr, yr) in x.chunks_exact(d).zip(y.chunks_exact(d)) {
+        if xr.iter().any(|v| v.abs() >= 1e-3) {
+            assert!(
+                yr.iter().any(|v| *v != 0.0),
+                "a row that is not zero decoded to zeros"
+            );
+        }
+    }
+}

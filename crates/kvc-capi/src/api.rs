@@ -32,6 +32,11 @@ use crate::kvq_block::{
 };
 // ABI 0.9: several queries per tile (grouped-query attention).
 use crate::kvq_block::{kvc_kvq_block_accumulate_rows_multi, kvc_kvq_block_dot_rows_multi};
+// ABI 0.12: symmetric, checkable kvq row calls (typed rows, checked dequantize, strided attend).
+use crate::kvq_rows::{
+    kvc_kvq_attend_strided, kvc_kvq_dequantize_rows_checked, kvc_kvq_dequantize_rows_typed,
+    kvc_kvq_quantize_rows_typed,
+};
 // ABI 0.11: rows coded relative to a center per KV head.
 use crate::kvq_center::{
     kvc_kvq_dequantize_rows_centered, kvc_kvq_mean_center, kvc_kvq_quantize_rows_centered,
@@ -707,6 +712,61 @@ pub struct KvcApi {
         out: *mut f32,
         out_len: usize,
     ) -> KvcStatus,
+    // --- kvq symmetric row calls (ABI 0.12) ---
+    /// See `kvc_kvq_dequantize_rows_checked` (ABI 0.12).
+    pub kvq_dequantize_rows_checked: unsafe extern "C" fn(
+        kvq: *const KvcKvq,
+        layer: u32,
+        tensor: KvcTensor,
+        src: *const u8,
+        src_len: usize,
+        n_rows: usize,
+        dst: *mut f32,
+        dst_len: usize,
+    ) -> KvcStatus,
+    /// See `kvc_kvq_quantize_rows_typed` (ABI 0.12).
+    pub kvq_quantize_rows_typed: unsafe extern "C" fn(
+        kvq: *const KvcKvq,
+        layer: u32,
+        tensor: KvcTensor,
+        dtype: KvcDtype,
+        src: *const c_void,
+        n_rows: usize,
+        dst: *mut u8,
+        dst_len: usize,
+    ) -> KvcStatus,
+    /// See `kvc_kvq_dequantize_rows_typed` (ABI 0.12).
+    pub kvq_dequantize_rows_typed: unsafe extern "C" fn(
+        kvq: *const KvcKvq,
+        layer: u32,
+        tensor: KvcTensor,
+        src: *const u8,
+        src_len: usize,
+        n_rows: usize,
+        dtype: KvcDtype,
+        dst: *mut c_void,
+        dst_len: usize,
+    ) -> KvcStatus,
+    /// See `kvc_kvq_attend_strided` (ABI 0.12).
+    pub kvq_attend_strided: unsafe extern "C" fn(
+        kvq: *const KvcKvq,
+        layer: u32,
+        q: *const f32,
+        n_head: u32,
+        k: *const u8,
+        k_len: usize,
+        k_token_stride: usize,
+        k_head_stride: usize,
+        v: *const u8,
+        v_len: usize,
+        v_token_stride: usize,
+        v_head_stride: usize,
+        n_tokens: usize,
+        scale: f32,
+        scores: *mut f32,
+        scores_len: usize,
+        out: *mut f32,
+    ) -> KvcStatus,
 }
 
 static API: KvcApi = KvcApi {
@@ -815,6 +875,10 @@ static API: KvcApi = KvcApi {
     kvq_quantize_rows_centered: kvc_kvq_quantize_rows_centered,
     kvq_dequantize_rows_centered: kvc_kvq_dequantize_rows_centered,
     kvq_mean_center: kvc_kvq_mean_center,
+    kvq_dequantize_rows_checked: kvc_kvq_dequantize_rows_checked,
+    kvq_quantize_rows_typed: kvc_kvq_quantize_rows_typed,
+    kvq_dequantize_rows_typed: kvc_kvq_dequantize_rows_typed,
+    kvq_attend_strided: kvc_kvq_attend_strided,
 };
 
 /// Whether a program built against ABI version `requested` can use this library.

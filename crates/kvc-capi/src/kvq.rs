@@ -19,9 +19,9 @@ use crate::status::KvcStatus;
 /// `kvc_kvq_new_from_plan`, free with `kvc_kvq_free`. Read-only after creation: every
 /// other function takes `const kvc_kvq*` and may run concurrently on one handle.
 pub struct KvcKvq {
-    layers: Vec<LayerCodec>,
-    head_dim: usize,
-    n_kv_head: usize,
+    pub(crate) layers: Vec<LayerCodec>,
+    pub(crate) head_dim: usize,
+    pub(crate) n_kv_head: usize,
     /// Why these codecs are not the handle-free block formats (`kvc_kvq_block_*`), if
     /// they are not.
     not_block: Option<String>,
@@ -80,6 +80,23 @@ pub unsafe extern "C" fn kvc_kvq_new(
                 "n_layer",
                 format!("{n_layer} is not in 1..=4096"),
             ));
+        }
+        // The arguments are checked here, as arguments: the plan below is made from them,
+        // so its validation would otherwise report a caller's mistake as a bad plan.
+        if n_kv_head == 0 {
+            return Err(Error::invalid("n_kv_head", "is 0 (at least one KV head)"));
+        }
+        kvc_kvq::rotation::check_head_dim(head_dim as usize)?;
+        if let Method::Uniform { group } = cfg.method {
+            if u32::from(group) > head_dim {
+                return Err(Error::Wrapped {
+                    status: KvcStatus::KVC_UNSUPPORTED,
+                    message: format!(
+                        "config {text:?}: uniform group {group} is larger than head_dim \
+                         {head_dim} (kvc codes groups within one row)"
+                    ),
+                });
+            }
         }
         let plan = KvqPlan::uniform(&cfg, head_dim, n_kv_head, n_layer as usize);
         let h = from_plan(&plan)?;
@@ -255,8 +272,10 @@ pub(crate) fn row_sizes(
 /// Quantizes `n_rows` rows of `head_dim` floats at `src` (one row = one token of one KV
 /// head; llama.cpp's K/V rows of a layer are `n_tokens * n_kv_head` such rows) into
 /// `dst` (`dst_len` bytes, at least `n_rows * row_bytes`; only those are written). A
-/// non-finite value is `KVC_CORRUPT_DATA`; a short `dst` `KVC_BUFFER_TOO_SMALL`.
-/// No allocation.
+/// value that is not finite or beyond 2^32, or a row whose f16 scale would overflow, is
+/// `KVC_INVALID_ARGUMENT`, the message naming the row and the element; a short `dst`
+/// `KVC_BUFFER_TOO_SMALL`. All or nothing: every row is checked before `dst` is written,
+/// so on any error `dst` is byte-identical to before the call. No allocation.
 ///
 /// # Safety
 /// `kvq` a live handle; `src` readable for `n_rows * head_dim` floats; `dst` writable for
@@ -302,7 +321,11 @@ pub unsafe extern "C" fn kvc_kvq_quantize_rows(
 
 /// Dequantizes `n_rows` packed rows from `src` (`src_len` bytes, at least `n_rows *
 /// row_bytes`) into `n_rows * head_dim` floats at `dst`. A short `src` is
-/// `KVC_BUFFER_TOO_SMALL`; a row with a non-finite scale `KVC_CORRUPT_DATA`.
+/// `KVC_BUFFER_TOO_SMALL`; a row with a non-finite scale `KVC_CORRUPT_DATA`, the message
+/// naming the row. All or nothing: every row is checked before `dst` is written, so on
+/// any error `dst` is byte-identical to before the call. The argument order differs from
+/// `kvc_kvq_quantize_rows` and `dst` has no length: `kvc_kvq_dequantize_rows_checked` is
+/// the same call ordered like quantize, with `dst_len` (ABI 0.12).
 ///
 /// # Safety
 /// `kvq` a live handle; `src` readable for `src_len` bytes; `dst` writable for
@@ -351,7 +374,17 @@ pub unsafe extern "C" fn kvc_kvq_dequantize_rows(
 /// hold `n_tokens * n_kv_head` packed rows, token-major (`k_len`, `v_len` bytes, at least
 /// that), `scale` multiplies the scores (usually `1/sqrt(head_dim)`), `scores` is scratch of
 /// `scores_len >= n_head * n_tokens` floats, and `out` receives `n_head * head_dim`
-/// floats. Threads over heads; no allocation beyond the thread pool's.
+/// floats. On `KVC_OK` with `n_tokens > 0`, `scores[h * n_tokens + t]` holds the
+/// unnormalized softmax weight of token `t` for query head `h`, `exp(scale * q_h . k_t -
+/// max_t')` (the largest is 1; token `t`'s weight is it divided by the head's sum); on
+/// error its contents are unspecified (scratch).
+/// A NaN or infinite `scale` or query value is `KVC_INVALID_ARGUMENT`; a packed row with
+/// a non-finite scale `KVC_CORRUPT_DATA` naming the row (`token * n_kv_head + head`),
+/// found before anything is written to `out` (all or nothing).
+///
+/// Threads: runs the heads in parallel on rayon's global pool, shared by every kvc call
+/// in the process; it has one thread per CPU unless the environment variable
+/// `RAYON_NUM_THREADS` is set before the first call. No allocation beyond the pool's.
 ///
 /// # Safety
 /// `kvq` a live handle; every pointer valid for the lengths stated; `scores` and `out`

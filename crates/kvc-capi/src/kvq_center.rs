@@ -17,8 +17,9 @@ use crate::status::KvcStatus;
 /// `r` uses center row `r % h` (so llama.cpp-style rows, `[token][n_kv_head][head_dim]`,
 /// take an `[n_kv_head][head_dim]` center). The packed rows are ordinary kvq rows.
 /// Attention on them: K scores need no correction; add the V center to each head's output.
-/// A center that is not whole rows is `KVC_INVALID_ARGUMENT`; a non-finite center value, or a
-/// row whose difference overflows, `KVC_CORRUPT_DATA`. No allocation.
+/// A center that is not whole rows, a non-finite center value, or a row whose difference
+/// is not finite or beyond 2^32, is `KVC_INVALID_ARGUMENT` (the message names the row and
+/// the element). All or nothing, as `kvc_kvq_quantize_rows`. No allocation.
 ///
 /// Ownership: every buffer stays the caller's. Threads: any number of calls may share one
 /// `kvq`.
@@ -75,7 +76,7 @@ pub unsafe extern "C" fn kvc_kvq_quantize_rows_centered(
 /// Dequantizes `n_rows` packed rows as `kvc_kvq_dequantize_rows` does and adds the center
 /// back (row `r` center row `r % (center_len / head_dim)`): the values of rows written
 /// with `kvc_kvq_quantize_rows_centered` and the same center. A center that is not whole
-/// rows is `KVC_INVALID_ARGUMENT`, a non-finite one `KVC_CORRUPT_DATA`; a short `src`
+/// rows, or a non-finite one, is `KVC_INVALID_ARGUMENT`; a short `src`
 /// `KVC_BUFFER_TOO_SMALL`. No allocation.
 ///
 /// Ownership and threads: as `kvc_kvq_quantize_rows_centered`.
@@ -129,7 +130,7 @@ pub unsafe extern "C" fn kvc_kvq_dequantize_rows_centered(
 /// (`n_values` floats, `[token][n_kv_head][head_dim]`, at least one token) per KV head and
 /// channel, rounded to f16 (the precision to store it in), written to `out` (`out_len` must
 /// be `n_kv_head * head_dim`) only on success. A length that is not whole tokens or a wrong
-/// `out_len` is `KVC_INVALID_ARGUMENT`; a non-finite value `KVC_CORRUPT_DATA`. Handle-free;
+/// `out_len`, or a non-finite value, is `KVC_INVALID_ARGUMENT`. Handle-free;
 /// no allocation.
 ///
 /// Ownership: every buffer stays the caller's. Threads: safe from any thread.

@@ -60,7 +60,8 @@ pub unsafe extern "C" fn kvc_kvq_channel_block_bytes(
 /// Codes `group` rows of `head_dim` floats at `rows` (token-major: row `t` starts at
 /// `rows + t * head_dim`) into one block at `dst` (`dst_len` bytes, at least
 /// `kvc_kvq_channel_block_bytes`). A non-finite value, or one outside f16's range, is
-/// `KVC_CORRUPT_DATA`; a short `dst` is `KVC_BUFFER_TOO_SMALL`. `dst` is written only on
+/// `KVC_INVALID_ARGUMENT` (a caller's value, named by token row and channel); a short
+/// `dst` is `KVC_BUFFER_TOO_SMALL`. `dst` is written only on
 /// `KVC_OK`.
 ///
 /// Ownership: both buffers stay the caller's.
@@ -254,7 +255,7 @@ mod tests {
             nan[3] = f32::NAN;
             assert_eq!(
                 kvc_kvq_channel_quantize(4, 64, 32, nan.as_ptr(), b.as_mut_ptr(), b.len()),
-                KVC_CORRUPT_DATA
+                KVC_INVALID_ARGUMENT
             );
         }
     }

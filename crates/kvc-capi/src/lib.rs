@@ -37,6 +37,7 @@ pub mod kvq;
 pub mod kvq_block;
 pub mod kvq_center;
 pub mod kvq_channel;
+pub mod kvq_rows;
 pub mod last_error;
 pub mod mlp;
 pub mod quant;

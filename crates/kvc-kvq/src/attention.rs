@@ -21,7 +21,7 @@ use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
 
 use super::rotation::MAX_HEAD_DIM;
-use super::row::{dot8, RowCodec};
+use super::row::dot8;
 use super::LayerCodec;
 use crate::error::{Error, Result};
 use crate::isa::{dispatch, Isa};
@@ -112,15 +112,21 @@ pub fn attend_head(
     check_rows("packed K rows", &k, n_tokens, layer.k.row_bytes())?;
     check_rows("packed V rows", &v, n_tokens, layer.v.row_bytes())?;
     if !scale.is_finite() {
-        return Err(Error::NonFinite {
+        return Err(Error::BadValue {
             what: "attention scale",
-            index: 0,
+            row: 0,
+            element: 0,
+            value: scale,
+            reason: "is not finite",
         });
     }
     if let Some(i) = q.iter().position(|x| !x.is_finite()) {
-        return Err(Error::NonFinite {
+        return Err(Error::BadValue {
             what: "query",
-            index: i,
+            row: 0,
+            element: i,
+            value: q[i],
+            reason: "is not finite",
         });
     }
     let scores = &mut scores[..n_tokens];
@@ -488,7 +494,7 @@ pub fn attend_head_f16(
 
 /// `q . row` for one f16 row of `q.len()` values (64, 128 or 256), converted to f32 on the
 /// stack and summed in eight lanes, with the loops [`attend_head_f16`] uses: the per-row
-/// baseline `kvc bench quant` measures [`RowCodec::dot_rotated`] against.
+/// baseline `kvc bench quant` measures [`RowCodec::dot_rotated`](super::RowCodec::dot_rotated) against.
 pub fn dot_f16_row(isa: Isa, q: &[f32], row: &[f16]) -> Result<f32> {
     super::rotation::check_head_dim(q.len())?;
     check_len("f16 row (head_dim)", q.len(), row.len())?;
@@ -518,7 +524,7 @@ unsafe fn avx2_f16_dot(q: &[f32], row: &[f16]) -> f32 {
 }
 
 /// One f16 row to f32 (`out.len() == row.len()`, 64, 128 or 256): the per-row baseline
-/// of [`RowCodec::dequantize_row_rotated`] in `kvc bench quant`.
+/// of [`RowCodec::dequantize_row_rotated`](super::RowCodec::dequantize_row_rotated) in `kvc bench quant`.
 pub fn f16_row_to_f32(row: &[f16], out: &mut [f32]) -> Result<()> {
     super::rotation::check_head_dim(out.len())?;
     check_len("f16 row (head_dim)", out.len(), row.len())?;
@@ -586,6 +592,51 @@ pub fn attend_heads(
     scores: &mut [f32],
     out: &mut [f32],
 ) -> Result<()> {
+    let (kb, vb) = (layer.k.row_bytes(), layer.v.row_bytes());
+    let k = CacheRows {
+        bytes: k_rows,
+        token_stride: n_kv_head.saturating_mul(kb),
+        head_stride: kb,
+    };
+    let v = CacheRows {
+        bytes: v_rows,
+        token_stride: n_kv_head.saturating_mul(vb),
+        head_stride: vb,
+    };
+    attend_heads_strided(isa, layer, q, k, v, n_tokens, n_kv_head, scale, scores, out)
+}
+
+/// Packed rows of every KV head of a cache, at any layout: row `(t, h)` starts at byte
+/// `h * head_stride + t * token_stride` of `bytes`. Token-major (llama.cpp):
+/// `token_stride = n_kv_head * row_bytes`, `head_stride = row_bytes`; head-major (an
+/// `[H, S, D]` cache of `S` slots per head): `token_stride = row_bytes`, `head_stride = S *
+/// row_bytes`.
+#[derive(Debug, Clone, Copy)]
+pub struct CacheRows<'a> {
+    /// The bytes (row `(0, 0)` at offset 0).
+    pub bytes: &'a [u8],
+    /// Bytes from one token's row to the next of the same head (at least `row_bytes`).
+    pub token_stride: usize,
+    /// Bytes from one KV head's first row to the next head's.
+    pub head_stride: usize,
+}
+
+/// [`attend_heads`] on a cache of any layout ([`CacheRows`]). Errors: those of
+/// `attend_heads`, a token stride shorter than a row, and a cache whose last row ends past
+/// its bytes. All or nothing: every packed row is checked before `out` is written.
+#[allow(clippy::too_many_arguments)]
+pub fn attend_heads_strided(
+    isa: Isa,
+    layer: &LayerCodec,
+    q: &[f32],
+    k_rows: CacheRows,
+    v_rows: CacheRows,
+    n_tokens: usize,
+    n_kv_head: usize,
+    scale: f32,
+    scores: &mut [f32],
+    out: &mut [f32],
+) -> Result<()> {
     let d = layer.k.dim();
     if n_kv_head == 0 || q.len() % d != 0 || (q.len() / d) % n_kv_head != 0 || q.is_empty() {
         return Err(Error::InvalidValue {
@@ -607,35 +658,86 @@ pub fn attend_heads(
         });
     }
     let group = n_head / n_kv_head;
-    let rows = |buf: &'_ [u8], c: &RowCodec| -> Result<()> {
-        let extent = n_tokens
-            .checked_mul(n_kv_head)
-            .and_then(|r| r.checked_mul(c.row_bytes()))
+    // The byte after the last row: (n_kv_head - 1) * head_stride + (n_tokens - 1) *
+    // token_stride + row_bytes; token rows of a head must not overlap.
+    let rows = |c: &CacheRows, rb: usize| -> Result<()> {
+        if n_tokens == 0 {
+            return Ok(());
+        }
+        if c.token_stride < rb {
+            return Err(Error::InvalidValue {
+                what: "token stride (bytes)",
+                value: c.token_stride as i64,
+                reason: "shorter than a packed row",
+            });
+        }
+        let extent = (n_kv_head - 1)
+            .checked_mul(c.head_stride)
+            .and_then(|a| {
+                (n_tokens - 1)
+                    .checked_mul(c.token_stride)
+                    .and_then(|b| a.checked_add(b))
+            })
+            .and_then(|e| e.checked_add(rb))
             .ok_or(Error::SizeOverflow {
                 what: "packed cache bytes",
             })?;
-        if buf.len() < extent {
+        if c.bytes.len() < extent {
             return Err(Error::BufferTooSmall {
                 what: "packed cache (n_tokens x n_kv_head rows)",
                 needed: extent,
-                found: buf.len(),
+                found: c.bytes.len(),
             });
         }
         Ok(())
     };
-    rows(k_rows, &layer.k)?;
-    rows(v_rows, &layer.v)?;
-    if let Some(i) = q.iter().position(|x| !x.is_finite()) {
-        return Err(Error::NonFinite {
-            what: "query",
-            index: i,
+    rows(&k_rows, layer.k.row_bytes())?;
+    rows(&v_rows, layer.v.row_bytes())?;
+    if !scale.is_finite() {
+        return Err(Error::BadValue {
+            what: "attention scale",
+            row: 0,
+            element: 0,
+            value: scale,
+            reason: "is not finite",
         });
+    }
+    if let Some(i) = q.iter().position(|x| !x.is_finite()) {
+        return Err(Error::BadValue {
+            what: "query",
+            row: i / d,
+            element: i % d,
+            value: q[i],
+            reason: "is not finite",
+        });
+    }
+    // All or nothing: every packed row is checked before any head writes `out` (the
+    // heads run in parallel, so a corrupt row found inside one would leave the others
+    // written). The error names the row as `token * n_kv_head + head`.
+    for (what, c, codec) in [
+        ("K row f16 scale", &k_rows, &layer.k),
+        ("V row f16 scale", &v_rows, &layer.v),
+    ] {
+        let rb = codec.row_bytes();
+        for h in 0..n_kv_head {
+            for t in 0..n_tokens {
+                let at = h * c.head_stride + t * c.token_stride;
+                codec
+                    .check_packed_rows(&c.bytes[at..at + rb])
+                    .map_err(|e| match e {
+                        Error::CorruptRow { .. } => Error::CorruptRow {
+                            what,
+                            row: t * n_kv_head + h,
+                        },
+                        e => e,
+                    })?;
+            }
+        }
     }
     if n_tokens == 0 {
         out.fill(0.0);
         return Ok(());
     }
-    let (kb, vb) = (layer.k.row_bytes(), layer.v.row_bytes());
     out.par_chunks_mut(d)
         .zip(q.par_chunks(d))
         .zip(scores[..need].par_chunks_mut(n_tokens))
@@ -643,12 +745,12 @@ pub fn attend_heads(
         .try_for_each(|(h, ((o, qh), sc))| {
             let kvh = h / group;
             let k = HeadRows {
-                bytes: k_rows.get(kvh * kb..).unwrap_or(&[]),
-                stride: n_kv_head * kb,
+                bytes: k_rows.bytes.get(kvh * k_rows.head_stride..).unwrap_or(&[]),
+                stride: k_rows.token_stride,
             };
             let v = HeadRows {
-                bytes: v_rows.get(kvh * vb..).unwrap_or(&[]),
-                stride: n_kv_head * vb,
+                bytes: v_rows.bytes.get(kvh * v_rows.head_stride..).unwrap_or(&[]),
+                stride: v_rows.token_stride,
             };
             attend_head(isa, layer, qh, k, v, n_tokens, scale, sc, o)
         })

@@ -41,9 +41,12 @@ fn center_rows(center: &[f32], dim: usize) -> Result<usize> {
         });
     }
     if let Some(i) = center.iter().position(|v| !v.is_finite()) {
-        return Err(Error::NonFinite {
+        return Err(Error::BadValue {
             what: "center",
-            index: i,
+            row: i / dim,
+            element: i % dim,
+            value: center[i],
+            reason: "is not finite",
         });
     }
     Ok(center.len() / dim)
@@ -77,9 +80,12 @@ pub fn mean_center(rows: &[f32], n_kv_head: usize, head_dim: usize, out: &mut [f
         });
     }
     if let Some(i) = rows.iter().position(|v| !v.is_finite()) {
-        return Err(Error::NonFinite {
+        return Err(Error::BadValue {
             what: "rows",
-            index: i,
+            row: i / head_dim,
+            element: i % head_dim,
+            value: rows[i],
+            reason: "is not finite",
         });
     }
     let n = (rows.len() / width) as f64;
@@ -99,32 +105,58 @@ impl RowCodec {
     /// Quantizes rows as [`RowCodec::quantize_rows`] does, each coded as `row - center`:
     /// row `r` uses center row `r % (center.len() / head_dim)`, so rows laid out
     /// `[token][n_kv_head][head_dim]` take an `[n_kv_head][head_dim]` center. No
-    /// allocation. Errors: those of `quantize_rows` (a row whose difference overflows is
-    /// non-finite), a center that is not whole rows or has a non-finite value; as with
-    /// `quantize_rows`, rows before a failing row may have been written.
+    /// allocation. Errors: those of `quantize_rows` for the differences (a difference
+    /// that is not finite or beyond [`MAX_ABS_VALUE`](super::row::MAX_ABS_VALUE) names
+    /// its row and element), a center that is not whole rows or has a non-finite value.
+    /// All or nothing, as `quantize_rows`: every row is checked first and `out` is
+    /// written only when every row codes.
     pub fn quantize_rows_centered(&self, x: &[f32], center: &[f32], out: &mut [u8]) -> Result<()> {
         let d = self.dim();
         let heads = center_rows(center, d)?;
         let n = self.rows_of(x.len(), out.len())?;
         let mut buf = [0f32; MAX_HEAD_DIM];
         let buf = &mut buf[..d];
+        let diff = |r: usize, xr: &[f32], buf: &mut [f32]| {
+            let c = &center[(r % heads) * d..][..d];
+            for ((b, &v), &cv) in buf.iter_mut().zip(xr).zip(c) {
+                *b = v - cv;
+            }
+        };
+        for (r, xr) in x.chunks_exact(d).enumerate() {
+            diff(r, xr, buf);
+            if let Some(i) = xr.iter().position(|v| !v.is_finite()) {
+                return Err(Error::BadValue {
+                    what: "kvq row",
+                    row: r,
+                    element: i,
+                    value: xr[i],
+                    reason: "is not finite",
+                });
+            }
+            self.check_rows_codable(buf).map_err(|e| match e {
+                Error::BadValue {
+                    element,
+                    value,
+                    reason,
+                    ..
+                } => Error::BadValue {
+                    what: "kvq row - center",
+                    row: r,
+                    element,
+                    value,
+                    reason,
+                },
+                e => e,
+            })?;
+        }
         for (r, (xr, o)) in x
             .chunks_exact(d)
             .zip(out.chunks_exact_mut(self.row_bytes()))
             .take(n)
             .enumerate()
         {
-            let c = &center[(r % heads) * d..][..d];
-            for ((b, &v), &cv) in buf.iter_mut().zip(xr).zip(c) {
-                *b = v - cv;
-            }
-            self.quantize_row(buf, o).map_err(|e| match e {
-                Error::NonFinite { index, .. } => Error::NonFinite {
-                    what: "rows (row - center)",
-                    index: r * d + index,
-                },
-                e => e,
-            })?;
+            diff(r, xr, buf);
+            self.quantize_row(buf, o).map_err(|e| e.at_row(r))?;
         }
         Ok(())
     }
@@ -140,6 +172,7 @@ impl RowCodec {
     ) -> Result<()> {
         let d = self.dim();
         let heads = center_rows(center, d)?;
+        // All or nothing: `dequantize_rows` checks every row before it writes.
         self.dequantize_rows(packed, out)?;
         for (r, o) in out.chunks_exact_mut(d).enumerate() {
             let c = &center[(r % heads) * d..][..d];

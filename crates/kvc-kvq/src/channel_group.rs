@@ -110,11 +110,19 @@ impl ChannelGroupCodec {
         self.check_block("block", out.len())?;
         if let Some(i) = rows
             .iter()
-            .position(|x| !x.is_finite() || x.abs() > f16::MAX.to_f32())
+            .position(|x| x.is_nan() || x.abs() > f16::MAX.to_f32())
         {
-            return Err(Error::NonFinite {
-                what: "channel group rows (outside f16's range)",
-                index: i,
+            let v = rows[i];
+            return Err(Error::BadValue {
+                what: "channel group rows",
+                row: i / self.dim,
+                element: i % self.dim,
+                value: v,
+                reason: if v.is_finite() {
+                    "is outside f16's range (|value| <= 65504)"
+                } else {
+                    "is not finite"
+                },
             });
         }
         let d = self.dim;

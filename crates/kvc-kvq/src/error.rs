@@ -85,6 +85,22 @@ pub enum Error {
         /// Row index in the buffer.
         row: usize,
     },
+    /// A caller's input value that kvq cannot code: not finite, beyond
+    /// [`MAX_ABS_VALUE`](crate::row::MAX_ABS_VALUE), or a row (or group) whose scale
+    /// would not fit in f16. Names the row and the element (for a scale, the element of
+    /// largest magnitude).
+    BadValue {
+        /// Which input (`"kvq row"`, `"query"`, ...).
+        what: &'static str,
+        /// Row index in the call's input (0 for a one-row call).
+        row: usize,
+        /// Element index within the row.
+        element: usize,
+        /// The value found.
+        value: f32,
+        /// Why it is refused.
+        reason: &'static str,
+    },
     /// Well-formed input that kvc-kvq does not handle.
     Unsupported {
         /// What is not handled.
@@ -95,13 +111,36 @@ pub enum Error {
 }
 
 impl Error {
+    /// The same error naming row `row` of a batch (for errors that name a row: a bad
+    /// input value or a corrupt packed row); any other error unchanged.
+    pub fn at_row(self, row: usize) -> Error {
+        match self {
+            Error::BadValue {
+                what,
+                element,
+                value,
+                reason,
+                ..
+            } => Error::BadValue {
+                what,
+                row,
+                element,
+                value,
+                reason,
+            },
+            Error::CorruptRow { what, .. } => Error::CorruptRow { what, row },
+            e => e,
+        }
+    }
+
     /// The class of this error.
     pub fn kind(&self) -> ErrorKind {
         match self {
             Error::LayoutMismatch { .. }
             | Error::SizeOverflow { .. }
             | Error::InvalidValue { .. }
-            | Error::BadConfig { .. } => ErrorKind::InvalidArgument,
+            | Error::BadConfig { .. }
+            | Error::BadValue { .. } => ErrorKind::InvalidArgument,
             Error::BufferTooSmall { .. } => ErrorKind::BufferTooSmall,
             Error::NonFinite { .. }
             | Error::MissingLayer { .. }
@@ -147,6 +186,16 @@ impl fmt::Display for Error {
             Error::CorruptRow { what, row } => {
                 write!(f, "packed row {row}: {what} is not finite")
             }
+            Error::BadValue {
+                what,
+                row,
+                element,
+                value,
+                reason,
+            } => write!(
+                f,
+                "{what}: row {row}, element {element}: {value:e} {reason}"
+            ),
             Error::Unsupported { what, value } => write!(f, "unsupported {what} {value}"),
         }
     }

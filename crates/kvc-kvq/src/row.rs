@@ -21,6 +21,73 @@ const BUCKETS: usize = 2048;
 /// The packed format version this crate writes and reads.
 pub const FORMAT_VERSION: u32 = 1;
 
+/// The largest magnitude of an input value that kvq accepts (`2^32`). A larger finite
+/// value can never be coded: its row's norm, and so every method's f16 scale, would exceed
+/// 65504 at every head_dim and bit width (a Lloyd-Max scale is at least `|x|_max /
+/// sqrt(head_dim)` up to the level factor, a uniform group scale at least that divided by
+/// `(2^bits - 1) / 2`). Refusing it up front, naming the element, also keeps every f32 sum
+/// of the coder finite: `256 * (2^32)^2 = 2^72`, where a square of a value near `2^64`
+/// would overflow f32 and used to turn the row into scale 0.
+pub const MAX_ABS_VALUE: f32 = 4_294_967_296.0;
+
+/// Bytes of the longest packed row (uniform 8-bit at head_dim 256 with a scale per 8
+/// values: 64 + 256), the size of the stack scratch of a validating pass.
+const MAX_ROW_BYTES: usize = 2 * (MAX_HEAD_DIM / 8) + MAX_HEAD_DIM;
+
+/// Finds the first value of `x` that kvq refuses (not finite, or beyond
+/// [`MAX_ABS_VALUE`]) and returns the row's largest magnitude otherwise. One branch-free
+/// pass (vectorizes); the index is looked up only on error. `row` names the row in the
+/// error.
+#[inline(always)]
+pub(crate) fn check_values(what: &'static str, x: &[f32], row: usize) -> Result<f32> {
+    // NaN fails `<=`, so one compare catches NaN, infinities and huge values.
+    let (ok, m) = x.iter().fold((true, 0f32), |(ok, m), v| {
+        (ok & (v.abs() <= MAX_ABS_VALUE), m.max(v.abs()))
+    });
+    if ok {
+        return Ok(m);
+    }
+    let i = x
+        .iter()
+        .position(|v| v.is_nan() || v.abs() > MAX_ABS_VALUE)
+        .unwrap_or(0);
+    let v = x[i];
+    Err(Error::BadValue {
+        what,
+        row,
+        element: i,
+        value: v,
+        reason: if v.is_finite() {
+            "is beyond kvq's input range (|value| <= 2^32; no f16 scale can code it)"
+        } else {
+            "is not finite"
+        },
+    })
+}
+
+/// The error of a row whose (or whose group's) scale does not fit in f16: names the
+/// element of largest magnitude.
+fn scale_error(x: &[f32], row: usize, reason: &'static str) -> Error {
+    let (i, v) = x
+        .iter()
+        .copied()
+        .enumerate()
+        .fold((0, 0f32), |(bi, bv), (i, v)| {
+            if v.abs() > bv.abs() {
+                (i, v)
+            } else {
+                (bi, bv)
+            }
+        });
+    Error::BadValue {
+        what: "kvq row",
+        row,
+        element: i,
+        value: v,
+        reason,
+    }
+}
+
 /// Scales in one row.
 fn n_scales(method: Method, d: usize) -> Result<usize> {
     match method {
@@ -318,10 +385,13 @@ impl RowCodec {
     /// Quantizes one row of `head_dim` values into `out[..row_bytes]` (`out` may be
     /// longer; nothing past `row_bytes` is written). No allocation.
     ///
-    /// Errors: a row of another length, a short `out`, a non-finite value, or a scale
-    /// beyond the f16 range (a row norm above about `65504 * sqrt(head_dim)`); nothing is
-    /// written on error.
+    /// Errors: a row of another length, a short `out`, a value that is not finite or beyond
+    /// [`MAX_ABS_VALUE`] (`Error::BadValue`, naming the element), or a scale beyond the f16
+    /// range (a row norm above about `65504 * sqrt(head_dim)`; `Error::BadValue` naming the
+    /// element of largest magnitude); nothing is written on error.
     pub fn quantize_row(&self, x: &[f32], out: &mut [u8]) -> Result<()> {
+        self.check_row_in(x)?;
+        check_values("kvq row", x, 0)?;
         match self.isa.0 {
             IsaKind::Portable => self.quantize_body(x, out),
             // SAFETY: `IsaKind::Avx2`/`Avx512` are only made by `Isa::detect` after the CPU reported
@@ -442,14 +512,7 @@ impl RowCodec {
     fn quantize_body(&self, x: &[f32], out: &mut [u8]) -> Result<()> {
         self.check_row_in(x)?;
         self.check_packed("packed row", out.len())?;
-        // One branch-free pass (vectorizes); the index is looked up only on error.
-        if !x.iter().fold(true, |a, v| a & v.is_finite()) {
-            let i = x.iter().position(|v| !v.is_finite()).unwrap_or(0);
-            return Err(Error::NonFinite {
-                what: "kvq row",
-                index: i,
-            });
-        }
+        check_values("kvq row", x, 0)?;
         let d = self.dim;
         let mut y = [0f32; MAX_HEAD_DIM];
         let y = &mut y[..d];
@@ -460,14 +523,24 @@ impl RowCodec {
         let mut sc = [f16::ZERO; MAX_HEAD_DIM / 8];
         let sc = &mut sc[..self.scales];
         match self.method {
-            Method::LloydMax => sc[0] = self.code_lloyd(y, codes)?,
+            Method::LloydMax => {
+                sc[0] = self.code_lloyd(y, codes).ok_or_else(|| {
+                    scale_error(
+                        x,
+                        0,
+                        "makes the row's scale exceed f16 (row norm too large)",
+                    )
+                })?
+            }
             Method::Uniform { .. } => {
                 for ((s, yg), cg) in sc
                     .iter_mut()
                     .zip(y.chunks_exact(self.group))
                     .zip(codes.chunks_exact_mut(self.group))
                 {
-                    *s = self.code_uniform(yg, cg)?;
+                    *s = self.code_uniform(yg, cg).ok_or_else(|| {
+                        scale_error(x, 0, "makes a group's scale exceed f16 (group too large)")
+                    })?;
                 }
             }
         }
@@ -480,14 +553,20 @@ impl RowCodec {
     }
 
     /// Lloyd-Max codes of rotated `y`; returns the least-squares scale
-    /// `sum(y_i c_i) / sum(c_i^2)` as f16.
+    /// `sum(y_i c_i) / sum(c_i^2)` as f16, or `None` when it does not fit in f16 (or the
+    /// row's squared norm does not fit in f32: never a scale 0 for a row that is not 0).
     #[inline(always)]
-    fn code_lloyd(&self, y: &[f32], codes: &mut [u8]) -> Result<f16> {
+    fn code_lloyd(&self, y: &[f32], codes: &mut [u8]) -> Option<f16> {
         let norm2 = lane_sum(y, |_, v| v * v);
+        if !norm2.is_finite() {
+            // Unreachable after `check_values` (|y| <= 2^40), kept so that no caller can
+            // ever get the scale-0 row of an overflowed norm.
+            return None;
+        }
         if norm2 == 0.0 {
             // Every value is 0: scale 0 (the codes do not matter; the middle one is used).
             codes.fill((self.levels.len() / 2) as u8);
-            return Ok(f16::ZERO);
+            return Some(f16::ZERO);
         }
         let inv = (self.dim as f32).sqrt() / norm2.sqrt();
         if self.bits <= 5 {
@@ -533,41 +612,30 @@ impl RowCodec {
         let num = lane_sum(y, |i, v| v * lv[i]);
         let den = lane_sum(lv, |_, l| l * l);
         let s = f16::from_f32(num / den);
-        if !s.is_finite() {
-            return Err(Error::InvalidValue {
-                what: "kvq row scale (beyond f16)",
-                value: (num / den) as i64,
-                reason: "row norm too large for an f16 scale",
-            });
-        }
-        Ok(s)
+        s.is_finite().then_some(s)
     }
 
     /// Uniform codes of one group: scale `absmax / ((2^bits - 1) / 2)` as f16, codes
     /// `clamp(round_ties_even(y / scale + (2^bits - 1) / 2), 0, 2^bits - 1)`.
     #[inline(always)]
-    fn code_uniform(&self, y: &[f32], codes: &mut [u8]) -> Result<f16> {
+    fn code_uniform(&self, y: &[f32], codes: &mut [u8]) -> Option<f16> {
         let top = ((1u32 << self.bits) - 1) as f32;
         let half = 0.5 * top;
         let m = y.iter().fold(0f32, |a, v| a.max(v.abs()));
         let s = f16::from_f32(m / half);
         if !s.is_finite() {
-            return Err(Error::InvalidValue {
-                what: "kvq group scale (beyond f16)",
-                value: (m / half) as i64,
-                reason: "group absmax too large for an f16 scale",
-            });
+            return None;
         }
         let sf = s.to_f32();
         if sf == 0.0 {
             codes.fill((1u32 << (self.bits - 1)) as u8);
-            return Ok(s);
+            return Some(s);
         }
         let inv = 1.0 / sf;
         for (c, &v) in codes.iter_mut().zip(y) {
             *c = (v * inv + half).round_ties_even().clamp(0.0, top) as u8;
         }
-        Ok(s)
+        Some(s)
     }
 
     /// Reads the scales of a packed row (`row` holds at least `row_bytes`); `row_index`
@@ -879,32 +947,88 @@ impl RowCodec {
         self.dot_rotated(qr, row, 0)
     }
 
+    /// The largest input magnitude below which no row can have a scale beyond f16, so
+    /// that [`check_rows_codable`](Self::check_rows_codable) need not code such a row to
+    /// know it codes. Lloyd-Max: the scale `<y, l> / <l, l>` is at most `|y| / |l| <=
+    /// sqrt(d) m / (sqrt(d) l_min) = m / l_min` for rows of largest magnitude `m`;
+    /// uniform: a group scale is at most `|y| / half <= sqrt(d) m / half`. 60000 leaves
+    /// room below 65504 for f32 rounding.
+    fn always_codable_below(&self) -> f32 {
+        match self.method {
+            Method::LloydMax => {
+                let l_min = self
+                    .levels
+                    .iter()
+                    .fold(f32::INFINITY, |a, l| a.min(l.abs()));
+                60000.0 * l_min
+            }
+            Method::Uniform { .. } => {
+                let half = 0.5 * ((1u32 << self.bits) - 1) as f32;
+                60000.0 * half / (self.dim as f32).sqrt()
+            }
+        }
+    }
+
+    /// Checks that every row of `x` (whole rows of `head_dim`) would code: each value
+    /// finite and within [`MAX_ABS_VALUE`], each scale within f16 (coded into stack
+    /// scratch for the rare rows large enough to need it). Writes nothing; the error names
+    /// the row and the element.
+    pub fn check_rows_codable(&self, x: &[f32]) -> Result<()> {
+        let safe = self.always_codable_below();
+        let mut scratch = [0u8; MAX_ROW_BYTES];
+        for (r, xr) in x.chunks_exact(self.dim).enumerate() {
+            let m = check_values("kvq row", xr, r)?;
+            if m >= safe {
+                self.quantize_row(xr, &mut scratch)
+                    .map_err(|e| e.at_row(r))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks every packed row's scales (whole rows of `row_bytes`): finite, else
+    /// `Error::CorruptRow` naming the row. Writes nothing.
+    pub fn check_packed_rows(&self, packed: &[u8]) -> Result<()> {
+        let mut sc = [0f32; MAX_HEAD_DIM / 8];
+        let sc = &mut sc[..self.scales];
+        for (r, row) in packed.chunks_exact(self.row_bytes).enumerate() {
+            self.read_scales(row, sc, r)?;
+        }
+        Ok(())
+    }
+
     /// Quantizes `x.len() / head_dim` rows into `out` (exactly that many rows' bytes).
+    /// All or nothing: every row is checked first (as
+    /// [`quantize_row`](Self::quantize_row) would refuse it, the error naming the row and
+    /// the element), and `out` is written only when every row codes.
     pub fn quantize_rows(&self, x: &[f32], out: &mut [u8]) -> Result<()> {
         let n = self.rows_of(x.len(), out.len())?;
-        for (xr, o) in x
+        self.check_rows_codable(x)?;
+        for (r, (xr, o)) in x
             .chunks_exact(self.dim)
             .zip(out.chunks_exact_mut(self.row_bytes))
             .take(n)
+            .enumerate()
         {
-            self.quantize_row(xr, o)?;
+            self.quantize_row(xr, o).map_err(|e| e.at_row(r))?;
         }
         Ok(())
     }
 
     /// Dequantizes `out.len() / head_dim` rows from `packed` (exactly that many rows).
+    /// All or nothing: every row's scales are checked first (a non-finite one is
+    /// `Error::CorruptRow` naming the row), and `out` is written only when all are
+    /// finite.
     pub fn dequantize_rows(&self, packed: &[u8], out: &mut [f32]) -> Result<()> {
         let n = self.rows_of(out.len(), packed.len())?;
+        self.check_packed_rows(packed)?;
         for (i, (r, o)) in packed
             .chunks_exact(self.row_bytes)
             .zip(out.chunks_exact_mut(self.dim))
             .take(n)
             .enumerate()
         {
-            self.dequantize_row(r, o).map_err(|e| match e {
-                Error::CorruptRow { what, .. } => Error::CorruptRow { what, row: i },
-                e => e,
-            })?;
+            self.dequantize_row(r, o).map_err(|e| e.at_row(i))?;
         }
         Ok(())
     }
