@@ -12,7 +12,8 @@ for t in res["texts"]:
               "q4_0", "q8_0-q4_0", "kvq:k4v4", "kvq:k4v2", "kvq-kc32:k4v4", "probe", "state", "dump"):
         assert m in rows, f"{t['text']}: no {m} row"
     full = rows["full"]
-    assert 1.0 < full["ppl"] < 1000.0, full
+    # PPL and KL of every mode: bounded by the recorded results (ci_check_quality.py)
+    assert math.isfinite(full["ppl"]) and full["kl"] == 0.0, full
     assert full["kv_ratio_end"] == 1.0, full
     st = rows["streaming"]
     assert st["kv_ratio_end"] > 2.0 and st["cells_verified"] == st["cells_end"], st
@@ -44,7 +45,7 @@ for t in res["texts"]:
         for kv in ("k", "v"):
             assert c[f"c8_{kv}_values"] == 30 * 320 * 192, c
             assert 0.0 < c[f"c8_{kv}_rel_rms_err"] < 0.5 and math.isfinite(c[f"c8_{kv}_max_abs_err"]), c
-        assert c["kl"] > 0.0 and c["ppl"] < 2.0 * full["ppl"], c
+        assert c["kl"] > 0.0 and math.isfinite(c["ppl"]), c
     assert 1.9 < rows["c8"]["kv_ratio_end"] < 2.0, rows["c8"]
     ch = rows["c8-h2o@3.5"]
     assert ch["kv_ratio_end"] > 3.0 and ch["kvc_plans_applied"] == ch["evictions"] > 0 and ch["kvc_plans_dropped"] == 0, ch
@@ -61,7 +62,7 @@ for t in res["texts"]:
             assert 0.0 < k[f"kvq_{kv}_rel_rms_err"] < 0.5 and math.isfinite(k[f"kvq_{kv}_max_abs_err"]), k
             assert k[f"kvq_{kv}_packed_bytes"] == k[f"kvq_{kv}_rows"] * k[f"kvq_{kv}_bits_per_value"] * 64 / 8, k
         assert k["kvq_sink"] == 0 and abs(k["kv_ratio_end"] / (f16_cell / k["kvq_cell_bytes"]) - 1) < 1e-8, k
-        assert k["kl"] > 0.0 and math.isfinite(k["ppl"]) and k["ppl"] < 4.0 * full["ppl"], k
+        assert k["kl"] > 0.0 and math.isfinite(k["ppl"]), k
     assert abs(rows["kvq:k4v4"]["kvq_cell_bytes"] - 30 * 2 * 3 * (2 + 64 * 4 / 8)) < 1e-9, rows["kvq:k4v4"]
     assert rows["kvq:k4v2"]["kv_ratio_end"] > rows["kvq:k4v4"]["kv_ratio_end"], "k4v2 holds fewer bytes than k4v4"
     # K per channel over groups of 32 tokens (KIVI), V as kvq k4v4 rows: 320 tokens are 10 whole
@@ -78,7 +79,7 @@ for t in res["texts"]:
     # per-channel K follows this model's outlier channels: its K error is well under the
     # per-row rotated codes' at 4 bits (0.039 against 0.091 on 320 tokens of text A)
     assert kc["kvq_k_rel_rms_err"] < 0.7 * rows["kvq:k4v4"]["kvq_k_rel_rms_err"], (kc, rows["kvq:k4v4"])
-    assert kc["kl"] > 0.0 and math.isfinite(kc["ppl"]) and kc["ppl"] < 4.0 * full["ppl"], kc
+    assert kc["kl"] > 0.0 and math.isfinite(kc["ppl"]), kc
     assert rows["q8_0"]["kl"] < rows["q4_0"]["kl"], "q8_0 should be closer to f16 than q4_0"
     assert rows["probe"]["ppl_identical_to_full"] is True, rows["probe"]
     s = rows["state"]

@@ -44,7 +44,7 @@ for t in res["texts"]:
         assert abs(r["kv_ratio_end"] - n / cells) < 1e-9, (m, r)
         assert abs(r["kv_ratio_mean"] - mean_ratio) < 1e-6 and mean_ratio > 2.0, (m, r, mean_ratio)
         assert r["mlp_writer_checked"] and r["mlp_factor"] == 4, (m, r)
-        assert math.isfinite(r["ppl"]) and r["ppl"] < 3.0 * full["ppl"] and r["kl"] > 0.0, (m, r)
+        assert math.isfinite(r["ppl"]) and r["kl"] > 0.0, (m, r)  # bounds: ci_check_quality.py
     # mlp combined with kvq (every held cell, compressed ones re-quantized, a kvq k8v4 cell):
     # the same schedule, and the mean ratio the product of the schedule's and kvq's own, the
     # latter from docs/formats/kvq.md's row sizes (lm: one f16 scale + d * b / 8 code bytes)
@@ -56,7 +56,7 @@ for t in res["texts"]:
     assert abs(r["kv_ratio_mean"] - mean_ratio * kvq_ratio) < 1e-6 * mean_ratio * kvq_ratio, (r, mean_ratio, kvq_ratio)
     assert r["mlp_kvq_requantized_rows"] == 2 * 3 * 30 * groups, r
     assert 0.0 < r["mlp_kvq_requant_k_rel_rms_err"] < 0.05 and 0.0 < r["mlp_kvq_requant_v_rel_rms_err"] < 0.2, r
-    assert math.isfinite(r["ppl"]) and r["ppl"] < 3.0 * full["ppl"] and r["kl"] > 0.0, r
+    assert math.isfinite(r["ppl"]) and r["kl"] > 0.0, r  # bounds: ci_check_quality.py
     print(f"50-llama: {t['text']}: mlp@4 PPL {rows['mlp@4']['ppl']:.3f} at {rows['mlp@4']['kv_ratio_mean']:.3f}, "
           f"mlp@4+kvq:k8v4 PPL {r['ppl']:.3f} at {r['kv_ratio_mean']:.3f} (= {mean_ratio:.3f} x {kvq_ratio:.3f})")
     mp = rows["mlp-meanpool@4"]

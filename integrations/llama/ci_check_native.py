@@ -19,7 +19,7 @@ for m, kb, vb in (("kvq-native:k4v4", 4, 4), ("kvq-native:k8v4", 8, 4)):
     assert r["kv_alloc_v_bytes"] == cells * 30 * 3 * packed(vb), r
     assert r["cells_end"] == r["cells_verified"] == 320, r
     assert r["state_seq_bytes"] < full["state_seq_bytes"] / 2, (r, full)
-    assert r["kl"] > 0 and r["ppl"] > 1, r
+    assert r["kl"] > 0 and r["ppl"] > 1, r  # bounds: ci_check_quality.py
 p = rows["kvq-native-plan:" + sys.argv[2]]
 want_k = sum(cells * 3 * packed(l["k_bits"]) for l in plan["layers"])
 want_v = sum(cells * 3 * packed(l["v_bits"]) for l in plan["layers"])

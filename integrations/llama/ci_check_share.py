@@ -38,7 +38,7 @@ assert 0.98 < disk["wire_ratio_vs_f16"] < 1.0, disk
 kvq = row("share-disk-kvq")
 assert kvq["lossless"] is False and kvq["chunks_stored"] == 2 and kvq["fallbacks"] == 0, kvq
 assert kvq["restored_tokens_min"] == 256 and kvq["state_round_trip"] is True, kvq
-assert kvq["logits_identical"] is False and 0.0 < kvq["kl"] < 0.2, kvq
+assert kvq["logits_identical"] is False and 0.0 < kvq["kl"], kvq  # bounds: ci_check_quality.py
 assert kvq["wire_ratio_vs_f16"] > 3.5, kvq
 assert 0.0 < kvq["restore_rel_rms_k"] < 0.12 and 0.0 < kvq["restore_rel_rms_v"] < 0.12, kvq
 assert kvq["control_caught"] is True, kvq

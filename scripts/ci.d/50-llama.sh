@@ -188,4 +188,7 @@ for bad in "kvq-native-plan:$out/plan-24-layers.json:24 layers" "kvq-native-plan
     fi
 done
 set -e
+# quality: every mode's PPL and KL in every output above against the recorded results of
+# this instruction set (integrations/llama/ci-expected.json, rule and tolerances there)
+python3 integrations/llama/ci_check_quality.py check --isa "$LLAMA_ISA" "$out"
 echo "50-llama: passed"
