@@ -372,7 +372,7 @@ typedef uint32_t kvc_dtype;
  */
 typedef struct kvc_codec_config {
     /**
-     * Element type of the tensors: `KVC_DTYPE_F16`, `_BF16`, `_F32` or `_I8` [F16]. It
+     * Element type of the tensors: `KVC_DTYPE_F16`, `_BF16`, `_F32` or `_I8` (default F16). It
      * fixes the number of byte streams; blobs must be decoded with the same dtype.
      */
     kvc_dtype dtype;
@@ -386,7 +386,7 @@ typedef struct kvc_codec_config {
      */
     uint32_t v_predictors;
     /**
-     * zstd level of the zstd candidates [3]; zstd's own range.
+     * zstd level of the zstd candidates (default 3); zstd's own range.
      */
     int32_t zstd_level;
 } kvc_codec_config;
@@ -402,35 +402,35 @@ typedef uint32_t kvc_tensor;
  */
 typedef struct kvc_h2o_config {
     /**
-     * Tokens per scored block [64]; at least 1.
+     * Tokens per scored block (default 64); at least 1.
      */
     uint32_t block_tokens;
     /**
-     * Leading tokens never evicted [32].
+     * Leading tokens never evicted (default 32).
      */
     uint32_t sink_tokens;
     /**
-     * Trailing tokens never evicted [256].
+     * Trailing tokens never evicted (default 256).
      */
     uint32_t recent_tokens;
     /**
-     * Tokens before / tokens kept the plan aims at [3.5]; finite, >= 1.
+     * Tokens before / tokens kept the plan aims at (default 3.5); finite, >= 1.
      */
     float target_lossy_ratio;
     /**
-     * Weight of the history in the EMA [0.9]; in [0, 1].
+     * Weight of the history in the EMA (default 0.9); in [0, 1].
      */
     float ema_alpha;
     /**
-     * No plan below this kv_len [512].
+     * No plan below this kv_len (default 512).
      */
     uint32_t trigger_min_tokens;
     /**
-     * Calls of a layer between two of its plans [16].
+     * Calls of a layer between two of its plans (default 16).
      */
     uint32_t update_interval;
     /**
-     * First managed layer [0].
+     * First managed layer (default 0).
      */
     uint32_t layer_start;
     /**
@@ -633,11 +633,11 @@ typedef struct kvc_quant_config {
  */
 typedef struct kvc_cache_config {
     /**
-     * `KVC_CACHE_LAYOUT_LLAMA`, `_INFINILM` or `_MNN` [llama].
+     * `KVC_CACHE_LAYOUT_LLAMA`, `_INFINILM` or `_MNN` (default llama).
      */
     uint32_t layout;
     /**
-     * Element type: `KVC_DTYPE_F16`, `_BF16`, `_F32` or `_I8` [F16].
+     * Element type: `KVC_DTYPE_F16`, `_BF16`, `_F32` or `_I8` (default F16).
      */
     kvc_dtype dtype;
     /**
@@ -650,7 +650,7 @@ typedef struct kvc_cache_config {
     size_t head_dim_k;
     /**
      * Elements per head of a V token; 0 means `head_dim_k`. Only llama.cpp caches may
-     * have a different one [0].
+     * have a different one (default 0).
      */
     size_t head_dim_v;
     /**
@@ -659,7 +659,7 @@ typedef struct kvc_cache_config {
      */
     size_t capacity;
     /**
-     * llama.cpp only: 1 when V is stored transposed (flash attention off), else 0 [0].
+     * llama.cpp only: 1 when V is stored transposed (flash attention off), else 0 (default 0).
      */
     uint32_t v_trans;
     /**
@@ -672,7 +672,7 @@ typedef struct kvc_cache_config {
      */
     uint32_t mnn_lp;
     /**
-     * MNN only: `mFlashAttentionUpperKv`, or 0 when flash attention is off [0].
+     * MNN only: `mFlashAttentionUpperKv`, or 0 when flash attention is off (default 0).
      */
     size_t mnn_flash_block;
 } kvc_cache_config;
@@ -726,11 +726,11 @@ typedef struct kvc_cache_info {
  */
 typedef struct kvc_store_config {
     /**
-     * `KVC_STORE_MODE_PROBE`, `_FULL` or `_STORE` [store].
+     * `KVC_STORE_MODE_PROBE`, `_FULL` or `_STORE` (default store).
      */
     uint32_t mode;
     /**
-     * `KVC_STORE_SCOPE_FRONT_N` (1), `_H2O_KEPT` (2) or `_BOTH` (3) [3].
+     * `KVC_STORE_SCOPE_FRONT_N` (1), `_H2O_KEPT` (2) or `_BOTH` (3) (default 3).
      */
     uint32_t scope;
     /**
@@ -738,11 +738,11 @@ typedef struct kvc_store_config {
      */
     uint32_t codec;
     /**
-     * Layers below this are the front scope [2].
+     * Layers below this are the front scope (default 2).
      */
     uint32_t front_n;
     /**
-     * First H2O layer [2].
+     * First H2O layer (default 2).
      */
     uint32_t h2o_layer_start;
     /**
@@ -750,45 +750,45 @@ typedef struct kvc_store_config {
      */
     int64_t h2o_layer_end;
     /**
-     * Leading tokens never compressed [16].
+     * Leading tokens never compressed (default 16).
      */
     uint32_t hot_sink_tokens;
     /**
-     * Trailing tokens never compressed [256].
+     * Trailing tokens never compressed (default 256).
      */
     uint32_t hot_recent_tokens;
     /**
-     * Tokens of the first cold chunk [16]; 0 disables it.
+     * Tokens of the first cold chunk (default 16); 0 disables it.
      */
     uint32_t bootstrap_tokens;
     /**
-     * Tokens of every later chunk [384]; at least 1.
+     * Tokens of every later chunk (default 384); at least 1.
      */
     uint32_t group_tokens;
     /**
-     * Worker threads [2]; 1..=256 in store mode.
+     * Worker threads (default 2); 1..=256 in store mode.
      */
     uint32_t async_threads;
     /**
-     * Tasks queued before submissions are skipped (backpressure) [16]; at least 1 in
+     * Tasks queued before submissions are skipped (backpressure) (default 16); at least 1 in
      * store mode.
      */
     uint32_t queue_capacity;
     /**
-     * Restored chunks one layer keeps resident when not evicting after attention [64].
+     * Restored chunks one layer keeps resident when not evicting after attention (default 64).
      */
     uint32_t layer_cache_capacity;
     /**
-     * Restored chunks the model keeps resident when not evicting after attention [64].
+     * Restored chunks the model keeps resident when not evicting after attention (default 64).
      */
     uint32_t global_cache_capacity;
     /**
-     * 1: check each restored chunk against the hash taken at compression [1].
+     * 1: check each restored chunk against the hash taken at compression (default 1).
      */
     uint32_t verify_restore;
     /**
      * 1: a read releases what it restored once it returns, so memory stays at the
-     * codec's saving [1]; 0: MNN's decode cache (restored chunks stay resident, bounded
+     * codec's saving (default 1); 0: MNN's decode cache (restored chunks stay resident, bounded
      * by the two capacities above).
      */
     uint32_t evict_after_attention;
@@ -964,11 +964,11 @@ typedef struct kvc_tiers_config {
      */
     size_t head_dim;
     /**
-     * Tokens per chunk [256].
+     * Tokens per chunk (default 256).
      */
     size_t chunk_tokens;
     /**
-     * BLAKE3 of the model file (`kvc_tiers_hash_model_file`) [zeros].
+     * BLAKE3 of the model file (`kvc_tiers_hash_model_file`) (default zeros).
      */
     uint8_t model_hash[32];
     /**
@@ -976,7 +976,7 @@ typedef struct kvc_tiers_config {
      */
     uint64_t memory_budget_bytes;
     /**
-     * Directory of the disk tier (NUL-terminated); NULL: no disk tier [NULL].
+     * Directory of the disk tier (NUL-terminated); NULL: no disk tier (default NULL).
      */
     const char *disk_dir;
     /**
@@ -985,16 +985,16 @@ typedef struct kvc_tiers_config {
     uint64_t disk_budget_bytes;
     /**
      * `redis://host:port` or `redis+cluster://host:port,host:port,...`; NULL: no Redis
-     * tier [NULL].
+     * tier (default NULL).
      */
     const char *redis_url;
     /**
      * Expiry of values stored in Redis in seconds; 0: none (Redis's maxmemory LRU
-     * evicts) [0].
+     * evicts) (default 0).
      */
     uint32_t redis_ttl_s;
     /**
-     * Redis connect and command timeout in milliseconds [1000].
+     * Redis connect and command timeout in milliseconds (default 1000).
      */
     uint32_t redis_timeout_ms;
 } kvc_tiers_config;

@@ -1,14 +1,11 @@
-//! Fuzz the parser and replay loop behind `kvc h2o replay` (the very file the command
-//! compiles, crates/kvc-cli/src/cmd/h2o/trace.rs). The input is a config JSON and a
+//! Fuzz the parser and replay loop behind `kvc h2o replay` (`kvc_h2o::trace`, what the
+//! command calls). The input is a config JSON and a
 //! JSON-lines trace separated by the first NUL byte (no NUL: the default config and the
 //! whole input as the trace). Any input gives an error message or output lines, never a
 //! panic, an out-of-bounds access or an allocation the trace does not justify.
 #![no_main]
 
-#[allow(dead_code, missing_docs)]
-#[path = "../../crates/kvc-cli/src/cmd/h2o/trace.rs"]
-mod trace;
-
+use kvc_h2o::trace;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

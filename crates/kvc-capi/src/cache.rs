@@ -37,28 +37,28 @@ pub const KVC_CACHE_LAYOUT_MNN: u32 = 2;
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KvcCacheConfig {
-    /// `KVC_CACHE_LAYOUT_LLAMA`, `_INFINILM` or `_MNN` [llama].
+    /// `KVC_CACHE_LAYOUT_LLAMA`, `_INFINILM` or `_MNN` (default llama).
     pub layout: u32,
-    /// Element type: `KVC_DTYPE_F16`, `_BF16`, `_F32` or `_I8` [F16].
+    /// Element type: `KVC_DTYPE_F16`, `_BF16`, `_F32` or `_I8` (default F16).
     pub dtype: KvcDtype,
     /// KV heads of the layer (>= 1) [0: must be set].
     pub n_kv_heads: usize,
     /// Elements per head of a K token (>= 1) [0: must be set].
     pub head_dim_k: usize,
     /// Elements per head of a V token; 0 means `head_dim_k`. Only llama.cpp caches may
-    /// have a different one [0].
+    /// have a different one (default 0).
     pub head_dim_v: usize,
     /// Token slots: llama.cpp `kv_size`, InfiniLM `S_max`, MNN `mMaxLength` (>= 1) [0:
     /// must be set].
     pub capacity: usize,
-    /// llama.cpp only: 1 when V is stored transposed (flash attention off), else 0 [0].
+    /// llama.cpp only: 1 when V is stored transposed (flash attention off), else 0 (default 0).
     pub v_trans: u32,
     /// MNN only: the backend's `hP` pack (`MNNGetMatMulPackMode`) [0: must be set for
     /// MNN].
     pub mnn_hp: u32,
     /// MNN only: the backend's `lP` pack [0: must be set for MNN].
     pub mnn_lp: u32,
-    /// MNN only: `mFlashAttentionUpperKv`, or 0 when flash attention is off [0].
+    /// MNN only: `mFlashAttentionUpperKv`, or 0 when flash attention is off (default 0).
     pub mnn_flash_block: usize,
 }
 

@@ -40,7 +40,7 @@ pub const KVC_TENSOR_V: KvcTensor = 1;
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KvcCodecConfig {
-    /// Element type of the tensors: `KVC_DTYPE_F16`, `_BF16`, `_F32` or `_I8` [F16]. It
+    /// Element type of the tensors: `KVC_DTYPE_F16`, `_BF16`, `_F32` or `_I8` (default F16). It
     /// fixes the number of byte streams; blobs must be decoded with the same dtype.
     pub dtype: KvcDtype,
     /// Predictors tried on K tensors, a mask of `KVC_PREDICTOR_*` bits, non-zero
@@ -48,7 +48,7 @@ pub struct KvcCodecConfig {
     pub k_predictors: u32,
     /// Predictors tried on V tensors [`KVC_PREDICTOR_ALL`].
     pub v_predictors: u32,
-    /// zstd level of the zstd candidates [3]; zstd's own range.
+    /// zstd level of the zstd candidates (default 3); zstd's own range.
     pub zstd_level: i32,
 }
 

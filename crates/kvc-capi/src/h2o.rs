@@ -49,21 +49,21 @@ pub const KVC_H2O_PLAN_DROPPED: u32 = 2;
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct KvcH2oConfig {
-    /// Tokens per scored block [64]; at least 1.
+    /// Tokens per scored block (default 64); at least 1.
     pub block_tokens: u32,
-    /// Leading tokens never evicted [32].
+    /// Leading tokens never evicted (default 32).
     pub sink_tokens: u32,
-    /// Trailing tokens never evicted [256].
+    /// Trailing tokens never evicted (default 256).
     pub recent_tokens: u32,
-    /// Tokens before / tokens kept the plan aims at [3.5]; finite, >= 1.
+    /// Tokens before / tokens kept the plan aims at (default 3.5); finite, >= 1.
     pub target_lossy_ratio: f32,
-    /// Weight of the history in the EMA [0.9]; in [0, 1].
+    /// Weight of the history in the EMA (default 0.9); in [0, 1].
     pub ema_alpha: f32,
-    /// No plan below this kv_len [512].
+    /// No plan below this kv_len (default 512).
     pub trigger_min_tokens: u32,
-    /// Calls of a layer between two of its plans [16].
+    /// Calls of a layer between two of its plans (default 16).
     pub update_interval: u32,
-    /// First managed layer [0].
+    /// First managed layer (default 0).
     pub layer_start: u32,
     /// Last managed layer, inclusive, or `KVC_H2O_LAYER_END_LAST` (-1) [-1].
     pub layer_end: i64,

@@ -49,39 +49,39 @@ pub const KVC_STORE_ALL_LAYERS: i64 = -1;
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KvcStoreConfig {
-    /// `KVC_STORE_MODE_PROBE`, `_FULL` or `_STORE` [store].
+    /// `KVC_STORE_MODE_PROBE`, `_FULL` or `_STORE` (default store).
     pub mode: u32,
-    /// `KVC_STORE_SCOPE_FRONT_N` (1), `_H2O_KEPT` (2) or `_BOTH` (3) [3].
+    /// `KVC_STORE_SCOPE_FRONT_N` (1), `_H2O_KEPT` (2) or `_BOTH` (3) (default 3).
     pub scope: u32,
     /// `KVC_STORE_CODEC_GEAR_V1` or `KVC_STORE_CODEC_GEAR_V2` [gear-v1].
     pub codec: u32,
-    /// Layers below this are the front scope [2].
+    /// Layers below this are the front scope (default 2).
     pub front_n: u32,
-    /// First H2O layer [2].
+    /// First H2O layer (default 2).
     pub h2o_layer_start: u32,
     /// Last H2O layer, inclusive, or `KVC_STORE_LAYER_END_LAST` (-1) [-1].
     pub h2o_layer_end: i64,
-    /// Leading tokens never compressed [16].
+    /// Leading tokens never compressed (default 16).
     pub hot_sink_tokens: u32,
-    /// Trailing tokens never compressed [256].
+    /// Trailing tokens never compressed (default 256).
     pub hot_recent_tokens: u32,
-    /// Tokens of the first cold chunk [16]; 0 disables it.
+    /// Tokens of the first cold chunk (default 16); 0 disables it.
     pub bootstrap_tokens: u32,
-    /// Tokens of every later chunk [384]; at least 1.
+    /// Tokens of every later chunk (default 384); at least 1.
     pub group_tokens: u32,
-    /// Worker threads [2]; 1..=256 in store mode.
+    /// Worker threads (default 2); 1..=256 in store mode.
     pub async_threads: u32,
-    /// Tasks queued before submissions are skipped (backpressure) [16]; at least 1 in
+    /// Tasks queued before submissions are skipped (backpressure) (default 16); at least 1 in
     /// store mode.
     pub queue_capacity: u32,
-    /// Restored chunks one layer keeps resident when not evicting after attention [64].
+    /// Restored chunks one layer keeps resident when not evicting after attention (default 64).
     pub layer_cache_capacity: u32,
-    /// Restored chunks the model keeps resident when not evicting after attention [64].
+    /// Restored chunks the model keeps resident when not evicting after attention (default 64).
     pub global_cache_capacity: u32,
-    /// 1: check each restored chunk against the hash taken at compression [1].
+    /// 1: check each restored chunk against the hash taken at compression (default 1).
     pub verify_restore: u32,
     /// 1: a read releases what it restored once it returns, so memory stays at the
-    /// codec's saving [1]; 0: MNN's decode cache (restored chunks stay resident, bounded
+    /// codec's saving (default 1); 0: MNN's decode cache (restored chunks stay resident, bounded
     /// by the two capacities above).
     pub evict_after_attention: u32,
 }

@@ -61,23 +61,23 @@ pub struct KvcTiersConfig {
     pub n_kv_head: usize,
     /// Values per head [0: must be set].
     pub head_dim: usize,
-    /// Tokens per chunk [256].
+    /// Tokens per chunk (default 256).
     pub chunk_tokens: usize,
-    /// BLAKE3 of the model file (`kvc_tiers_hash_model_file`) [zeros].
+    /// BLAKE3 of the model file (`kvc_tiers_hash_model_file`) (default zeros).
     pub model_hash: [u8; 32],
     /// Byte budget of the in-process memory tier; 0: no memory tier [256 MiB].
     pub memory_budget_bytes: u64,
-    /// Directory of the disk tier (NUL-terminated); NULL: no disk tier [NULL].
+    /// Directory of the disk tier (NUL-terminated); NULL: no disk tier (default NULL).
     pub disk_dir: *const c_char,
     /// Byte budget of the disk tier [1 GiB].
     pub disk_budget_bytes: u64,
     /// `redis://host:port` or `redis+cluster://host:port,host:port,...`; NULL: no Redis
-    /// tier [NULL].
+    /// tier (default NULL).
     pub redis_url: *const c_char,
     /// Expiry of values stored in Redis in seconds; 0: none (Redis's maxmemory LRU
-    /// evicts) [0].
+    /// evicts) (default 0).
     pub redis_ttl_s: u32,
-    /// Redis connect and command timeout in milliseconds [1000].
+    /// Redis connect and command timeout in milliseconds (default 1000).
     pub redis_timeout_ms: u32,
 }
 

@@ -3,13 +3,10 @@
 //! replay hold at most [`MAX_BYTES_PER_INPUT_BYTE`] times their size at once, plus
 //! [`FIXED_BYTES`], plus [`MAX_BYTES_PER_LAYER`] for each layer up to the highest one the
 //! trace names: the policy keeps a state per layer, and layer indices are capped at
-//! `trace::MAX_LAYERS` (65536), so a trace can make it hold at most 32 MiB. Compiles the
-//! command's own trace.rs, as the fuzz target does.
+//! `trace::MAX_LAYERS` (65536), so a trace can make it hold at most 32 MiB. Calls the
+//! command's own parser and replay (`kvc_h2o::trace`), as the fuzz target does.
 
-#[allow(dead_code)]
-#[path = "../src/cmd/h2o/trace.rs"]
-mod trace;
-
+use kvc_h2o::trace;
 use kvc_test_alloc::{measure, random_bytes};
 
 /// The stated bound: bytes held at once per input byte...

@@ -42,28 +42,28 @@ pub enum PlanScope {
 /// spec's defaults.
 #[derive(Clone, Debug, PartialEq)]
 pub struct H2oConfig {
-    /// `h2o_block_tokens`: tokens per scored block [64]; at least 1.
+    /// `h2o_block_tokens`: tokens per scored block (default 64); at least 1.
     pub block_tokens: u32,
-    /// `h2o_sink_tokens`: leading tokens never evicted [32].
+    /// `h2o_sink_tokens`: leading tokens never evicted (default 32).
     pub sink_tokens: u32,
-    /// `h2o_recent_tokens`: trailing tokens never evicted [256].
+    /// `h2o_recent_tokens`: trailing tokens never evicted (default 256).
     pub recent_tokens: u32,
-    /// `h2o_target_lossy_ratio`: tokens before / tokens kept the plan aims at [3.5];
+    /// `h2o_target_lossy_ratio`: tokens before / tokens kept the plan aims at (default 3.5);
     /// finite and at least 1.
     pub target_lossy_ratio: f32,
-    /// `h2o_ema_alpha`: weight of the history in the EMA [0.9]; in `[0, 1]`.
+    /// `h2o_ema_alpha`: weight of the history in the EMA (default 0.9); in `[0, 1]`.
     pub ema_alpha: f32,
-    /// `h2o_trigger_min_tokens`: no plan below this `kv_len` [512].
+    /// `h2o_trigger_min_tokens`: no plan below this `kv_len` (default 512).
     pub trigger_min_tokens: u32,
-    /// `h2o_update_interval`: calls of a layer between two of its plans [16].
+    /// `h2o_update_interval`: calls of a layer between two of its plans (default 16).
     pub update_interval: u32,
-    /// `h2o_layer_start`: first managed layer [0].
+    /// `h2o_layer_start`: first managed layer (default 0).
     pub layer_start: u32,
     /// `h2o_layer_end`: last managed layer, inclusive [`None`: the last layer].
     pub layer_end: Option<u32>,
     /// One score per layer (spec) or per KV head [per layer].
     pub granularity: ScoreGranularity,
-    /// H2O or StreamingLLM [H2O].
+    /// H2O or StreamingLLM (default H2O).
     pub selection: Selection,
     /// Per-layer plans (MNN) or one plan for all layers (llama.cpp) [per layer].
     pub scope: PlanScope,

@@ -15,6 +15,9 @@
 //! same interface, and a layer-uniform scope for engines whose cache cells are shared by
 //! all layers (llama.cpp).
 //!
+//! [`trace`] is the H2O trace format (a JSON config, a JSON-lines trace of attention calls, the
+//! replay's output lines) that `kvc h2o replay` and the `h2o_replay` fuzz target run.
+//!
 //! A call of one layer:
 //!
 //! ```
@@ -37,6 +40,7 @@ mod error;
 mod metrics;
 mod plan;
 mod policy;
+pub mod trace;
 
 pub use config::{H2oConfig, PlanScope, ScoreGranularity, Selection};
 pub use error::{Error, ErrorKind, Result};

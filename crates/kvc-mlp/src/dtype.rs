@@ -105,7 +105,7 @@ impl WeightDtype {
     }
 }
 
-/// A KV-cache element type the compressor reads and writes: `f32`, [`f16`] or [`bf16`].
+/// A KV-cache element type the compressor reads and writes: `f32`, [`f16`](struct@f16) or [`bf16`].
 ///
 /// Computation is always in `f32`; results are rounded to nearest-even on the way back.
 pub trait KvElement: Copy + Send + Sync + bytemuck::Pod + sealed::Sealed + 'static {

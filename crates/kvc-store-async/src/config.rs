@@ -74,32 +74,32 @@ pub struct StoreConfig {
     pub mode: Mode,
     /// Which layers are eligible.
     pub scope: Scope,
-    /// Layers `< front_n` are the front scope [2].
+    /// Layers `< front_n` are the front scope (default 2).
     pub front_n: usize,
-    /// First H2O layer [2].
+    /// First H2O layer (default 2).
     pub h2o_layer_start: usize,
     /// Last H2O layer, inclusive [`usize::MAX`: to the last layer].
     pub h2o_layer_end: usize,
-    /// Leading tokens never compressed [16].
+    /// Leading tokens never compressed (default 16).
     pub hot_sink_tokens: usize,
-    /// Trailing tokens never compressed [256].
+    /// Trailing tokens never compressed (default 256).
     pub hot_recent_tokens: usize,
-    /// Tokens of the first (bootstrap) chunk of the cold range [16]; 0 disables it.
+    /// Tokens of the first (bootstrap) chunk of the cold range (default 16); 0 disables it.
     pub bootstrap_tokens: usize,
-    /// Tokens of every later chunk [384].
+    /// Tokens of every later chunk (default 384).
     pub group_tokens: usize,
-    /// Worker threads [2].
+    /// Worker threads (default 2).
     pub async_threads: usize,
-    /// Tasks the queue holds before submissions are skipped (backpressure) [16].
+    /// Tasks the queue holds before submissions are skipped (backpressure) (default 16).
     pub queue_capacity: usize,
-    /// Restored chunks one layer keeps resident (per-layer LRU) [64].
+    /// Restored chunks one layer keeps resident (per-layer LRU) (default 64).
     pub layer_cache_capacity: usize,
-    /// Restored chunks the whole model keeps resident (global LRU) [64].
+    /// Restored chunks the whole model keeps resident (global LRU) (default 64).
     pub global_cache_capacity: usize,
-    /// Check a restored chunk against the hash taken at compression [true].
+    /// Check a restored chunk against the hash taken at compression (default true).
     pub verify_restore: bool,
     /// Release what a layer restored once its attention ([`Store::with_layer`],
-    /// [`Store::read_tokens`]) returns [true]. Stored chunks then never stay resident
+    /// [`Store::read_tokens`]) returns (default true). Stored chunks then never stay resident
     /// between attention calls, so the memory saved is the codec's whole saving, and each
     /// attention decodes its layer's cold chunks (several in parallel). `false` is MNN's
     /// decode cache: restored chunks stay resident in the per-layer and global LRUs above

@@ -35,6 +35,8 @@
 //! ```
 
 pub mod blob;
+#[cfg(test)]
+mod blob_golden;
 pub mod codec;
 pub mod disk;
 pub mod error;

@@ -12,9 +12,7 @@ use kvc_h2o::H2oConfig;
 
 use crate::cli_error::CliError;
 
-// Self-contained (no `crate::` paths): fuzz/fuzz_targets/h2o_replay.rs compiles this same
-// file to fuzz the trace parser without building the whole command.
-pub mod trace;
+use kvc_h2o::trace;
 
 /// Arguments of `kvc h2o`.
 #[derive(Args)]

@@ -1,12 +1,21 @@
-//! The parser and replay loop behind `kvc h2o replay`: a JSON config and JSON-lines trace
-//! in, one JSON line per call out. Every error is a message naming the line.
+//! The H2O trace format (v1) and its replay, behind `kvc h2o replay`: a JSON config and a
+//! JSON-lines trace of attention calls in, one JSON line per call out. Every error is a
+//! message naming the line.
 //!
-//! Self-contained (only `kvc_h2o`, `serde` and `serde_json`): the fuzz target
-//! `fuzz/fuzz_targets/h2o_replay.rs` compiles this file as it is.
+//! A trace line is one call of one layer ([`TraceCall`]):
+//! `{"layer": 0, "kv_len": 24, "n_heads": 1, "n_queries": 24, "block_acc": [0, 24, 48, 0, 0, 0]}`
+//! where `block_acc` holds the call's attention summed per block of `h2o_block_tokens` tokens
+//! (`ceil(kv_len / block)` entries); blank lines are skipped. A replay line ([`ReplayLine`]) is
+//! `{"layer":0,"triggered":true,"keep_tokens":12,"reserve":[[0,4],[8,4],[20,4]],"scores":[...]}`.
+//! The config is the spec's `h2o_*` keys plus `selection` and `scope` ([`parse_config`]).
+//! Golden files of v1: `crates/kvc-h2o/tests/golden/trace-v1/`.
+//!
+//! Not a recorder: engines write traces themselves; this module reads them, replays them
+//! through [`H2oPolicy`], and writes what the policy decided.
 
 use std::fmt::Write as _;
 
-use kvc_h2o::{CallShape, H2oConfig, H2oPolicy, PlanScope, Selection};
+use crate::{CallShape, H2oConfig, H2oPolicy, PlanScope, Selection};
 use serde::{Deserialize, Serialize};
 
 /// The layer count a trace may address (layer indices below it).
@@ -70,14 +79,43 @@ impl ConfigFile {
     }
 }
 
-#[derive(Deserialize)]
+/// One attention call of a trace (one line).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct TraceLine {
-    layer: usize,
-    kv_len: usize,
-    n_heads: usize,
-    n_queries: usize,
-    block_acc: Vec<f32>,
+pub struct TraceCall {
+    /// The layer called (below [`MAX_LAYERS`]).
+    pub layer: usize,
+    /// Tokens in the layer's cache at this call.
+    pub kv_len: usize,
+    /// Query heads.
+    pub n_heads: usize,
+    /// Query tokens of the call.
+    pub n_queries: usize,
+    /// The attention of the call summed per block of tokens: `ceil(kv_len / block)` entries.
+    pub block_acc: Vec<f32>,
+}
+
+impl TraceCall {
+    /// The call as one trace line (JSON, no newline).
+    pub fn to_line(&self) -> String {
+        serde_json::to_string(self).expect("a TraceCall always serializes")
+    }
+}
+
+/// What the policy decided at one call (one output line of a replay).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReplayLine {
+    /// The layer called.
+    pub layer: usize,
+    /// Whether the call made a plan.
+    pub triggered: bool,
+    /// Tokens the layer keeps.
+    pub keep_tokens: usize,
+    /// The kept token ranges `[offset, length]` (the whole cache when nothing triggered).
+    pub reserve: Vec<[u32; 2]>,
+    /// The layer's EMA score per block after the call.
+    pub scores: Vec<f32>,
 }
 
 #[derive(Serialize)]
@@ -101,20 +139,23 @@ pub fn parse_config(text: Option<&str>) -> Result<H2oConfig, String> {
     Ok(config)
 }
 
-/// Replays the trace `text` (named `name` in messages) through a policy with `config`;
-/// the output lines, or the first bad line's error (`name:line: why`).
-pub fn replay(config: H2oConfig, name: &str, text: &str) -> Result<String, String> {
+/// Parses and checks every line of the trace `text` (named `name` in messages) for blocks of
+/// `config.block_tokens`: the calls with their 1-based line numbers, or the first bad line's
+/// error (`name:line: why`).
+pub fn parse_trace(
+    config: &H2oConfig,
+    name: &str,
+    text: &str,
+) -> Result<Vec<(usize, TraceCall)>, String> {
     let block = config.block_tokens as usize;
     let at = |line: usize, msg: &dyn std::fmt::Display| format!("{name}:{line}: {msg}");
-
-    // Pass 1: parse and check every line, so that the layer count is known.
     let mut calls = Vec::new();
     for (i, raw) in text.lines().enumerate() {
         let line_no = i + 1;
         if raw.trim().is_empty() {
             continue;
         }
-        let t: TraceLine = serde_json::from_str(raw).map_err(|e| at(line_no, &e))?;
+        let t: TraceCall = serde_json::from_str(raw).map_err(|e| at(line_no, &e))?;
         if t.layer >= MAX_LAYERS {
             return Err(at(
                 line_no,
@@ -134,6 +175,26 @@ pub fn replay(config: H2oConfig, name: &str, text: &str) -> Result<String, Strin
         }
         calls.push((line_no, t));
     }
+    Ok(calls)
+}
+
+/// Reads a replay's output (`name` in messages): one [`ReplayLine`] per non-blank line, or
+/// the first bad line's error (`name:line: why`).
+pub fn parse_replay_output(name: &str, text: &str) -> Result<Vec<ReplayLine>, String> {
+    text.lines()
+        .enumerate()
+        .filter(|(_, raw)| !raw.trim().is_empty())
+        .map(|(i, raw)| serde_json::from_str(raw).map_err(|e| format!("{name}:{}: {e}", i + 1)))
+        .collect()
+}
+
+/// Replays the trace `text` (named `name` in messages) through a policy with `config`;
+/// the output lines, or the first bad line's error (`name:line: why`).
+pub fn replay(config: H2oConfig, name: &str, text: &str) -> Result<String, String> {
+    let at = |line: usize, msg: &dyn std::fmt::Display| format!("{name}:{line}: {msg}");
+
+    // Pass 1: parse and check every line, so that the layer count is known.
+    let calls = parse_trace(&config, name, text)?;
     let n_layers = calls.iter().map(|(_, t)| t.layer + 1).max().unwrap_or(1);
     let mut policy = H2oPolicy::new(config, n_layers).map_err(|e| e.to_string())?;
 
