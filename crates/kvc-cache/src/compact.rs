@@ -107,7 +107,7 @@ fn mnn_chunk(
     let head_bytes = layout.mnn_head_bytes();
     match layout.addressing() {
         Addressing::MnnKey { hp, lp } => {
-            if hd % lp != 0 || src % hp != 0 || dst % hp != 0 || n < hp {
+            if hd % lp != 0 || !src.is_multiple_of(hp) || !dst.is_multiple_of(hp) || n < hp {
                 return None;
             }
             let m = n / hp * hp;

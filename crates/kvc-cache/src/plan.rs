@@ -54,7 +54,7 @@ impl ReservePlan {
             end: past_len,
             limit: past_len,
         })?;
-        if reserve.len() % 2 != 0 {
+        if !reserve.len().is_multiple_of(2) {
             return Err(Error::InvalidPlan {
                 span: reserve.len() / 2,
                 offset: 0,

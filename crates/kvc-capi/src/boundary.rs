@@ -116,7 +116,7 @@ fn drop_payload(payload: Box<dyn Any + Send>) {
 /// Checks that `ptr` is non-NULL and aligned for `T`.
 fn check_ptr<T>(ptr: *const T, argument: &'static str) -> Result<NonNull<T>, Error> {
     let nn = NonNull::new(ptr.cast_mut()).ok_or(Error::NullArgument { argument })?;
-    if (ptr as usize) % align_of::<T>() != 0 {
+    if !(ptr as usize).is_multiple_of(align_of::<T>()) {
         return Err(misaligned::<T>(ptr, argument));
     }
     Ok(nn)

@@ -41,7 +41,7 @@ fn check_aligned(
     dtype: DType,
     argument: &'static str,
 ) -> Result<(), Error> {
-    if elems > 0 && !ptr.is_null() && (ptr as usize) % dtype.size() != 0 {
+    if elems > 0 && !ptr.is_null() && !(ptr as usize).is_multiple_of(dtype.size()) {
         return Err(Error::invalid(
             argument,
             format!(

@@ -68,7 +68,7 @@ fn codec(head_dim: u32, bits: u32) -> Result<&'static RowCodec, Error> {
 
 /// The number of blocks in `n_values`, which must be a whole number of them.
 fn blocks(n_values: usize, head_dim: usize) -> Result<usize, Error> {
-    if n_values % head_dim != 0 {
+    if !n_values.is_multiple_of(head_dim) {
         return Err(Error::invalid(
             "n_values",
             format!("{n_values} is not a multiple of head_dim {head_dim}"),

@@ -151,7 +151,7 @@ fn rare_symbols_all_get_codes() {
                 let r = rng.next();
                 // Mostly two tops per channel; a rare one on a few unsampled tokens.
                 let mut top = 0x3c + (c % 3) as u8 + (r >> 63) as u8;
-                if t % 4 != 0 && r % 97 == 0 {
+                if t % 4 != 0 && r.is_multiple_of(97) {
                     top = 0x10 + (r >> 40) as u8 % 0x60;
                 }
                 if c % 2 == 1 {
@@ -205,7 +205,7 @@ fn repeated_rows_roundtrip() {
             let tokens = 40 + (seed as usize * 37) % 200;
             let mut data = Vec::with_capacity(tokens * row);
             for _ in 0..tokens {
-                let p = if rng.next() % 4 == 0 {
+                let p = if rng.next().is_multiple_of(4) {
                     rng.next() as usize % pool_rows
                 } else {
                     (rng.next() % 2) as usize
@@ -342,7 +342,7 @@ fn int8_wrapping_map_with_sign_context() {
     let mut side = vec![1i32; channels];
     for _ in 0..600 {
         for (c, s) in side.iter_mut().enumerate() {
-            if rng.next() % 8 == 0 {
+            if rng.next().is_multiple_of(8) {
                 *s = -*s;
             }
             let zero = [0i32, 100, -120, 127, -128, 37][c % 6];

@@ -651,7 +651,7 @@ fn validate_shape(s: &CallShape) -> Result<()> {
             ),
         ));
     }
-    if s.n_kv_heads == 0 || s.n_heads % s.n_kv_heads != 0 {
+    if s.n_kv_heads == 0 || !s.n_heads.is_multiple_of(s.n_kv_heads) {
         return Err(shape_err(
             "n_kv_heads",
             format!(

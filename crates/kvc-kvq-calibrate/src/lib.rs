@@ -132,7 +132,7 @@ impl CalibShape {
                 });
             }
         }
-        if self.n_head % self.n_kv_head != 0 {
+        if !self.n_head.is_multiple_of(self.n_kv_head) {
             return Err(Error::InvalidValue {
                 what: "n_head",
                 value: self.n_head as i64,
@@ -914,7 +914,7 @@ mod tests {
         let (mut k, v, q) = synth(SHAPE, 8);
         // A large constant offset on every 5th channel, as this model's K has.
         for (i, x) in k.iter_mut().enumerate() {
-            if i % SHAPE.head_dim % 5 == 0 {
+            if (i % SHAPE.head_dim).is_multiple_of(5) {
                 *x += 8.0;
             }
         }

@@ -150,10 +150,8 @@ pub fn attend_head(
 
 #[cfg(target_arch = "x86_64")]
 pub(super) mod avx2 {
-    #[cfg(kvq_avx512)]
     use super::super::simd::block::Rows;
     use super::super::simd::block::{self, block_code, BLOCK};
-    #[cfg(kvq_avx512)]
     use super::super::simd::block512;
     use super::*;
 
@@ -203,13 +201,11 @@ pub(super) mod avx2 {
         unsafe { attend_impl::<false>(layer, q, k, v, scale, scores, out) }
     }
 
-    /// [`attend`] with the 512-bit block kernels ([`block512`]) for 2-4-bit rows (built
-    /// by rustc 1.89 and later, which have the AVX-512 intrinsics: `build.rs` sets
-    /// `kvq_avx512`). Only those kernels are AVX-512 functions; the rest stays AVX2 code.
+    /// [`attend`] with the 512-bit block kernels ([`block512`]) for 2-4-bit rows. Only
+    /// those kernels are AVX-512 functions; the rest stays AVX2 code.
     /// On our test machine (`kvc bench quant`, one core, 32k tokens) 4-bit rows, which
     /// need two `vpermps` and a blend per eight values on AVX2, run about 1.7x faster;
     /// 2- and 3-bit rows about as fast as on AVX2.
-    #[cfg(kvq_avx512)]
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn attend_avx512(
         layer: &LayerCodec,
@@ -229,7 +225,6 @@ pub(super) mod avx2 {
     ///
     /// # Safety
     /// As [`block512::scores`].
-    #[cfg(kvq_avx512)]
     #[target_feature(enable = "avx512f,avx2,fma,f16c")]
     unsafe fn scores512(
         bits: u32,
@@ -253,7 +248,6 @@ pub(super) mod avx2 {
     ///
     /// # Safety
     /// As [`block512::accumulate`].
-    #[cfg(kvq_avx512)]
     #[target_feature(enable = "avx512f,avx2,fma,f16c")]
     unsafe fn accumulate512(
         bits: u32,
@@ -299,9 +293,7 @@ pub(super) mod avx2 {
                 // holds `64 * nb` values.
                 unsafe {
                     let t = layer.k.table();
-                    #[allow(unused_labels)] // without `kvq_avx512`
                     let r = 'r: {
-                        #[cfg(kvq_avx512)]
                         if Z {
                             break 'r scores512(kbits, nb, qp, rows, t, scale, scores)?;
                         }
@@ -336,9 +328,7 @@ pub(super) mod avx2 {
                     unsafe {
                         let a = &mut accp[..d];
                         let t = layer.v.table();
-                        #[allow(unused_labels)] // without `kvq_avx512`
                         let r = 'r: {
-                            #[cfg(kvq_avx512)]
                             if Z {
                                 break 'r accumulate512(vbits, nb, w, rows, t, a)?;
                             }
@@ -638,7 +628,11 @@ pub fn attend_heads_strided(
     out: &mut [f32],
 ) -> Result<()> {
     let d = layer.k.dim();
-    if n_kv_head == 0 || q.len() % d != 0 || (q.len() / d) % n_kv_head != 0 || q.is_empty() {
+    if n_kv_head == 0
+        || !q.len().is_multiple_of(d)
+        || !(q.len() / d).is_multiple_of(n_kv_head)
+        || q.is_empty()
+    {
         return Err(Error::InvalidValue {
             what: "query heads / n_kv_head",
             value: n_kv_head as i64,

@@ -33,7 +33,7 @@ use crate::error::{Error, Result};
 /// as many as there are rows to apply it to when `rows` is given, every value finite.
 /// Returns the number of center rows (KV heads).
 fn center_rows(center: &[f32], dim: usize) -> Result<usize> {
-    if center.is_empty() || center.len() % dim != 0 {
+    if center.is_empty() || !center.len().is_multiple_of(dim) {
         return Err(Error::LayoutMismatch {
             what: "center (a non-empty multiple of head_dim values)",
             expected: (center.len() / dim).max(1) * dim,
@@ -65,7 +65,7 @@ pub fn mean_center(rows: &[f32], n_kv_head: usize, head_dim: usize, out: &mut [f
             value: 0,
             reason: "must be > 0 and fit in usize",
         })?;
-    if rows.is_empty() || rows.len() % width != 0 {
+    if rows.is_empty() || !rows.len().is_multiple_of(width) {
         return Err(Error::LayoutMismatch {
             what: "rows (a non-empty multiple of n_kv_head * head_dim)",
             expected: (rows.len() / width).max(1) * width,

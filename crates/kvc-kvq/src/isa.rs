@@ -70,8 +70,6 @@ impl Isa {
             && std::arch::is_x86_feature_detected!("fma")
             && std::arch::is_x86_feature_detected!("f16c")
         {
-            // The AVX-512 kernels exist only when rustc has the intrinsics (build.rs).
-            #[cfg(kvq_avx512)]
             if std::arch::is_x86_feature_detected!("avx512f") {
                 return IsaKind::Avx512;
             }
@@ -112,8 +110,7 @@ impl Isa {
 /// Runs the kernel an [`Isa`] selects: `dispatch!(isa, portable => a, avx2 => b, avx512 =>
 /// c)`, or without the `avx512` arm where AVX-512 runs the AVX2 kernel. It expands to one
 /// `match` on the kind, as a hand-written one would (no cost): `b` runs in an `unsafe`
-/// block on `Avx2` (and on `Avx512` when `c` is absent or rustc has no AVX-512 intrinsics,
-/// `cfg(kvq_avx512)` unset), `c` in one on `Avx512`.
+/// block on `Avx2` (and on `Avx512` when `c` is absent), `c` in one on `Avx512`.
 ///
 /// The caller's part of the safety contract: `b` and `c` are calls of `#[target_feature]`
 /// kernels whose only requirements beyond the CPU's features are what the caller checked
@@ -130,11 +127,8 @@ macro_rules! dispatch {
             $crate::isa::IsaKind::Avx2 => unsafe { $a2 },
             // SAFETY: `Avx512` is only made by `Isa::detect` after the CPU reported AVX2, FMA,
             // F16C and AVX-512F; the caller checked what else the kernel needs.
-            #[cfg(all(target_arch = "x86_64", kvq_avx512))]
+            #[cfg(target_arch = "x86_64")]
             $crate::isa::IsaKind::Avx512 => unsafe { $a5 },
-            // SAFETY: as for `Avx2` (`Avx512` is never made without `kvq_avx512`).
-            #[cfg(all(target_arch = "x86_64", not(kvq_avx512)))]
-            $crate::isa::IsaKind::Avx512 => unsafe { $a2 },
         }
     };
     ($isa:expr, portable => $p:expr, avx2 => $a2:expr $(,)?) => {

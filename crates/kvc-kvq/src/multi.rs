@@ -36,7 +36,7 @@ struct Aligned<const N: usize>([f32; N]);
 
 /// The number of queries in `len` floats of `dim`-value rows.
 fn n_queries(what: &'static str, len: usize, dim: usize) -> Result<usize> {
-    if len % dim != 0 {
+    if !len.is_multiple_of(dim) {
         return Err(Error::LayoutMismatch {
             what,
             expected: len / dim * dim,
@@ -220,13 +220,11 @@ macro_rules! by_shape {
 }
 
 #[cfg(target_arch = "x86_64")]
-#[allow(clippy::incompatible_msrv)] // the AVX-512 intrinsics, only built with `kvq_avx512` (rustc 1.89+)
 mod avx2 {
     use std::arch::x86_64::*;
 
     use super::super::attention::avx2::{permute_in, permute_out};
     use super::super::simd::block::{self, BLOCK};
-    #[cfg(kvq_avx512)]
     use super::super::simd::block512;
     use super::*;
 
@@ -236,7 +234,6 @@ mod avx2 {
         lo: __m256,
         hi: __m256,
         lanes: __m256i,
-        #[cfg(kvq_avx512)]
         c512: Option<block512::Consts>,
     }
 
@@ -252,7 +249,6 @@ mod avx2 {
                 lo,
                 hi,
                 lanes: block::lane_scale_index(bits, group),
-                #[cfg(kvq_avx512)]
                 c512: if Z {
                     Some(block512::consts(bits, c.table()))
                 } else {
@@ -277,7 +273,6 @@ mod avx2 {
     ) -> Option<f32> {
         // SAFETY: as the caller guarantees.
         unsafe {
-            #[cfg(kvq_avx512)]
             if let (true, Some(c)) = (Z, k.c512) {
                 return block512::row_levels::<BITS, NB>(row, n_scales, group, k.lanes, c, vals);
             }
@@ -294,7 +289,6 @@ mod avx2 {
     unsafe fn dotv<const NB: usize, const Z: bool>(q: *const f32, v: *const f32) -> f32 {
         // SAFETY: as the caller guarantees; loads stay inside the `64 * NB` floats.
         unsafe {
-            #[cfg(kvq_avx512)]
             if Z {
                 let (mut a0, mut a1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
                 for k in (0..4 * NB).step_by(2) {
@@ -336,7 +330,6 @@ mod avx2 {
     unsafe fn axpy<const NB: usize, const Z: bool>(w: f32, v: *const f32, a: *mut f32) {
         // SAFETY: as the caller guarantees.
         unsafe {
-            #[cfg(kvq_avx512)]
             if Z {
                 let ws = _mm512_set1_ps(w);
                 for k in 0..4 * NB {
@@ -532,11 +525,9 @@ mod avx2 {
 }
 
 /// The AVX-512F entry points of the tile calls: the block decoder and the dot products /
-/// axpys in 512-bit vectors (`Z = true` of the shared block loops in [`avx2`]), built only
-/// where rustc has the intrinsics (`kvq_avx512`) and run only when [`crate::Isa::detect`]
-/// saw AVX-512F.
-#[cfg(all(target_arch = "x86_64", kvq_avx512))]
-#[allow(clippy::incompatible_msrv)] // the AVX-512 intrinsics, only built with `kvq_avx512` (rustc 1.89+)
+/// axpys in 512-bit vectors (`Z = true` of the shared block loops in [`avx2`]), run only
+/// when [`crate::Isa::detect`] saw AVX-512F.
+#[cfg(target_arch = "x86_64")]
 mod avx512 {
     use super::super::simd::block::BLOCK;
     use super::avx2::{accumulate_block, dot_block};

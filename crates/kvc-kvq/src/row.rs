@@ -94,7 +94,7 @@ fn n_scales(method: Method, d: usize) -> Result<usize> {
         Method::LloydMax => Ok(1),
         Method::Uniform { group } => {
             let g = group as usize;
-            if g == 0 || g > d || d % g != 0 {
+            if g == 0 || g > d || !d.is_multiple_of(g) {
                 return Err(Error::InvalidValue {
                     what: "uniform group",
                     value: i64::from(group),
@@ -439,7 +439,7 @@ impl RowCodec {
         if matches!(self.method, Method::Uniform { .. })
             && x.len() == self.dim
             && out.len() >= self.row_bytes
-            && self.group % 8 == 0
+            && self.group.is_multiple_of(8)
         {
             let mut codes = [0u8; MAX_HEAD_DIM];
             let mut sc = [f16::ZERO; MAX_HEAD_DIM / 8];
@@ -1035,7 +1035,7 @@ impl RowCodec {
 
     /// Rows in `values` values, checked against `bytes` packed bytes.
     pub(crate) fn rows_of(&self, values: usize, bytes: usize) -> Result<usize> {
-        if values % self.dim != 0 {
+        if !values.is_multiple_of(self.dim) {
             return Err(Error::LayoutMismatch {
                 what: "values (a multiple of head_dim)",
                 expected: values / self.dim * self.dim,

@@ -188,7 +188,7 @@ impl Mlp {
     /// divided by a whole factor (`l0: in -> D`, `l1: D -> D`, `l2: D -> D`, `in % D == 0`).
     pub fn new(layers: [Linear; 3]) -> Result<Self> {
         let d = layers[0].out_features;
-        let ok = layers[0].in_features % d == 0
+        let ok = layers[0].in_features.is_multiple_of(d)
             && layers[1].in_features == d
             && layers[1].out_features == d
             && layers[2].in_features == d

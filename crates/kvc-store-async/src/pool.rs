@@ -129,7 +129,7 @@ mod tests {
             2,
             64,
             Arc::new(|x: u32| {
-                if x % 3 == 0 {
+                if x.is_multiple_of(3) {
                     panic!("job {x} fails");
                 }
                 x * 2

@@ -163,10 +163,10 @@ impl RopeStats {
                 reason: "must be non-zero",
             });
         }
-        if head_dim == 0 || head_dim % 2 != 0 {
+        if head_dim == 0 || !head_dim.is_multiple_of(2) {
             return bad("must be even and non-zero (RoPE rotates channel pairs)");
         }
-        if channels % head_dim != 0 {
+        if !channels.is_multiple_of(head_dim) {
             return bad("must divide the channel count (kv_heads * head_dim)");
         }
         Ok(RopeStats {

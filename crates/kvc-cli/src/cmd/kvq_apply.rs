@@ -229,7 +229,7 @@ fn tokens_of(s: &CacheShape, len: usize, path: &Path) -> Result<usize, CliError>
         .and_then(|x| x.checked_mul(s.head_dim))
         .and_then(|x| x.checked_mul(s.elem.size()))
         .ok_or_else(|| bad("shape overflows".into()))?;
-    if len == 0 || len % per_token != 0 {
+    if len == 0 || !len.is_multiple_of(per_token) {
         return Err(bad(format!(
             "{len} bytes is not a whole number of tokens of {} layers x {} heads x {} dims x {} bytes",
             s.layers,

@@ -327,7 +327,7 @@ fn layer_layout(
         .and_then(|x| x.checked_mul(shape.head_dim))
         .and_then(|x| x.checked_mul(dtype.size()))
         .ok_or_else(|| bad("shape overflows".into()))?;
-    if len == 0 || len % per_token != 0 {
+    if len == 0 || !len.is_multiple_of(per_token) {
         return Err(bad(format!(
             "{len} bytes is not a whole number of tokens of {} layers x {} heads x {} dims x {} bytes",
             shape.layers,

@@ -228,7 +228,7 @@ pub fn encode_chunks_parallel(
     data: &[u8],
     chunk_bytes: usize,
 ) -> Result<Vec<Vec<u8>>> {
-    if chunk_bytes == 0 || chunk_bytes % dtype.size() != 0 {
+    if chunk_bytes == 0 || !chunk_bytes.is_multiple_of(dtype.size()) {
         return Err(Error::InvalidChunkSize { dtype, chunk_bytes });
     }
     element_count(dtype, data.len())?;

@@ -206,7 +206,7 @@ pub fn max_encoded_len(dtype: Dtype, input_len: usize) -> Result<usize> {
 
 /// The number of elements in `input_len` bytes of `dtype`, checked against gear-v1's limits.
 pub fn element_count(dtype: Dtype, input_len: usize) -> Result<usize> {
-    if input_len % dtype.size() != 0 {
+    if !input_len.is_multiple_of(dtype.size()) {
         return Err(Error::InputNotWholeElements {
             dtype,
             len: input_len,

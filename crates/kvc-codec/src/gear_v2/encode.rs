@@ -59,7 +59,7 @@ impl EncodeParams {
             return Err(Error::V2ZeroChunkTokens);
         }
         let token_bytes = self.channels as usize * self.dtype.size();
-        if len % token_bytes != 0 {
+        if !len.is_multiple_of(token_bytes) {
             return Err(Error::V2InputNotWholeTokens { len, token_bytes });
         }
         u32::try_from(len / token_bytes).map_err(|_| Error::V2TooLarge { what: "tokens" })

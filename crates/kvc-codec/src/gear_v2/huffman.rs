@@ -525,11 +525,11 @@ mod tests {
             let mut syms = Vec::new();
             for (s, c) in counts.iter_mut().enumerate() {
                 let r = rng.next();
-                if r % 4 == 0 {
+                if r.is_multiple_of(4) {
                     // Skewed counts, some large enough to force the length limit.
                     *c = (r >> 8) as u32 % 7 + ((r >> 40) as u32 % 3) * (1 << ((r >> 20) % 20));
                 }
-                if *c > 0 || r % 9 == 0 {
+                if *c > 0 || r.is_multiple_of(9) {
                     syms.push(s as u32);
                 }
             }

@@ -85,7 +85,7 @@ fn read_bits(data: &[u8], bit: usize) -> u64 {
 /// whole element is written with zero low bits, merged after.
 #[inline(always)]
 fn put<const BPV: usize, const REST: u32>(cell: &mut [u8], k: usize, sym: u32) {
-    if REST % 8 == 0 {
+    if REST.is_multiple_of(8) {
         cell[k * BPV + REST as usize / 8] = sym as u8;
     } else {
         let v = (sym << REST).to_le_bytes();
@@ -101,7 +101,7 @@ pub(crate) fn decode_coded<const BPV: usize, const REST: u32, const SYM: u32>(
     rest: &[u8],
     out: &mut [u8],
 ) -> Result<(), &'static str> {
-    if REST % 8 == 0 {
+    if REST.is_multiple_of(8) {
         low_bits::spread_low_bytes::<BPV, REST>(rest, out);
     }
     let bits = decode_lanes_best::<BPV, REST, SYM>(model, lanes, out)?;
@@ -115,7 +115,7 @@ pub(crate) fn decode_coded<const BPV: usize, const REST: u32, const SYM: u32>(
             });
         }
     }
-    if REST % 8 != 0 {
+    if !REST.is_multiple_of(8) {
         low_bits::merge_low_bits::<BPV, REST>(rest, out);
     }
     Ok(())

@@ -347,7 +347,7 @@ impl<'a> RepeatRefs<'a> {
         }
         let bitmap = &data[..map_len];
         let is_repeat = |t: usize| bitmap[t / 8] >> (t % 8) & 1 == 1;
-        if tokens % 8 != 0 && bitmap[map_len - 1] >> (tokens % 8) != 0 {
+        if !tokens.is_multiple_of(8) && bitmap[map_len - 1] >> (tokens % 8) != 0 {
             return Err("repeated-token bitmap has padding bits set");
         }
         if tokens == 0 || (dict_rows == 0 && is_repeat(0)) {

@@ -661,7 +661,7 @@ mod tests {
             let mut rels = Vec::new();
             for r in 0..alphabet {
                 let x = rng.next();
-                if x % 3 != 0 || round == 0 {
+                if !x.is_multiple_of(3) || round == 0 {
                     continue;
                 }
                 // Counts below and above the 4096-entry table, and zeros in one context.

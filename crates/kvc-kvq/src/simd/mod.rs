@@ -13,10 +13,7 @@
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod block;
-// The AVX-512 intrinsics are stable from rustc 1.89; `build.rs` sets `kvq_avx512` there,
-// so an older rustc (the workspace MSRV is 1.85) builds without this module.
-#[cfg(all(target_arch = "x86_64", kvq_avx512))]
-#[allow(clippy::incompatible_msrv)]
+#[cfg(target_arch = "x86_64")]
 pub(crate) mod block512;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod dot;

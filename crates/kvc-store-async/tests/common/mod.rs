@@ -69,7 +69,7 @@ impl FaultyCodec {
 }
 
 fn hit(h: u64, m: u64) -> bool {
-    m != 0 && h % m == 0
+    m != 0 && h.is_multiple_of(m)
 }
 
 impl StoreCodec for FaultyCodec {
