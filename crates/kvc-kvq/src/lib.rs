@@ -2,7 +2,7 @@
 //! reads the packed rows directly. This crate holds the codec (rows, K channel groups,
 //! centered rows), its kernels (portable, AVX2, AVX-512F, picked once at run time by
 //! [`Isa`]), the plan format (per-layer bits, [`config`]) that engines load, and the
-//! packed cache file ([`file`]) that holds a whole K or V cache. It is not calibration
+//! packed cache file ([`file`](mod@file)) that holds a whole K or V cache. It is not calibration
 //! (making plans from data: `kvc-kvq-calibrate`), not int8 C8 (`kvc-int8`), and it never
 //! codes losslessly (`kvc-codec`). It works on `f32` slices and byte buffers the caller
 //! owns and knows nothing about engines.
@@ -30,7 +30,7 @@
 //! Plans (per-layer K/V bits) are read and checked here ([`KvqPlan`]) and made from
 //! calibration data by `kvc-kvq-calibrate` (`kvc kvq plan`).
 //!
-//! [`file`] is the kvq packed cache file (`KVCKVQPK`): a whole K or V cache with its config
+//! [`file`](mod@file) is the kvq packed cache file (`KVCKVQPK`): a whole K or V cache with its config
 //! or plan and shape in a checked header, as `kvc quant apply --kvq` writes it.
 //!
 //! [`channel_group`] is the other K layout: K per channel over groups of tokens (KIVI), no
