@@ -1,12 +1,11 @@
 //! Fuzz the kvq packed cache file that `kvc quant apply --kvq` writes and `kvc quant
-//! dequant --kvq` reads (docs/formats/kvq.md, "Packed cache files"), through the very
-//! files the command compiles: crates/kvc-cli/src/cmd/kvq_file.rs (the header: `parse`,
-//! `new_header`, `Header::encode`), crates/kvc-cli/src/cmd/kvq_apply.rs (the body:
-//! `decode_file`, `encode_layer`) and crates/kvc-cli/src/cli_error.rs (their error type).
+//! dequant --kvq` reads (docs/formats/kvq.md, "Packed cache files"), through the library
+//! the command calls, `kvc_kvq::file` (the header: `parse`, `Header::new`,
+//! `Header::encode`; the body: `decode`, `encode_layer`).
 //!
 //! Every input, as a whole file, read as K and as V:
-//! - `parse` and `decode_file` never panic, agree (decoding succeeds only where the header
-//!   parses) and fail only with an input error;
+//! - `parse` and `decode` never panic, agree (decoding succeeds only where the header
+//!   parses) and fail only with a corrupt-data error;
 //! - no allocation during the read is larger than `32 x input length + 1 MiB`, nor the
 //!   bytes held at once above `64 x input length + 1 MiB` (the output is at most 16 f32
 //!   bytes per body byte, 2..8-bit codes, and grows by doubling; codebooks and rotations
@@ -24,10 +23,10 @@
 //! Byte 13: bit 0 plants a non-finite or out-of-range value at a place from its other
 //! bits. For a plan, one byte per layer follows (its K and V bits, as byte 1). The rest
 //! are the values, f16 bit patterns (non-finite ones made finite), cycled; none: real K of
-//! the embedded sample (data/sample). The file the writer makes (`new_header`, `encode`,
+//! the embedded sample (data/sample). The file the writer makes (`Header::new`, `encode`,
 //! `encode_layer` per layer) must hold, after its header, exactly the bytes `RowCodec` /
 //! `ChannelGroupCodec` give when called directly (and the f16 tail), fail exactly when
-//! those fail, read back with `decode_file` to the library's decoded values bit for bit,
+//! those fail, read back with `decode` to the codecs' decoded values bit for bit,
 //! be refused as the other tensor, and be refused when truncated: at every length for a
 //! file up to 4 KiB, else every header length, every layer boundary and its neighbours,
 //! 256 lengths spread over the body and the last 64.
@@ -36,31 +35,14 @@
 //! tokens of data/sample (see docs/DEVELOPING.md).
 #![no_main]
 
-#[allow(dead_code, missing_docs)]
-#[path = "../../crates/kvc-cli/src/cli_error.rs"]
-mod cli_error;
-#[allow(dead_code, missing_docs)]
-#[path = "../../crates/kvc-cli/src/cmd/kvq_file.rs"]
-mod kvq_file;
-// kvq_apply.rs reaches the header through `super::kvq_file`: here its parent is the crate
-// root, where `kvq_file` is. The workspace's rust-version (1.85) predates
-// `is_multiple_of`, which clippy would ask for here.
-#[allow(dead_code, missing_docs, clippy::manual_is_multiple_of)]
-#[path = "../../crates/kvc-cli/src/cmd/kvq_apply.rs"]
-mod kvq_apply;
-
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::collections::HashMap;
-use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicIsize, AtomicUsize, Ordering::Relaxed};
 
 use half::f16;
-use kvc_kvq::{ChannelGroupCodec, KvqConfig, KvqPlan, Method, RowCodec};
+use kvc_kvq::file::{decode, encode_layer, parse, Codecs, Header, Spec, Tensor, MAGIC};
+use kvc_kvq::{ChannelGroupCodec, Error, ErrorKind, KvqConfig, KvqPlan, Method, RowCodec};
 use libfuzzer_sys::fuzz_target;
-
-use cli_error::CliError;
-use kvq_apply::{decode_file, encode_layer, Codecs, Elem};
-use kvq_file::{new_header, parse, Spec, Tensor, MAGIC};
 
 /// Counts what is allocated while armed: bytes held now, their peak, the largest request.
 struct Counting;
@@ -130,18 +112,20 @@ const ALL_CUTS: usize = 512;
 /// Else the body's truncations tried besides those at layer boundaries and the last 16.
 const SPREAD: usize = 32;
 
-fn path() -> &'static Path {
-    Path::new("fuzz.kvq")
+/// What a reader's refusal must be: corrupt data.
+fn is_corrupt(e: &Error) -> bool {
+    e.kind() == ErrorKind::CorruptData
 }
 
-fn is_input(e: &CliError) -> bool {
-    matches!(e, CliError::Input(_))
+/// What a writer's refusal of values must be: the values named, an invalid argument.
+fn is_bad_values(e: &Error) -> bool {
+    matches!(e, Error::FileValues { .. }) && e.kind() == ErrorKind::InvalidArgument
 }
 
 /// The whole input as a packed file of `tensor`.
 fn read_as(data: &[u8], tensor: Tensor) {
-    let parsed = parse("fuzz.kvq", data, tensor);
-    let (decoded, peak, largest) = counted(|| decode_file(data, tensor, path(), Elem::F32));
+    let parsed = parse(data, tensor);
+    let (decoded, peak, largest) = counted(|| decode(data, tensor));
     let n = data.len();
     assert!(
         largest <= 32 * n + SLACK,
@@ -152,17 +136,16 @@ fn read_as(data: &[u8], tensor: Tensor) {
         "{peak} bytes held at once reading {n} bytes"
     );
     match (&parsed, &decoded) {
-        (Err(e), Err(d)) => assert!(is_input(e) && is_input(d), "{e} / {d}"),
-        (Ok(_), Err(d)) => assert!(is_input(d), "{d}"),
+        (Err(e), Err(d)) => assert!(is_corrupt(e) && is_corrupt(d), "{e} / {d}"),
+        (Ok(_), Err(d)) => assert!(is_corrupt(d), "{d}"),
         (Err(e), Ok(_)) => panic!("decoded a file whose header fails: {e}"),
         (Ok((h, at)), Ok((hd, out))) => {
             assert_eq!(h, hd);
             assert_eq!(h.tensor, tensor);
             assert_eq!(h.encode(), data[..*at]);
             let vals = h.layers * h.tokens * h.kv_heads * h.head_dim;
-            assert_eq!(out.len(), 4 * vals);
-            for (i, c) in out.chunks_exact(4).enumerate() {
-                let v = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+            assert_eq!(out.len(), vals);
+            for (i, v) in out.iter().enumerate() {
                 assert!(v.is_finite(), "value {i} of a decoded file is {v}");
             }
         }
@@ -338,7 +321,7 @@ fn reference(
 }
 
 fn round_trip(c: &Case) {
-    let h = new_header(
+    let h = Header::new(
         c.tensor,
         c.spec.clone(),
         c.layers,
@@ -359,10 +342,10 @@ fn round_trip(c: &Case) {
         let x = &c.x[l * per_layer..(l + 1) * per_layer];
         let mut back = vec![0f32; per_layer];
         let before = file.len();
-        let wrote = encode_layer(&h, l, &mut codecs, x, &mut file, &mut back, "fuzz.kvq");
+        let wrote = encode_layer(&h, l, &mut codecs, x, &mut file, &mut back);
         match (wrote, reference(c, l, &mut ref_codecs)) {
             (Err(e), None) => {
-                assert!(is_input(&e), "{e}");
+                assert!(is_bad_values(&e), "{e}");
                 return;
             }
             (Err(e), Some(_)) => panic!("layer {l}: the writer refused what the codecs take: {e}"),
@@ -379,12 +362,11 @@ fn round_trip(c: &Case) {
         }
         bounds.push(file.len());
     }
-    let (h2, at) = parse("fuzz.kvq", &file, c.tensor).unwrap();
+    let (h2, at) = parse(&file, c.tensor).unwrap();
     assert_eq!((h2, at), (h.clone(), header_len));
-    let (_, out) = decode_file(&file, c.tensor, path(), Elem::F32).unwrap();
-    assert_eq!(out.len(), 4 * expect.len());
-    for (i, (b, e)) in out.chunks_exact(4).zip(&expect).enumerate() {
-        let v = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+    let (_, out) = decode(&file, c.tensor).unwrap();
+    assert_eq!(out.len(), expect.len());
+    for (i, (&v, e)) in out.iter().zip(&expect).enumerate() {
         assert_eq!(
             v.to_bits(),
             e.to_bits(),
@@ -396,7 +378,7 @@ fn round_trip(c: &Case) {
     } else {
         Tensor::K
     };
-    assert!(decode_file(&file, other, path(), Elem::F32).is_err());
+    assert!(decode(&file, other).is_err());
 
     // A cut inside the header is refused before the spec is parsed; one inside the body
     // costs a whole header parse (for a plan, its JSON), so long bodies get a sample.
@@ -414,8 +396,8 @@ fn round_trip(c: &Case) {
         v
     };
     for n in cuts {
-        match decode_file(&file[..n], c.tensor, path(), Elem::F32) {
-            Err(e) => assert!(is_input(&e), "{e}"),
+        match decode(&file[..n], c.tensor) {
+            Err(e) => assert!(is_corrupt(&e), "{e}"),
             Ok(_) => panic!("a file of {len} bytes cut to {n} was read"),
         }
     }

@@ -108,6 +108,27 @@ pub enum Error {
         /// The value given.
         value: i64,
     },
+    /// A shape or spec that a kvq packed cache file ([`crate::file`]) cannot hold.
+    FileShape {
+        /// Why, naming the field.
+        reason: String,
+    },
+    /// A value a kvq packed cache file cannot code, at its layer, token and head.
+    FileValues {
+        /// Where and why.
+        reason: String,
+    },
+    /// Bytes that are not a valid kvq packed cache file: its header, or the body's length.
+    BadFile {
+        /// Why, naming the field.
+        reason: String,
+    },
+    /// A layer of a kvq packed cache file holds a value its format forbids (a non-finite
+    /// scale, step, minimum or f16 tail value), at its layer, token and head.
+    FileData {
+        /// Where and why.
+        reason: String,
+    },
 }
 
 impl Error {
@@ -140,12 +161,16 @@ impl Error {
             | Error::SizeOverflow { .. }
             | Error::InvalidValue { .. }
             | Error::BadConfig { .. }
-            | Error::BadValue { .. } => ErrorKind::InvalidArgument,
+            | Error::BadValue { .. }
+            | Error::FileShape { .. }
+            | Error::FileValues { .. } => ErrorKind::InvalidArgument,
             Error::BufferTooSmall { .. } => ErrorKind::BufferTooSmall,
             Error::NonFinite { .. }
             | Error::MissingLayer { .. }
             | Error::BadPlan { .. }
-            | Error::CorruptRow { .. } => ErrorKind::CorruptData,
+            | Error::CorruptRow { .. }
+            | Error::BadFile { .. }
+            | Error::FileData { .. } => ErrorKind::CorruptData,
             Error::Unsupported { .. } => ErrorKind::Unsupported,
         }
     }
@@ -197,6 +222,10 @@ impl fmt::Display for Error {
                 "{what}: row {row}, element {element}: {value:e} {reason}"
             ),
             Error::Unsupported { what, value } => write!(f, "unsupported {what} {value}"),
+            Error::FileShape { reason }
+            | Error::FileValues { reason }
+            | Error::FileData { reason } => f.write_str(reason),
+            Error::BadFile { reason } => write!(f, "not a valid kvq packed file: {reason}"),
         }
     }
 }

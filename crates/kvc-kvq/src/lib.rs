@@ -1,11 +1,11 @@
 //! kvq: rotated 2-8-bit KV codes in packed rows of fixed size, and decode attention that
 //! reads the packed rows directly. This crate holds the codec (rows, K channel groups,
 //! centered rows), its kernels (portable, AVX2, AVX-512F, picked once at run time by
-//! [`Isa`]) and the plan format (per-layer bits, [`config`]) that engines load. It is not
-//! calibration (making plans from data: `kvc-kvq-calibrate`), not a file format for whole
-//! caches, not int8 C8 (`kvc-int8`), and it never codes losslessly (`kvc-codec`). It works
-//! on `f32` slices and byte buffers the caller owns and knows nothing about engines or
-//! cache layouts.
+//! [`Isa`]), the plan format (per-layer bits, [`config`]) that engines load, and the
+//! packed cache file ([`file`](mod@file)) that holds a whole K or V cache. It is not calibration
+//! (making plans from data: `kvc-kvq-calibrate`), not int8 C8 (`kvc-int8`), and it never
+//! codes losslessly (`kvc-codec`). It works on `f32` slices and byte buffers the caller
+//! owns and knows nothing about engines.
 //!
 //! A row is one token's vector of one KV head (`head_dim` values: 64, 128 or 256). It is
 //! rotated by a seeded randomized Hadamard ([`rotation`]), coded with Lloyd-Max levels for
@@ -30,6 +30,9 @@
 //! Plans (per-layer K/V bits) are read and checked here ([`KvqPlan`]) and made from
 //! calibration data by `kvc-kvq-calibrate` (`kvc kvq plan`).
 //!
+//! [`file`](mod@file) is the kvq packed cache file (`KVCKVQPK`): a whole K or V cache with its config
+//! or plan and shape in a checked header, as `kvc quant apply --kvq` writes it.
+//!
 //! [`channel_group`] is the other K layout: K per channel over groups of tokens (KIVI), no
 //! rotation, one f16 step and minimum per channel and group, for a model whose K has
 //! outlier channels that a per-row scale cannot follow (`docs/results/kvq-frontier.md`).
@@ -46,6 +49,7 @@ pub mod channel_group;
 pub mod codebook;
 pub mod config;
 pub mod error;
+pub mod file;
 pub mod isa;
 mod multi;
 pub mod rotation;

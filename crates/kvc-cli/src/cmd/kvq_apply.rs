@@ -1,15 +1,16 @@
 //! `kvc quant apply --kvq SPEC` and `kvc quant dequant --kvq`: raw K and V caches
-//! `[layer][token][kv_head][head_dim]` to kvq packed cache files ([`super::kvq_file`])
-//! and back, with the per-layer bits, errors and bytes of what was written.
+//! `[layer][token][kv_head][head_dim]` to kvq packed cache files and back, with the
+//! per-layer bits, errors and bytes of what was written. The file format (header, writer,
+//! reader) is `kvc_kvq::file`; this is the arguments, the raw caches' element types, the
+//! report and the I/O.
 
-use std::collections::HashMap;
 use std::path::Path;
 
 use half::{bf16, f16};
-use kvc_kvq::{ChannelGroupCodec, KvqConfig, KvqPlan, RowCodec};
+use kvc_kvq::file::{self, Codecs, Header, Spec, Tensor};
+use kvc_kvq::{KvqConfig, KvqPlan};
 use serde::Serialize;
 
-use super::kvq_file::{self, Header, Spec, Tensor};
 use crate::cli_error::CliError;
 
 /// Element type of a raw cache (as `kvc quant`'s `--dtype`).
@@ -241,189 +242,6 @@ fn tokens_of(s: &CacheShape, len: usize, path: &Path) -> Result<usize, CliError>
     Ok(len / per_token)
 }
 
-/// Row codecs by bits (a codec's codebook is worth computing once).
-pub(crate) struct Codecs {
-    method: kvc_kvq::Method,
-    seed: u64,
-    head_dim: usize,
-    rows: HashMap<u8, RowCodec>,
-}
-
-impl Codecs {
-    /// No codec yet, for `h`'s method, seed and head_dim.
-    pub(crate) fn new(h: &Header) -> Codecs {
-        Codecs {
-            method: h.method(),
-            seed: h.plan.seed,
-            head_dim: h.head_dim,
-            rows: HashMap::new(),
-        }
-    }
-
-    fn row(&mut self, bits: u8) -> Result<&RowCodec, CliError> {
-        if !self.rows.contains_key(&bits) {
-            let c = RowCodec::new(self.method, bits, self.head_dim, self.seed)
-                .map_err(CliError::input)?;
-            self.rows.insert(bits, c);
-        }
-        self.rows
-            .get(&bits)
-            .ok_or_else(|| CliError::input("internal: codec missing"))
-    }
-}
-
-/// Codes one layer of a raw cache (`x`: `tokens * kv_heads * head_dim` values,
-/// `[token][kv_head][head_dim]`) into `out` and returns the decoded values in `back`.
-/// (`pub(crate)` for fuzz/fuzz_targets/kvq_file.rs, which compiles this file.)
-pub(crate) fn encode_layer(
-    h: &Header,
-    i: usize,
-    codecs: &mut Codecs,
-    x: &[f32],
-    out: &mut Vec<u8>,
-    back: &mut [f32],
-    what: &str,
-) -> Result<(), CliError> {
-    let (d, nh, nt) = (h.head_dim, h.kv_heads, h.tokens);
-    let bits = h.bits(i);
-    let at = |t: usize, hd: usize| (t * nh + hd) * d;
-    let ctx = |e: kvc_kvq::Error, t: usize, hd: usize| {
-        CliError::input(format!("{what}: layer {i} token {t} head {hd}: {e}"))
-    };
-    match h.channel_group {
-        None => {
-            let c = codecs.row(bits)?;
-            let rb = c.row_bytes();
-            let mut row = vec![0u8; rb];
-            for t in 0..nt {
-                for hd in 0..nh {
-                    let o = at(t, hd);
-                    c.quantize_row(&x[o..o + d], &mut row)
-                        .map_err(|e| ctx(e, t, hd))?;
-                    c.dequantize_row(&row, &mut back[o..o + d])
-                        .map_err(|e| ctx(e, t, hd))?;
-                    out.extend_from_slice(&row);
-                }
-            }
-        }
-        Some(g) => {
-            let gctx = |e: kvc_kvq::Error, t: usize, hd: usize| {
-                CliError::input(format!(
-                    "{what}: layer {i} head {hd}, the channel group of tokens {t}..{}: {e}",
-                    t + g
-                ))
-            };
-            let c = ChannelGroupCodec::new(bits, d, g).map_err(CliError::input)?;
-            let mut rows = vec![0f32; g * d];
-            let mut dec = vec![0f32; g * d];
-            let mut block = vec![0u8; c.block_bytes()];
-            for hd in 0..nh {
-                for b in 0..nt / g {
-                    for r in 0..g {
-                        let o = at(b * g + r, hd);
-                        rows[r * d..(r + 1) * d].copy_from_slice(&x[o..o + d]);
-                    }
-                    c.quantize_block(&rows, &mut block)
-                        .map_err(|e| gctx(e, b * g, hd))?;
-                    c.dequantize_block(&block, &mut dec)
-                        .map_err(|e| gctx(e, b * g, hd))?;
-                    for r in 0..g {
-                        let o = at(b * g + r, hd);
-                        back[o..o + d].copy_from_slice(&dec[r * d..(r + 1) * d]);
-                    }
-                    out.extend_from_slice(&block);
-                }
-            }
-            // The last partial group: f16 rows, as an engine holds them until it fills.
-            for t in nt / g * g..nt {
-                for hd in 0..nh {
-                    let o = at(t, hd);
-                    for (j, &v) in x[o..o + d].iter().enumerate() {
-                        let hv = f16::from_f32(v);
-                        if !hv.is_finite() {
-                            return Err(CliError::input(format!(
-                                "{what}: layer {i} token {t} head {hd} value {j} ({v}) is outside f16's range (kept in f16 as the tail of an unfilled channel group)"
-                            )));
-                        }
-                        out.extend_from_slice(&hv.to_le_bytes());
-                        back[o + j] = hv.to_f32();
-                    }
-                }
-            }
-        }
-    }
-    Ok(())
-}
-
-/// Decodes one layer's section `sec` into `back` (`[token][kv_head][head_dim]`).
-fn decode_layer(
-    h: &Header,
-    i: usize,
-    codecs: &mut Codecs,
-    sec: &[u8],
-    back: &mut [f32],
-    what: &str,
-) -> Result<(), CliError> {
-    let (d, nh, nt) = (h.head_dim, h.kv_heads, h.tokens);
-    let bits = h.bits(i);
-    let at = |t: usize, hd: usize| (t * nh + hd) * d;
-    let ctx = |e: kvc_kvq::Error, t: usize, hd: usize| {
-        CliError::input(format!("{what}: layer {i} token {t} head {hd}: {e}"))
-    };
-    match h.channel_group {
-        None => {
-            let c = codecs.row(bits)?;
-            for (n, row) in sec.chunks_exact(c.row_bytes()).enumerate() {
-                let (t, hd) = (n / nh, n % nh);
-                let o = at(t, hd);
-                c.dequantize_row(row, &mut back[o..o + d])
-                    .map_err(|e| ctx(e, t, hd))?;
-            }
-        }
-        Some(g) => {
-            let gctx = |e: kvc_kvq::Error, t: usize, hd: usize| {
-                CliError::input(format!(
-                    "{what}: layer {i} head {hd}, the channel group of tokens {t}..{}: {e}",
-                    t + g
-                ))
-            };
-            let c = ChannelGroupCodec::new(bits, d, g).map_err(CliError::input)?;
-            let mut dec = vec![0f32; g * d];
-            let nb = nt / g;
-            let mut blocks = sec.chunks_exact(c.block_bytes());
-            for hd in 0..nh {
-                for b in 0..nb {
-                    let block = blocks
-                        .next()
-                        .ok_or_else(|| CliError::input(format!("{what}: layer {i} short")))?;
-                    c.dequantize_block(block, &mut dec)
-                        .map_err(|e| gctx(e, b * g, hd))?;
-                    for r in 0..g {
-                        let o = at(b * g + r, hd);
-                        back[o..o + d].copy_from_slice(&dec[r * d..(r + 1) * d]);
-                    }
-                }
-            }
-            // The f16 tail: the writer refuses a value outside f16's range, so a non-finite
-            // one is corruption, not data.
-            let tail = &sec[nh * nb * c.block_bytes()..];
-            let o = nb * g * nh * d;
-            for (n, (v, b)) in back[o..].iter_mut().zip(tail.chunks_exact(2)).enumerate() {
-                let hv = f16::from_le_bytes([b[0], b[1]]);
-                if !hv.is_finite() {
-                    let (t, hd, j) = (nb * g + n / (nh * d), n / d % nh, n % d);
-                    return Err(CliError::input(format!(
-                        "{what}: layer {i} token {t} head {hd} value {j} of the f16 tail (the unfilled channel group) is {} (corrupt data)",
-                        hv.to_f32()
-                    )));
-                }
-                *v = hv.to_f32();
-            }
-        }
-    }
-    Ok(())
-}
-
 /// Runs `kvc quant apply --kvq`.
 pub fn apply(job: ApplyJob<'_>) -> Result<(), CliError> {
     let s = job.shape;
@@ -436,8 +254,8 @@ pub fn apply(job: ApplyJob<'_>) -> Result<(), CliError> {
             "K holds {tk} tokens, V {tv}: they must match"
         )));
     }
-    let ctx = |e: CliError| CliError::input(format!("--kvq {}: {e}", job.spec));
-    let hk = kvq_file::new_header(
+    let ctx = |e: kvc_kvq::Error| CliError::input(format!("--kvq {}: {e}", job.spec));
+    let hk = Header::new(
         Tensor::K,
         spec.clone(),
         s.layers,
@@ -447,8 +265,8 @@ pub fn apply(job: ApplyJob<'_>) -> Result<(), CliError> {
         job.k_channel_group,
     )
     .map_err(ctx)?;
-    let hv = kvq_file::new_header(Tensor::V, spec, s.layers, s.kv_heads, s.head_dim, tv, None)
-        .map_err(ctx)?;
+    let hv =
+        Header::new(Tensor::V, spec, s.layers, s.kv_heads, s.head_dim, tv, None).map_err(ctx)?;
     let mut codecs = Codecs::new(&hk);
     let layer_vals = tk * s.kv_heads * s.head_dim;
     let layer_raw = layer_vals * s.elem.size();
@@ -466,9 +284,10 @@ pub fn apply(job: ApplyJob<'_>) -> Result<(), CliError> {
             s.elem
                 .read(&raw[i * layer_raw..(i + 1) * layer_raw], &mut x);
             let before = out.len();
-            encode_layer(h, i, &mut codecs, &x, &mut out, &mut back, &what)?;
+            file::encode_layer(h, i, &mut codecs, &x, &mut out, &mut back)
+                .map_err(|e| CliError::input(format!("{what}: {e}")))?;
             let bytes = out.len() - before;
-            if Ok(bytes) != h.layer_bytes(i) {
+            if h.layer_bytes(i).ok() != Some(bytes) {
                 return Err(CliError::input(format!(
                     "internal: layer {i} coded to {bytes} bytes, the header implies {:?}",
                     h.layer_bytes(i)
@@ -612,27 +431,15 @@ pub struct DequantJob<'a> {
 }
 
 /// Decodes a whole packed file to `[layer][token][kv_head][head_dim]` values of `elem`.
-pub fn decode_file(
-    file: &[u8],
+fn decode_file(
+    bytes: &[u8],
     tensor: Tensor,
     path: &Path,
     elem: Elem,
 ) -> Result<(Header, Vec<u8>), CliError> {
-    let what = path.display().to_string();
-    let (h, mut at) = kvq_file::parse(&what, file, tensor)?;
-    let mut codecs = Codecs::new(&h);
-    let layer_vals = h.tokens * h.kv_heads * h.head_dim;
-    let mut back = vec![0f32; layer_vals];
     let mut out = Vec::new();
-    for i in 0..h.layers {
-        let n = h.layer_bytes(i).map_err(CliError::input)?;
-        let sec = file
-            .get(at..at + n)
-            .ok_or_else(|| CliError::input(format!("{what}: layer {i} is truncated")))?;
-        decode_layer(&h, i, &mut codecs, sec, &mut back, &what)?;
-        elem.write(&back, &mut out);
-        at += n;
-    }
+    let h = file::decode_with(bytes, tensor, |_, back| elem.write(back, &mut out))
+        .map_err(|e| CliError::input(format!("{}: {e}", path.display())))?;
     Ok((h, out))
 }
 
@@ -678,93 +485,4 @@ pub fn dequant(job: DequantJob<'_>) -> Result<(), CliError> {
         job.elem.name()
     );
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A whole packed file of 2 layers x `tokens` tokens x 2 heads x 64 dims of
-    /// deterministic data, as `apply` writes it.
-    fn packed(tensor: Tensor, spec: &str, group: Option<usize>, tokens: usize) -> Vec<u8> {
-        let spec = Spec::Config(KvqConfig::parse(spec).unwrap());
-        let h = kvq_file::new_header(tensor, spec, 2, 2, 64, tokens, group).unwrap();
-        let mut codecs = Codecs::new(&h);
-        let n = tokens * 2 * 64;
-        let mut out = h.encode();
-        let mut back = vec![0f32; n];
-        for i in 0..2 {
-            let x: Vec<f32> = (0..n)
-                .map(|j| ((j * 37 + i * 11) % 101) as f32 / 17.0 - 3.0)
-                .collect();
-            encode_layer(&h, i, &mut codecs, &x, &mut out, &mut back, "t").unwrap();
-            let snr = {
-                let mut e = Err2::default();
-                e.add(&x, &back);
-                e.snr_db()
-            };
-            assert!(snr > 5.0, "{snr}");
-        }
-        out
-    }
-
-    #[test]
-    fn every_truncation_and_a_corrupt_scale_are_errors_not_panics() {
-        let p = Path::new("t");
-        let row0 = "layer 0 token 0 head 0";
-        let group0 = "layer 0 head 0, the channel group of tokens 0..16";
-        for (tensor, f, scale_at, expect) in [
-            (Tensor::K, packed(Tensor::K, "k3v2:u32", None, 5), 0, row0),
-            (Tensor::V, packed(Tensor::V, "k3v2", None, 5), 0, row0),
-            (
-                Tensor::K,
-                packed(Tensor::K, "k4v4", Some(16), 21),
-                2 * 5,
-                group0,
-            ),
-        ] {
-            let (h, at) = decode_file(&f, tensor, p, Elem::F32).unwrap();
-            assert_eq!(at.len(), 2 * h.tokens * 2 * 64 * 4);
-            for n in 0..f.len() {
-                let e = decode_file(&f[..n], tensor, p, Elem::F16).unwrap_err();
-                assert!(matches!(e, CliError::Input(_)), "{n}: {e}");
-            }
-            // An f16 NaN where the first row's scale (or the first block's 6th step) is.
-            let (_, body) = kvq_file::parse("t", &f, tensor).unwrap();
-            let mut g = f.clone();
-            g[body + scale_at..body + scale_at + 2].copy_from_slice(&[0xff, 0x7f]);
-            let e = decode_file(&g, tensor, p, Elem::F32).unwrap_err();
-            assert!(e.to_string().contains(expect), "{e}");
-        }
-    }
-
-    /// Found by fuzz/fuzz_targets/kvq_file.rs: a NaN or infinite f16 in the tail of an
-    /// unfilled channel group was decoded as is (the writer never writes one).
-    #[test]
-    fn a_non_finite_f16_tail_value_is_an_error_naming_it() {
-        let p = Path::new("t");
-        // 2 layers x 21 tokens x 2 heads x 64: one group of 16 per head, then 5 tail tokens.
-        let f = packed(Tensor::K, "k4v4", Some(16), 21);
-        let (h, body) = kvq_file::parse("t", &f, Tensor::K).unwrap();
-        let tail_at = body + h.layer_bytes(0).unwrap() - 5 * 2 * 64 * 2;
-        // Layer 0, tail token 2 (token 18), head 1, value 7.
-        let at = tail_at + ((2 * 2 + 1) * 64 + 7) * 2;
-        for bad in [[0x00, 0x7e], [0x00, 0x7c], [0x00, 0xfc]] {
-            let mut g = f.clone();
-            g[at..at + 2].copy_from_slice(&bad);
-            let e = decode_file(&g, Tensor::K, p, Elem::F32).unwrap_err();
-            assert!(matches!(e, CliError::Input(_)), "{e}");
-            assert!(
-                e.to_string()
-                    .contains("layer 0 token 18 head 1 value 7 of the f16 tail"),
-                "{e}"
-            );
-        }
-        // The largest finite f16 there is data.
-        let mut g = f.clone();
-        g[at..at + 2].copy_from_slice(&[0xff, 0x7b]);
-        let (_, out) = decode_file(&g, Tensor::K, p, Elem::F32).unwrap();
-        let v = (18 * 2 + 1) * 64 + 7;
-        assert_eq!(out[4 * v..4 * v + 4], 65504f32.to_le_bytes());
-    }
 }

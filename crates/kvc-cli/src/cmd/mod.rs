@@ -5,7 +5,6 @@ pub mod bench;
 pub mod codec;
 pub mod h2o;
 pub mod kvq_apply;
-pub mod kvq_file;
 pub mod kvq_inspect;
 pub mod kvq_plan;
 pub mod mlp;
