@@ -182,10 +182,7 @@ impl Error {
             | Error::Misaligned { .. }
             | Error::DuplicatePosition { .. } => ErrorKind::InvalidArgument,
             Error::SharedCell { .. } | Error::GroupedPlan { .. } => ErrorKind::Unsupported,
-            Error::Quant(e) => match e.kind() {
-                kvc_int8::ErrorKind::InvalidArgument => ErrorKind::InvalidArgument,
-                _ => ErrorKind::CorruptData,
-            },
+            Error::Quant(e) => e.kind(),
             Error::Mlp(e) => match e.kind() {
                 kvc_mlp::ErrorKind::InvalidArgument => ErrorKind::InvalidArgument,
                 kvc_mlp::ErrorKind::BufferTooSmall => ErrorKind::BufferTooSmall,

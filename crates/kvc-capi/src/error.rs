@@ -136,6 +136,7 @@ macro_rules! wrap_shared_kind_error {
 
 wrap_shared_kind_error!(
     kvc_codec,
+    kvc_kvq,
     kvc_h2o,
     kvc_mlp,
     kvc_cache,
@@ -143,34 +144,6 @@ wrap_shared_kind_error!(
     kvc_store_async,
     kvc_store_tiers
 );
-
-/// Maps a library crate's error with a kind of its own to the boundary's error: its kind
-/// picks the status, its `Display` is the message. Kinds added to a crate later (the
-/// kinds are `#[non_exhaustive]`) become `KVC_INTERNAL` until mapped here.
-macro_rules! wrap_crate_error {
-    ($krate:ident, { $($variant:ident => $status:ident),* $(,)? }) => {
-        impl From<$krate::Error> for Error {
-            fn from(err: $krate::Error) -> Error {
-                let status = match err.kind() {
-                    $($krate::ErrorKind::$variant => KvcStatus::$status,)*
-                    #[allow(unreachable_patterns)]
-                    _ => KvcStatus::KVC_INTERNAL,
-                };
-                Error::Wrapped {
-                    status,
-                    message: err.to_string(),
-                }
-            }
-        }
-    };
-}
-
-wrap_crate_error!(kvc_kvq, {
-    InvalidArgument => KVC_INVALID_ARGUMENT,
-    CorruptData => KVC_CORRUPT_DATA,
-    BufferTooSmall => KVC_BUFFER_TOO_SMALL,
-    Unsupported => KVC_UNSUPPORTED,
-});
 
 #[cfg(test)]
 mod tests {

@@ -2,16 +2,9 @@
 
 use std::fmt;
 
-/// The broad class of an [`Error`], which `kvc-capi` maps to one C status.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum ErrorKind {
-    /// A caller passed a bad argument: lengths that do not agree.
-    InvalidArgument,
-    /// Parameters that quantization cannot use (a non-finite or non-positive scale, a
-    /// missing layer).
-    CorruptData,
-}
+/// The broad class of an [`Error`] (kvc's one [`ErrorKind`](kvc_types::ErrorKind), shared by
+/// every crate), which `kvc-capi` maps to one C status.
+pub use kvc_types::ErrorKind;
 
 /// Everything that can go wrong with C8 parameters; each variant names what and where.
 #[derive(Debug, Clone, PartialEq)]

@@ -2,19 +2,9 @@
 
 use std::fmt;
 
-/// The broad class of an [`Error`], which `kvc-capi` maps to one C status.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum ErrorKind {
-    /// A caller passed a bad argument: a size, a bit width, a config string.
-    InvalidArgument,
-    /// A buffer or file does not hold what its format says.
-    CorruptData,
-    /// A buffer is smaller than the format needs.
-    BufferTooSmall,
-    /// Well-formed input that kvc-kvq does not handle (a head_dim, a plan version).
-    Unsupported,
-}
+/// The broad class of an [`Error`] (kvc's one [`ErrorKind`](kvc_types::ErrorKind), shared by
+/// every crate), which `kvc-capi` maps to one C status.
+pub use kvc_types::ErrorKind;
 
 /// Everything that can go wrong in `kvc-kvq`; each variant names what and where.
 #[derive(Debug, Clone, PartialEq)]

@@ -297,16 +297,9 @@ pub fn layer_bytes(
     }
 }
 
-/// FNV-1a 64 of `b` (offset basis `0xcbf29ce484222325`, prime `0x100000001b3`): the
-/// header's checksum.
-pub fn fnv1a64(b: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for &x in b {
-        h ^= u64::from(x);
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    h
-}
+/// FNV-1a 64 (offset basis `0xcbf29ce484222325`, prime `0x100000001b3`): the header's
+/// checksum, kvc's one implementation in `kvc-types`.
+pub use kvc_types::fnv1a64;
 
 /// Parses a whole file expected to hold `tensor`: the header, checked field by field and
 /// by its checksum, and the body's length, which must be exactly what the header implies.
