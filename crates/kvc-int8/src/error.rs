@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-/// The broad class of an [`Error`] (kvc's one [`ErrorKind`](kvc_types::ErrorKind), shared by
+/// The broad class of an [`Error`] (kvc's one `kvc_types::ErrorKind`, shared by
 /// every crate), which `kvc-capi` maps to one C status.
 pub use kvc_types::ErrorKind;
 
