@@ -34,18 +34,27 @@ pub const MAX_ABS_VALUE: f32 = 4_294_967_296.0;
 /// values: 64 + 256), the size of the stack scratch of a validating pass.
 const MAX_ROW_BYTES: usize = 2 * (MAX_HEAD_DIM / 8) + MAX_HEAD_DIM;
 
-/// Finds the first value of `x` that kvq refuses (not finite, or beyond
-/// [`MAX_ABS_VALUE`]) and returns the row's largest magnitude otherwise. One branch-free
-/// pass (vectorizes); the index is looked up only on error. `row` names the row in the
-/// error.
+/// Whether some `|v|` of `x` is above `limit` (a finite, non-negative float); NaN and the
+/// infinities are above every such limit. For non-negative floats the bit patterns order
+/// as the values do, so `limit_bits - |v|_bits` is negative (its sign bit set) exactly for
+/// a value above: one subtraction and one OR per value, which vectorize with baseline
+/// SSE2 (an `f32::max` or a 32-bit integer maximum does not).
 #[inline(always)]
-pub(crate) fn check_values(what: &'static str, x: &[f32], row: usize) -> Result<f32> {
-    // NaN fails `<=`, so one compare catches NaN, infinities and huge values.
-    let (ok, m) = x.iter().fold((true, 0f32), |(ok, m), v| {
-        (ok & (v.abs() <= MAX_ABS_VALUE), m.max(v.abs()))
+pub(crate) fn any_above(x: &[f32], limit: f32) -> bool {
+    let l = limit.to_bits();
+    let signs = x.iter().fold(0u32, |acc, v| {
+        acc | l.wrapping_sub(v.to_bits() & 0x7fff_ffff)
     });
-    if ok {
-        return Ok(m);
+    signs >> 31 != 0
+}
+
+/// Finds the first value of `x` that kvq refuses (not finite, or beyond
+/// [`MAX_ABS_VALUE`]). One branch-free pass ([`any_above`]); the index is looked up only
+/// on error. `row` names the row in the error.
+#[inline(always)]
+pub(crate) fn check_values(what: &'static str, x: &[f32], row: usize) -> Result<()> {
+    if !any_above(x, MAX_ABS_VALUE) {
+        return Ok(());
     }
     let i = x
         .iter()
@@ -391,7 +400,8 @@ impl RowCodec {
     /// element of largest magnitude); nothing is written on error.
     pub fn quantize_row(&self, x: &[f32], out: &mut [u8]) -> Result<()> {
         self.check_row_in(x)?;
-        check_values("kvq row", x, 0)?;
+        // The values are checked first thing in `quantize_body` and `quantize_avx2` (so the
+        // scan is compiled for the ISA), before any write.
         match self.isa.0 {
             IsaKind::Portable => self.quantize_body(x, out),
             // SAFETY: `IsaKind::Avx2`/`Avx512` are only made by `Isa::detect` after the CPU reported
@@ -409,6 +419,7 @@ impl RowCodec {
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma")]
     unsafe fn quantize_avx2(&self, x: &[f32], out: &mut [u8]) -> Result<()> {
+        check_values("kvq row", x, 0)?;
         if let Some(t) = &self.lm_tables {
             if x.len() == self.dim && out.len() >= self.row_bytes {
                 let mut codes = [0u8; MAX_HEAD_DIM];
@@ -974,11 +985,34 @@ impl RowCodec {
     /// scratch for the rare rows large enough to need it). Writes nothing; the error names
     /// the row and the element.
     pub fn check_rows_codable(&self, x: &[f32]) -> Result<()> {
-        let safe = self.always_codable_below();
+        match self.isa.0 {
+            IsaKind::Portable => self.check_rows_body(x),
+            // SAFETY: `IsaKind::Avx2`/`Avx512` are only made by `Isa::detect` after the CPU
+            // reported AVX2 and FMA.
+            #[cfg(target_arch = "x86_64")]
+            IsaKind::Avx2 | IsaKind::Avx512 => unsafe { self.check_rows_avx2(x) },
+        }
+    }
+
+    /// [`check_rows_body`](Self::check_rows_body) compiled for AVX2 (the scans in wider
+    /// vectors).
+    ///
+    /// # Safety
+    /// The CPU must have AVX2 and FMA.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn check_rows_avx2(&self, x: &[f32]) -> Result<()> {
+        self.check_rows_body(x)
+    }
+
+    #[inline(always)]
+    fn check_rows_body(&self, x: &[f32]) -> Result<()> {
+        // `|v| >= safe` for some v, as `|v| > ` the float just below `safe`.
+        let below_safe = f32::from_bits(self.always_codable_below().to_bits() - 1);
         let mut scratch = [0u8; MAX_ROW_BYTES];
         for (r, xr) in x.chunks_exact(self.dim).enumerate() {
-            let m = check_values("kvq row", xr, r)?;
-            if m >= safe {
+            check_values("kvq row", xr, r)?;
+            if any_above(xr, below_safe) {
                 self.quantize_row(xr, &mut scratch)
                     .map_err(|e| e.at_row(r))?;
             }
