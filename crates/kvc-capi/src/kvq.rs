@@ -4,9 +4,7 @@
 
 use std::ffi::{c_char, CStr};
 
-use kvc_kvq::attention::attend_heads;
 use kvc_kvq::config::DEFAULT_SEED;
-use kvc_kvq::Isa;
 use kvc_kvq::{KvqConfig, KvqPlan, LayerCodec, Method, RowCodec};
 
 use crate::boundary::{in_ref, in_slice, out_ref, out_slice, status_boundary};
@@ -408,47 +406,22 @@ pub unsafe extern "C" fn kvc_kvq_attend(
     out: *mut f32,
 ) -> KvcStatus {
     status_boundary("kvc_kvq_attend", || {
-        // SAFETY: caller contract.
-        let h = unsafe { handle_ref(kvq, "kvq") }?;
-        let lc = h.layers.get(layer as usize).ok_or_else(|| {
-            Error::invalid(
-                "layer",
-                format!("{layer} is out of range ({} layers)", h.layers.len()),
+        // SAFETY: caller contract, forwarded.
+        unsafe {
+            crate::kvq_rows::attend(
+                kvq,
+                layer,
+                q,
+                n_head,
+                (k, k_len),
+                (v, v_len),
+                None,
+                n_tokens,
+                scale,
+                (scores, scores_len),
+                out,
             )
-        })?;
-        let nq = (n_head as usize)
-            .checked_mul(h.head_dim)
-            .ok_or_else(|| Error::invalid("n_head", "overflows"))?;
-        crate::boundary::check_disjoint(
-            scores.cast_const().cast(),
-            scores_len.saturating_mul(4),
-            out.cast_const().cast(),
-            nq.saturating_mul(4),
-            "out",
-        )?;
-        // SAFETY: caller contract; NULL, alignment and size are checked.
-        let qs = unsafe { in_slice(q, nq, "q") }?;
-        // SAFETY: as above.
-        let ks = unsafe { in_slice(k, k_len, "k") }?;
-        // SAFETY: as above.
-        let vs = unsafe { in_slice(v, v_len, "v") }?;
-        // SAFETY: as above; `scores` and `out` are disjoint (checked); that they do not
-        // overlap the inputs is the caller's contract.
-        let sc = unsafe { out_slice(scores, scores_len, "scores") }?;
-        // SAFETY: as above.
-        let o = unsafe { out_slice(out, nq, "out") }?;
-        Ok(attend_heads(
-            Isa::detect(),
-            lc,
-            qs,
-            ks,
-            vs,
-            n_tokens,
-            h.n_kv_head,
-            scale,
-            sc,
-            o,
-        )?)
+        }
     })
 }
 

@@ -360,56 +360,116 @@ pub unsafe extern "C" fn kvc_kvq_attend_strided(
     out: *mut f32,
 ) -> KvcStatus {
     status_boundary("kvc_kvq_attend_strided", || {
-        // SAFETY: caller contract.
-        let h = unsafe { handle_ref(kvq, "kvq") }?;
-        let lc = h.layers.get(layer as usize).ok_or_else(|| {
-            Error::invalid(
-                "layer",
-                format!("{layer} is out of range ({} layers)", h.layers.len()),
+        let strides = CacheStrides {
+            k_token: k_token_stride,
+            k_head: k_head_stride,
+            v_token: v_token_stride,
+            v_head: v_head_stride,
+        };
+        // SAFETY: caller contract, forwarded.
+        unsafe {
+            attend(
+                kvq,
+                layer,
+                q,
+                n_head,
+                (k, k_len),
+                (v, v_len),
+                Some(strides),
+                n_tokens,
+                scale,
+                (scores, scores_len),
+                out,
             )
-        })?;
-        let nq = (n_head as usize)
-            .checked_mul(h.head_dim)
-            .ok_or_else(|| Error::invalid("n_head", "overflows"))?;
-        crate::boundary::check_disjoint(
-            scores.cast_const().cast(),
-            scores_len.saturating_mul(4),
-            out.cast_const().cast(),
-            nq.saturating_mul(4),
-            "out",
-        )?;
-        // SAFETY: caller contract; NULL, alignment and size are checked.
-        let qs = unsafe { in_slice(q, nq, "q") }?;
-        // SAFETY: as above.
-        let ks = unsafe { in_slice(k, k_len, "k") }?;
-        // SAFETY: as above.
-        let vs = unsafe { in_slice(v, v_len, "v") }?;
-        // SAFETY: as above; `scores` and `out` are disjoint (checked); that they do not
-        // overlap the inputs is the caller's contract.
-        let sc = unsafe { out_slice(scores, scores_len, "scores") }?;
-        // SAFETY: as above.
-        let o = unsafe { out_slice(out, nq, "out") }?;
-        let kr = CacheRows {
-            bytes: ks,
-            token_stride: k_token_stride,
-            head_stride: k_head_stride,
-        };
-        let vr = CacheRows {
-            bytes: vs,
-            token_stride: v_token_stride,
-            head_stride: v_head_stride,
-        };
-        Ok(attend_heads_strided(
-            Isa::detect(),
-            lc,
-            qs,
-            kr,
-            vr,
-            n_tokens,
-            h.n_kv_head,
-            scale,
-            sc,
-            o,
-        )?)
+        }
     })
+}
+
+/// Byte strides of a K and a V cache (`kvc_kvq_attend_strided`'s layout arguments).
+pub(crate) struct CacheStrides {
+    k_token: usize,
+    k_head: usize,
+    v_token: usize,
+    v_head: usize,
+}
+
+/// The body of `kvc_kvq_attend` (`strides` None: token-major rows) and
+/// `kvc_kvq_attend_strided`: the handle, layer and buffers checked, then every head
+/// attended.
+///
+/// # Safety
+/// As `kvc_kvq_attend_strided`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn attend(
+    kvq: *const KvcKvq,
+    layer: u32,
+    q: *const f32,
+    n_head: u32,
+    (k, k_len): (*const u8, usize),
+    (v, v_len): (*const u8, usize),
+    strides: Option<CacheStrides>,
+    n_tokens: usize,
+    scale: f32,
+    (scores, scores_len): (*mut f32, usize),
+    out: *mut f32,
+) -> Result<(), Error> {
+    // SAFETY: caller contract.
+    let h = unsafe { handle_ref(kvq, "kvq") }?;
+    let lc = h.layers.get(layer as usize).ok_or_else(|| {
+        Error::invalid(
+            "layer",
+            format!("{layer} is out of range ({} layers)", h.layers.len()),
+        )
+    })?;
+    let nq = (n_head as usize)
+        .checked_mul(h.head_dim)
+        .ok_or_else(|| Error::invalid("n_head", "overflows"))?;
+    crate::boundary::check_disjoint(
+        scores.cast_const().cast(),
+        scores_len.saturating_mul(4),
+        out.cast_const().cast(),
+        nq.saturating_mul(4),
+        "out",
+    )?;
+    // SAFETY: caller contract; NULL, alignment and size are checked.
+    let qs = unsafe { in_slice(q, nq, "q") }?;
+    // SAFETY: as above.
+    let ks = unsafe { in_slice(k, k_len, "k") }?;
+    // SAFETY: as above.
+    let vs = unsafe { in_slice(v, v_len, "v") }?;
+    // SAFETY: as above; `scores` and `out` are disjoint (checked); that they do not
+    // overlap the inputs is the caller's contract.
+    let sc = unsafe { out_slice(scores, scores_len, "scores") }?;
+    // SAFETY: as above.
+    let o = unsafe { out_slice(out, nq, "out") }?;
+    // Token-major (llama.cpp's cells): a token's rows of every KV head, one after another.
+    let (kb, vb) = (lc.k.row_bytes(), lc.v.row_bytes());
+    let st = strides.unwrap_or(CacheStrides {
+        k_token: h.n_kv_head.saturating_mul(kb),
+        k_head: kb,
+        v_token: h.n_kv_head.saturating_mul(vb),
+        v_head: vb,
+    });
+    let kr = CacheRows {
+        bytes: ks,
+        token_stride: st.k_token,
+        head_stride: st.k_head,
+    };
+    let vr = CacheRows {
+        bytes: vs,
+        token_stride: st.v_token,
+        head_stride: st.v_head,
+    };
+    Ok(attend_heads_strided(
+        Isa::detect(),
+        lc,
+        qs,
+        kr,
+        vr,
+        n_tokens,
+        h.n_kv_head,
+        scale,
+        sc,
+        o,
+    )?)
 }

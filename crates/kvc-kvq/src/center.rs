@@ -156,7 +156,8 @@ impl RowCodec {
             .enumerate()
         {
             diff(r, xr, buf);
-            self.quantize_row(buf, o).map_err(|e| e.at_row(r))?;
+            // Values checked above (`check_rows_codable` of the same difference).
+            self.code_checked_row(buf, o).map_err(|e| e.at_row(r))?;
         }
         Ok(())
     }

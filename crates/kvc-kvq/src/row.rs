@@ -400,8 +400,13 @@ impl RowCodec {
     /// element of largest magnitude); nothing is written on error.
     pub fn quantize_row(&self, x: &[f32], out: &mut [u8]) -> Result<()> {
         self.check_row_in(x)?;
-        // The values are checked first thing in `quantize_body` and `quantize_avx2` (so the
-        // scan is compiled for the ISA), before any write.
+        check_values("kvq row", x, 0)?;
+        self.code_checked_row(x, out)
+    }
+
+    /// Codes one row whose values were checked ([`check_values`]): the coders below do
+    /// not scan them again.
+    pub(crate) fn code_checked_row(&self, x: &[f32], out: &mut [u8]) -> Result<()> {
         match self.isa.0 {
             IsaKind::Portable => self.quantize_body(x, out),
             // SAFETY: `IsaKind::Avx2`/`Avx512` are only made by `Isa::detect` after the CPU reported
@@ -419,7 +424,6 @@ impl RowCodec {
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma")]
     unsafe fn quantize_avx2(&self, x: &[f32], out: &mut [u8]) -> Result<()> {
-        check_values("kvq row", x, 0)?;
         if let Some(t) = &self.lm_tables {
             if x.len() == self.dim && out.len() >= self.row_bytes {
                 let mut codes = [0u8; MAX_HEAD_DIM];
@@ -523,7 +527,6 @@ impl RowCodec {
     fn quantize_body(&self, x: &[f32], out: &mut [u8]) -> Result<()> {
         self.check_row_in(x)?;
         self.check_packed("packed row", out.len())?;
-        check_values("kvq row", x, 0)?;
         let d = self.dim;
         let mut y = [0f32; MAX_HEAD_DIM];
         let y = &mut y[..d];
@@ -1044,7 +1047,8 @@ impl RowCodec {
             .take(n)
             .enumerate()
         {
-            self.quantize_row(xr, o).map_err(|e| e.at_row(r))?;
+            // Values checked by `check_rows_codable`.
+            self.code_checked_row(xr, o).map_err(|e| e.at_row(r))?;
         }
         Ok(())
     }
