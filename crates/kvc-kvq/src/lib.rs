@@ -31,7 +31,7 @@
 //! calibration data by `kvc-kvq-calibrate` (`kvc kvq plan`).
 //!
 //! [`file`](mod@file) is the kvq packed cache file (`KVCKVQPK`): a whole K or V cache with its config
-//! or plan and shape in a checked header, as `kvc quant apply --kvq` writes it.
+//! or plan and shape in a checked header, as `kvc kvq apply` writes it.
 //!
 //! [`channel_group`] is the other K layout: K per channel over groups of tokens (KIVI), no
 //! rotation, one f16 step and minimum per channel and group, for a model whose K has
