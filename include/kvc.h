@@ -138,7 +138,7 @@
  * fields are added (only ever appended). A program built against minor `m` runs on any
  * library with the same major and a minor `>= m`.
  */
-#define KVC_ABI_VERSION_MINOR 12
+#define KVC_ABI_VERSION_MINOR 13
 
 /**
  * The ABI version this header describes, `(major << 16) | minor`. Pass it to
@@ -226,6 +226,13 @@
  * `kvc_tiers_config.codec`: kvq, 4-bit K and 2-bit V rows (lossy). (ABI 0.8)
  */
 #define KVC_TIERS_CODEC_KVQ_K4V2 5
+
+/**
+ * `kvc_tiers_config.codec`: the transform coder `tc-<bound>` (lossy; about f16/4 to f16/8
+ * on SmolLM2-135M by target): only through `kvc_tiers_new_tc`, which names the target and
+ * the calibration file. (ABI 0.13)
+ */
+#define KVC_TIERS_CODEC_TC 6
 
 /**
  * Index of the memory tier in `kvc_tiers_metrics.tiers`.
@@ -1872,6 +1879,13 @@ typedef struct kvc_api {
                                           float *scores,
                                           size_t scores_len,
                                           float *out);
+    /**
+     * See `kvc_tiers_new_tc` (ABI 0.13).
+     */
+    enum kvc_status (*tiers_new_tc)(const struct kvc_tiers_config *config,
+                                    const char *codec_name,
+                                    const char *calibration_path,
+                                    struct kvc_tiers **out);
 } kvc_api;
 
 /**
@@ -3757,6 +3771,26 @@ KVC_NODISCARD enum kvc_status kvc_tiers_hash_model_file(const char *path, uint8_
 KVC_NODISCARD
 enum kvc_status kvc_tiers_new(const struct kvc_tiers_config *config,
                               struct kvc_tiers **out);
+
+/**
+ * Creates tiers whose chunks the transform coder codes, as `kvc_tiers_new` does
+ * otherwise: `config->codec` must be `KVC_TIERS_CODEC_TC`, `codec_name` the target
+ * (`"tc-<bound>"`, e.g. `"tc-0.008"`) and `calibration_path` the model's calibration file
+ * (`kvc tc calibrate`); the storing and every restoring process load the same file, whose
+ * fingerprint is part of every key. An unreadable file: `KVC_IO`; a damaged one, a target
+ * it lacks, or a calibration for another layout: `KVC_INVALID_ARGUMENT`. (ABI 0.13)
+ *
+ * Ownership: all arguments are only read; the caller owns the handle and frees it with
+ * `kvc_tiers_free`. Threads: safe from any thread.
+ *
+ * # Safety
+ * As `kvc_tiers_new`; `codec_name` and `calibration_path` NUL-terminated.
+ */
+KVC_NODISCARD
+enum kvc_status kvc_tiers_new_tc(const struct kvc_tiers_config *config,
+                                 const char *codec_name,
+                                 const char *calibration_path,
+                                 struct kvc_tiers **out);
 
 /**
  * Stores in `*out_tokens` the tokens of the longest prefix of `tokens` (`n_tokens` token

@@ -76,7 +76,7 @@ use crate::store::{KvcStore, KvcStoreConfig, KvcStoreLayer, KvcStoreMetrics};
 // --- kvc_tiers (ABI 0.7) ---
 use crate::tiers::{
     kvc_tiers_config_default, kvc_tiers_free, kvc_tiers_get_metrics, kvc_tiers_hash_model_file,
-    kvc_tiers_lookup, kvc_tiers_new, kvc_tiers_restore, kvc_tiers_store,
+    kvc_tiers_lookup, kvc_tiers_new, kvc_tiers_new_tc, kvc_tiers_restore, kvc_tiers_store,
 };
 use crate::tiers::{KvcTiers, KvcTiersConfig, KvcTiersMetrics, KvcTiersStoreReport};
 
@@ -767,6 +767,14 @@ pub struct KvcApi {
         scores_len: usize,
         out: *mut f32,
     ) -> KvcStatus,
+    // --- the transform coder of the tiers (ABI 0.13) ---
+    /// See `kvc_tiers_new_tc` (ABI 0.13).
+    pub tiers_new_tc: unsafe extern "C" fn(
+        config: *const KvcTiersConfig,
+        codec_name: *const c_char,
+        calibration_path: *const c_char,
+        out: *mut *mut KvcTiers,
+    ) -> KvcStatus,
 }
 
 static API: KvcApi = KvcApi {
@@ -879,6 +887,7 @@ static API: KvcApi = KvcApi {
     kvq_quantize_rows_typed: kvc_kvq_quantize_rows_typed,
     kvq_dequantize_rows_typed: kvc_kvq_dequantize_rows_typed,
     kvq_attend_strided: kvc_kvq_attend_strided,
+    tiers_new_tc: kvc_tiers_new_tc,
 };
 
 /// Whether a program built against ABI version `requested` can use this library.

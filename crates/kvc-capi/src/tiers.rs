@@ -37,6 +37,10 @@ pub const KVC_TIERS_CODEC_KVQ_K4V4: u32 = 3;
 pub const KVC_TIERS_CODEC_KVQ_K8V4: u32 = 4;
 /// `kvc_tiers_config.codec`: kvq, 4-bit K and 2-bit V rows (lossy). (ABI 0.8)
 pub const KVC_TIERS_CODEC_KVQ_K4V2: u32 = 5;
+/// `kvc_tiers_config.codec`: the transform coder `tc-<bound>` (lossy; about f16/4 to f16/8
+/// on SmolLM2-135M by target): only through `kvc_tiers_new_tc`, which names the target and
+/// the calibration file. (ABI 0.13)
+pub const KVC_TIERS_CODEC_TC: u32 = 6;
 /// Index of the memory tier in `kvc_tiers_metrics.tiers`.
 pub const KVC_TIERS_MEMORY: usize = 0;
 /// Index of the disk tier in `kvc_tiers_metrics.tiers`.
@@ -257,74 +261,148 @@ pub unsafe extern "C" fn kvc_tiers_new(
         let c = unsafe { in_ref(config, "config") }?;
         // SAFETY: caller contract.
         unsafe { out_ref(out, "out") }?;
-        let dtype = DType::from_code(c.dtype)
-            .filter(|d| d.is_float())
-            .ok_or_else(|| {
-                Error::invalid(
-                    "config.dtype",
-                    format!("{} is not KVC_DTYPE_F16, _BF16 or _F32", c.dtype),
-                )
-            })?;
-        let codec = match c.codec {
-            KVC_TIERS_CODEC_RAW => ChunkCodec::Raw,
-            KVC_TIERS_CODEC_GEAR_V1 => ChunkCodec::GearV1,
-            KVC_TIERS_CODEC_GEAR_V2 => ChunkCodec::GearV2,
-            KVC_TIERS_CODEC_KVQ_K4V4 => ChunkCodec::KvqK4V4,
-            KVC_TIERS_CODEC_KVQ_K8V4 => ChunkCodec::KvqK8V4,
-            KVC_TIERS_CODEC_KVQ_K4V2 => ChunkCodec::KvqK4V2,
-            x => {
-                return Err(Error::invalid(
-                    "config.codec",
-                    format!(
-                        "{x} is not KVC_TIERS_CODEC_RAW (0), _GEAR_V1 (1), _GEAR_V2 (2), \
-                         _KVQ_K4V4 (3), _KVQ_K8V4 (4) or _KVQ_K4V2 (5)"
-                    ),
-                ))
-            }
-        };
-        // SAFETY: caller contract.
-        let disk_dir = unsafe { opt_str(c.disk_dir, "config.disk_dir") }?;
-        // SAFETY: caller contract.
-        let redis_url = unsafe { opt_str(c.redis_url, "config.redis_url") }?;
-        let mut list: Vec<Box<dyn Tier>> = Vec::new();
-        let mut slots = [None; 3];
-        if c.memory_budget_bytes > 0 {
-            slots[KVC_TIERS_MEMORY] = Some(list.len());
-            list.push(Box::new(MemoryTier::new(c.memory_budget_bytes)));
-        }
-        if let Some(dir) = disk_dir {
-            slots[KVC_TIERS_DISK] = Some(list.len());
-            list.push(Box::new(DiskTier::open(dir, c.disk_budget_bytes)?));
-        }
-        if let Some(url) = redis_url {
-            if c.redis_timeout_ms == 0 {
-                return Err(Error::invalid(
-                    "config.redis_timeout_ms",
-                    "must be at least 1",
-                ));
-            }
-            let mut rc = RedisConfig::new(url);
-            rc.ttl = (c.redis_ttl_s > 0).then(|| Duration::from_secs(c.redis_ttl_s.into()));
-            rc.connect_timeout = Duration::from_millis(c.redis_timeout_ms.into());
-            rc.io_timeout = rc.connect_timeout;
-            slots[KVC_TIERS_REDIS] = Some(list.len());
-            list.push(Box::new(RedisTier::new(rc)?));
-        }
-        let cfg = TiersConfig {
-            shape: ChunkShape {
-                n_layer: c.n_layer,
-                n_kv_head: c.n_kv_head,
-                head_dim: c.head_dim,
-                dtype,
-                chunk_tokens: c.chunk_tokens,
-            },
-            codec,
-            model_hash: c.model_hash,
-        };
-        let tiers = Tiers::new(cfg, list)?;
+        // SAFETY: caller contract (config's strings).
+        let t = unsafe { new_tiers(c, None) }?;
         // SAFETY: checked above.
-        unsafe { store_handle(out, KvcTiers { tiers, slots }) }
+        unsafe { store_handle(out, t) }
     })
+}
+
+/// Creates tiers whose chunks the transform coder codes, as `kvc_tiers_new` does
+/// otherwise: `config->codec` must be `KVC_TIERS_CODEC_TC`, `codec_name` the target
+/// (`"tc-<bound>"`, e.g. `"tc-0.008"`) and `calibration_path` the model's calibration file
+/// (`kvc tc calibrate`); the storing and every restoring process load the same file, whose
+/// fingerprint is part of every key. An unreadable file: `KVC_IO`; a damaged one, a target
+/// it lacks, or a calibration for another layout: `KVC_INVALID_ARGUMENT`. (ABI 0.13)
+///
+/// Ownership: all arguments are only read; the caller owns the handle and frees it with
+/// `kvc_tiers_free`. Threads: safe from any thread.
+///
+/// # Safety
+/// As `kvc_tiers_new`; `codec_name` and `calibration_path` NUL-terminated.
+#[no_mangle]
+#[must_use = "a kvc_status reports failure"]
+pub unsafe extern "C" fn kvc_tiers_new_tc(
+    config: *const KvcTiersConfig,
+    codec_name: *const c_char,
+    calibration_path: *const c_char,
+    out: *mut *mut KvcTiers,
+) -> KvcStatus {
+    status_boundary("kvc_tiers_new_tc", || {
+        // SAFETY: caller contract.
+        let c = unsafe { in_ref(config, "config") }?;
+        // SAFETY: caller contract.
+        unsafe { in_ref(codec_name, "codec_name") }?;
+        // SAFETY: caller contract.
+        unsafe { in_ref(calibration_path, "calibration_path") }?;
+        // SAFETY: caller contract.
+        unsafe { out_ref(out, "out") }?;
+        // SAFETY: non-NULL, NUL-terminated (contract).
+        let name = unsafe { opt_str(codec_name, "codec_name") }?.unwrap_or_default();
+        // SAFETY: non-NULL, NUL-terminated (contract).
+        let path = unsafe { opt_str(calibration_path, "calibration_path") }?.unwrap_or_default();
+        if c.codec != KVC_TIERS_CODEC_TC {
+            return Err(Error::invalid(
+                "config.codec",
+                format!(
+                    "{} with kvc_tiers_new_tc: must be KVC_TIERS_CODEC_TC (6)",
+                    c.codec
+                ),
+            ));
+        }
+        let tc = kvc_store_tiers::load_transform(std::path::Path::new(&path), &name)?;
+        // SAFETY: caller contract (config's strings).
+        let t = unsafe { new_tiers(c, Some(tc)) }?;
+        // SAFETY: checked above.
+        unsafe { store_handle(out, t) }
+    })
+}
+
+/// The tiers `c` describes, coded by `tc` when given (then `c.codec` is
+/// `KVC_TIERS_CODEC_TC`).
+///
+/// # Safety
+/// `c`'s strings NULL or NUL-terminated.
+unsafe fn new_tiers(
+    c: &KvcTiersConfig,
+    tc: Option<std::sync::Arc<kvc_store_tiers::TransformCodec>>,
+) -> Result<KvcTiers, Error> {
+    let dtype = DType::from_code(c.dtype)
+        .filter(|d| d.is_float())
+        .ok_or_else(|| {
+            Error::invalid(
+                "config.dtype",
+                format!("{} is not KVC_DTYPE_F16, _BF16 or _F32", c.dtype),
+            )
+        })?;
+    let codec = match c.codec {
+        KVC_TIERS_CODEC_RAW => ChunkCodec::Raw,
+        KVC_TIERS_CODEC_GEAR_V1 => ChunkCodec::GearV1,
+        KVC_TIERS_CODEC_GEAR_V2 => ChunkCodec::GearV2,
+        KVC_TIERS_CODEC_KVQ_K4V4 => ChunkCodec::KvqK4V4,
+        KVC_TIERS_CODEC_KVQ_K8V4 => ChunkCodec::KvqK8V4,
+        KVC_TIERS_CODEC_KVQ_K4V2 => ChunkCodec::KvqK4V2,
+        KVC_TIERS_CODEC_TC if tc.is_some() => ChunkCodec::Transform,
+        KVC_TIERS_CODEC_TC => {
+            return Err(Error::invalid(
+                "config.codec",
+                "KVC_TIERS_CODEC_TC needs its target and calibration: use kvc_tiers_new_tc",
+            ))
+        }
+        x => {
+            return Err(Error::invalid(
+                "config.codec",
+                format!(
+                    "{x} is not KVC_TIERS_CODEC_RAW (0), _GEAR_V1 (1), _GEAR_V2 (2), \
+                     _KVQ_K4V4 (3), _KVQ_K8V4 (4) or _KVQ_K4V2 (5)"
+                ),
+            ))
+        }
+    };
+    // SAFETY: caller contract.
+    let disk_dir = unsafe { opt_str(c.disk_dir, "config.disk_dir") }?;
+    // SAFETY: caller contract.
+    let redis_url = unsafe { opt_str(c.redis_url, "config.redis_url") }?;
+    let mut list: Vec<Box<dyn Tier>> = Vec::new();
+    let mut slots = [None; 3];
+    if c.memory_budget_bytes > 0 {
+        slots[KVC_TIERS_MEMORY] = Some(list.len());
+        list.push(Box::new(MemoryTier::new(c.memory_budget_bytes)));
+    }
+    if let Some(dir) = disk_dir {
+        slots[KVC_TIERS_DISK] = Some(list.len());
+        list.push(Box::new(DiskTier::open(dir, c.disk_budget_bytes)?));
+    }
+    if let Some(url) = redis_url {
+        if c.redis_timeout_ms == 0 {
+            return Err(Error::invalid(
+                "config.redis_timeout_ms",
+                "must be at least 1",
+            ));
+        }
+        let mut rc = RedisConfig::new(url);
+        rc.ttl = (c.redis_ttl_s > 0).then(|| Duration::from_secs(c.redis_ttl_s.into()));
+        rc.connect_timeout = Duration::from_millis(c.redis_timeout_ms.into());
+        rc.io_timeout = rc.connect_timeout;
+        slots[KVC_TIERS_REDIS] = Some(list.len());
+        list.push(Box::new(RedisTier::new(rc)?));
+    }
+    let cfg = TiersConfig {
+        shape: ChunkShape {
+            n_layer: c.n_layer,
+            n_kv_head: c.n_kv_head,
+            head_dim: c.head_dim,
+            dtype,
+            chunk_tokens: c.chunk_tokens,
+        },
+        codec,
+        model_hash: c.model_hash,
+    };
+    let tiers = match tc {
+        None => Tiers::new(cfg, list)?,
+        Some(tc) => Tiers::with_transform(cfg, tc, list)?,
+    };
+    Ok(KvcTiers { tiers, slots })
 }
 
 /// Stores in `*out_tokens` the tokens of the longest prefix of `tokens` (`n_tokens` token

@@ -39,6 +39,9 @@ enum Command {
     /// Old spelling of `kvc int8` and `kvc kvq` (`quant apply --kvq`, `quant plan`, ...),
     /// kept for scripts.
     Quant(cmd::quant::QuantArgs),
+    /// The transform coder of the shared tiers (`tc-<bound>`): calibrate on a model's own
+    /// K/V/Q dump, inspect a calibration file.
+    Tc(cmd::tc::TcArgs),
     /// Encode or decode one gear-v1 or gear-v2 blob of a raw tensor.
     Codec(cmd::codec::CodecArgs),
     /// Benchmarks on real KV data: the codecs (plain `kvc bench`), cache compaction and C8,
@@ -53,6 +56,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
         Command::Int8(args) => cmd::quant::run_int8(args),
         Command::Kvq(args) => cmd::quant::run_kvq(args),
         Command::Quant(args) => cmd::quant::run(args),
+        Command::Tc(args) => cmd::tc::run(args),
         Command::Codec(args) => cmd::codec::run(args),
         Command::Bench(args) => cmd::bench::run(args),
     }

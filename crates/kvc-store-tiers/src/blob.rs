@@ -116,7 +116,8 @@ impl BlobHeader {
 }
 
 /// Encodes one chunk. `k` and `v` are `[n_layer][..][row]` with `layer_stride` bytes from
-/// one layer to the next; the chunk's tokens start `offset` bytes into each layer.
+/// one layer to the next; the chunk's tokens start `offset` bytes into each layer, at
+/// position `pos0` of the sequence.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn encode_chunk(
     coder: &SectionCoder,
@@ -127,6 +128,7 @@ pub(crate) fn encode_chunk(
     v: &[u8],
     layer_stride: usize,
     offset: usize,
+    pos0: u64,
 ) -> Result<Vec<u8>> {
     let sec = shape.section_bytes();
     let table = 8 * shape.n_layer;
@@ -149,6 +151,7 @@ pub(crate) fn encode_chunk(
             })?;
             let before = out.len();
             coder.encode(
+                pos0,
                 layer,
                 tensor,
                 shape.dtype,
@@ -262,7 +265,8 @@ pub(crate) fn check_chunk(
     Ok(lens)
 }
 
-/// Decodes a blob that passed [`check_chunk`] (with its section lengths) into one piece
+/// Decodes a blob that passed [`check_chunk`] (with its section lengths; its first token
+/// at position `pos0`) into one piece
 /// per layer of K and of V, each exactly one section's bytes. The sections decode in
 /// parallel on the rayon pool (each is independent), so a restore of fewer chunks than
 /// threads still uses them all; the first error in section order is returned.
@@ -271,6 +275,7 @@ pub(crate) fn decode_checked(
     shape: &ChunkShape,
     blob: &[u8],
     lens: &[[usize; 2]],
+    pos0: u64,
     k: &mut [&mut [u8]],
     v: &mut [&mut [u8]],
 ) -> Result<()> {
@@ -288,6 +293,7 @@ pub(crate) fn decode_checked(
     jobs.into_par_iter()
         .map(|(layer, tensor, section, dst)| {
             coder.decode(
+                pos0,
                 layer,
                 tensor,
                 shape.dtype,

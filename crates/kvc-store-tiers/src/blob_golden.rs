@@ -1,12 +1,14 @@
 //! Golden files of the kv-chunk blob (`KVCCHUNK`), v1, pcodec style, one per codec id:
 //! encoding the fixed chunk gives the checked-in bytes, and decoding the checked-in bytes
 //! gives the fixed output (the chunk itself for the lossless codecs, the checked-in
-//! `.decoded` bytes for kvq). Files in `tests/golden/kv-chunk-v1/`: `<codec>.kvcchunk` and,
-//! for kvq, `<codec>.decoded` (K then V, layer by layer). A new version gets a new directory;
+//! `.decoded` bytes for kvq and tc). Files in `tests/golden/kv-chunk-v1/`: `<codec>.kvcchunk`
+//! and, for the lossy codecs, `<codec>.decoded` (K then V, layer by layer). tc codes with
+//! `kvc_transform_coder::golden`'s fixed calibration. A new version gets a new directory;
 //! these files never change. `KVC_WRITE_GOLDEN=1` writes missing files (only a new
 //! version's or a new codec's), it never overwrites.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use half::f16;
 use kvc_cache::DType;
@@ -14,6 +16,8 @@ use kvc_cache::DType;
 use crate::blob::{check_chunk, decode_checked, encode_chunk, verify, BlobHeader, VERSION};
 use crate::codec::{ChunkCodec, SectionCoder};
 use crate::key::{ChunkKey, ChunkShape, Fingerprint};
+use kvc_transform_coder::golden::fixed_calibration;
+use kvc_transform_coder::TransformCodec;
 
 /// The fixed chunk: 2 layers, 2 KV heads of 64 values, 4 tokens, f16.
 const SHAPE: ChunkShape = ChunkShape {
@@ -56,12 +60,30 @@ fn key() -> ChunkKey {
     ChunkKey(std::array::from_fn(|i| i as u8 * 7 + 1))
 }
 
+/// The transform codec of the golden chunk: `kvc_transform_coder::golden`'s fixed
+/// calibration (sink of 2 tokens), target `tc-0.05`.
+fn transform() -> Arc<TransformCodec> {
+    let cal = fixed_calibration(SHAPE.n_layer, SHAPE.n_kv_head, SHAPE.head_dim, 2);
+    let bytes = cal.to_bytes().unwrap();
+    Arc::new(TransformCodec::from_file(&bytes, "tc-0.05").unwrap())
+}
+
+fn coder(codec: ChunkCodec) -> SectionCoder {
+    let tc = (codec == ChunkCodec::Transform).then(transform);
+    SectionCoder::new(codec, SHAPE.head_dim, tc).unwrap()
+}
+
 fn fingerprint(codec: ChunkCodec) -> Fingerprint {
-    Fingerprint::new(&[0x5a; 32], &SHAPE, &codec)
+    match codec {
+        ChunkCodec::Transform => {
+            Fingerprint::with_config(&[0x5a; 32], &SHAPE, &transform().config_string())
+        }
+        _ => Fingerprint::new(&[0x5a; 32], &SHAPE, &codec),
+    }
 }
 
 fn encode(codec: ChunkCodec) -> Vec<u8> {
-    let coder = SectionCoder::new(codec, SHAPE.head_dim).unwrap();
+    let coder = coder(codec);
     let layer = SHAPE.section_bytes();
     encode_chunk(
         &coder,
@@ -72,13 +94,14 @@ fn encode(codec: ChunkCodec) -> Vec<u8> {
         &values(1),
         layer,
         0,
+        0,
     )
     .unwrap()
 }
 
 /// K then V, layer by layer, as a decode writes them.
 fn decode(codec: ChunkCodec, blob: &[u8]) -> Vec<u8> {
-    let coder = SectionCoder::new(codec, SHAPE.head_dim).unwrap();
+    let coder = coder(codec);
     let lens = check_chunk(&coder, &SHAPE, &key(), &fingerprint(codec), blob).unwrap();
     let sec = SHAPE.section_bytes();
     let (mut k, mut v) = (
@@ -87,7 +110,7 @@ fn decode(codec: ChunkCodec, blob: &[u8]) -> Vec<u8> {
     );
     let mut kp: Vec<&mut [u8]> = k.chunks_mut(sec).collect();
     let mut vp: Vec<&mut [u8]> = v.chunks_mut(sec).collect();
-    decode_checked(&coder, &SHAPE, blob, &lens, &mut kp, &mut vp).unwrap();
+    decode_checked(&coder, &SHAPE, blob, &lens, 0, &mut kp, &mut vp).unwrap();
     [k, v].concat()
 }
 

@@ -1,7 +1,8 @@
 //! The codecs a chunk's sections are stored with: raw (the cache's own bytes), gear-v1 and
 //! gear-v2 (both lossless, from `kvc-codec` through `kvc-store-codec`'s [`StoreCodec`]
 //! implementations, which keep reusable per-thread encoders and decoders), and kvq
-//! (lossy: `kvc-kvq`'s rotated Lloyd-Max rows, three K/V bit presets).
+//! (lossy: `kvc-kvq`'s rotated Lloyd-Max rows, three K/V bit presets), and the transform
+//! coder (lossy: `kvc-transform-coder`, calibrated per model, `tc-<bound>`).
 
 use std::sync::Arc;
 
@@ -9,6 +10,7 @@ use half::{bf16, f16};
 use kvc_cache::DType;
 use kvc_kvq::{config::DEFAULT_SEED, Method, RowCodec};
 use kvc_store_codec::{ChunkInfo, GearV1Codec, GearV2Codec, StoreCodec, Tensor};
+use kvc_transform_coder::TransformCodec;
 
 use crate::error::{Error, Result};
 
@@ -27,17 +29,21 @@ pub enum ChunkCodec {
     KvqK8V4,
     /// kvq, Lloyd-Max, 4-bit K and 2-bit V rows (id 5), lossy.
     KvqK4V2,
+    /// The transform coder (id 6), lossy: a calibration file and a target make it a
+    /// [`TransformCodec`] (`tc-<bound>`), given to [`crate::Tiers::with_transform`].
+    Transform,
 }
 
 impl ChunkCodec {
     /// Every codec.
-    pub const ALL: [ChunkCodec; 6] = [
+    pub const ALL: [ChunkCodec; 7] = [
         ChunkCodec::Raw,
         ChunkCodec::GearV1,
         ChunkCodec::GearV2,
         ChunkCodec::KvqK4V4,
         ChunkCodec::KvqK8V4,
         ChunkCodec::KvqK4V2,
+        ChunkCodec::Transform,
     ];
 
     /// The id stored in blobs.
@@ -49,19 +55,25 @@ impl ChunkCodec {
             ChunkCodec::KvqK4V4 => 3,
             ChunkCodec::KvqK8V4 => 4,
             ChunkCodec::KvqK4V2 => 5,
+            ChunkCodec::Transform => 6,
         }
     }
 
     /// Whether a restore gives back exactly the stored bytes (raw, gear-v1, gear-v2) or
     /// an approximation (kvq: callers must not expect identical bytes or logits).
     pub fn lossless(self) -> bool {
-        self.kvq_bits().is_none()
+        matches!(
+            self,
+            ChunkCodec::Raw | ChunkCodec::GearV1 | ChunkCodec::GearV2
+        )
     }
 
     /// K and V bits of a kvq preset; `None` for the lossless codecs.
     pub fn kvq_bits(self) -> Option<(u8, u8)> {
         match self {
-            ChunkCodec::Raw | ChunkCodec::GearV1 | ChunkCodec::GearV2 => None,
+            ChunkCodec::Raw | ChunkCodec::GearV1 | ChunkCodec::GearV2 | ChunkCodec::Transform => {
+                None
+            }
             ChunkCodec::KvqK4V4 => Some((4, 4)),
             ChunkCodec::KvqK8V4 => Some((8, 4)),
             ChunkCodec::KvqK4V2 => Some((4, 2)),
@@ -73,7 +85,8 @@ impl ChunkCodec {
         ChunkCodec::ALL.into_iter().find(|c| c.id() == id)
     }
 
-    /// `raw`, `gear-v1`, `gear-v2`, `kvq-k4v4`, `kvq-k8v4` or `kvq-k4v2`.
+    /// `raw`, `gear-v1`, `gear-v2`, `kvq-k4v4`, `kvq-k8v4`, `kvq-k4v2` or `tc` (whose
+    /// codecs are named `tc-<bound>`, see [`TransformCodec::name`]).
     pub fn name(self) -> &'static str {
         match self {
             ChunkCodec::Raw => "raw",
@@ -82,13 +95,20 @@ impl ChunkCodec {
             ChunkCodec::KvqK4V4 => "kvq-k4v4",
             ChunkCodec::KvqK8V4 => "kvq-k8v4",
             ChunkCodec::KvqK4V2 => "kvq-k4v2",
+            ChunkCodec::Transform => "tc",
         }
     }
 
-    /// The codec named `name` (as [`ChunkCodec::name`]; `kvq` alone is `kvq-k4v4`).
+    /// The codec named `name` (as [`ChunkCodec::name`]; `kvq` alone is `kvq-k4v4`,
+    /// `tc-<bound>` is [`ChunkCodec::Transform`]).
     pub fn from_name(name: &str) -> Result<ChunkCodec> {
         if name == "kvq" {
             return Ok(ChunkCodec::KvqK4V4);
+        }
+        if name.starts_with("tc-") {
+            kvc_transform_coder::parse_name(name)
+                .map_err(|e| Error::invalid("codec", e.to_string()))?;
+            return Ok(ChunkCodec::Transform);
         }
         ChunkCodec::ALL
             .into_iter()
@@ -98,15 +118,18 @@ impl ChunkCodec {
                     "codec",
                     format!(
                         "{name:?}: expected raw, gear-v1, gear-v2, kvq (= kvq-k4v4), \
-                         kvq-k8v4 or kvq-k4v2"
+                         kvq-k8v4, kvq-k4v2 or tc-<bound> (with a calibration file)"
                     ),
                 )
             })
     }
 
-    /// Everything about the codec that changes the stored bytes, for the fingerprint.
+    /// Everything about the codec that changes the stored bytes, for the fingerprint (the
+    /// transform coder's is [`TransformCodec::config_string`], which names its bound and
+    /// calibration).
     pub fn config_string(self) -> String {
         match self {
+            ChunkCodec::Transform => "tc/without-calibration".to_string(),
             ChunkCodec::Raw => "raw".to_string(),
             ChunkCodec::GearV1 => "gear-v1/default-options".to_string(),
             ChunkCodec::GearV2 => format!(
@@ -139,6 +162,24 @@ impl KvqRows {
     }
 }
 
+/// A transform coder's error as the tiers report it: a value it cannot code refuses the
+/// chunk ([`Error::NonFinite`], counted); anything else is a codec failure of the section.
+fn tc_error(layer: usize, tensor: Tensor, e: kvc_transform_coder::Error) -> Error {
+    match e {
+        kvc_transform_coder::Error::NonFinite { row, index } => Error::NonFinite {
+            layer,
+            tensor: tensor.name(),
+            row,
+            index,
+        },
+        e => Error::Codec {
+            layer,
+            tensor: tensor.name(),
+            reason: e.to_string(),
+        },
+    }
+}
+
 /// Values per row (one token of one KV head): the largest head_dim kvq takes.
 const MAX_ROW: usize = 256;
 
@@ -167,11 +208,27 @@ pub(crate) struct SectionCoder {
     pub(crate) codec: ChunkCodec,
     inner: Option<Arc<dyn StoreCodec>>,
     kvq: Option<Arc<KvqRows>>,
+    tc: Option<Arc<TransformCodec>>,
 }
 
 impl SectionCoder {
-    /// The coder of `codec` for rows of `head_dim` values (kvq takes 64, 128 or 256).
-    pub(crate) fn new(codec: ChunkCodec, head_dim: usize) -> Result<SectionCoder> {
+    /// The coder of `codec` for rows of `head_dim` values (kvq takes 64, 128 or 256);
+    /// `tc` is required for [`ChunkCodec::Transform`] and refused with any other codec.
+    pub(crate) fn new(
+        codec: ChunkCodec,
+        head_dim: usize,
+        tc: Option<Arc<TransformCodec>>,
+    ) -> Result<SectionCoder> {
+        if (codec == ChunkCodec::Transform) != tc.is_some() {
+            return Err(Error::invalid(
+                "codec",
+                if tc.is_some() {
+                    format!("a transform codec given with {}", codec.name())
+                } else {
+                    "tc-<bound> needs a calibration file (Tiers::with_transform)".to_string()
+                },
+            ));
+        }
         let kvq = match codec.kvq_bits() {
             None => None,
             Some((kb, vb)) => {
@@ -190,9 +247,11 @@ impl SectionCoder {
             }
         };
         let inner: Option<Arc<dyn StoreCodec>> = match codec {
-            ChunkCodec::Raw | ChunkCodec::KvqK4V4 | ChunkCodec::KvqK8V4 | ChunkCodec::KvqK4V2 => {
-                None
-            }
+            ChunkCodec::Raw
+            | ChunkCodec::KvqK4V4
+            | ChunkCodec::KvqK8V4
+            | ChunkCodec::KvqK4V2
+            | ChunkCodec::Transform => None,
             ChunkCodec::GearV1 => Some(Arc::new(
                 GearV1Codec::new(kvc_codec::gear_v1::EncodeOptions::default()).map_err(|e| {
                     Error::invalid("codec", format!("gear-v1 options rejected: {e}"))
@@ -200,7 +259,12 @@ impl SectionCoder {
             )),
             ChunkCodec::GearV2 => Some(Arc::new(GearV2Codec::default())),
         };
-        Ok(SectionCoder { codec, inner, kvq })
+        Ok(SectionCoder {
+            codec,
+            inner,
+            kvq,
+            tc,
+        })
     }
 
     /// Quantizes `n * heads` rows of `dim` values of `raw` into packed kvq rows on `out`.
@@ -303,10 +367,12 @@ impl SectionCoder {
         }
     }
 
-    /// Appends the encoding of `raw` (`n` tokens of one layer's K or V) to `out`.
+    /// Appends the encoding of `raw` (`n` tokens of one layer's K or V, the first at
+    /// position `pos0`) to `out`.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn encode(
         &self,
+        pos0: u64,
         layer: usize,
         tensor: Tensor,
         dtype: DType,
@@ -319,6 +385,11 @@ impl SectionCoder {
     ) -> Result<()> {
         if let Some(rows) = &self.kvq {
             return Self::kvq_encode(rows, layer, tensor, dtype, dim, raw, out);
+        }
+        if let Some(tc) = &self.tc {
+            return tc
+                .encode_section(layer, tensor, dtype, pos0, n, raw, out)
+                .map_err(|e| tc_error(layer, tensor, e));
         }
         match &self.inner {
             None => out.extend_from_slice(raw),
@@ -335,10 +406,12 @@ impl SectionCoder {
         Ok(())
     }
 
-    /// Decodes `blob` into exactly `out` (`n` tokens of one layer's K or V).
+    /// Decodes `blob` into exactly `out` (`n` tokens of one layer's K or V, the first at
+    /// position `pos0`).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn decode(
         &self,
+        pos0: u64,
         layer: usize,
         tensor: Tensor,
         dtype: DType,
@@ -350,6 +423,11 @@ impl SectionCoder {
     ) -> Result<()> {
         if let Some(rows) = &self.kvq {
             return Self::kvq_decode(rows, layer, tensor, dtype, dim, blob, out);
+        }
+        if let Some(tc) = &self.tc {
+            return tc
+                .decode_section(layer, tensor, dtype, pos0, n, blob, out)
+                .map_err(|e| tc_error(layer, tensor, e));
         }
         match &self.inner {
             None => {

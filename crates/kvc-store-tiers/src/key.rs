@@ -104,6 +104,12 @@ impl Fingerprint {
     /// The fingerprint of a model whose file hashes to `model_hash` (see
     /// [`hash_model_file`]), with `shape` and `codec`.
     pub fn new(model_hash: &[u8; 32], shape: &ChunkShape, codec: &ChunkCodec) -> Fingerprint {
+        Fingerprint::with_config(model_hash, shape, &codec.config_string())
+    }
+
+    /// [`Fingerprint::new`] with a codec's config string given directly (the transform
+    /// coder's names its bound and its calibration's fingerprint).
+    pub fn with_config(model_hash: &[u8; 32], shape: &ChunkShape, cfg: &str) -> Fingerprint {
         let mut h = blake3::Hasher::new();
         h.update(b"kvc-tiers fingerprint v1\0");
         h.update(model_hash);
@@ -116,7 +122,6 @@ impl Fingerprint {
             h.update(&(v as u32).to_le_bytes());
         }
         h.update(&[dtype_id(shape.dtype)]);
-        let cfg = codec.config_string();
         h.update(&(cfg.len() as u32).to_le_bytes());
         h.update(cfg.as_bytes());
         Fingerprint(*h.finalize().as_bytes())

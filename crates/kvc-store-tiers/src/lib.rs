@@ -50,6 +50,21 @@ pub use codec::ChunkCodec;
 pub use disk::DiskTier;
 pub use error::{Error, ErrorKind, Result};
 pub use key::{chain_keys, hash_model_file, ChunkKey, ChunkShape, Fingerprint};
+pub use kvc_transform_coder::TransformCodec;
 pub use redis_tier::{RedisConfig, RedisTier};
 pub use tier::{Blob, MemoryTier, Tier, TierStats};
 pub use tiers::{Restored, StoreReport, TierMetrics, Tiers, TiersConfig, TiersMetrics};
+
+/// The transform codec named `name` (`tc-<bound>`) of the calibration file at `path`
+/// (`kvc tc calibrate` writes one): unreadable is [`Error::Io`], a damaged file or a target
+/// it does not have is [`Error::InvalidArgument`].
+pub fn load_transform(
+    path: &std::path::Path,
+    name: &str,
+) -> Result<std::sync::Arc<TransformCodec>> {
+    let bytes = std::fs::read(path)
+        .map_err(|e| Error::io(format!("reading calibration {}", path.display()), e))?;
+    TransformCodec::from_file(&bytes, name)
+        .map(std::sync::Arc::new)
+        .map_err(|e| Error::invalid("calibration", format!("{}: {e}", path.display())))
+}

@@ -16,6 +16,7 @@ use crate::codec::{ChunkCodec, SectionCoder};
 use crate::error::{Error, ErrorKind, Result};
 use crate::key::{chain_keys, ChunkKey, ChunkShape, Fingerprint};
 use crate::tier::{Blob, Tier, TierStats};
+use kvc_transform_coder::TransformCodec;
 
 /// What a [`Tiers`] stores: the model's layout, the chunk size, the codec and the model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -183,14 +184,40 @@ pub struct Tiers {
 impl Tiers {
     /// A front over `tiers` (fastest first; at least one).
     pub fn new(cfg: TiersConfig, tiers: Vec<Box<dyn Tier>>) -> Result<Tiers> {
+        Tiers::build(cfg, None, tiers)
+    }
+
+    /// A front whose chunks the transform codec `tc` codes (`cfg.codec` must be
+    /// [`ChunkCodec::Transform`]); the calibration must be for `cfg.shape`'s layout, and its
+    /// fingerprint and bound enter every key.
+    pub fn with_transform(
+        cfg: TiersConfig,
+        tc: Arc<TransformCodec>,
+        tiers: Vec<Box<dyn Tier>>,
+    ) -> Result<Tiers> {
+        tc.check_layout(cfg.shape.n_layer, cfg.shape.n_kv_head, cfg.shape.head_dim)
+            .map_err(|e| Error::invalid("calibration", e.to_string()))?;
+        Tiers::build(cfg, Some(tc), tiers)
+    }
+
+    fn build(
+        cfg: TiersConfig,
+        tc: Option<Arc<TransformCodec>>,
+        tiers: Vec<Box<dyn Tier>>,
+    ) -> Result<Tiers> {
         cfg.shape.validate()?;
         if tiers.is_empty() {
             return Err(Error::invalid("tiers", "at least one tier is needed"));
         }
         Ok(Tiers {
             shape: cfg.shape,
-            fp: Fingerprint::new(&cfg.model_hash, &cfg.shape, &cfg.codec),
-            coder: SectionCoder::new(cfg.codec, cfg.shape.head_dim)?,
+            fp: match &tc {
+                None => Fingerprint::new(&cfg.model_hash, &cfg.shape, &cfg.codec),
+                Some(t) => {
+                    Fingerprint::with_config(&cfg.model_hash, &cfg.shape, &t.config_string())
+                }
+            },
+            coder: SectionCoder::new(cfg.codec, cfg.shape.head_dim, tc)?,
             counters: tiers.iter().map(|_| Counters::default()).collect(),
             tiers,
             lookups: AtomicU64::new(0),
@@ -448,22 +475,26 @@ impl Tiers {
             .len()
             .div_ceil(2 * rayon::current_num_threads())
             .clamp(1, 8);
+        let chunk_tokens = self.shape.chunk_tokens;
         let done: Vec<Restore> = keys
             .par_chunks(batch)
             .zip(kp.par_chunks_mut(batch))
             .zip(vp.par_chunks_mut(batch))
-            .flat_map_iter(|((ks, kp), vp)| {
+            .enumerate()
+            .flat_map_iter(|(b, ((ks, kp), vp))| {
                 let found = self.fetch(ks);
                 found
                     .into_iter()
                     .zip(kp.iter_mut().zip(vp.iter_mut()))
-                    .map(|(ch, (kp, vp))| match ch {
+                    .enumerate()
+                    .map(move |(j, (ch, (kp, vp)))| match ch {
                         None => Restore::Missing,
                         Some(ch) => match decode_checked(
                             &self.coder,
                             &self.shape,
                             &ch.blob,
                             &ch.lens,
+                            ((b * batch + j) * chunk_tokens) as u64,
                             kp,
                             vp,
                         ) {
@@ -571,6 +602,7 @@ impl Tiers {
                     v,
                     stride,
                     i * sec,
+                    (i * self.shape.chunk_tokens) as u64,
                 )
                 .map(|b| (i, Arc::new(b)))
             })

@@ -70,12 +70,12 @@ pub struct PlanArgs {
 }
 
 /// One tensor of the dump: its sidecar's shape and its values.
-struct Tensor {
-    shape: [usize; 4],
-    data: Vec<f32>,
+pub(crate) struct Tensor {
+    pub(crate) shape: [usize; 4],
+    pub(crate) data: Vec<f32>,
 }
 
-fn read_tensor(dir: &Path, tag: &str, name: &str) -> Result<Tensor, CliError> {
+pub(crate) fn read_tensor(dir: &Path, tag: &str, name: &str) -> Result<Tensor, CliError> {
     let side = dir.join(format!("{tag}.{name}.f32.json"));
     let bin = dir.join(format!("{tag}.{name}.f32.bin"));
     let text = std::fs::read_to_string(&side).map_err(|e| CliError::io(&side, e))?;

@@ -10,3 +10,4 @@ pub mod kvq_plan;
 pub mod mlp;
 pub mod mlp_train;
 pub mod quant;
+pub mod tc;

@@ -23,8 +23,8 @@ use clap::Args;
 use kvc_cache::DType;
 use kvc_codec::Dtype;
 use kvc_store_tiers::{
-    Blob, ChunkCodec, ChunkKey, ChunkShape, DiskTier, MemoryTier, RedisConfig, RedisTier, Tier,
-    Tiers, TiersConfig,
+    load_transform, Blob, ChunkCodec, ChunkKey, ChunkShape, DiskTier, MemoryTier, RedisConfig,
+    RedisTier, Tier, Tiers, TiersConfig, TransformCodec,
 };
 use serde_json::{json, Value};
 
@@ -51,13 +51,17 @@ pub struct BenchTiersArgs {
     #[arg(long, default_value_t = 5)]
     pub reps: usize,
     /// Codecs, comma-separated: raw, gear-v1, gear-v2 (lossless), kvq-k4v4 (or kvq),
-    /// kvq-k8v4, kvq-k4v2 (lossy).
+    /// kvq-k8v4, kvq-k4v2, tc-<bound> (lossy; tc needs --tc-calibration).
     #[arg(
         long,
         value_delimiter = ',',
         default_value = "raw,gear-v1,gear-v2,kvq-k4v4"
     )]
     pub codec: Vec<String>,
+    /// The transform coder's calibration file (`kvc tc calibrate`) for `tc-<bound>` codecs;
+    /// it must be for the dump's layout (a full-model dump, `--data`).
+    #[arg(long = "tc-calibration")]
+    pub tc_calibration: Option<PathBuf>,
     /// Also write the results as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -289,12 +293,20 @@ fn baseline(s: &Setup, url: &str) -> Result<Value, CliError> {
     }))
 }
 
+/// One codec of the run: its id, its name, and the transform codec of `tc-<bound>`.
+struct CodecChoice {
+    codec: ChunkCodec,
+    name: String,
+    tc: Option<Arc<TransformCodec>>,
+}
+
 fn run_one(
     s: &Setup,
     tier_name: &str,
     tier: Box<dyn Tier>,
-    codec: ChunkCodec,
+    choice: &CodecChoice,
 ) -> Result<Value, CliError> {
+    let codec = choice.codec;
     let mut model_hash = s.salt;
     model_hash[31] ^= codec.id().wrapping_add(1);
     let cfg = TiersConfig {
@@ -302,7 +314,11 @@ fn run_one(
         codec,
         model_hash,
     };
-    let t = Tiers::new(cfg, vec![tier]).map_err(lib)?;
+    let t = match &choice.tc {
+        None => Tiers::new(cfg, vec![tier]),
+        Some(tc) => Tiers::with_transform(cfg, tc.clone(), vec![tier]),
+    }
+    .map_err(lib)?;
     // Connect (Redis) outside the timing.
     t.lookup(&s.tokens(0));
     let t0 = Instant::now();
@@ -311,15 +327,13 @@ fn run_one(
         if r.failures > 0 || r.chunks_encoded != s.chunks {
             return Err(CliError::input(format!(
                 "{tier_name}/{}: store of prompt {p} wrote {} of {} chunks with {} failures",
-                codec.name(),
-                r.chunks_encoded,
-                s.chunks,
-                r.failures
+                choice.name, r.chunks_encoded, s.chunks, r.failures
             )));
         }
     }
     let store_s = t0.elapsed().as_secs_f64();
     let full = s.chunks * s.shape.chunk_tokens;
+    let store_s_per_1k_tokens = store_s / (s.prompts * full) as f64 * 1000.0;
     // Restores go straight into buffers allocated once, as an engine's KV cache is
     // (`Tiers::restore_into`, what `kvc_tiers_restore` does); every prompt holds the same KV.
     let (mut rk, mut rv) = (vec![0u8; s.k.len()], vec![0u8; s.v.len()]);
@@ -333,7 +347,7 @@ fn run_one(
             if got != full {
                 return Err(CliError::input(format!(
                     "{tier_name}/{}: restore of prompt {p} gave {got} of {full} tokens",
-                    codec.name(),
+                    choice.name,
                 )));
             }
         }
@@ -380,8 +394,9 @@ fn run_one(
     let f16_per_token = (2 * s.shape.n_layer * s.shape.n_kv_head * s.shape.head_dim * 2) as f64;
     Ok(json!({
         "tier": tier_name,
-        "codec": codec.name(),
+        "codec": choice.name,
         "store_gbs": gbs(bytes, store_s),
+        "store_s_per_1k_tokens": store_s_per_1k_tokens,
         "restore_gbs": gbs(bytes * s.reps as f64, restore_s),
         "restore_cpu_s_per_gb": cpu_per_gb(cpu0, cpu1, bytes * s.reps as f64),
         "chunk_restore_p50_ms": percentile(&lat, 0.5),
@@ -442,12 +457,27 @@ pub fn run(a: &BenchTiersArgs) -> Result<(), CliError> {
             a.chunk_tokens, kd.n_tokens
         )));
     }
-    let codecs: Vec<ChunkCodec> = a
+    let codecs: Vec<CodecChoice> = a
         .codec
         .iter()
-        .map(|c| ChunkCodec::from_name(c))
-        .collect::<Result<_, _>>()
-        .map_err(lib)?;
+        .map(|name| {
+            let codec = ChunkCodec::from_name(name).map_err(lib)?;
+            let tc = match codec {
+                ChunkCodec::Transform => {
+                    let path = a.tc_calibration.as_ref().ok_or_else(|| {
+                        CliError::input(format!("--codec {name} needs --tc-calibration FILE"))
+                    })?;
+                    Some(load_transform(path, name).map_err(lib)?)
+                }
+                _ => None,
+            };
+            Ok(CodecChoice {
+                codec,
+                name: name.clone(),
+                tc,
+            })
+        })
+        .collect::<Result<_, CliError>>()?;
     let s = Setup {
         shape,
         k: &kd.bytes,
@@ -485,14 +515,14 @@ pub fn run(a: &BenchTiersArgs) -> Result<(), CliError> {
     if let Some(url) = &redis_url {
         base = Some(baseline(&s, url)?);
     }
-    for &codec in &codecs {
+    for codec in &codecs {
         rows.push(run_one(
             &s,
             "memory",
             Box::new(MemoryTier::new(u64::MAX)),
             codec,
         )?);
-        let dir = disk_root.join(codec.name());
+        let dir = disk_root.join(&codec.name);
         let disk = DiskTier::open(&dir, u64::MAX).map_err(lib)?;
         let r = run_one(&s, "disk", Box::new(disk), codec);
         let _ = std::fs::remove_dir_all(&dir);

@@ -1,0 +1,242 @@
+//! `kvc tc`: the transform coder of the shared tiers. `calibrate` makes a calibration file
+//! from a dump of the model's own K, V and Q (the llama.cpp client's `--modes dump`, on a
+//! text that is not evaluated); `inspect` prints one. The algorithm and the file format are
+//! `kvc_transform_coder`'s; this file reads the dump and prints.
+
+use std::path::PathBuf;
+
+use clap::{Args, Subcommand};
+use kvc_transform_coder::{calibrate, Calibration, Dump, Options, Rope, RopeKind};
+
+use crate::cli_error::CliError;
+use crate::cmd::kvq_plan::read_tensor;
+
+/// `kvc tc` arguments.
+#[derive(Args)]
+pub struct TcArgs {
+    #[command(subcommand)]
+    command: TcCommand,
+}
+
+#[derive(Subcommand)]
+enum TcCommand {
+    /// Make a calibration file (`.kvctc`) from a K/V/Q dump.
+    Calibrate(CalibrateArgs),
+    /// Print a calibration file: layout, RoPE, targets and what they cost.
+    Inspect(InspectArgs),
+}
+
+/// `kvc tc calibrate` arguments.
+#[derive(Args)]
+struct CalibrateArgs {
+    /// Dump directory with `<tag>.{K,V,Q}.f32.bin` and their `.json` sidecars.
+    #[arg(long)]
+    dump: PathBuf,
+    /// File tag of the dump.
+    #[arg(long = "text-tag", default_value = "textA")]
+    text_tag: String,
+    /// Attention-output error bounds (`Σ‖o′−o‖²/Σ‖o‖²` per layer), one target `tc-<bound>`
+    /// each, comma-separated.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "0.002,0.004,0.008,0.016,0.032"
+    )]
+    bounds: Vec<f32>,
+    /// Positions stored raw (the attention sink).
+    #[arg(long, default_value_t = 4)]
+    sink: usize,
+    /// The model's RoPE pairing: norm (llama family), neox (qwen2, phi3, gemma, ...) or
+    /// none; default: the dump sidecar's `rope.type`.
+    #[arg(long = "rope-type")]
+    rope_type: Option<String>,
+    /// RoPE frequency base; default: the dump sidecar's `rope.freq_base`.
+    #[arg(long = "rope-base")]
+    rope_base: Option<f64>,
+    /// RoPE frequency scale; default: the sidecar's `rope.freq_scale`, else 1.
+    #[arg(long = "rope-scale")]
+    rope_scale: Option<f64>,
+    /// Channels RoPE rotates; default: the sidecar's `rope.n_rot`, else head_dim.
+    #[arg(long = "rope-dims")]
+    rope_dims: Option<usize>,
+    /// First sampled query position.
+    #[arg(long = "query-from", default_value_t = 64)]
+    query_from: usize,
+    /// Sample every n-th query position.
+    #[arg(long = "query-stride", default_value_t = 16)]
+    query_stride: usize,
+    /// Write the calibration here.
+    #[arg(long)]
+    out: PathBuf,
+    /// Write what each target reached on each layer (error, K and V bits) as JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+/// `kvc tc inspect` arguments.
+#[derive(Args)]
+struct InspectArgs {
+    /// A calibration file.
+    file: PathBuf,
+}
+
+/// Runs `kvc tc`.
+pub fn run(a: TcArgs) -> Result<(), CliError> {
+    match a.command {
+        TcCommand::Calibrate(c) => run_calibrate(c),
+        TcCommand::Inspect(i) => run_inspect(i),
+    }
+}
+
+/// The RoPE the dump's K sidecar records (`"rope": {"type", "freq_base", "freq_scale",
+/// "n_rot"}`), overridden by flags.
+fn rope_of(a: &CalibrateArgs, head_dim: usize) -> Result<Rope, CliError> {
+    let side = a.dump.join(format!("{}.K.f32.json", a.text_tag));
+    let j: serde_json::Value = std::fs::read_to_string(&side)
+        .map_err(|e| CliError::io(&side, e))
+        .and_then(|t| {
+            serde_json::from_str(&t)
+                .map_err(|e| CliError::input(format!("{}: {e}", side.display())))
+        })?;
+    let r = &j["rope"];
+    let kind = match a.rope_type.as_deref().or(r["type"].as_str()) {
+        Some(s) => RopeKind::from_name(s).ok_or_else(|| {
+            CliError::input(format!("RoPE type {s:?}: expected norm, neox or none"))
+        })?,
+        None => {
+            return Err(CliError::input(format!(
+                "{} records no \"rope\" (a dump made before it did): re-dump, or give \
+                 --rope-type and --rope-base from the model's metadata",
+                side.display()
+            )))
+        }
+    };
+    if kind == RopeKind::None {
+        return Ok(Rope::none(head_dim));
+    }
+    let base = a
+        .rope_base
+        .or(r["freq_base"].as_f64())
+        .ok_or_else(|| CliError::input("no RoPE frequency base: give --rope-base"))?;
+    let scale = a.rope_scale.or(r["freq_scale"].as_f64()).unwrap_or(1.0);
+    let n_rot = a
+        .rope_dims
+        .or(r["n_rot"].as_u64().and_then(|x| usize::try_from(x).ok()))
+        .unwrap_or(head_dim);
+    Rope::from_base(kind, head_dim, n_rot, base, scale).map_err(CliError::input)
+}
+
+fn run_calibrate(a: CalibrateArgs) -> Result<(), CliError> {
+    let (k, v, q) = (
+        read_tensor(&a.dump, &a.text_tag, "K")?,
+        read_tensor(&a.dump, &a.text_tag, "V")?,
+        read_tensor(&a.dump, &a.text_tag, "Q")?,
+    );
+    if k.shape != v.shape {
+        return Err(CliError::input(format!(
+            "K shape {:?} and V shape {:?} differ",
+            k.shape, v.shape
+        )));
+    }
+    let [n_layer, n_tokens, n_kv_head, head_dim] = k.shape;
+    let [ql, qt, n_head, qd] = q.shape;
+    if (ql, qt, qd) != (n_layer, n_tokens, head_dim) {
+        return Err(CliError::input(format!(
+            "Q shape {:?} does not match K shape {:?}",
+            q.shape, k.shape
+        )));
+    }
+    let rope = rope_of(&a, head_dim)?;
+    let dump = Dump {
+        n_layer,
+        n_tokens,
+        n_kv_head,
+        n_head,
+        head_dim,
+        k: &k.data,
+        v: &v.data,
+        q: &q.data,
+    };
+    let opts = Options {
+        rope,
+        n_sink: a.sink,
+        bounds: a.bounds.clone(),
+        query_from: a.query_from,
+        query_stride: a.query_stride,
+    };
+    let t0 = std::time::Instant::now();
+    let (cal, report) = calibrate(&dump, &opts).map_err(CliError::input)?;
+    let secs = t0.elapsed().as_secs_f64();
+    let bytes = cal.to_bytes().map_err(CliError::input)?;
+    std::fs::write(&a.out, &bytes).map_err(|e| CliError::io(&a.out, e))?;
+    println!(
+        "calibrated {n_layer} layers × {n_kv_head} KV heads × {head_dim} on {n_tokens} tokens \
+         ({} RoPE, sink {}) in {secs:.1} s; {} bytes written to {}",
+        cal.rope.kind().name(),
+        cal.n_sink,
+        bytes.len(),
+        a.out.display()
+    );
+    if let Some(path) = &a.json {
+        let targets: Vec<serde_json::Value> = cal
+            .targets
+            .iter()
+            .zip(&report)
+            .map(|(t, rows)| {
+                serde_json::json!({
+                    "name": format!("tc-{}", t.bound),
+                    "bound": t.bound,
+                    "layers": rows.iter().map(|r| serde_json::json!({
+                        "error": r.error, "k_bits": r.k_bits, "v_bits": r.v_bits,
+                    })).collect::<Vec<_>>(),
+                })
+            })
+            .collect();
+        let j = serde_json::json!({
+            "dump": a.dump.display().to_string(),
+            "seconds": secs,
+            "file_bytes": bytes.len(),
+            "targets": targets,
+        });
+        let text = serde_json::to_string_pretty(&j).map_err(CliError::input)?;
+        std::fs::write(path, text).map_err(|e| CliError::io(path, e))?;
+    }
+    println!("| target | K bits/value | V bits/value | f16 / coded | worst layer error |");
+    println!("|---|---|---|---|---|");
+    for (t, rows) in cal.targets.iter().zip(&report) {
+        let n = rows.len() as f64;
+        let kb = rows.iter().map(|r| r.k_bits).sum::<f64>() / n;
+        let vb = rows.iter().map(|r| r.v_bits).sum::<f64>() / n;
+        let worst = rows.iter().map(|r| r.error).fold(0f64, f64::max);
+        println!(
+            "| tc-{} | {kb:.3} | {vb:.3} | {:.2} | {worst:.5} |",
+            t.bound,
+            32.0 / (kb + vb)
+        );
+    }
+    Ok(())
+}
+
+fn run_inspect(a: InspectArgs) -> Result<(), CliError> {
+    let bytes = std::fs::read(&a.file).map_err(|e| CliError::io(&a.file, e))?;
+    let cal = Calibration::from_bytes(&bytes)
+        .map_err(|e| CliError::input(format!("{}: {e}", a.file.display())))?;
+    let fp = Calibration::fingerprint_of(&bytes).unwrap_or_default();
+    println!("file: {} ({} bytes)", a.file.display(), bytes.len());
+    println!(
+        "fingerprint: {}",
+        fp.iter().map(|b| format!("{b:02x}")).collect::<String>()
+    );
+    println!(
+        "layout: {} layers × {} KV heads × head_dim {}; sink {} tokens raw",
+        cal.n_layer, cal.n_kv_head, cal.head_dim, cal.n_sink
+    );
+    println!(
+        "rope: {}, {} channels rotated",
+        cal.rope.kind().name(),
+        cal.rope.n_rot()
+    );
+    println!("symbol tables: {}", cal.tables.len());
+    println!("targets: {}", cal.target_names().join(", "));
+    Ok(())
+}
