@@ -470,7 +470,8 @@ inline Result<StoreTokens> read_tokens(const kvc_store* store, std::size_t layer
 
 // --- kvc_tiers (ABI 0.7) ---
 
-/// Shared KV tiers (kvc_tiers_*): make_handle<Tiers>(kvc_tiers_new, &config). Every call
+/// Shared KV tiers (kvc_tiers_*): make_handle<Tiers>(kvc_tiers_new, &config), or for the
+/// transform coder make_handle<Tiers>(kvc_tiers_new_tc, &config, "tc-<bound>", calibration_path). Every call
 /// but free may run concurrently on one handle.
 using Tiers = Handle<kvc_tiers, kvc_tiers_free>;
 
@@ -485,7 +486,7 @@ struct TiersPrefix {
 /// gear-v2) or approximately (the kvq codecs: compare logits by KL, not for identity).
 inline bool tiers_codec_lossless(std::uint32_t codec) noexcept {
     return codec == KVC_TIERS_CODEC_RAW || codec == KVC_TIERS_CODEC_GEAR_V1 ||
-           codec == KVC_TIERS_CODEC_GEAR_V2;
+           codec == KVC_TIERS_CODEC_GEAR_V2;  // kvq (3-5) and tc (6) are lossy
 }
 
 /// kvc_tiers_lookup: tokens of the longest cached prefix of `tokens`.

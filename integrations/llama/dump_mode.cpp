@@ -111,6 +111,15 @@ void write_sidecar(const std::string & path, const std::string & file, const cha
     j << "  \"n_kv_head\": " << mi.n_head_kv << ",\n";
     j << "  \"n_head\": " << mi.n_head << ",\n";
     j << "  \"head_dim\": " << mi.head_dim << ",\n";
+    {
+        // the model's RoPE, for tools that undo it (kvc tc calibrate); freq_base 0 and n_rot 0
+        // mean the metadata has no such key (llama.cpp's defaults then apply)
+        char num[64];
+        std::snprintf(num, sizeof num, "%.17g", mi.rope_freq_base);
+        j << "  \"rope\": {\"type\": \"" << mi.rope_type << "\", \"freq_base\": " << num;
+        std::snprintf(num, sizeof num, "%.9g", mi.rope_freq_scale);
+        j << ", \"freq_scale\": " << num << ", \"n_rot\": " << mi.rope_n_rot << "},\n";
+    }
     j << "  \"model\": \"" << json_escape(mi.file) << "\",\n";
     j << "  \"model_desc\": \"" << json_escape(mi.desc) << "\",\n";
     j << "  \"runtime\": \"llama.cpp (llama-cpp-sys-2 0.1.161 vendored source), CPU, kv cache type f16, flash_attn off, "

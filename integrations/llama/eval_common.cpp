@@ -93,7 +93,10 @@ const char * kUsage =
     "                      times are reported over all of them [1]\n"
     "  --share-chunk N     tokens per stored chunk [256]\n"
     "  --share-codec C     gear-v2, gear-v1, raw (lossless: logits must be identical), or\n"
-    "                      kvq (= kvq-k4v4), kvq-k8v4, kvq-k4v2 (lossy: KL is reported) [gear-v2]\n"
+    "                      kvq (= kvq-k4v4), kvq-k8v4, kvq-k4v2, tc-<bound> (lossy: KL is\n"
+    "                      reported; tc, the transform coder, needs --share-calibration) [gear-v2]\n"
+    "  --share-calibration FILE  the transform coder's calibration (kvc tc calibrate), loaded by\n"
+    "                      process 1 and every process 2; it lists its targets tc-<bound>\n"
     "  --share-between CMD a shell command process 1 runs after storing, before it starts the\n"
     "                      process 2s (fault injection: kill Redis, damage a value); must exit 0\n"
     "  --verbose           llama.cpp's log on stderr\n"
@@ -195,6 +198,7 @@ Options parse_options(int argc, char ** argv) {
         else if (a == "--share-rounds") o.share_rounds = parse_int(a, val(), 1, 100);
         else if (a == "--share-chunk") o.share_chunk = parse_int(a, val(), 1, 1 << 16);
         else if (a == "--share-codec") o.share_codec = val();
+        else if (a == "--share-calibration") o.share_calibration = val();
         else if (a == "--share-between") o.share_between = val();
         else if (a == "--share-child") o.share_child = val();
         else if (a == "--share-control") o.share_control = true;
@@ -213,9 +217,18 @@ Options parse_options(int argc, char ** argv) {
     if (o.budget != "fixed" && o.budget != "adaptive") throw UsageError("--budget: fixed or adaptive");
     if (o.c8_rule != "channel" && o.c8_rule != "rope") throw UsageError("--c8-rule: channel or rope");
     if (o.positions != "shift" && o.positions != "keep") throw UsageError("--positions: shift or keep");
+    const bool tc = o.share_codec.rfind("tc-", 0) == 0;
     if (o.share_codec != "gear-v2" && o.share_codec != "gear-v1" && o.share_codec != "raw" && o.share_codec != "kvq" &&
-        o.share_codec != "kvq-k4v4" && o.share_codec != "kvq-k8v4" && o.share_codec != "kvq-k4v2") {
-        throw UsageError("--share-codec: gear-v2, gear-v1, raw (lossless), kvq (= kvq-k4v4), kvq-k8v4 or kvq-k4v2 (lossy)");
+        o.share_codec != "kvq-k4v4" && o.share_codec != "kvq-k8v4" && o.share_codec != "kvq-k4v2" && !tc) {
+        throw UsageError("--share-codec: gear-v2, gear-v1, raw (lossless), kvq (= kvq-k4v4), kvq-k8v4, kvq-k4v2 or "
+                         "tc-<bound> (lossy)");
+    }
+    if (tc && o.share_calibration.empty()) {
+        throw UsageError("--share-codec " + o.share_codec +
+                         " needs --share-calibration FILE (made by kvc tc calibrate from a dump of this model)");
+    }
+    if (!tc && !o.share_calibration.empty()) {
+        throw UsageError("--share-calibration is for --share-codec tc-<bound>, not " + o.share_codec);
     }
     if (!o.redis.empty() && o.redis.rfind("redis://", 0) != 0 && o.redis.rfind("redis+cluster://", 0) != 0) {
         throw UsageError("--redis: expected redis://host:port or redis+cluster://host:port,...");

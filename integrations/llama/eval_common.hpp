@@ -75,6 +75,7 @@ struct Options {
     int share_rounds = 1;            // times the share_clients processes are started, one after the other
     int share_chunk = 256;           // tokens per chunk (kvc_tiers_config.chunk_tokens)
     std::string share_codec = "gear-v2";
+    std::string share_calibration;   // tc-<bound>: the transform coder's calibration file
     std::string share_between;       // shell command run after the store, before the process 2s
     // internal: set by process 1 on the command line of the processes it starts
     std::string share_child;         // output path prefix of a process 2
@@ -133,6 +134,12 @@ struct ModelInfo {
     int n_vocab = 0;
     std::string desc;
     std::string file;
+    // RoPE, from the model's metadata (what the transform coder's calibration undoes):
+    // "norm", "neox", "none" or another llama.cpp rope type by number
+    std::string rope_type = "none";
+    double rope_freq_base = 0.0;   // <arch>.rope.freq_base (0: not in the metadata)
+    double rope_freq_scale = 1.0;  // llama_model_rope_freq_scale_train
+    int rope_n_rot = 0;            // <arch>.rope.dimension_count (0: not in the metadata)
 
     int n_embd_kv() const { return n_head_kv * head_dim; }
     // bytes one cell holds over all layers (K row + V row per layer) for a cache type

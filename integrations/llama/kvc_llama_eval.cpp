@@ -57,6 +57,8 @@
 // order (run), the rows without a family of their own (full, streaming, f16-fa and llama.cpp's
 // cache types, probe), and main.
 
+#include <cstdlib>
+
 #include "c8_hooks.hpp"
 #include "decode.hpp"
 #include "dump_mode.hpp"
@@ -114,6 +116,22 @@ int run(int argc, char ** argv) {
     llama_model_desc(model, desc, sizeof desc);
     mi.desc = desc;
     mi.file = base_name(o.model);
+    {
+        const llama_rope_type rt = llama_model_rope_type(model);
+        mi.rope_type = rt == LLAMA_ROPE_TYPE_NONE   ? "none"
+                       : rt == LLAMA_ROPE_TYPE_NORM ? "norm"
+                       : rt == LLAMA_ROPE_TYPE_NEOX ? "neox"
+                                                    : "type-" + std::to_string((int) rt);
+        mi.rope_freq_scale = llama_model_rope_freq_scale_train(model);
+        char arch[64] = {0}, val[64] = {0};
+        if (llama_model_meta_val_str(model, "general.architecture", arch, sizeof arch) > 0) {
+            const std::string a(arch);
+            if (llama_model_meta_val_str(model, (a + ".rope.freq_base").c_str(), val, sizeof val) > 0)
+                mi.rope_freq_base = std::strtod(val, nullptr);
+            if (llama_model_meta_val_str(model, (a + ".rope.dimension_count").c_str(), val, sizeof val) > 0)
+                mi.rope_n_rot = (int) std::strtol(val, nullptr, 10);
+        }
+    }
     // a share-mode process 2, started by process 1: restore, decode, write its files, nothing else
     if (!o.share_child.empty()) return run_share_child(model, mi, o);
     const std::vector<std::string> args(argv, argv + argc);

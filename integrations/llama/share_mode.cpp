@@ -45,6 +45,7 @@ uint32_t share_codec_id(const std::string & c) {
     if (c == "kvq" || c == "kvq-k4v4") return KVC_TIERS_CODEC_KVQ_K4V4;
     if (c == "kvq-k8v4") return KVC_TIERS_CODEC_KVQ_K8V4;
     if (c == "kvq-k4v2") return KVC_TIERS_CODEC_KVQ_K4V2;
+    if (c.rfind("tc-", 0) == 0) return KVC_TIERS_CODEC_TC;
     return KVC_TIERS_CODEC_GEAR_V2;
 }
 
@@ -83,11 +84,17 @@ kvc_tiers_config share_config(const ModelInfo & mi, const Options & o, const std
     return c;
 }
 
-kvc::Tiers open_tiers(const kvc_tiers_config & c) {
-    auto t = kvc::make_handle<kvc::Tiers>(kvc_tiers_new, &c);
+// The transform coder (tc-<bound>) opens with its target and calibration file.
+kvc::Tiers open_tiers(const kvc_tiers_config & c, const Options & o) {
+    const bool tc = c.codec == KVC_TIERS_CODEC_TC;
+    auto t = tc ? kvc::make_handle<kvc::Tiers>(kvc_tiers_new_tc, &c, o.share_codec.c_str(),
+                                               o.share_calibration.c_str())
+                : kvc::make_handle<kvc::Tiers>(kvc_tiers_new, &c);
+    const char * fn = tc ? "kvc_tiers_new_tc: " : "kvc_tiers_new: ";
     if (!t) {
-        if (t.error().status() == KVC_INVALID_ARGUMENT) throw UsageError("kvc_tiers_new: " + t.error().message());
-        fail("kvc_tiers_new: " + t.error().to_string());
+        if (t.error().status() == KVC_INVALID_ARGUMENT || t.error().status() == KVC_IO)
+            throw UsageError(fn + t.error().message());
+        fail(fn + t.error().to_string());
     }
     return std::move(*t);
 }
@@ -181,7 +188,7 @@ int run_share_child(llama_model * model, const ModelInfo & mi, const Options & o
     const int P = o.share_prefix, R = o.share_rest, C = o.share_chunk;
     if ((int) toks.size() < P + R) throw UsageError("share: the text is shorter than --share-prefix + --share-rest");
     const kvc_tiers_config cfg = share_config(mi, o, o.share_dir, nullptr);
-    kvc::Tiers tiers = open_tiers(cfg);
+    kvc::Tiers tiers = open_tiers(cfg, o);
     CtxPtr ctx = make_share_context(model, o);
     const std::vector<uint32_t> ids(toks.begin(), toks.begin() + P);
     const size_t ne = (size_t) mi.n_embd_kv();
@@ -372,7 +379,7 @@ RunResult run_share(llama_model * model, const ModelInfo & mi, const Options & o
     if (!redis && tier_dir.empty()) tier_dir = work.dir + "/tier";
     double hash_s = 0;
     const kvc_tiers_config cfg = share_config(mi, o, tier_dir, &hash_s);
-    kvc::Tiers tiers = open_tiers(cfg);
+    kvc::Tiers tiers = open_tiers(cfg, o);
     const int ti = share_tier_index(o);
 
     // process 1: prefill, store, then the reference continuation
@@ -414,7 +421,7 @@ RunResult run_share(llama_model * model, const ModelInfo & mi, const Options & o
         mc.disk_dir = nullptr;
         mc.redis_url = nullptr;
         mc.memory_budget_bytes = 16ull << 30;
-        kvc::Tiers mem = open_tiers(mc);
+        kvc::Tiers mem = open_tiers(mc, o);
         const double a = now_s();
         kvc_ok(kvc_tiers_store(mem.get(), ids.data(), ids.size(), (size_t) P, d.k.data(), d.k.size() * 2, d.v.data(),
                                d.v.size() * 2, nullptr),
@@ -440,8 +447,13 @@ RunResult run_share(llama_model * model, const ModelInfo & mi, const Options & o
                 rel_err_v = std::max(rel_err_v, rel_rms_f16(&v[dst], &d.v[src], n));
             }
         }
-        if (!lossless && !(rel_err_k < 0.5 && rel_err_v < 0.5)) {
-            fail("share: the memory tier's kvq restore is too far from the stored K/V (relative RMS K " +
+        // A sanity bound against a broken restore, not a quality bound: kvq's rows stay within
+        // 0.5 relative RMS at any preset; the transform coder's worst layer may exceed that at a
+        // loose target (its bound is on attention outputs), but a restore no better than zeros
+        // (1.0) is broken.
+        const double sane = cfg.codec == KVC_TIERS_CODEC_TC ? 1.0 : 0.5;
+        if (!lossless && !(rel_err_k < sane && rel_err_v < sane)) {
+            fail("share: the memory tier's " + o.share_codec + " restore is too far from the stored K/V (relative RMS K " +
                  std::to_string(rel_err_k) + ", V " + std::to_string(rel_err_v) + ")");
         }
     }

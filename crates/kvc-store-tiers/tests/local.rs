@@ -8,6 +8,7 @@ use std::sync::Arc;
 use common::*;
 use kvc_store_tiers::{
     verify, Blob, ChunkCodec, ChunkShape, DiskTier, Error, ErrorKind, MemoryTier, Tier, Tiers,
+    TransformCodec,
 };
 
 fn store_sample(t: &Tiers, seed: u32) {
@@ -23,11 +24,7 @@ fn every_codec_round_trips_through_memory_and_disk() {
         let dir = TempDir(temp_dir("rt"));
         let mem = Arc::new(MemoryTier::new(64 << 20));
         let disk = Arc::new(DiskTier::open(&dir.0, 64 << 20).unwrap());
-        let t = Tiers::new(
-            config(codec),
-            vec![Box::new(mem.clone()), Box::new(disk.clone())],
-        )
-        .unwrap();
+        let t = new_tiers(codec, vec![Box::new(mem.clone()), Box::new(disk.clone())]);
         assert_eq!(t.lookup(&tokens(1)), 0);
         assert_eq!(t.restore(&tokens(1)).tokens, 0);
         let r = t
@@ -65,14 +62,13 @@ fn every_codec_round_trips_through_memory_and_disk() {
         // Another instance over the same disk directory (fresh memory) finds it on disk
         // and promotes it into its memory.
         let mem2 = Arc::new(MemoryTier::new(64 << 20));
-        let t2 = Tiers::new(
-            config(codec),
+        let t2 = new_tiers(
+            codec,
             vec![
                 Box::new(mem2.clone()),
                 Box::new(DiskTier::open(&dir.0, 64 << 20).unwrap()),
             ],
-        )
-        .unwrap();
+        );
         // A lossy restore is still deterministic: every instance gets the same bytes.
         assert_eq!(t2.restore(&tokens(1)), first);
         let m = t2.metrics();
@@ -84,7 +80,7 @@ fn every_codec_round_trips_through_memory_and_disk() {
         // Another codec (kvq with other bits included) is another fingerprint: nothing
         // shared, nothing restored.
         for other in ChunkCodec::ALL.into_iter().filter(|&c| c != codec) {
-            let t3 = Tiers::new(config(other), vec![Box::new(disk.clone())]).unwrap();
+            let t3 = new_tiers(other, vec![Box::new(disk.clone())]);
             assert_eq!(t3.lookup(&tokens(1)), 0, "{codec:?} found by {other:?}");
             assert_eq!(t3.restore(&tokens(1)).tokens, 0);
         }
@@ -574,9 +570,12 @@ fn kvq_needs_a_head_dim_it_codes() {
     for c in ChunkCodec::ALL {
         assert_eq!(ChunkCodec::from_name(c.name()).unwrap(), c);
         assert_eq!(ChunkCodec::from_id(c.id()), Some(c));
-        assert_eq!(c.lossless(), c.kvq_bits().is_none());
+        assert_eq!(
+            c.lossless(),
+            c.kvq_bits().is_none() && c != ChunkCodec::Transform
+        );
     }
-    assert_eq!(ChunkCodec::from_id(6), None);
+    assert_eq!(ChunkCodec::from_id(7), None);
 }
 
 /// Layer `l`'s tokens `[from, to)` of a `[4][kv_tokens][row]` buffer.
@@ -706,4 +705,122 @@ fn restore_into_stops_at_a_missing_chunk_even_when_later_ones_decoded() {
     let r = t.restore(&tokens(14));
     assert_eq!((r.tokens, r.k.clone()), (192, prefix(SAMPLE_K, 192)));
     assert_eq!(r.v, prefix(SAMPLE_V, 192));
+}
+
+#[test]
+fn tc_restores_only_with_its_own_calibration_and_target() {
+    let mem = Arc::new(MemoryTier::new(64 << 20));
+    let t = new_tiers(ChunkCodec::Transform, vec![Box::new(mem.clone())]);
+    store_sample(&t, 61);
+    assert_eq!(t.lookup(&tokens(61)), 512);
+    let first = t.restore(&tokens(61));
+    assert_restored(&first, ChunkCodec::Transform);
+    // Another target of the same file, or another calibration of the same layout, is
+    // another fingerprint: a miss, never a restore with the wrong transform.
+    let other_target = Tiers::with_transform(
+        config(ChunkCodec::Transform),
+        transform_at("tc-0.04"),
+        vec![Box::new(mem.clone())],
+    )
+    .unwrap();
+    assert_eq!(other_target.lookup(&tokens(61)), 0);
+    assert_eq!(other_target.restore(&tokens(61)).tokens, 0);
+    let foreign_cal = kvc_transform_coder::golden::fixed_calibration(4, 3, 64, 4)
+        .to_bytes()
+        .unwrap();
+    let foreign = Arc::new(TransformCodec::from_file(&foreign_cal, "tc-0.01").unwrap());
+    let f = Tiers::with_transform(
+        config(ChunkCodec::Transform),
+        foreign,
+        vec![Box::new(mem.clone())],
+    )
+    .unwrap();
+    assert_eq!(f.lookup(&tokens(61)), 0);
+    assert_eq!(f.restore(&tokens(61)).tokens, 0);
+    assert_eq!(f.metrics().fallbacks, 0);
+    // The same calibration in another instance restores the same bytes.
+    let again = new_tiers(ChunkCodec::Transform, vec![Box::new(mem.clone())]);
+    assert_eq!(again.restore(&tokens(61)), first);
+    // No calibration, a calibration for another layout, a calibration with another codec:
+    // refused when the tiers are made.
+    let e = Tiers::new(
+        config(ChunkCodec::Transform),
+        vec![Box::new(MemoryTier::new(1 << 20))],
+    )
+    .err()
+    .unwrap();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
+    let small = kvc_transform_coder::golden::fixed_calibration(2, 3, 64, 4)
+        .to_bytes()
+        .unwrap();
+    let small = Arc::new(TransformCodec::from_file(&small, "tc-0.01").unwrap());
+    let e = Tiers::with_transform(
+        config(ChunkCodec::Transform),
+        small,
+        vec![Box::new(MemoryTier::new(1 << 20))],
+    )
+    .err()
+    .unwrap();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
+    let e = Tiers::with_transform(
+        config(ChunkCodec::GearV2),
+        transform(),
+        vec![Box::new(MemoryTier::new(1 << 20))],
+    )
+    .err()
+    .unwrap();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
+}
+
+#[test]
+fn tc_section_altered_under_a_valid_checksum_is_a_counted_fallback() {
+    // Every bit of one section flipped in turn (its length kept, the blob checksum made
+    // valid again, as a writer with a codec bug or another host's decoder would leave it):
+    // either the rANS stream or the reconstruction hash catches it; the prefix ends before
+    // the chunk and nothing wrong is restored.
+    let mem = Arc::new(MemoryTier::new(64 << 20));
+    let t = new_tiers(ChunkCodec::Transform, vec![Box::new(mem.clone())]);
+    store_sample(&t, 62);
+    let good = t.restore(&tokens(62));
+    let keys = t.keys(&tokens(62));
+    let orig = mem.get(&keys[2..3]).unwrap()[0].as_deref().unwrap().clone();
+    let u32_at = |b: &[u8], o: usize| u32::from_le_bytes(b[o..o + 4].try_into().unwrap()) as usize;
+    // Layer 1's V section of chunk 2.
+    let (l0k, l0v, l1k, l1v) = (
+        u32_at(&orig, 112),
+        u32_at(&orig, 116),
+        u32_at(&orig, 120),
+        u32_at(&orig, 124),
+    );
+    let start = 112 + 8 * 4 + l0k + l0v + l1k;
+    let mut fallbacks = 0;
+    // Every 97th bit (some 400 of them, spread over the whole section).
+    for bit in (0..l1v * 8).step_by(97) {
+        let mut b = orig.clone();
+        b[start + bit / 8] ^= 1 << (bit % 8);
+        let n = b.len();
+        let sum = *blake3::hash(&b[..n - 32]).as_bytes();
+        b[n - 32..].copy_from_slice(&sum);
+        assert!(verify(&b).is_ok());
+        plant(&t, &*mem, 62, 2, b);
+        let r = t.restore(&tokens(62)[..192]);
+        assert_eq!(r.tokens, 128, "bit {bit}");
+        assert_eq!((&r.k, &r.v), (&prefix(&good.k, 128), &prefix(&good.v, 128)));
+        fallbacks += 1;
+        assert_eq!(t.metrics().fallbacks, fallbacks);
+        assert!(!mem.contains(&keys[2..3]).unwrap()[0]);
+    }
+}
+
+#[test]
+fn tc_refuses_chunks_with_non_finite_values_and_counts_them() {
+    let row = shape().row_bytes();
+    let mut k = SAMPLE_K.to_vec();
+    let at = (SAMPLE_TOKENS + 130) * row + 2 * 37;
+    k[at..at + 2].copy_from_slice(&half::f16::from_f32(f32::NAN).to_le_bytes());
+    let mem = Arc::new(MemoryTier::new(64 << 20));
+    let t = new_tiers(ChunkCodec::Transform, vec![Box::new(mem.clone())]);
+    let r = t.store(&tokens(63), &k, SAMPLE_V, SAMPLE_TOKENS).unwrap();
+    assert_eq!((r.chunks, r.chunks_encoded, r.chunks_refused), (8, 7, 1));
+    assert_eq!(t.lookup(&tokens(63)), 128);
 }

@@ -28,25 +28,23 @@ fn standalone_shares_chunks_between_instances() {
     for (n, codec) in ChunkCodec::ALL.into_iter().enumerate() {
         let seed = 100 + n as u32;
         // Instance 1 stores through memory and Redis.
-        let a = Tiers::new(
-            config(codec),
+        let a = new_tiers(
+            codec,
             vec![
                 Box::new(MemoryTier::new(64 << 20)),
                 Box::new(redis(&server.url())),
             ],
-        )
-        .unwrap();
+        );
         let r = a
             .store(&tokens(seed), SAMPLE_K, SAMPLE_V, SAMPLE_TOKENS)
             .unwrap();
         assert_eq!((r.chunks_encoded, r.failures), (8, 0));
         // Instance 2: a fresh memory tier; finds everything in Redis and promotes it.
         let mem = Arc::new(MemoryTier::new(64 << 20));
-        let b = Tiers::new(
-            config(codec),
+        let b = new_tiers(
+            codec,
             vec![Box::new(mem.clone()), Box::new(redis(&server.url()))],
-        )
-        .unwrap();
+        );
         assert_eq!(b.lookup(&tokens(seed)), 512);
         let got = b.restore(&tokens(seed));
         assert_eq!(got.tokens, 512);

@@ -13,9 +13,13 @@
 //!    `Σ‖o′−o‖² / Σ‖o‖²` over sampled causal queries, with the coder's real reconstruction
 //!    rounded to f16, and the coded rate (empirical entropy of each component's symbols plus
 //!    extra bits).
-//! 4. For each bound: the `(a, b)` of least rate whose K-only and V-only errors sum to at most
-//!    the bound, checked with both coded at once and refined until that joint error is within
-//!    the bound too. So the bound holds for every layer on the calibration text.
+//! 4. For each bound: over all layers at once, the grid points of least total rate whose
+//!    K-only and V-only errors, summed per layer, average at most the bound over layers
+//!    (a Lagrangian allocation: every layer and tensor at the same rate-per-error slope, so
+//!    bits go where they buy the most error); then each layer is coded with K and V together
+//!    and its joint error measured, and the slope raised until the mean of those joint errors
+//!    is within the bound too. So the bound holds for the mean over layers on the
+//!    calibration text (each layer's own error is in the report).
 //! 5. Symbol tables: components are grouped by `σ_i / step_i` (quarter octaves), and each
 //!    group's table is the symbol histogram of its components on the calibration text.
 
@@ -70,7 +74,7 @@ pub struct Options {
 /// What a target reached on one layer of the calibration text.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct LayerResult {
-    /// Joint attention-output error.
+    /// Joint attention-output error of the layer (the bound holds for their mean).
     pub error: f64,
     /// Coded bits per K value (sink tokens excluded).
     pub k_bits: f64,
@@ -395,62 +399,112 @@ struct Choice {
     result: LayerResult,
 }
 
-fn calibrate_layer(
-    dump: &Dump<'_>,
-    opts: &Options,
-    layer: usize,
-    bounds: &[f32],
-) -> (Vec<HeadBasis>, Vec<Choice>) {
+/// One layer with its K-only and V-only (error, rate) curves over the step grid.
+struct Curves<'a> {
+    layer: Layer<'a>,
+    k: Vec<(f64, f64)>,
+    v: Vec<(f64, f64)>,
+}
+
+fn curves<'a>(dump: &'a Dump<'a>, opts: &'a Options, layer: usize) -> Curves<'a> {
     let l = Layer::new(dump, opts, layer);
-    let kgrid: Vec<(f64, f64)> = (0..GRID)
+    let k = (0..GRID)
         .map(|m| {
             let (kq, _, r) = l.code(Tensor::K, &l.steps(Tensor::K, grid_scale(m)));
             (l.error(&l.attention(&kq, l.v, false).0), r)
         })
         .collect();
-    let vgrid: Vec<(f64, f64)> = (0..GRID)
+    let v = (0..GRID)
         .map(|m| {
             let (vq, _, r) = l.code(Tensor::V, &l.steps(Tensor::V, grid_scale(m)));
             (l.error(&l.v_output(&vq)), r)
         })
         .collect();
-    let choices = bounds
-        .iter()
-        .map(|&bound| {
-            let bound = f64::from(bound);
-            let mut best: Option<(usize, usize, f64)> = None;
-            for (mk, &(ek, rk)) in kgrid.iter().enumerate() {
-                for (mv, &(ev, rv)) in vgrid.iter().enumerate() {
-                    if ek + ev <= bound && best.is_none_or(|b| rk + rv < b.2) {
-                        best = Some((mk, mv, rk + rv));
-                    }
-                }
-            }
-            let (mut mk, mut mv, _) = best.unwrap_or((0, 0, 0.0));
-            loop {
-                let ks = l.steps(Tensor::K, grid_scale(mk));
-                let vs = l.steps(Tensor::V, grid_scale(mv));
-                let (kq, kc, kr) = l.code(Tensor::K, &ks);
-                let (vq, vc, vr) = l.code(Tensor::V, &vs);
-                let e = l.error(&l.attention(&kq, &vq, false).0);
-                if e <= bound || (mk == 0 && mv == 0) {
-                    return Choice {
-                        classes: [l.classes(Tensor::K, &ks), l.classes(Tensor::V, &vs)],
-                        steps: [ks, vs],
-                        counts: [kc, vc],
-                        result: LayerResult {
-                            error: e,
-                            k_bits: kr,
-                            v_bits: vr,
-                        },
-                    };
-                }
-                mk = mk.saturating_sub(1);
-                mv = mv.saturating_sub(1);
-            }
+    Curves { layer: l, k, v }
+}
+
+/// The grid point of least `rate + lambda·error`.
+fn best_point(curve: &[(f64, f64)], lambda: f64) -> usize {
+    (0..curve.len())
+        .min_by(|&a, &b| {
+            let f = |m: usize| curve[m].1 + lambda * curve[m].0;
+            f(a).total_cmp(&f(b)).then(b.cmp(&a))
         })
-        .collect();
-    (l.bases, choices)
+        .unwrap_or(0)
+}
+
+/// Per layer, the K and V grid points at `lambda` (separable: K and V errors add).
+fn points(all: &[Curves<'_>], lambda: f64) -> Vec<(usize, usize)> {
+    all.iter()
+        .map(|c| (best_point(&c.k, lambda), best_point(&c.v, lambda)))
+        .collect()
+}
+
+fn predicted_mean_error(all: &[Curves<'_>], pts: &[(usize, usize)]) -> f64 {
+    all.iter()
+        .zip(pts)
+        .map(|(c, &(mk, mv))| c.k[mk].0 + c.v[mv].0)
+        .sum::<f64>()
+        / all.len() as f64
+}
+
+/// The `lambda` (rate per unit of error) at which the predicted mean error just meets
+/// `bound`: bisection in log space (the error falls as `lambda` grows).
+fn lambda_for(all: &[Curves<'_>], bound: f64) -> f64 {
+    let (mut lo, mut hi) = (-10.0f64, 40.0f64); // log2 lambda
+    for _ in 0..80 {
+        let mid = 0.5 * (lo + hi);
+        if predicted_mean_error(all, &points(all, mid.exp2())) <= bound {
+            hi = mid;
+        } else {
+            lo = mid;
+        }
+    }
+    hi.exp2()
+}
+
+/// Codes layer `c` at grid points `(mk, mv)` as the coder does: the choice and its real
+/// joint error.
+fn choose(c: &Curves<'_>, mk: usize, mv: usize) -> Choice {
+    let l = &c.layer;
+    let ks = l.steps(Tensor::K, grid_scale(mk));
+    let vs = l.steps(Tensor::V, grid_scale(mv));
+    let (kq, kc, kr) = l.code(Tensor::K, &ks);
+    let (vq, vc, vr) = l.code(Tensor::V, &vs);
+    let e = l.error(&l.attention(&kq, &vq, false).0);
+    Choice {
+        classes: [l.classes(Tensor::K, &ks), l.classes(Tensor::V, &vs)],
+        steps: [ks, vs],
+        counts: [kc, vc],
+        result: LayerResult {
+            error: e,
+            k_bits: kr,
+            v_bits: vr,
+        },
+    }
+}
+
+/// One target's choices for every layer: the least total rate whose mean joint error over
+/// layers is within `bound` (Lagrangian allocation over layers, K and V; the joint errors
+/// are then measured, and `lambda` raised until their mean is within the bound too).
+fn allocate(all: &[Curves<'_>], bound: f64) -> Vec<Choice> {
+    let mut lambda = lambda_for(all, bound);
+    let mut last = Vec::new();
+    for _ in 0..40 {
+        let pts = points(all, lambda);
+        let choices: Vec<Choice> = all
+            .par_iter()
+            .zip(pts.par_iter())
+            .map(|(c, &(mk, mv))| choose(c, mk, mv))
+            .collect();
+        let mean = choices.iter().map(|c| c.result.error).sum::<f64>() / all.len() as f64;
+        if mean <= bound {
+            return choices;
+        }
+        last = choices;
+        lambda *= 1.08;
+    }
+    last
 }
 
 /// Makes a calibration (and what each target reached on each layer) from `dump`.
@@ -500,9 +554,24 @@ pub fn calibrate(dump: &Dump<'_>, opts: &Options) -> Result<(Calibration, Report
     if bounds.is_empty() || bounds.iter().any(|b| !(b.is_finite() && *b > 0.0)) {
         return inv(format!("bounds {:?}: need positive numbers", opts.bounds));
     }
-    let per_layer: Vec<(Vec<HeadBasis>, Vec<Choice>)> = (0..l_n)
+    let all: Vec<Curves<'_>> = (0..l_n)
         .into_par_iter()
-        .map(|layer| calibrate_layer(dump, opts, layer, &bounds))
+        .map(|layer| curves(dump, opts, layer))
+        .collect();
+    // [target][layer] -> [layer][target]
+    let mut by_target: Vec<std::vec::IntoIter<Choice>> = bounds
+        .iter()
+        .map(|&b| allocate(&all, f64::from(b)).into_iter())
+        .collect();
+    let per_layer: Vec<(Vec<HeadBasis>, Vec<Choice>)> = all
+        .into_iter()
+        .map(|c| {
+            let ch = by_target
+                .iter_mut()
+                .map(|t| t.next().expect("one choice per layer"))
+                .collect();
+            (c.layer.bases, ch)
+        })
         .collect();
     let mut class_counts = vec![[0u64; NSYM]; N_CLASS];
     let mut targets: Vec<Target> = bounds

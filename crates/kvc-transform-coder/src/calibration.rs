@@ -37,8 +37,8 @@ pub struct HeadBasis {
 /// The quantizer of one target: a step and a symbol table class per component.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Target {
-    /// The bound on each layer's attention-output error (`Σ‖o′−o‖² / Σ‖o‖²`) measured at
-    /// calibration; the codec is named `tc-<bound>`.
+    /// The bound on the attention-output error (`Σ‖o′−o‖² / Σ‖o‖²` per layer, averaged over
+    /// layers) measured at calibration; the codec is named `tc-<bound>`.
     pub bound: f32,
     /// `[layer][K, V][head][component]` quantizer steps, all finite and positive.
     pub steps: Vec<f32>,

@@ -12,14 +12,16 @@
 //!   and the restoring process both load; its BLAKE3 is part of every chunk's fingerprint.
 //! - [`TransformCodec`] codes one section (one layer's K or V of a chunk) and decodes it
 //!   with a hash check, bit-identically on every host: decoding uses only IEEE-754 `+ - *`
-//!   in a fixed order and integer arithmetic (no FMA, no platform `sin`/`cos`, no
-//!   instruction-set dispatch).
+//!   in a fixed order and integer arithmetic (no FMA, no platform `sin`/`cos`); its one
+//!   vectorized loop ([`combine`]) has portable, AVX2 and AVX-512 copies that compute the
+//!   same bits.
 //!
 //! It is not the chunk blob format, the tiers or the key scheme (`kvc-store-tiers`), and it
 //! does not read dump files (the CLI does). Formats: docs/formats/kv-chunk-tc.md.
 
 pub mod calibrate;
 pub mod calibration;
+pub mod combine;
 mod eigen;
 pub mod error;
 pub mod golden;

@@ -9,8 +9,9 @@
 //! Huffman (gear) costs up to one bit per symbol more, which at the one or two bits per value
 //! this coder spends would be a large overhead.
 //!
-//! State: 32 bits in `[L, 256·L)`, `L = 2^23`, renormalized a byte at a time. The stream is
-//! the final state (4 bytes, little-endian) followed by the renormalization bytes in the
+//! Two interleaved states of 32 bits in `[L, 256·L)`, `L = 2^23`, renormalized a byte at a
+//! time, take turns coding (step `i` uses state `i % 2`). The stream is the two final states
+//! (4 bytes each, little-endian, state 0 first) followed by the renormalization bytes in the
 //! order the decoder reads them; a decoder that ends with bytes left over or a state other
 //! than `L` has read a damaged stream.
 
@@ -70,12 +71,22 @@ pub fn join(symbol: u8, extra: u32) -> i32 {
 }
 
 /// A static distribution over the [`NSYM`] symbols.
+///
+/// Decoding finds a slot's symbol through `coarse`, the symbol at each multiple of
+/// `2^COARSE_SHIFT`, then a short forward scan: some 640 bytes a table, so the tables of a
+/// whole calibration stay in the fastest caches (a full slot table, 16 KiB a table, missed
+/// the cache on almost every symbol).
 #[derive(Clone)]
 pub struct SymbolTable {
     freq: [u16; NSYM],
     start: [u16; NSYM],
-    slot: Box<[u8]>,
+    /// `start + freq` of each symbol (`2^SCALE_BITS` for the last).
+    end: [u16; NSYM],
+    coarse: [u8; 1 << (SCALE_BITS - COARSE_SHIFT)],
 }
+
+/// Slots per `coarse` entry: `2^COARSE_SHIFT`.
+const COARSE_SHIFT: u32 = 6;
 
 impl std::fmt::Debug for SymbolTable {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -113,14 +124,25 @@ impl SymbolTable {
         let mut t = SymbolTable {
             freq: [0; NSYM],
             start: [0; NSYM],
-            slot: vec![0u8; TOTAL as usize].into_boxed_slice(),
+            end: [0; NSYM],
+            coarse: [0; 1 << (SCALE_BITS - COARSE_SHIFT)],
         };
         let mut c = 0u32;
         for (s, &f) in freq.iter().enumerate() {
             t.freq[s] = f;
             t.start[s] = c as u16;
-            t.slot[c as usize..(c + u32::from(f)) as usize].fill(s as u8);
             c += u32::from(f);
+            // `end` of the last symbol is 2^SCALE_BITS, one past u16 when SCALE_BITS is 16;
+            // at 14 it fits.
+            t.end[s] = c as u16;
+        }
+        let mut s = 0usize;
+        for (k, e) in t.coarse.iter_mut().enumerate() {
+            let slot = (k as u32) << COARSE_SHIFT;
+            while u32::from(t.end[s]) <= slot {
+                s += 1;
+            }
+            *e = s as u8;
         }
         Ok(t)
     }
@@ -170,86 +192,117 @@ pub(crate) enum Op {
 }
 
 /// Codes `ops` (in the order the decoder will read them) into a stream appended to `out`.
+///
+/// Two rANS states take turns (op `i` uses state `i % 2`) over one byte stream, so a decoder
+/// works on two independent dependency chains at once; the stream starts with both final
+/// states (state 0, then state 1).
 pub(crate) fn encode(ops: &[Op], out: &mut Vec<u8>) {
-    let mut x = RANS_L;
+    let mut x = [RANS_L; 2];
     let mut rev = Vec::with_capacity(ops.len() / 2 + 16);
-    for op in ops.iter().rev() {
+    for (i, op) in ops.iter().enumerate().rev() {
         let (start, freq, bits) = match *op {
             Op::Symbol(s, f) => (u32::from(s), u32::from(f), SCALE_BITS),
             Op::Bits(n, v) => (v, 1, n),
         };
+        let xs = &mut x[i & 1];
         let x_max = ((RANS_L >> bits) << 8) * freq;
-        while x >= x_max {
-            rev.push(x as u8);
-            x >>= 8;
+        while *xs >= x_max {
+            rev.push(*xs as u8);
+            *xs >>= 8;
         }
-        x = ((x / freq) << bits) + (x % freq) + start;
+        *xs = ((*xs / freq) << bits) + (*xs % freq) + start;
     }
-    out.extend_from_slice(&x.to_le_bytes());
+    out.extend_from_slice(&x[0].to_le_bytes());
+    out.extend_from_slice(&x[1].to_le_bytes());
     out.extend(rev.iter().rev());
 }
 
+/// The values of symbols 0..5.
+const SMALL: [i32; 5] = [0, 1, -1, 2, -2];
+
 /// Reads a stream written by [`encode`].
 pub(crate) struct Decoder<'a> {
-    x: u32,
+    x: [u32; 2],
+    /// Which state the next op uses.
+    turn: usize,
     buf: &'a [u8],
     pos: usize,
 }
 
 impl<'a> Decoder<'a> {
     pub(crate) fn new(buf: &'a [u8]) -> Result<Decoder<'a>> {
-        let head: [u8; 4] = buf
-            .get(..4)
-            .and_then(|b| b.try_into().ok())
-            .ok_or_else(|| Error::corrupt("rANS stream", "shorter than its state"))?;
-        let x = u32::from_le_bytes(head);
-        if x < RANS_L {
-            return Err(Error::corrupt("rANS stream", "initial state out of range"));
-        }
-        Ok(Decoder { x, buf, pos: 4 })
+        let state = |o: usize| -> Result<u32> {
+            let b: [u8; 4] = buf
+                .get(o..o + 4)
+                .and_then(|b| b.try_into().ok())
+                .ok_or_else(|| Error::corrupt("rANS stream", "shorter than its two states"))?;
+            let x = u32::from_le_bytes(b);
+            if x < RANS_L {
+                return Err(Error::corrupt("rANS stream", "initial state out of range"));
+            }
+            Ok(x)
+        };
+        Ok(Decoder {
+            x: [state(0)?, state(4)?],
+            turn: 0,
+            buf,
+            pos: 8,
+        })
     }
 
-    fn renorm(&mut self) -> Result<()> {
-        while self.x < RANS_L {
+    /// Brings state `k` back into `[L, 256·L)` from the stream.
+    #[inline(always)]
+    fn renorm(&mut self, k: usize) -> Result<()> {
+        while self.x[k] < RANS_L {
             let b = *self
                 .buf
                 .get(self.pos)
                 .ok_or_else(|| Error::corrupt("rANS stream", "ends early"))?;
-            self.x = (self.x << 8) | u32::from(b);
+            self.x[k] = (self.x[k] << 8) | u32::from(b);
             self.pos += 1;
         }
         Ok(())
     }
 
+    #[inline(always)]
     pub(crate) fn symbol(&mut self, t: &SymbolTable) -> Result<u8> {
-        let slot = self.x & (TOTAL - 1);
-        let s = t.slot[slot as usize];
-        let (start, freq) = (
-            u32::from(t.start[s as usize]),
-            u32::from(t.freq[s as usize]),
-        );
-        self.x = freq * (self.x >> SCALE_BITS) + slot - start;
-        self.renorm()?;
-        Ok(s)
+        let k = self.turn;
+        self.turn ^= 1;
+        let x = self.x[k];
+        let slot = x & (TOTAL - 1);
+        let mut s = t.coarse[(slot >> COARSE_SHIFT) as usize] as usize;
+        // The slot's symbol is at or after the coarse one; `end` of the last symbol is
+        // TOTAL > slot, so the scan stops inside the table.
+        while u32::from(t.end[s]) <= slot {
+            s += 1;
+        }
+        let (start, freq) = (u32::from(t.start[s]), u32::from(t.freq[s]));
+        self.x[k] = freq * (x >> SCALE_BITS) + slot - start;
+        self.renorm(k)?;
+        Ok(s as u8)
     }
 
+    #[inline(always)]
     pub(crate) fn bits(&mut self, n: u32) -> Result<u32> {
-        let v = self.x & ((1 << n) - 1);
-        self.x >>= n;
-        self.renorm()?;
+        let k = self.turn;
+        self.turn ^= 1;
+        let v = self.x[k] & ((1 << n) - 1);
+        self.x[k] >>= n;
+        self.renorm(k)?;
         Ok(v)
     }
 
     /// Checks that the stream ended exactly where the encoder started.
     pub(crate) fn finish(&self) -> Result<()> {
-        if self.pos != self.buf.len() || self.x != RANS_L {
+        if self.pos != self.buf.len() || self.x != [RANS_L; 2] {
             return Err(Error::corrupt(
                 "rANS stream",
                 format!(
-                    "{} of {} bytes read, final state {:#x}",
+                    "{} of {} bytes read, final states {:#x} {:#x}",
                     self.pos,
                     self.buf.len(),
-                    self.x
+                    self.x[0],
+                    self.x[1]
                 ),
             ));
         }
@@ -270,8 +323,13 @@ pub(crate) fn push_value(ops: &mut Vec<Op>, t: &SymbolTable, q: i32) {
 }
 
 /// Reads one value written by [`push_value`].
+#[inline(always)]
 pub(crate) fn read_value(d: &mut Decoder<'_>, t: &SymbolTable) -> Result<i32> {
     let s = d.symbol(t)?;
+    if s < 5 {
+        // 0, ±1, ±2: no extra bits (most values at the rates the coder runs at)
+        return Ok(SMALL[s as usize]);
+    }
     let nb = extra_bits(s);
     let extra = if nb > 16 {
         let hi = d.bits(nb - 16)?;
@@ -287,6 +345,14 @@ pub(crate) fn read_value(d: &mut Decoder<'_>, t: &SymbolTable) -> Result<i32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn small_symbols_match_join() {
+        for (s, &v) in SMALL.iter().enumerate() {
+            assert_eq!(join(s as u8, 0), v);
+            assert_eq!(extra_bits(s as u8), 0);
+        }
+    }
 
     #[test]
     fn split_and_join_are_inverse() {

@@ -22,6 +22,7 @@ use half::{bf16, f16};
 use kvc_types::{Dtype, Tensor};
 
 use crate::calibration::{slot, Calibration, HeadBasis, Target};
+use crate::combine;
 use crate::error::{Error, Result};
 use crate::rans::{self, SymbolTable, MAX_MAGNITUDE};
 
@@ -99,15 +100,9 @@ impl Geometry<'_> {
     fn reconstruct(&self, h: usize, q: &[i32], cs: &[f64], acc: &mut [f32], dst: &mut [u8]) {
         let (b, (steps, _)) = (self.basis(h), self.quantizer(h));
         let d = self.d();
+        debug_assert_eq!(acc.len(), d);
         acc.copy_from_slice(&b.mean);
-        for (i, &qi) in q.iter().enumerate() {
-            if qi != 0 {
-                let c = qi as f32 * steps[i];
-                for (a, u) in acc.iter_mut().zip(&b.basis[i * d..(i + 1) * d]) {
-                    *a += c * u;
-                }
-            }
-        }
+        combine::accumulate(combine::Path::detected(), acc, q, steps, &b.basis);
         if self.is_k() {
             self.cal.rope.rotate(cs, acc, false);
         }

@@ -116,12 +116,17 @@ fn rope_of(a: &CalibrateArgs, head_dim: usize) -> Result<Rope, CliError> {
     }
     let base = a
         .rope_base
-        .or(r["freq_base"].as_f64())
-        .ok_or_else(|| CliError::input("no RoPE frequency base: give --rope-base"))?;
+        .or(r["freq_base"].as_f64().filter(|&b| b > 0.0))
+        .ok_or_else(|| {
+            CliError::input("the dump records no RoPE frequency base: give --rope-base")
+        })?;
     let scale = a.rope_scale.or(r["freq_scale"].as_f64()).unwrap_or(1.0);
     let n_rot = a
         .rope_dims
-        .or(r["n_rot"].as_u64().and_then(|x| usize::try_from(x).ok()))
+        .or(r["n_rot"]
+            .as_u64()
+            .and_then(|x| usize::try_from(x).ok())
+            .filter(|&x| x > 0))
         .unwrap_or(head_dim);
     Rope::from_base(kind, head_dim, n_rot, base, scale).map_err(CliError::input)
 }
@@ -201,15 +206,18 @@ fn run_calibrate(a: CalibrateArgs) -> Result<(), CliError> {
         let text = serde_json::to_string_pretty(&j).map_err(CliError::input)?;
         std::fs::write(path, text).map_err(|e| CliError::io(path, e))?;
     }
-    println!("| target | K bits/value | V bits/value | f16 / coded | worst layer error |");
-    println!("|---|---|---|---|---|");
+    println!(
+        "| target | K bits/value | V bits/value | f16 / coded | mean layer error | worst layer |"
+    );
+    println!("|---|---|---|---|---|---|");
     for (t, rows) in cal.targets.iter().zip(&report) {
         let n = rows.len() as f64;
         let kb = rows.iter().map(|r| r.k_bits).sum::<f64>() / n;
         let vb = rows.iter().map(|r| r.v_bits).sum::<f64>() / n;
         let worst = rows.iter().map(|r| r.error).fold(0f64, f64::max);
+        let mean = rows.iter().map(|r| r.error).sum::<f64>() / n;
         println!(
-            "| tc-{} | {kb:.3} | {vb:.3} | {:.2} | {worst:.5} |",
+            "| tc-{} | {kb:.3} | {vb:.3} | {:.2} | {mean:.5} | {worst:.5} |",
             t.bound,
             32.0 / (kb + vb)
         );

@@ -7,7 +7,10 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use kvc_cache::DType;
-use kvc_store_tiers::{ChunkCodec, ChunkShape, TiersConfig};
+use std::sync::{Arc, OnceLock};
+
+use kvc_store_tiers::{ChunkCodec, ChunkShape, Tier, Tiers, TiersConfig, TransformCodec};
+use kvc_transform_coder::{calibrate, Dump, Options, Rope, RopeKind};
 
 /// The embedded sample: K and V, `[4][512][3][64]` f16, real llama.cpp values.
 pub const SAMPLE_K: &[u8] = include_bytes!("../../../../data/sample/textA.K.f16.bin");
@@ -299,6 +302,17 @@ pub fn kvq_error_bound(bits: u8) -> f64 {
 /// K and V errors (0 for lossless).
 pub fn assert_restored(r: &kvc_store_tiers::Restored, codec: ChunkCodec) -> (f64, f64) {
     assert_eq!(r.tokens % shape().chunk_tokens, 0);
+    if codec == ChunkCodec::Transform {
+        // Its bound is on attention outputs; per value, a sanity bound of what tc-0.01
+        // measured on the sample (K about 0.1, V about 0.2).
+        let (wk, wv) = (prefix(SAMPLE_K, r.tokens), prefix(SAMPLE_V, r.tokens));
+        let (ek, ev) = (rel_rms_f16(&r.k, &wk), rel_rms_f16(&r.v, &wv));
+        assert!(ek < 0.3 && ev < 0.4, "tc: K error {ek:.4}, V error {ev:.4}");
+        if r.tokens > 0 {
+            assert!(ek > 0.0 && ev > 0.0, "tc: restore is bit-exact");
+        }
+        return (ek, ev);
+    }
     let Some((kb, vb)) = codec.kvq_bits() else {
         assert_exact(r);
         return (0.0, 0.0);
@@ -321,4 +335,55 @@ pub fn assert_restored(r: &kvc_store_tiers::Restored, codec: ChunkCodec) -> (f64
         assert!(ek > 0.0 && ev > 0.0, "{codec:?}: restore is bit-exact");
     }
     (ek, ev)
+}
+
+/// The sample as f32 `[4][512][3][64]`.
+fn sample_f32(src: &[u8]) -> Vec<f32> {
+    src.chunks_exact(2)
+        .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
+        .collect()
+}
+
+/// A transform coder calibrated on the sample itself (its K rows standing in for the
+/// queries, which the sample lacks; RoPE as SmolLM2's: norm, base 100000), targets
+/// `tc-0.01` and `tc-0.04`; `bound` picks one. Made once per test binary.
+pub fn transform_at(bound: &str) -> Arc<TransformCodec> {
+    static BYTES: OnceLock<Vec<u8>> = OnceLock::new();
+    let bytes = BYTES.get_or_init(|| {
+        let (k, v) = (sample_f32(SAMPLE_K), sample_f32(SAMPLE_V));
+        let dump = Dump {
+            n_layer: 4,
+            n_tokens: SAMPLE_TOKENS,
+            n_kv_head: 3,
+            n_head: 3,
+            head_dim: 64,
+            k: &k,
+            v: &v,
+            q: &k,
+        };
+        let opts = Options {
+            rope: Rope::from_base(RopeKind::Norm, 64, 64, 100_000.0, 1.0).unwrap(),
+            n_sink: 4,
+            bounds: vec![0.01, 0.04],
+            query_from: 64,
+            query_stride: 16,
+        };
+        calibrate(&dump, &opts).unwrap().0.to_bytes().unwrap()
+    });
+    Arc::new(TransformCodec::from_file(bytes, bound).unwrap())
+}
+
+/// [`transform_at`] `tc-0.01`.
+pub fn transform() -> Arc<TransformCodec> {
+    transform_at("tc-0.01")
+}
+
+/// Tiers over `tiers` with `codec` on the sample's shape; the transform coder gets
+/// [`transform`].
+pub fn new_tiers(codec: ChunkCodec, tiers: Vec<Box<dyn Tier>>) -> Tiers {
+    match codec {
+        ChunkCodec::Transform => Tiers::with_transform(config(codec), transform(), tiers),
+        _ => Tiers::new(config(codec), tiers),
+    }
+    .unwrap()
 }
