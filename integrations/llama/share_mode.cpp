@@ -574,11 +574,31 @@ RunResult run_share(llama_model * model, const ModelInfo & mi, const Options & o
         }
         *kl /= R;
     };
+    // perplexity of the text's next tokens over the rest's logits (row i follows token P+i and
+    // predicts token P+i+1; a row past the text's end is not scored)
+    long ppl_rows = 0;
+    auto ppl_of = [&](const std::vector<float> & lg) {
+        double nll = 0.0;
+        long n = 0;
+        for (int r2 = 0; r2 < R && (size_t) (P + r2 + 1) < toks.size(); ++r2) {
+            log_softmax(lg.data() + (size_t) r2 * mi.n_vocab, mi.n_vocab, lp);
+            nll -= lp[(size_t) toks[(size_t) (P + r2 + 1)]];
+            ++n;
+        }
+        ppl_rows = n;
+        return n > 0 ? std::exp(nll / (double) n) : NAN;
+    };
+    const double ppl_prefilled = ppl_of(ref);
+    double ppl_restored_max = NAN;
     for (size_t i = 0; i < bases.size(); ++i) {
         const auto rep = read_child_report(bases[i] + ".txt");
         long diff = 0;
         double kl = 0.0;
         compare(bases[i], &diff, &kl);
+        {
+            const double p2 = ppl_of(read_logits(bases[i]));
+            ppl_restored_max = std::isnan(ppl_restored_max) ? p2 : std::max(ppl_restored_max, p2);
+        }
         differing += diff;
         kl_max = std::max(kl_max, kl);
         restore_each.push_back(rep.at("restore_s"));
@@ -619,7 +639,8 @@ RunResult run_share(llama_model * model, const ModelInfo & mi, const Options & o
 
     RunResult r;
     r.mode = "share";
-    r.kl = kl_max;
+    r.kl = kl_max;  // the row's PPL stays empty (rows of a few tokens are bounded on KL alone);
+                    // ppl_prefilled / ppl_restored_max below carry it
     r.cells_end = cells_end;
     r.cells_verified = cells_end;
     r.held_bytes_end = (double) tm.bytes_written;
@@ -672,6 +693,9 @@ RunResult run_share(llama_model * model, const ModelInfo & mi, const Options & o
     // the measure then
     x("logits_identical", identical ? "true" : "false");
     x("kl_mean_max", json_num(kl_max));
+    x("ppl_prefilled", json_num(ppl_prefilled));
+    x("ppl_restored_max", json_num(ppl_restored_max));
+    x("ppl_rows", json_num((double) ppl_rows));
     x("restore_rel_rms_k", json_num(rel_err_k));
     x("restore_rel_rms_v", json_num(rel_err_v));
     x("state_round_trip", round_trip ? "true" : "false");
@@ -685,9 +709,12 @@ RunResult run_share(llama_model * model, const ModelInfo & mi, const Options & o
     char speed[64];
     if (all_restored) std::snprintf(speed, sizeof speed, "%.1fx faster than prefill", prefill_s / restore_p50);
     else std::snprintf(speed, sizeof speed, "not all restored: recomputed");
-    char logits_word[96];
+    char logits_word[192];
     if (lossless) std::snprintf(logits_word, sizeof logits_word, "%s", identical ? "identical" : "DIFFER");
-    else std::snprintf(logits_word, sizeof logits_word, "lossy, KL %.3g (K/V rel RMS %.3f/%.3f)", kl_max, rel_err_k, rel_err_v);
+    else
+        std::snprintf(logits_word, sizeof logits_word, "lossy, KL %.3g, PPL %.4f against %.4f prefilled (%+.2f%%) (K/V rel RMS %.3f/%.3f)",
+                      kl_max, ppl_restored_max, ppl_prefilled, 100.0 * (ppl_restored_max / ppl_prefilled - 1.0), rel_err_k,
+                      rel_err_v);
     char buf[480];
     std::snprintf(buf, sizeof buf,
                   "%s %s, %d-token prefix in %d-token chunks: %zu stored, %.4g B/token (f16 %.0f, %.3f:1); prefill %.3f s, "

@@ -62,6 +62,11 @@ redis-cli -p "$rport" flushall >/dev/null
 "$EVAL" "${share[@]}" --redis "$url" --json "$out/share-redis-down.json"
 "$EVAL" "${share[@]}" --share-codec raw --json "$out/share-disk.json"
 "$EVAL" "${share[@]}" --share-codec kvq --json "$out/share-disk-kvq.json"
+# ... and the transform coder (issue 37) with the checked-in calibration: lossy, far smaller on
+# the wire (bounds in ci_check_share.py; its own directory, outside ci_check_quality's record)
+mkdir -p "$out/tc"
+tccal=data/tc-calibrations/smollm2-135m.kvctc
+"$EVAL" "${share[@]}" --share-codec tc-0.032 --share-calibration "$tccal" --json "$out/tc/share-disk-tc.json"
 echo "50-llama: share runs took $((SECONDS - t2)) s"
 python3 integrations/llama/ci_check_share.py "$out"
 
@@ -100,6 +105,14 @@ echo '{"format": "kvc-kvq-plan", "version": 1, "layers": "not a list"}' >"$out/b
 "$EVAL" --model "$MODEL" --text "$TEXT_A" --modes kvq:k9v4 --n-tokens 200 --ppl-from 100 2>"$out/err6.txt"; rc6=$?
 "$EVAL" --model "$MODEL" --text "$TEXT_A" --modes share --share-codec zstd 2>"$out/err7.txt"; rc7=$?
 "$EVAL" --model "$MODEL" --text "$TEXT_A" --modes share --redis http://127.0.0.1:1 2>"$out/err8.txt"; rc8=$?
+# the transform coder without its calibration, with a target the calibration lacks, with a
+# damaged calibration file
+"$EVAL" --model "$MODEL" --text "$TEXT_A" --modes share --share-codec tc-0.032 2>"$out/err21.txt"; rc21=$?
+"$EVAL" --model "$MODEL" --text "$TEXT_A" --modes share --share-prefix 256 --share-chunk 128 --share-rest 8 \
+    --share-codec tc-0.5 --share-calibration data/tc-calibrations/smollm2-135m.kvctc 2>"$out/err22.txt"; rc22=$?
+head -c 100000 data/tc-calibrations/smollm2-135m.kvctc >"$out/cut.kvctc"
+"$EVAL" --model "$MODEL" --text "$TEXT_A" --modes share --share-prefix 256 --share-chunk 128 --share-rest 8 \
+    --share-codec tc-0.032 --share-calibration "$out/cut.kvctc" 2>"$out/err23.txt"; rc23=$?
 # mlp weights that do not fit: missing, truncated, another model's shape, another factor
 python3 scripts/mlp_meanpool_weights.py --layers 24 --heads 3 --head-dim 64 --factor 4 --output "$out/meanpool4-l24.bin" >/dev/null
 head -c 1000 "$out/meanpool4.bin" >"$out/meanpool4-cut.bin"
@@ -127,7 +140,7 @@ for r in "$rc:$out/err.txt" "$rc2:$out/err2.txt" "$rc3:$out/err3.txt" "$rc4:$out
          "$rc7:$out/err7.txt" "$rc8:$out/err8.txt" "$rc9:$out/err9.txt" "$rc10:$out/err10.txt" \
          "$rc11:$out/err11.txt" "$rc12:$out/err12.txt" "$rc13:$out/err13.txt" "$rc14:$out/err14.txt" \
          "$rc16:$out/err16.txt" "$rc17:$out/err17.txt" "$rc18:$out/err18.txt" "$rc19:$out/err19.txt" \
-         "$rc20:$out/err20.txt"; do
+         "$rc20:$out/err20.txt" "$rc21:$out/err21.txt" "$rc22:$out/err22.txt" "$rc23:$out/err23.txt"; do
     code="${r%%:*}"; file="${r#*:}"
     if [ "$code" -ne 2 ] || [ "$(wc -l <"$file")" -ne 1 ]; then
         echo "50-llama: bad input gave status $code with: $(cat "$file")" >&2
