@@ -7,7 +7,7 @@
 //! chosen so that each layer's attention-output error stays within a bound measured at
 //! calibration, and an entropy coder (static rANS) over the quantized components.
 //!
-//! - [`calibrate`] makes a [`Calibration`] from a dump of the model's K, V and Q.
+//! - [`calibrate()`] makes a [`Calibration`] from a dump of the model's K, V and Q.
 //! - [`Calibration`] is that result and its file format (`KVCTCCAL` v1), which the storing
 //!   and the restoring process both load; its BLAKE3 is part of every chunk's fingerprint.
 //! - [`TransformCodec`] codes one section (one layer's K or V of a chunk) and decodes it

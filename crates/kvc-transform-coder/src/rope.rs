@@ -9,7 +9,7 @@
 //! decoder redoes exactly the rotation the encoder undid.
 //!
 //! Angles are `p·θ_i` in f64 with the `θ_i` stored in the calibration file and the sine and
-//! cosine of [`crate::trig`], so that a restore gives the same bits on every host.
+//! cosine of `trig` (own code, not libm), so that a restore gives the same bits on every host.
 
 use crate::error::{Error, Result};
 use crate::trig::sin_cos;

@@ -192,6 +192,7 @@ impl TransformCodec {
         dtype: Dtype,
         pos0: u64,
         n: usize,
+        bytes: usize,
     ) -> Result<Geometry<'_>> {
         if layer >= self.cal.n_layer {
             return Err(Error::invalid(
@@ -201,6 +202,20 @@ impl TransformCodec {
         }
         if dtype == Dtype::I8 {
             return Err(Error::invalid("dtype", "i8 rows are not coded".into()));
+        }
+        let want = n
+            .checked_mul(self.cal.n_kv_head * self.cal.head_dim * dtype.size())
+            .filter(|&w| w == bytes);
+        if want.is_none() {
+            return Err(Error::invalid(
+                "section",
+                format!(
+                    "{bytes} bytes for {n} tokens × {} heads × {} values of {}",
+                    self.cal.n_kv_head,
+                    self.cal.head_dim,
+                    dtype.name()
+                ),
+            ));
         }
         let sink = (self.cal.n_sink as u64).saturating_sub(pos0).min(n as u64) as usize;
         Ok(Geometry {
@@ -228,14 +243,8 @@ impl TransformCodec {
         raw: &[u8],
         out: &mut Vec<u8>,
     ) -> Result<()> {
-        let g = self.geometry(layer, tensor, dtype, pos0, n)?;
+        let g = self.geometry(layer, tensor, dtype, pos0, n, raw.len())?;
         let (h_n, d, rb) = (g.heads(), g.d(), g.row_bytes());
-        if raw.len() != n * h_n * rb {
-            return Err(Error::invalid(
-                "section",
-                format!("{} bytes for {n} tokens × {h_n} heads × {rb}", raw.len()),
-            ));
-        }
         let mut recon = raw.to_vec();
         let mut ops = Vec::with_capacity((n - g.sink) * h_n * d * 5 / 4);
         let (mut x, mut y, mut q) = (vec![0f32; d], vec![0f32; d], vec![0i32; d]);
@@ -300,14 +309,8 @@ impl TransformCodec {
         blob: &[u8],
         out: &mut [u8],
     ) -> Result<()> {
-        let g = self.geometry(layer, tensor, dtype, pos0, n)?;
+        let g = self.geometry(layer, tensor, dtype, pos0, n, out.len())?;
         let (h_n, d, rb) = (g.heads(), g.d(), g.row_bytes());
-        if out.len() != n * h_n * rb {
-            return Err(Error::invalid(
-                "section",
-                format!("{} bytes for {n} tokens × {h_n} heads × {rb}", out.len()),
-            ));
-        }
         let sink_bytes = g.sink * h_n * rb;
         if blob.len() < HASH_LEN + sink_bytes {
             return Err(Error::corrupt(

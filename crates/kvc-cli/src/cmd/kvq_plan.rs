@@ -2,7 +2,7 @@
 //! a dump of the model's own K, V and Q (the llama.cpp client's `--modes dump`). This file
 //! reads and checks the dump and prints; the algorithm is `kvc_kvq_calibrate`.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use clap::Args;
 use kvc_kvq::config::DEFAULT_SEED;
@@ -13,6 +13,7 @@ use kvc_kvq_calibrate::{
 };
 
 use crate::cli_error::CliError;
+use crate::cmd::dump::KvqDump;
 
 /// `kvc quant plan` arguments.
 #[derive(Args)]
@@ -69,60 +70,6 @@ pub struct PlanArgs {
     json: Option<PathBuf>,
 }
 
-/// One tensor of the dump: its sidecar's shape and its values.
-pub(crate) struct Tensor {
-    pub(crate) shape: [usize; 4],
-    pub(crate) data: Vec<f32>,
-}
-
-pub(crate) fn read_tensor(dir: &Path, tag: &str, name: &str) -> Result<Tensor, CliError> {
-    let side = dir.join(format!("{tag}.{name}.f32.json"));
-    let bin = dir.join(format!("{tag}.{name}.f32.bin"));
-    let text = std::fs::read_to_string(&side).map_err(|e| CliError::io(&side, e))?;
-    let j: serde_json::Value = serde_json::from_str(&text)
-        .map_err(|e| CliError::input(format!("{}: {e}", side.display())))?;
-    let bad = |why: &str| CliError::input(format!("{}: {why}", side.display()));
-    let dims = j["shape"]
-        .as_array()
-        .ok_or_else(|| bad("no \"shape\" array"))?;
-    if dims.len() != 4 {
-        return Err(bad("\"shape\" must have 4 dimensions"));
-    }
-    let mut shape = [0usize; 4];
-    for (s, d) in shape.iter_mut().zip(dims) {
-        *s = d
-            .as_u64()
-            .and_then(|x| usize::try_from(x).ok())
-            .filter(|&x| x > 0)
-            .ok_or_else(|| bad("\"shape\" entries must be positive integers"))?;
-    }
-    let n = shape
-        .iter()
-        .try_fold(4usize, |a, &b| a.checked_mul(b))
-        .ok_or_else(|| bad("\"shape\" too large"))?;
-    let len = std::fs::metadata(&bin)
-        .map_err(|e| CliError::io(&bin, e))?
-        .len();
-    if len != n as u64 {
-        return Err(CliError::input(format!(
-            "{}: {len} bytes, but its sidecar's shape {shape:?} of f32 needs {n}",
-            bin.display()
-        )));
-    }
-    let bytes = std::fs::read(&bin).map_err(|e| CliError::io(&bin, e))?;
-    if bytes.len() != n {
-        return Err(CliError::input(format!(
-            "{}: changed size while read",
-            bin.display()
-        )));
-    }
-    let data = bytes
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect();
-    Ok(Tensor { shape, data })
-}
-
 fn method_of(s: &str) -> Result<Method, CliError> {
     // The method parser lives with config strings: borrow one.
     KvqConfig::parse(&format!("k4v4:{s}"))
@@ -135,25 +82,10 @@ pub fn run(a: PlanArgs) -> Result<(), CliError> {
     let method = method_of(&a.method)?;
     let bounds = BitBounds::new((a.k_bits_min, a.k_bits_max), (a.v_bits_min, a.v_bits_max))
         .map_err(|e| CliError::input(format!("--k-bits-min/max, --v-bits-min/max: {e}")))?;
-    let (k, v, q) = (
-        read_tensor(&a.dump, &a.text_tag, "K")?,
-        read_tensor(&a.dump, &a.text_tag, "V")?,
-        read_tensor(&a.dump, &a.text_tag, "Q")?,
-    );
-    if k.shape != v.shape {
-        return Err(CliError::input(format!(
-            "K shape {:?} and V shape {:?} differ",
-            k.shape, v.shape
-        )));
-    }
+    let dump = KvqDump::read(&a.dump, &a.text_tag)?;
+    let (k, v, q) = (&dump.k, &dump.v, &dump.q);
     let [n_layer, n_tokens, n_kv_head, head_dim] = k.shape;
-    let [ql, qt, n_head, qd] = q.shape;
-    if (ql, qt, qd) != (n_layer, n_tokens, head_dim) {
-        return Err(CliError::input(format!(
-            "Q shape {:?} does not match K shape {:?} in layers, tokens or head_dim",
-            q.shape, k.shape
-        )));
-    }
+    let n_head = q.shape[2];
     let shape = CalibShape {
         n_layer,
         n_tokens,

@@ -3,6 +3,7 @@
 
 pub mod bench;
 pub mod codec;
+pub mod dump;
 pub mod h2o;
 pub mod kvq_apply;
 pub mod kvq_inspect;

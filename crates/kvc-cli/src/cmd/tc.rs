@@ -9,7 +9,7 @@ use clap::{Args, Subcommand};
 use kvc_transform_coder::{calibrate, Calibration, Dump, Options, Rope, RopeKind};
 
 use crate::cli_error::CliError;
-use crate::cmd::kvq_plan::read_tensor;
+use crate::cmd::dump::KvqDump;
 
 /// `kvc tc` arguments.
 #[derive(Args)]
@@ -132,25 +132,10 @@ fn rope_of(a: &CalibrateArgs, head_dim: usize) -> Result<Rope, CliError> {
 }
 
 fn run_calibrate(a: CalibrateArgs) -> Result<(), CliError> {
-    let (k, v, q) = (
-        read_tensor(&a.dump, &a.text_tag, "K")?,
-        read_tensor(&a.dump, &a.text_tag, "V")?,
-        read_tensor(&a.dump, &a.text_tag, "Q")?,
-    );
-    if k.shape != v.shape {
-        return Err(CliError::input(format!(
-            "K shape {:?} and V shape {:?} differ",
-            k.shape, v.shape
-        )));
-    }
+    let d = KvqDump::read(&a.dump, &a.text_tag)?;
+    let (k, v, q) = (&d.k, &d.v, &d.q);
     let [n_layer, n_tokens, n_kv_head, head_dim] = k.shape;
-    let [ql, qt, n_head, qd] = q.shape;
-    if (ql, qt, qd) != (n_layer, n_tokens, head_dim) {
-        return Err(CliError::input(format!(
-            "Q shape {:?} does not match K shape {:?}",
-            q.shape, k.shape
-        )));
-    }
+    let n_head = q.shape[2];
     let rope = rope_of(&a, head_dim)?;
     let dump = Dump {
         n_layer,
