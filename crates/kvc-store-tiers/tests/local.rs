@@ -19,7 +19,13 @@ fn store_sample(t: &Tiers, seed: u32) {
 
 #[test]
 fn every_codec_round_trips_through_memory_and_disk() {
-    for codec in ChunkCodec::ALL {
+    // tc needs a calibration (Tiers::with_transform): its round trips are tested with one.
+    let codecs = || {
+        ChunkCodec::ALL
+            .into_iter()
+            .filter(|&c| c != ChunkCodec::Transform)
+    };
+    for codec in codecs() {
         let dir = TempDir(temp_dir("rt"));
         let mem = Arc::new(MemoryTier::new(64 << 20));
         let disk = Arc::new(DiskTier::open(&dir.0, 64 << 20).unwrap());
@@ -83,7 +89,7 @@ fn every_codec_round_trips_through_memory_and_disk() {
         assert_eq!(t2.metrics().fallbacks, 0);
         // Another codec (kvq with other bits included) is another fingerprint: nothing
         // shared, nothing restored.
-        for other in ChunkCodec::ALL.into_iter().filter(|&c| c != codec) {
+        for other in codecs().filter(|&c| c != codec) {
             let t3 = Tiers::new(config(other), vec![Box::new(disk.clone())]).unwrap();
             assert_eq!(t3.lookup(&tokens(1)), 0, "{codec:?} found by {other:?}");
             assert_eq!(t3.restore(&tokens(1)).tokens, 0);
@@ -574,9 +580,12 @@ fn kvq_needs_a_head_dim_it_codes() {
     for c in ChunkCodec::ALL {
         assert_eq!(ChunkCodec::from_name(c.name()).unwrap(), c);
         assert_eq!(ChunkCodec::from_id(c.id()), Some(c));
-        assert_eq!(c.lossless(), c.kvq_bits().is_none());
+        assert_eq!(
+            c.lossless(),
+            c.kvq_bits().is_none() && c != ChunkCodec::Transform
+        );
     }
-    assert_eq!(ChunkCodec::from_id(6), None);
+    assert_eq!(ChunkCodec::from_id(7), None);
 }
 
 /// Layer `l`'s tokens `[from, to)` of a `[4][kv_tokens][row]` buffer.

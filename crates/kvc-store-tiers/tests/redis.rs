@@ -25,7 +25,12 @@ fn standalone_shares_chunks_between_instances() {
         return;
     }
     let server = RedisServer::start(false);
-    for (n, codec) in ChunkCodec::ALL.into_iter().enumerate() {
+    // tc needs a calibration (Tiers::with_transform).
+    for (n, codec) in ChunkCodec::ALL
+        .into_iter()
+        .filter(|&c| c != ChunkCodec::Transform)
+        .enumerate()
+    {
         let seed = 100 + n as u32;
         // Instance 1 stores through memory and Redis.
         let a = Tiers::new(
