@@ -21,7 +21,7 @@ if [ "${1:-}" = "--time" ]; then
     mode=time
     limit="${2:?usage: fuzz-all.sh --time SECONDS}"
 fi
-all_targets="gear_v1_decode gear_v2_decode mlp_weights c8_checkpoint h2o_replay kvq_plan kvq_rows kvq_block kvq_channel kvq_file tier_blob llama_state"
+all_targets="gear_v1_decode gear_v2_decode mlp_weights c8_checkpoint h2o_replay kvq_plan kvq_rows kvq_block kvq_channel kvq_file tier_blob tc_calibration tc_section llama_state"
 targets="${FUZZ_TARGETS:-$all_targets}"
 
 host="$(rustc -vV | sed -n 's/^host: //p')"
@@ -72,8 +72,10 @@ done
 
 # kvq_rows, kvq_block, kvq_channel, tier_blob: the target writes seeds from the embedded
 # sample (data/sample) itself on its first call (kvq rows quantized per config or per block
-# format; K channel-group blocks per bits and group; blobs per codec).
-for t in kvq_rows kvq_block kvq_channel tier_blob; do
+# format; K channel-group blocks per bits and group; blobs per codec). tc_calibration and
+# tc_section write theirs the same way (fixed calibrations of small layouts; sections the
+# encoder made with the fixed calibration).
+for t in kvq_rows kvq_block kvq_channel tier_blob tc_calibration tc_section; do
     if [[ " $targets " = *" $t "* ]]; then
         mkdir -p "corpus/$t"
         KVC_FUZZ_WRITE_SEEDS="corpus/$t" "$(bin_of "$t")" -runs=1 "corpus/$t" >/dev/null 2>&1 || true

@@ -548,6 +548,10 @@ pub fn calibrate(dump: &Dump<'_>, opts: &Options) -> Result<(Calibration, Report
             opts.rope.n_rot()
         ));
     }
+    if Rope::from_theta(opts.rope.kind(), d, opts.rope.theta().to_vec()).as_ref() != Ok(&opts.rope)
+    {
+        return inv(format!("RoPE made for rows other than head_dim {d}"));
+    }
     let mut bounds = opts.bounds.clone();
     bounds.sort_by(f32::total_cmp);
     bounds.dedup();

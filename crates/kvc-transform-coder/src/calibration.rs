@@ -139,8 +139,15 @@ impl Calibration {
         if self.n_sink > MAX_SINK {
             return bad("calibration", format!("sink of {} tokens", self.n_sink));
         }
-        Rope::from_theta(self.rope.kind(), d, self.rope.theta().to_vec())
+        let rope = Rope::from_theta(self.rope.kind(), d, self.rope.theta().to_vec())
             .map_err(|e| Error::corrupt("calibration rope", e.to_string()))?;
+        // A rope made for rows of another length (what the file cannot hold).
+        if rope != self.rope {
+            return bad(
+                "calibration rope",
+                format!("made for rows other than head_dim {d}"),
+            );
+        }
         if self.tables.is_empty() || self.tables.len() > MAX_CLASSES {
             return bad("calibration", format!("{} tables", self.tables.len()));
         }
