@@ -343,8 +343,7 @@ impl<'a> Layer<'a> {
                 acc.copy_from_slice(&b.mean);
                 for i in 0..d {
                     let st = steps[h * d + i];
-                    let q = (y[i] / st)
-                        .round()
+                    let q = crate::section::quantize(y[i], st)
                         .clamp(-(MAX_MAGNITUDE as f32), MAX_MAGNITUDE as f32)
                         as i32;
                     let (sym, nb, _) = rans::split(q);

@@ -276,7 +276,7 @@ impl TransformCodec {
                 }
                 let (steps, classes) = g.quantizer(h);
                 for i in 0..d {
-                    let v = (y[i] / steps[i]).round();
+                    let v = quantize(y[i], steps[i]);
                     if v.is_nan() || v.abs() > MAX_MAGNITUDE as f32 {
                         return Err(Error::NonFinite { row: r, index: i });
                     }
@@ -354,6 +354,20 @@ impl TransformCodec {
         }
         Ok(())
     }
+}
+
+/// The quantized level of `y` with `step`: `round(y / step)`, ties away from zero; NaN
+/// stays NaN. The encoder's choice, not part of the format (the decoder only sees the
+/// level), shared with the calibration so that it measures what the encoder does.
+///
+/// Measured and dropped: thresholds moved toward each level's low end (a dead zone,
+/// `floor(|y|/step + 0.1)`) cost 10-30 % fewer bits at the same mean squared error of the
+/// PCA coefficients, but 25 % more bits at the same attention-output error on SmolLM2-135M
+/// (tc-0.064: f16/7.42 against f16/9.94), because shrinking every coefficient toward zero is
+/// a bias that attention does not average away.
+#[inline]
+pub fn quantize(y: f32, step: f32) -> f32 {
+    (y / step).round()
 }
 
 /// The bound of a codec name `tc-<bound>` (a positive finite number).
