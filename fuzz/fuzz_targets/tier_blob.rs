@@ -6,7 +6,8 @@
 //! access or an allocation the blob's length does not justify.
 //!
 //! Input: one selector byte, then the blob. The selector's low bits pick the codec of the
-//! `Tiers` (raw, gear-v1, gear-v2; 2 layers, 3 KV heads of 64, f16, chunks of 4 tokens);
+//! `Tiers` (every codec id: raw, gear-v1, gear-v2, the three kvq presets and tc with the
+//! golden files' fixed calibration; 2 layers, 3 KV heads of 64, f16, chunks of 4 tokens);
 //! with bit 7 set the target first writes the expected key, fingerprint, payload length
 //! and checksum into the blob (when it is long enough), so that mutations reach the
 //! section table and the codecs behind the checksum.
@@ -23,6 +24,8 @@ use kvc_store_tiers::blob::{CHECKSUM_LEN, HEADER_LEN};
 use kvc_store_tiers::{
     verify, ChunkCodec, ChunkKey, ChunkShape, MemoryTier, Tier, Tiers, TiersConfig,
 };
+use kvc_transform_coder::golden::fixed_calibration;
+use kvc_transform_coder::TransformCodec;
 use libfuzzer_sys::fuzz_target;
 
 const SHAPE: ChunkShape = ChunkShape {
@@ -56,7 +59,19 @@ fn fronts() -> &'static [Front] {
                     codec,
                     model_hash: [0x5a; 32],
                 };
-                let tiers = Tiers::new(cfg, vec![Box::new(mem.clone())]).unwrap();
+                let tiers = match codec {
+                    // tc codes with the fixed calibration of the golden files (exact
+                    // arithmetic: the same on every host), sink of 2 tokens
+                    ChunkCodec::Transform => {
+                        let cal =
+                            fixed_calibration(SHAPE.n_layer, SHAPE.n_kv_head, SHAPE.head_dim, 2);
+                        let tc =
+                            TransformCodec::from_file(&cal.to_bytes().unwrap(), "tc-0.05").unwrap();
+                        Tiers::with_transform(cfg, Arc::new(tc), vec![Box::new(mem.clone())])
+                    }
+                    _ => Tiers::new(cfg, vec![Box::new(mem.clone())]),
+                }
+                .unwrap();
                 let key = tiers.keys(&TOKENS)[0];
                 Front { mem, tiers, key }
             })
@@ -100,7 +115,7 @@ fuzz_target!(|data: &[u8]| {
     let Some((&sel, blob)) = data.split_first() else {
         return;
     };
-    let f = &fronts()[(sel & 0x7f) as usize % 3];
+    let f = &fronts()[(sel & 0x7f) as usize % fronts().len()];
     let mut blob = blob.to_vec();
     if sel & 0x80 != 0 && blob.len() >= HEADER_LEN + CHECKSUM_LEN {
         blob[32..64].copy_from_slice(&f.key.0);
