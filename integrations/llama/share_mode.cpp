@@ -90,11 +90,11 @@ kvc::Tiers open_tiers(const kvc_tiers_config & c, const Options & o) {
     auto t = tc ? kvc::make_handle<kvc::Tiers>(kvc_tiers_new_tc, &c, o.share_codec.c_str(),
                                                o.share_calibration.c_str())
                 : kvc::make_handle<kvc::Tiers>(kvc_tiers_new, &c);
-    const char * fn = tc ? "kvc_tiers_new_tc: " : "kvc_tiers_new: ";
     if (!t) {
+        // kvc's message already names the call (kvc_tiers_new: ..., kvc_tiers_new_tc: ...)
         if (t.error().status() == KVC_INVALID_ARGUMENT || t.error().status() == KVC_IO)
-            throw UsageError(fn + t.error().message());
-        fail(fn + t.error().to_string());
+            throw UsageError(t.error().message());
+        fail(t.error().to_string());
     }
     return std::move(*t);
 }

@@ -205,9 +205,14 @@ impl Calibration {
 
     /// The target whose bound is `bound` exactly (as parsed from a codec name).
     pub fn target(&self, bound: f32) -> Result<&Target> {
+        Ok(&self.targets[self.target_index(bound)?])
+    }
+
+    /// The index in [`Calibration::targets`] of the target whose bound is `bound`.
+    pub fn target_index(&self, bound: f32) -> Result<usize> {
         self.targets
             .iter()
-            .find(|t| t.bound == bound)
+            .position(|t| t.bound == bound)
             .ok_or_else(|| {
                 Error::invalid(
                     "tc target",

@@ -175,11 +175,6 @@ impl SymbolTable {
     pub fn freqs(&self) -> &[u16; NSYM] {
         &self.freq
     }
-
-    /// Ideal code length of `symbol` in bits.
-    pub fn cost(&self, symbol: u8) -> f64 {
-        f64::from(SCALE_BITS) - f64::from(self.freq[symbol as usize]).log2()
-    }
 }
 
 /// One coding step, recorded in decoding order and played back in reverse.

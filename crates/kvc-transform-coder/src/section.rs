@@ -116,11 +116,7 @@ impl TransformCodec {
     /// The codec of `cal`'s target `bound` (`fingerprint`: [`Calibration::fingerprint_of`]
     /// the file's bytes).
     pub fn new(cal: Arc<Calibration>, fingerprint: [u8; 32], bound: f32) -> Result<TransformCodec> {
-        let target = cal
-            .targets
-            .iter()
-            .position(|t| t.bound == bound)
-            .ok_or_else(|| cal.target(bound).expect_err("no such target"))?;
+        let target = cal.target_index(bound)?;
         Ok(TransformCodec {
             cal,
             target,

@@ -10,26 +10,15 @@ use kvc_transform_coder::{
 };
 use kvc_types::{Dtype, Tensor};
 
+mod common;
+use common::Rng;
+
 const L: usize = 2;
 const HK: usize = 2;
 const HQ: usize = 4;
 const D: usize = 16;
 const T: usize = 200;
 const RANK: usize = 4;
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    fn unit(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-    }
-}
 
 fn rope() -> Rope {
     Rope::from_base(RopeKind::Norm, D, D, 10000.0, 1.0).unwrap()

@@ -10,6 +10,9 @@ use kvc_transform_coder::section::HASH_LEN;
 use kvc_transform_coder::{parse_name, Error, ErrorKind, TransformCodec};
 use kvc_types::{Dtype, Tensor};
 
+mod common;
+use common::Rng;
+
 const H: usize = 2;
 const D: usize = 64;
 const N_SINK: usize = 2;
@@ -19,22 +22,6 @@ const DTYPES: [Dtype; 3] = [Dtype::F16, Dtype::Bf16, Dtype::F32];
 fn codec() -> TransformCodec {
     let file = fixed_calibration(N_LAYER, H, D, N_SINK).to_bytes().unwrap();
     TransformCodec::from_file(&file, "tc-0.05").unwrap()
-}
-
-/// splitmix64.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    /// Uniform in [-1, 1).
-    fn unit(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-    }
 }
 
 fn size(dtype: Dtype) -> usize {
