@@ -44,8 +44,9 @@ enum Command {
     Tc(cmd::tc::TcArgs),
     /// Encode or decode one gear-v1 or gear-v2 blob of a raw tensor.
     Codec(cmd::codec::CodecArgs),
-    /// Benchmarks on real KV data: the codecs (plain `kvc bench`), cache compaction and C8,
-    /// the asynchronous store, kvq, the shared tiers.
+    /// Benchmarks on real KV data: a summary screen (plain `kvc bench`: lossless, kvq
+    /// against f16, speed), the codecs, cache compaction and C8, the asynchronous store,
+    /// kvq, the shared tiers.
     Bench(cmd::bench::BenchArgs),
 }
 

@@ -137,6 +137,9 @@ struct BenchReport {
     tensors: Vec<TensorReport>,
     /// K and V together, per dtype: the whole model's ratio.
     k_and_v: Vec<DtypeSummary>,
+    /// Plain `kvc bench`'s summary screen (lossless, kvq, speed against f16).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    summary: Option<serde_json::Value>,
 }
 
 fn mb_s(bytes: u64, t: Duration) -> f64 {
@@ -512,8 +515,50 @@ fn print_tensor(t: &TensorReport, chunk_tokens: usize) {
     println!("{}", line.trim_end_matches(';'));
 }
 
-/// Runs the codec bench.
-pub fn run(args: CodecBenchArgs) -> Result<(), CliError> {
+/// The K+V numbers of one codec on one dtype, the whole model: what the summary screen of
+/// plain `kvc bench` shows.
+#[derive(Serialize, Clone)]
+pub struct LosslessSummary {
+    /// Element type.
+    pub dtype: String,
+    /// `gear-v2`, `gear-v1` or `zstd-<level>`.
+    pub codec: String,
+    /// K and V raw bytes.
+    pub raw_bytes: u64,
+    /// Raw / stored bytes, whole-layer blobs.
+    pub ratio_whole: f64,
+    /// Raw / stored bytes, independent `--chunk-tokens` chunks.
+    pub ratio_chunks: f64,
+    /// Compress MB/s of raw bytes over the chunks, one core.
+    pub compress_mb_s_1core: f64,
+    /// Decompress MB/s of raw bytes over the chunks, one core.
+    pub decompress_mb_s_1core: f64,
+}
+
+/// What the codec bench measured.
+pub struct Measured {
+    report: BenchReport,
+    /// Per dtype (in [`Dtype::ALL`] order), gear-v2, gear-v1 and zstd on K and V together.
+    pub lossless: Vec<LosslessSummary>,
+}
+
+impl Measured {
+    /// Writes the JSON of `kvc bench codec` to `path`, with `summary` under its own key when
+    /// given (plain `kvc bench`).
+    pub fn write_json(
+        &mut self,
+        path: &std::path::Path,
+        summary: Option<serde_json::Value>,
+    ) -> Result<(), CliError> {
+        self.report.summary = summary;
+        let json = serde_json::to_string_pretty(&self.report)
+            .map_err(|e| CliError::input(format!("JSON: {e}")))?;
+        std::fs::write(path, json + "\n").map_err(|e| CliError::io(path, e))
+    }
+}
+
+/// Checks the arguments and loads the dataset they name (`--data`, or the embedded sample).
+pub fn load(args: &CodecBenchArgs) -> Result<Dataset, CliError> {
     if args.chunk_tokens == 0 {
         return Err(CliError::input("--chunk-tokens must be at least 1"));
     }
@@ -521,26 +566,43 @@ pub fn run(args: CodecBenchArgs) -> Result<(), CliError> {
         return Err(CliError::input("--repeat must be at least 1"));
     }
     kvc_codec::zstd::check_level(args.zstd_level).map_err(codec_err)?;
-    let data: Dataset = match &args.data {
-        Some(dir) => dataset::load_dir(dir)?,
-        None => dataset::embedded()?,
-    };
+    match &args.data {
+        Some(dir) => dataset::load_dir(dir),
+        None => dataset::embedded(),
+    }
+}
+
+/// The arguments' JSON path (`--json`).
+pub fn json_path(args: &CodecBenchArgs) -> Option<&std::path::Path> {
+    args.json.as_deref()
+}
+
+/// The arguments' `--chunk-tokens`, `--repeat` and `--zstd-level`.
+pub fn settings(args: &CodecBenchArgs) -> (usize, usize, i32) {
+    (args.chunk_tokens, args.repeat, args.zstd_level)
+}
+
+/// Runs every codec on every dump of `data`; with `print_tables`, prints each tensor's
+/// table and the K+V lines as `kvc bench codec` does.
+pub fn measure(
+    args: &CodecBenchArgs,
+    data: &Dataset,
+    print_tables: bool,
+) -> Result<Measured, CliError> {
     let threads = rayon::current_num_threads();
-    println!(
-        "kvc bench codec: gear-v1 and gear-v2 vs plain zstd-{} on {}; ratio = raw / stored bytes \
-         (headers included); MB/s of raw bytes, fastest of {} runs; {} threads for all cores",
-        args.zstd_level, data.source, args.repeat, threads
-    );
     let bar = progress(data.dumps.iter().map(|d| d.n_layer as u64).sum());
     let mut tensors = Vec::new();
     for dump in &data.dumps {
-        let t = bench_dump(&args, dump, &bar)?;
-        bar.suspend(|| print_tensor(&t, args.chunk_tokens));
+        let t = bench_dump(args, dump, &bar)?;
+        if print_tables {
+            bar.suspend(|| print_tensor(&t, args.chunk_tokens));
+        }
         tensors.push(t);
     }
     bar.finish_and_clear();
 
     let mut k_and_v = Vec::new();
+    let mut lossless = Vec::new();
     for dtype in Dtype::ALL {
         let group: Vec<&TensorReport> =
             tensors.iter().filter(|t| t.dtype == dtype.name()).collect();
@@ -560,23 +622,47 @@ pub fn run(args: CodecBenchArgs) -> Result<(), CliError> {
             zstd_ratio_chunks: raw as f64 / sum(&|t| t.zstd.stored_bytes_chunks),
             zstd_ratio_whole: raw as f64 / sum(&|t| t.zstd.stored_bytes_whole),
         };
-        println!(
-            "\n{} K+V: gear-v1 {:.3} ({}t chunks) {:.3} (whole layers) | gear-v2 {:.3} / {:.3} \
-             | zstd {:.3} / {:.3}",
-            s.dtype,
-            s.gear_v1_ratio_chunks,
-            args.chunk_tokens,
-            s.gear_v1_ratio_whole,
-            s.gear_v2_ratio_chunks,
-            s.gear_v2_ratio_whole,
-            s.zstd_ratio_chunks,
-            s.zstd_ratio_whole
-        );
+        if print_tables {
+            println!(
+                "\n{} K+V: gear-v1 {:.3} ({}t chunks) {:.3} (whole layers) | gear-v2 {:.3} / {:.3} \
+                 | zstd {:.3} / {:.3}",
+                s.dtype,
+                s.gear_v1_ratio_chunks,
+                args.chunk_tokens,
+                s.gear_v1_ratio_whole,
+                s.gear_v2_ratio_chunks,
+                s.gear_v2_ratio_whole,
+                s.zstd_ratio_chunks,
+                s.zstd_ratio_whole
+            );
+        }
+        for (i, name) in [
+            "gear-v2".to_string(),
+            "gear-v1".to_string(),
+            format!("zstd-{}", args.zstd_level),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let mut c = CodecStats::default();
+            for t in &group {
+                c.add([&t.total.gear_v2, &t.total.gear_v1, &t.total.zstd][i]);
+            }
+            c.finish(raw);
+            lossless.push(LosslessSummary {
+                dtype: dtype.name().to_string(),
+                codec: name,
+                raw_bytes: raw,
+                ratio_whole: c.ratio_whole,
+                ratio_chunks: c.ratio_chunks,
+                compress_mb_s_1core: c.compress_mb_s_1core,
+                decompress_mb_s_1core: c.decompress_mb_s_1core,
+            });
+        }
         k_and_v.push(s);
     }
-
-    if let Some(path) = &args.json {
-        let report = BenchReport {
+    Ok(Measured {
+        report: BenchReport {
             bench: "codec",
             source: data.source.clone(),
             chunk_tokens: args.chunk_tokens,
@@ -585,10 +671,26 @@ pub fn run(args: CodecBenchArgs) -> Result<(), CliError> {
             zstd_level: args.zstd_level,
             tensors,
             k_and_v,
-        };
-        let json = serde_json::to_string_pretty(&report)
-            .map_err(|e| CliError::input(format!("JSON: {e}")))?;
-        std::fs::write(path, json + "\n").map_err(|e| CliError::io(path, e))?;
+            summary: None,
+        },
+        lossless,
+    })
+}
+
+/// Runs the codec bench (`kvc bench codec`).
+pub fn run(args: CodecBenchArgs) -> Result<(), CliError> {
+    let data = load(&args)?;
+    println!(
+        "kvc bench codec: gear-v1 and gear-v2 vs plain zstd-{} on {}; ratio = raw / stored bytes \
+         (headers included); MB/s of raw bytes, fastest of {} runs; {} threads for all cores",
+        args.zstd_level,
+        data.source,
+        args.repeat,
+        rayon::current_num_threads()
+    );
+    let mut m = measure(&args, &data, true)?;
+    if let Some(path) = &args.json {
+        m.write_json(path, None)?;
     }
     Ok(())
 }

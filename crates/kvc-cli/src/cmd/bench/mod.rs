@@ -1,6 +1,7 @@
-//! `kvc bench`: benchmarks on real KV data. Plain `kvc bench` is the codec bench; each
-//! other area adds its own subcommand (`kvc bench store`, `kvc bench cache`, ...) as a
-//! sibling module here.
+//! `kvc bench`: benchmarks on real KV data. Plain `kvc bench` is one summary screen
+//! (`summary.rs`: lossless codecs, kvq against f16, speed); each area has its own
+//! subcommand with the full tables (`kvc bench codec`, `kvc bench quant`, `kvc bench store`,
+//! ...) as a sibling module here.
 
 pub mod cache;
 pub mod codec;
@@ -8,6 +9,7 @@ pub mod dataset;
 pub mod qjl;
 pub mod quant;
 pub mod store;
+pub mod summary;
 pub mod tiers;
 
 use clap::{Args, Subcommand};
@@ -20,14 +22,14 @@ use crate::cli_error::CliError;
 pub struct BenchArgs {
     #[command(subcommand)]
     command: Option<BenchCommand>,
-    /// Plain `kvc bench` runs the codec bench with these arguments.
+    /// Plain `kvc bench` (the summary screen) takes the codec bench's arguments.
     #[command(flatten)]
     codec: codec::CodecBenchArgs,
 }
 
 #[derive(Subcommand)]
 enum BenchCommand {
-    /// gear-v1 and gear-v2 against plain zstd on KV dumps (the default).
+    /// gear-v1 and gear-v2 against plain zstd on KV dumps, per layer and tensor.
     Codec(codec::CodecBenchArgs),
     /// kvc-cache: compaction and C8 quantize/dequantize GB/s, C8 error per layer.
     Cache(cache::BenchCacheArgs),
@@ -47,6 +49,6 @@ pub fn run(args: BenchArgs) -> Result<(), CliError> {
         Some(BenchCommand::Store(a)) => store::run(&a),
         Some(BenchCommand::Quant(a)) => quant::run(&a),
         Some(BenchCommand::Tiers(a)) => tiers::run(&a),
-        None => codec::run(args.codec),
+        None => summary::run(args.codec),
     }
 }

@@ -39,7 +39,7 @@ use kvc_kvq::{ChannelGroupCodec, KvqConfig, LayerCodec, Method, RowCodec};
 use serde_json::{json, Value};
 
 use super::cache::default_data_dir;
-use super::dataset::{embedded, load_dir, Dump};
+use super::dataset::{embedded, load_dir, Dataset, Dump};
 use crate::cli_error::CliError;
 
 /// The configurations measured when none are given: Lloyd-Max at every K/V mix that
@@ -87,6 +87,10 @@ impl BenchConfig {
     }
 }
 
+/// What the attention error's queries are (the dumps hold no Q).
+pub(super) const QUERIES: &str =
+    "K rows of sampled positions as queries (the dumps hold no Q), causal, scale 1/sqrt(head_dim)";
+
 /// `kvc bench quant` arguments.
 #[derive(Args, Clone, Debug)]
 pub struct BenchQuantArgs {
@@ -127,11 +131,12 @@ fn values(d: &Dump) -> Vec<f32> {
         .collect()
 }
 
-struct Kv {
-    n_layer: usize,
-    n_tokens: usize,
-    n_kv_head: usize,
-    head_dim: usize,
+/// The f16 K and V of a dataset as f32, `[n_layer][n_tokens][n_kv_head][head_dim]`.
+pub(super) struct Kv {
+    pub(super) n_layer: usize,
+    pub(super) n_tokens: usize,
+    pub(super) n_kv_head: usize,
+    pub(super) head_dim: usize,
     k: Vec<f32>,
     v: Vec<f32>,
     source: String,
@@ -149,27 +154,34 @@ fn load(a: &BenchQuantArgs) -> Result<Kv, CliError> {
             }
         }
     };
-    let pick = |t: &str| {
-        ds.dumps
-            .iter()
-            .find(|d| d.tensor == t && d.dtype == kvc_codec::Dtype::F16)
-            .ok_or_else(|| CliError::input(format!("{}: no f16 {t} dump", ds.source)))
-    };
-    let (k, v) = (pick("K")?, pick("V")?);
-    if (k.n_layer, k.n_tokens, k.n_kv_head, k.head_dim)
-        != (v.n_layer, v.n_tokens, v.n_kv_head, v.head_dim)
-    {
-        return Err(CliError::input("K and V dumps have different shapes"));
+    Kv::from_dataset(&ds)
+}
+
+impl Kv {
+    /// The f16 K and V dumps of `ds`; an error when either is missing or their shapes differ.
+    pub(super) fn from_dataset(ds: &Dataset) -> Result<Kv, CliError> {
+        let pick = |t: &str| {
+            ds.dumps
+                .iter()
+                .find(|d| d.tensor == t && d.dtype == kvc_codec::Dtype::F16)
+                .ok_or_else(|| CliError::input(format!("{}: no f16 {t} dump", ds.source)))
+        };
+        let (k, v) = (pick("K")?, pick("V")?);
+        if (k.n_layer, k.n_tokens, k.n_kv_head, k.head_dim)
+            != (v.n_layer, v.n_tokens, v.n_kv_head, v.head_dim)
+        {
+            return Err(CliError::input("K and V dumps have different shapes"));
+        }
+        Ok(Kv {
+            n_layer: k.n_layer,
+            n_tokens: k.n_tokens,
+            n_kv_head: k.n_kv_head,
+            head_dim: k.head_dim,
+            k: values(k),
+            v: values(v),
+            source: ds.source.clone(),
+        })
     }
-    Ok(Kv {
-        n_layer: k.n_layer,
-        n_tokens: k.n_tokens,
-        n_kv_head: k.n_kv_head,
-        head_dim: k.head_dim,
-        k: values(k),
-        v: values(v),
-        source: ds.source.clone(),
-    })
 }
 
 fn snr_db(x: &[f32], y: &[f32]) -> f64 {
@@ -216,7 +228,7 @@ fn attention_f64(q: &[f32], k: &[f32], v: &[f32], n: usize, d: usize) -> Vec<f64
 }
 
 /// Query positions: evenly spread over the second half of the tokens (at least 16).
-fn query_positions(n_tokens: usize, count: usize) -> Vec<usize> {
+pub(super) fn query_positions(n_tokens: usize, count: usize) -> Vec<usize> {
     let lo = (n_tokens / 2).max(16).min(n_tokens.saturating_sub(1));
     let span = n_tokens - lo;
     (0..count.max(1))
@@ -228,12 +240,14 @@ fn query_positions(n_tokens: usize, count: usize) -> Vec<usize> {
 /// The f64 attention output for one query position.
 type QueryRef = (usize, Vec<f64>);
 
-struct Reference {
+/// The f64 attention outputs on the unquantized cache that the errors are measured against.
+pub(super) struct Reference {
     /// Per layer, per head: the sampled queries.
     outs: Vec<Vec<Vec<QueryRef>>>,
 }
 
-fn reference(kv: &Kv, positions: &[usize]) -> Reference {
+/// f64 attention of every layer's and head's query at each of `positions`.
+pub(super) fn reference(kv: &Kv, positions: &[usize]) -> Reference {
     let d = kv.head_dim;
     let ln = kv.n_tokens * kv.n_kv_head * d;
     let outs = (0..kv.n_layer)
@@ -265,7 +279,12 @@ fn rel_l2(a: &[f32], b: &[f64]) -> f64 {
 }
 
 /// Quality of one config: SNR per layer, attention error per layer, GB/s.
-fn quality(kv: &Kv, cfg: &KvqConfig, refs: &Reference, reps: usize) -> Result<Value, CliError> {
+pub(super) fn quality(
+    kv: &Kv,
+    cfg: &KvqConfig,
+    refs: &Reference,
+    reps: usize,
+) -> Result<Value, CliError> {
     let d = kv.head_dim;
     let codec = LayerCodec::new(cfg, d).map_err(lib)?;
     let ln = kv.n_tokens * kv.n_kv_head * d;
@@ -641,7 +660,7 @@ fn quality_qjl(kv: &Kv, cfg: &KvqConfig, refs: &Reference) -> Result<Value, CliE
 
 /// One-core decode attention time for one head at `n` tokens, packed vs f16, on rows
 /// tiled from layer 0 head 0 of the data.
-fn speed(kv: &Kv, cfg: &KvqConfig, n: usize, reps: usize) -> Result<Value, CliError> {
+pub(super) fn speed(kv: &Kv, cfg: &KvqConfig, n: usize, reps: usize) -> Result<Value, CliError> {
     let d = kv.head_dim;
     let codec = LayerCodec::new(cfg, d).map_err(lib)?;
     let ln = kv.n_tokens * kv.n_kv_head * d;
@@ -891,7 +910,7 @@ pub fn measure(a: &BenchQuantArgs) -> Result<Value, CliError> {
     Ok(json!({
         "data": kv.source,
         "shape": [kv.n_layer, kv.n_tokens, kv.n_kv_head, kv.head_dim],
-        "queries": "K rows of sampled positions as queries (the dumps hold no Q), causal, scale 1/sqrt(head_dim)",
+        "queries": QUERIES,
         "query_positions": positions,
         "quality": q,
         "attention_speed": s,
