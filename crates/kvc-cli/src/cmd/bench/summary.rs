@@ -151,8 +151,8 @@ fn print_kvq(k: &Value) {
         .and_then(|c| c["attention_speed"][0]["isa"].as_str())
         .unwrap_or("");
     println!(
-        "decode attention, one head, one core ({isa}), best of {}: kvq rows vs the same kernel on \
-         f16",
+        "decode attention, 1 head, 1 core ({isa}), best of {}, data rows tiled: kvq vs the same \
+         kernel on f16",
         k["attention_reps"]
     );
     let mut head = format!("  {:<6}", "config");
