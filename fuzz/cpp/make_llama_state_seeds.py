@@ -15,13 +15,17 @@ ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 EMBD = [2, 8, 64, 192]  # the target's n_embd_kv choices
 MAGIC = 0xAF143CD8
 GGML_TYPE_F16 = 1
+# llama_state_parse.hpp's kStateSeqVersion: version 4 writes the attention rotations after n_layer
+STATE_SEQ_VERSION = 3
 
 
 def blob(n_layer, ne, cells, v_trans, k_src, v_src):
     out = struct.pack("<IiII", MAGIC, 0, 1, cells)
     for c in range(cells):
         out += struct.pack("<iIi", c, 1, 0)
-    out += struct.pack("<IIII", v_trans, n_layer, 64, 64)
+    out += struct.pack("<II", v_trans, n_layer)
+    if STATE_SEQ_VERSION >= 4:
+        out += struct.pack("<II", 64, 64)
     take = lambda src, l: src[l * cells * ne * 2:(l + 1) * cells * ne * 2]
     for l in range(n_layer):
         out += struct.pack("<iQ", GGML_TYPE_F16, ne * 2) + take(k_src, l)

@@ -23,6 +23,7 @@ constexpr size_t kStateHeader = 8;
 // these; the dump, state, share and mlp modes read and write blobs with it.
 static_assert(kvc_llama_state::kMagic == kStateMagic, "llama_state_parse.hpp's magic");
 static_assert(kvc_llama_state::kGgmlTypeF16 == GGML_TYPE_F16, "llama_state_parse.hpp's GGML_TYPE_F16");
+static_assert(kvc_llama_state::kStateSeqVersion == LLAMA_STATE_SEQ_VERSION, "llama_state_parse.hpp's state version");
 static_assert(std::is_same<llama_pos, int32_t>::value, "CacheDump::pos holds llama_pos");
 
 }  // namespace

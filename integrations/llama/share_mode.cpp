@@ -231,8 +231,9 @@ int run_share_child(llama_model * model, const ModelInfo & mi, const Options & o
     }
     if (o.share_control && got > 0) {
         // the control: flip the top exponent bit of layer 0's first K value of the last
-        // restored cell (header 16 B + 12 B per cell + v_trans..n_rot_v 16 B + type and row size 12 B)
-        blob[16 + 12 * got + 16 + 12 + (got - 1) * ne * 2 + 1] ^= 0x40;
+        // restored cell (header 16 B + 12 B per cell + v_trans, n_layer (, rotations) + type and
+        // row size 12 B)
+        blob[16 + 12 * got + kvc_llama_state::kDataHeaderBytes + 12 + (got - 1) * ne * 2 + 1] ^= 0x40;
     }
     const double t3 = now_s();
     bool set_ok = true;

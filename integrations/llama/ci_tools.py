@@ -1,0 +1,236 @@
+#!/usr/bin/env python3
+"""llama.cpp's own tools on kvc's patched build, checked the way a llama.cpp user would use them
+(scripts/ci.d/55-llama-tools.sh; docs/llama-cpp.md, "llama.cpp's tools"):
+
+- llama-bench -ctk kvq4 -ctv kvq4 prints its table with the kvq types;
+- llama-perplexity --kl-divergence against an f16 base on a short text: kvq8, kvq4, a kvq plan
+  (--kvc-plan) and llama.cpp's q4_0, each KL bounded and ordered (kvq8 < plan < kvq4), and the
+  K/V bytes llama.cpp reports equal to kvq's packed rows for every layer;
+- llama-server with -ctk kvq4 -ctv kvq4 and with --kvc-plan answers a chat completion; a
+  repeated prompt reuses the cache; a slot saved and restored; generation past the context
+  with context shift;
+- bad input refused with a message: an unknown kvq width, a plan for another model.
+
+Every check can fail; the first failure ends the run with status 1 and says what it saw.
+
+    ci_tools.py --bin-dir DIR --model GGUF --text TEXT --plan PLAN.json --out DIR
+"""
+import argparse
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+
+def fail(msg):
+    print(f"ci_tools: {msg}", file=sys.stderr)
+    sys.exit(1)
+
+
+def run(cmd, log, timeout=300, expect_ok=True):
+    with open(log, "w") as f:
+        p = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=timeout)
+    text = open(log, errors="replace").read()
+    if expect_ok and p.returncode != 0:
+        fail(f"{' '.join(cmd)} exited {p.returncode}:\n{text[-3000:]}")
+    return p.returncode, text
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def http(port, path, body=None, timeout=120):
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data,
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return json.loads(r.read().decode())
+
+
+class Server:
+    """A llama-server on a free loopback port, killed on exit."""
+
+    def __init__(self, binary, args, log):
+        self.port = free_port()
+        self.log = log
+        self.f = open(log, "w")
+        self.p = subprocess.Popen([binary, "--host", "127.0.0.1", "--port", str(self.port)] + args,
+                                  stdout=self.f, stderr=subprocess.STDOUT)
+
+    def __enter__(self):
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            if self.p.poll() is not None:
+                fail(f"llama-server exited {self.p.returncode}:\n{open(self.log, errors='replace').read()[-3000:]}")
+            try:
+                if http(self.port, "/health", timeout=5).get("status") == "ok":
+                    return self
+            except (urllib.error.URLError, ConnectionError, json.JSONDecodeError, OSError):
+                pass
+            time.sleep(0.2)
+        fail("llama-server did not become healthy in 120 s")
+
+    def __exit__(self, *exc):
+        self.p.kill()
+        self.p.wait()
+        self.f.close()
+
+    def chat(self, content, max_tokens=16, **extra):
+        body = {"messages": [{"role": "user", "content": content}], "temperature": 0,
+                "max_tokens": max_tokens}
+        body.update(extra)
+        r = http(self.port, "/v1/chat/completions", body)
+        text = r["choices"][0]["message"]["content"]
+        if not text or not text.strip():
+            fail(f"empty answer to {content!r}: {r}")
+        return r
+
+
+def kv_bytes(log_text):
+    """The K and V MiB of the last cache llama.cpp reports in a verbose (-v) log (the tools
+    create a context to fit memory first, then the real one)."""
+    found = re.findall(r"llama_kv_cache: size = +[0-9.]+ MiB .*?K \([^)]+\): +([0-9.]+) MiB, V \([^)]+\): +([0-9.]+) MiB",
+                       log_text)
+    if not found:
+        return 0.0, 0.0
+    return float(found[-1][0]), float(found[-1][1])
+
+
+def mean_kld(text):
+    m = re.search(r"Mean +KLD: +([0-9.]+)", text)
+    if not m:
+        fail(f"no 'Mean KLD' in llama-perplexity's output:\n{text[-2000:]}")
+    return float(m.group(1))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin-dir", required=True)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--text", required=True)
+    ap.add_argument("--plan", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--threads", default="2")
+    a = ap.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    b = lambda name: os.path.join(a.bin_dir, name)
+    t = ["-t", a.threads]
+    results = {}
+
+    # ---- llama-bench -----------------------------------------------------------------
+    _, text = run([b("llama-bench"), "-m", a.model, "-ctk", "kvq4", "-ctv", "kvq4", "-p", "32", "-n", "8",
+                   "-r", "1", "-o", "json"] + t, f"{a.out}/bench.json.log")
+    rows = json.loads(text[text.index("["):text.rindex("]") + 1])
+    if len(rows) != 2 or any(r["type_k"] != "kvq4" or r["type_v"] != "kvq4" or not r["avg_ts"] > 0 for r in rows):
+        fail(f"llama-bench rows: {rows}")
+    results["bench_tok_s"] = {("pp" if r["n_prompt"] else "tg"): r["avg_ts"] for r in rows}
+    rc, text = run([b("llama-bench"), "-m", a.model, "-ctk", "kvq9", "-p", "8", "-n", "0", "-r", "1"],
+                   f"{a.out}/bench-bad.log", expect_ok=False)
+    if rc == 0:
+        fail("llama-bench took -ctk kvq9")
+
+    # ---- llama-perplexity --kl-divergence ---------------------------------------------
+    ppl = [b("llama-perplexity"), "-m", a.model, "-f", a.text, "-c", "256", "--chunks", "3", "-v"] + t
+    base = f"{a.out}/base.kld"
+    _, text = run(ppl + ["--kl-divergence-base", base], f"{a.out}/ppl-f16.log")
+    f16_k, f16_v = kv_bytes(text)
+    kl = {}
+    for name, args in [("kvq8", ["-ctk", "kvq8", "-ctv", "kvq8"]), ("kvq4", ["-ctk", "kvq4", "-ctv", "kvq4"]),
+                       ("plan", ["--kvc-plan", a.plan]), ("q4_0", ["-ctk", "q4_0", "-ctv", "q4_0", "-fa", "on"])]:
+        _, text = run(ppl + args + ["--kl-divergence-base", base, "--kl-divergence"], f"{a.out}/ppl-{name}.log")
+        k, v = kv_bytes(text)
+        kl[name] = {"kld": mean_kld(text), "k_mib": k, "v_mib": v, "ratio_vs_f16": (f16_k + f16_v) / (k + v)}
+    results["kl"] = kl
+    # kvq rows hold 2 + head_dim*bits/8 bytes for head_dim values that f16 holds in 2*head_dim:
+    # every layer typed as asked makes the whole cache's ratio exactly that (64: 3.76 at 4 bits)
+    for name, bits in [("kvq8", 8), ("kvq4", 4)]:
+        want = 128 / (2 + 64 * bits / 8)
+        if abs(kl[name]["ratio_vs_f16"] - want) > 0.02 * want:
+            fail(f"{name}: cache {kl[name]['k_mib']}+{kl[name]['v_mib']} MiB, ratio {kl[name]['ratio_vs_f16']:.3f} vs f16, want {want:.3f}")
+    if not 0 < kl["kvq8"]["kld"] < 0.01:
+        fail(f"kvq8 KL {kl['kvq8']['kld']} not in (0, 0.01)")
+    if not kl["kvq4"]["kld"] < 0.2:
+        fail(f"kvq4 KL {kl['kvq4']['kld']} >= 0.2")
+    if not kl["kvq8"]["kld"] < kl["plan"]["kld"] < kl["kvq4"]["kld"]:
+        fail(f"KL order kvq8 < plan < kvq4 broken: {kl}")
+    if not 3.3 < kl["plan"]["ratio_vs_f16"] < 3.8:
+        fail(f"plan's cache ratio {kl['plan']['ratio_vs_f16']}")
+
+    # ---- llama-server -----------------------------------------------------------------
+    slots = os.path.join(os.path.abspath(a.out), "slots")
+    shutil.rmtree(slots, ignore_errors=True)
+    os.makedirs(slots)
+    common = ["-m", a.model, "-c", "1024", "-np", "2", "--slot-save-path", slots, "-v"] + t
+    q = "Name three colours."
+    with Server(b("llama-server"), common + ["-ctk", "kvq4", "-ctv", "kvq4"], f"{a.out}/server-kvq4.log") as s:
+        r1 = s.chat(q, id_slot=0)
+        r2 = s.chat(q, id_slot=0)
+        cached = r2["usage"].get("prompt_tokens_details", {}).get("cached_tokens", 0)
+        if cached <= 0:
+            fail(f"the repeated prompt reused no cached tokens: {r2['usage']}")
+        if r1["choices"][0]["message"]["content"] != r2["choices"][0]["message"]["content"]:
+            fail("the same prompt at temperature 0 gave two answers from one slot")
+        saved = http(s.port, "/slots/0?action=save", {"filename": "slot0.bin"})
+        if saved.get("n_saved", 0) <= 0:
+            fail(f"slot save: {saved}")
+        http(s.port, "/slots/0?action=erase", {})
+        restored = http(s.port, "/slots/0?action=restore", {"filename": "slot0.bin"})
+        if restored.get("n_restored") != saved["n_saved"]:
+            fail(f"slot restore {restored} after save {saved}")
+        r3 = s.chat(q, id_slot=0)
+        if r3["usage"].get("prompt_tokens_details", {}).get("cached_tokens", 0) <= 0:
+            fail(f"the restored slot was not reused: {r3['usage']}")
+        results["server_kvq4"] = {"answer": r1["choices"][0]["message"]["content"], "cached_tokens": cached,
+                                  "slot_saved_tokens": saved["n_saved"],
+                                  "slot_file_bytes": os.path.getsize(os.path.join(slots, "slot0.bin"))}
+    k4, v4 = kv_bytes(open(f"{a.out}/server-kvq4.log", errors="replace").read())
+    if k4 <= 0 or v4 <= 0:
+        fail("llama-server's log reports no kvq4 cache size")
+    # context shift: a 256-token context, 400 tokens asked for
+    with Server(b("llama-server"), ["-m", a.model, "-c", "256", "-np", "1", "--context-shift", "-ctk", "kvq4",
+                                    "-ctv", "kvq4"] + t, f"{a.out}/server-shift.log") as s:
+        r = http(s.port, "/completion", {"prompt": "Once upon a time", "n_predict": 400, "temperature": 0,
+                                         "ignore_eos": True})
+        if r.get("tokens_predicted", 0) < 300 or not r.get("content", "").strip():
+            fail(f"context shift: {r.get('tokens_predicted')} tokens predicted")
+        results["server_shift_tokens"] = r["tokens_predicted"]
+    with Server(b("llama-server"), ["-m", a.model, "-c", "1024", "-np", "1", "--kvc-plan", a.plan] + t,
+                f"{a.out}/server-plan.log") as s:
+        results["server_plan"] = s.chat(q)["choices"][0]["message"]["content"]
+
+    # ---- bad input: refused with a message ---------------------------------------------
+    bad_plan = f"{a.out}/plan-24-layers.json"
+    plan = json.load(open(a.plan))
+    plan["layers"] = plan["layers"][:24]
+    json.dump(plan, open(bad_plan, "w"))
+    for name, args, want in [("kvq9", ["-ctk", "kvq9"], "Unsupported cache type: kvq9"),
+                             ("plan-24", ["--kvc-plan", bad_plan], "24 layers")]:
+        rc, text = run([b("llama-server"), "-m", a.model, "--port", str(free_port()), "--host", "127.0.0.1"] + args + t,
+                       f"{a.out}/server-bad-{name}.log", timeout=120, expect_ok=False)
+        if rc == 0 or want not in text:
+            fail(f"llama-server {' '.join(args)}: status {rc}, want a refusal naming '{want}':\n{text[-1500:]}")
+
+    # ---- llama-cli knows the kvq types ------------------------------------------------
+    _, text = run([b("llama-cli"), "--help"], f"{a.out}/cli-help.log")
+    if "kvq2 .. kvq8" not in text or "--kvc-plan" not in text:
+        fail("llama-cli --help lists no kvq cache types or no --kvc-plan")
+
+    json.dump(results, open(f"{a.out}/tools.json", "w"), indent=1)
+    print("ci_tools: " + json.dumps({"kl": {k: round(v["kld"], 4) for k, v in kl.items()},
+                                     "ratio": {k: round(v["ratio_vs_f16"], 3) for k, v in kl.items()},
+                                     "server": results["server_kvq4"]["answer"][:60]}))
+
+
+if __name__ == "__main__":
+    main()

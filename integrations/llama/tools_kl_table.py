@@ -1,0 +1,64 @@
+#!/usr/bin/env python3
+"""The table of integrations/llama/tools-eval.sh's runs: per text and cache, llama-perplexity's
+mean KL against the f16 base, PPL(Q)/PPL(base), same-top-token rate, and the K+V bytes
+llama.cpp reported for the cache it allocated, as a ratio against f16.
+
+    tools_kl_table.py DIR        (markdown on stdout, DIR/summary.json)
+"""
+import glob
+import json
+import os
+import re
+import sys
+
+
+def last(pattern, text):
+    found = re.findall(pattern, text)
+    return found[-1] if found else None
+
+
+def parse(path):
+    t = open(path, errors="replace").read()
+    kv = last(r"llama_kv_cache: size = +[0-9.]+ MiB .*?K \(([^)]+)\): +([0-9.]+) MiB, V \(([^)]+)\): +([0-9.]+) MiB", t)
+    row = {"k_type": kv[0], "k_mib": float(kv[1]), "v_type": kv[2], "v_mib": float(kv[3])} if kv else {}
+    for key, pat in [("kld", r"Mean +KLD: +([0-9.]+) ± +([0-9.]+)"),
+                     ("ppl_ratio", r"Mean PPL\(Q\)/PPL\(base\) +: +([0-9.]+) ± +([0-9.]+)"),
+                     ("same_top", r"Same top p: +([0-9.]+) ± +([0-9.]+) %"),
+                     ("ppl", r"Mean PPL\(Q\) +: +([0-9.]+) ± +([0-9.]+)"),
+                     ("ppl_f16", r"Final estimate: PPL = ([0-9.]+) \+/- ([0-9.]+)")]:
+        m = last(pat, t)
+        if m:
+            row[key] = float(m[0])
+            row[key + "_pm"] = float(m[1])
+    chunks = last(r"computing over (\d+) chunks, n_ctx=(\d+)", t)
+    if chunks:
+        row["chunks"], row["n_ctx"] = int(chunks[0]), int(chunks[1])
+    return row
+
+
+def main():
+    d = sys.argv[1]
+    texts = {}
+    for path in sorted(glob.glob(os.path.join(d, "*.log"))):
+        text, label = os.path.basename(path)[:-4].split(".", 1)
+        texts.setdefault(text, {})[label] = parse(path)
+    json.dump(texts, open(os.path.join(d, "summary.json"), "w"), indent=1, sort_keys=True)
+    for text, rows in texts.items():
+        f16 = rows.get("f16", {})
+        base = f16.get("k_mib", 0) + f16.get("v_mib", 0)
+        print(f"\n### {text} ({f16.get('chunks', '?')} chunks of {f16.get('n_ctx', '?')} tokens, "
+              f"f16 PPL {f16.get('ppl_f16', float('nan')):.4f})\n")
+        print("| cache | K / V types | bytes vs f16 | mean KL | PPL(Q)/PPL(f16) | same top token |")
+        print("|---|---|---|---|---|---|")
+        order = sorted((r for r in rows.items() if r[0] != "f16"), key=lambda r: -(r[1].get("k_mib", 0) + r[1].get("v_mib", 0)))
+        for label, r in order:
+            held = r.get("k_mib", 0) + r.get("v_mib", 0)
+            ratio = f"1/{base / held:.2f}" if held else "?"
+            print(f"| {label} | {r.get('k_type', '?')} / {r.get('v_type', '?')} | {ratio} | "
+                  f"{r.get('kld', float('nan')):.4f} ± {r.get('kld_pm', float('nan')):.4f} | "
+                  f"{r.get('ppl_ratio', float('nan')):.4f} ± {r.get('ppl_ratio_pm', float('nan')):.4f} | "
+                  f"{r.get('same_top', float('nan')):.2f} % |")
+
+
+if __name__ == "__main__":
+    main()

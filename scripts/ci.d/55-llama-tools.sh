@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# llama.cpp's own tools on kvc's patched build (issue 35): llama-bench, llama-perplexity
+# (--kl-divergence against an f16 base: kvq8, kvq4, a kvq plan, q4_0, each KL bounded and
+# ordered, the cache bytes llama.cpp reports equal to kvq's packed rows), llama-server (a chat
+# completion with -ctk kvq4 -ctv kvq4 and with --kvc-plan, prompt-cache reuse, a slot saved
+# and restored, context shift) and llama-cli's help; bad input refused. The build is
+# fetch-and-build.sh's, cached with the rest of .cache/llama (50-llama.sh built it).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+t0=$SECONDS
+eval "$(integrations/llama/fetch-and-build.sh | grep -E '^[A-Z_]+=')"
+echo "55-llama-tools: fetch and build took $((SECONDS - t0)) s"
+out=".cache/llama/ci-tools"
+rm -rf "$out"
+mkdir -p "$out"
+t1=$SECONDS
+python3 integrations/llama/ci_tools.py --bin-dir "$(dirname "$LLAMA_SERVER")" --model "$MODEL" --text "$TEXT_A" \
+    --plan data/kvq-plans/smollm2-135m-r3.5-kw3.json --out "$out"
+echo "55-llama-tools: the tools' checks took $((SECONDS - t1)) s"
+echo "55-llama-tools: passed"
