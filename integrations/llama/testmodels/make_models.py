@@ -14,13 +14,16 @@ which random weights show as well as trained ones (attention outputs of differen
 positions differ).
 
 Vocabulary: tokenizer model "none" with `<arch>.vocab_size` dummy tokens (llama-vocab.cpp,
-LLAMA_VOCAB_TYPE_NONE): the test feeds token ids, it never tokenizes text.
+LLAMA_VOCAB_TYPE_NONE): the test feeds token ids, it never tokenizes text. With
+--tokenizer-from GGUF the tokenizer.* metadata of that model is copied instead (read with
+gguf.GGUFReader), so that programs which tokenize text (kvc_llama_eval) can run the model; the
+embedding and output tables then have that vocabulary's size (SmolLM2's 49152: ~25 MB more).
 
 Key and tensor names are llama.cpp's (src/llama-arch.cpp: LLM_KV_NAMES, LLM_TENSOR_NAMES) and
 what each architecture's loader asks for (src/models/<arch>.cpp, load_arch_hparams /
 load_arch_tensors) in the llama.cpp version kvc's patch series is made for (0.1.161).
 
-Usage: make_models.py OUT_DIR [--only NAME[,NAME...]] [--list]
+Usage: make_models.py OUT_DIR [--only NAME[,NAME...]] [--tokenizer-from GGUF] [--list]
 Writes OUT_DIR/<name>.gguf and prints one line per model: name, file, bytes, head sizes.
 """
 
@@ -118,9 +121,26 @@ def _norm(rng: np.random.Generator, n: int, gemma: bool = False) -> np.ndarray:
     return (1.0 + 0.1 * rng.standard_normal(n, dtype=np.float32)).astype(np.float32)
 
 
-def write_model(spec: Spec, path: str) -> int:
+def read_tokenizer(path: str) -> list[tuple[str, object, "gguf.GGUFValueType", "gguf.GGUFValueType | None"]]:
+    """The tokenizer.* key-value pairs of a GGUF file, as (key, value, type, element type)."""
+    r = gguf.GGUFReader(path)
+    out = []
+    for key, f in r.fields.items():
+        if not key.startswith("tokenizer."):
+            continue
+        vtype = f.types[0]
+        sub = f.types[1] if vtype == gguf.GGUFValueType.ARRAY and len(f.types) > 1 else None
+        out.append((key, f.contents(), vtype, sub))
+    if not any(k == "tokenizer.ggml.tokens" for k, _, _, _ in out):
+        raise SystemExit(f"make_models.py: '{path}' has no tokenizer.ggml.tokens")
+    return out
+
+
+def write_model(spec: Spec, path: str, tokenizer: list | None = None) -> int:
     rng = np.random.Generator(np.random.PCG64(spec.seed))
     a = spec.arch
+    if tokenizer is not None:
+        spec = Spec(**{**spec.__dict__, "n_vocab": len(next(v for k, v, _, _ in tokenizer if k == "tokenizer.ggml.tokens"))})
     w = gguf.GGUFWriter(path, a)
     w.add_name(spec.name)
     w.add_uint32(f"{a}.vocab_size", spec.n_vocab)
@@ -142,8 +162,12 @@ def write_model(spec: Spec, path: str) -> int:
         w.add_uint32(f"{a}.attention.sliding_window_pattern", spec.swa_pattern)
         w.add_float32(f"{a}.rope.freq_base_swa", 10000.0)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
-    # no tokenizer: dummy tokens (llama-vocab.cpp: "none" reads <arch>.vocab_size)
-    w.add_tokenizer_model("none")
+    if tokenizer is None:
+        # no tokenizer: dummy tokens (llama-vocab.cpp: "none" reads <arch>.vocab_size)
+        w.add_tokenizer_model("none")
+    else:
+        for key, val, vtype, sub in tokenizer:
+            w.add_key_value(key, val, vtype, sub_type=sub)
 
     E, V, F = spec.n_embd, spec.n_vocab, spec.n_ff
     q_dim = spec.n_head * spec.head_k
@@ -198,6 +222,7 @@ def main() -> int:
     ap.add_argument("out_dir", nargs="?")
     ap.add_argument("--only", default="", help="comma-separated model names")
     ap.add_argument("--list", action="store_true", help="print the models' names and what each is for")
+    ap.add_argument("--tokenizer-from", default="", help="copy the tokenizer.* metadata of this GGUF")
     args = ap.parse_args()
     if args.list:
         for s in SPECS:
@@ -210,12 +235,13 @@ def main() -> int:
     unknown = [n for n in only if n not in names]
     if unknown:
         ap.error(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(sorted(names))}")
+    tokenizer = read_tokenizer(args.tokenizer_from) if args.tokenizer_from else None
     os.makedirs(args.out_dir, exist_ok=True)
     for s in SPECS:
         if only and s.name not in only:
             continue
         path = os.path.join(args.out_dir, s.name + ".gguf")
-        size = write_model(s, path)
+        size = write_model(s, path, tokenizer)
         print(f"{s.name}\t{path}\t{size}\thead_k={s.head_k}\thead_v={s.head_v}\t"
               f"heads={s.n_head}/{s.n_head_kv}\tlayers={s.n_layer}")
     return 0
