@@ -7,7 +7,8 @@ Usage: run.py OUT_DIR [--bin PATH] [--types f16,q8_0,...] [--kvq-bits 2,4,8] [--
 For each model of make_models.py: f16, q8_0, q4_0 and, for each kvq bit width asked, the kvq
 type of the model's head size ("kvq<bits>_<head>") and the head-size-agnostic name ("kvq<bits>")
 where this llama.cpp build has them (a name the build does not know is reported "no type", not a
-failure: the test looks types up by name). Then the refusals: a kvq type of another head size,
+failure: the test looks types up by name). Sliding-window models also run q8_0 and kvq4 past the size of their sliding-window
+cache (its cells reused). Then the refusals: a kvq type of another head size,
 a missing model and an unknown type name must each exit with status 2.
 
 Prints a table (one row per run) and exits 0 only if every run that should pass passed and
@@ -80,8 +81,15 @@ def main() -> int:
         types = [t for t in a.types.split(",") if t]
         for b in bits:
             types += [f"kvq{b}_{s.head_k}", f"kvq{b}"]
-        for t in types:
-            rc, j, err = run_test(a.bin, ["--model", path, "--type", t] + common, a.timeout)
+        runs = [(t, common, t) for t in types]
+        if s.swa:
+            # past the sliding-window cache's cells (window + ubatch, padded to 256: 256 here):
+            # 224 + 48 tokens reuse its cells, and every cell the mask leaves live must still
+            # hold the right row
+            long = ["--prefill", "224", "--decode", "48", "--threads", str(a.threads)]
+            runs += [(t, long, f"{t} (224+48)") for t in ("q8_0", f"kvq4_{s.head_k}")]
+        for t, args_t, label in runs:
+            rc, j, err = run_test(a.bin, ["--model", path, "--type", t] + args_t, a.timeout)
             if j is not None:
                 results.append(j)
                 L = j["layers"]
@@ -90,7 +98,7 @@ def main() -> int:
                 ok = rc == 0 and j["pass"]
                 bad += not ok
                 api = j["cache_bytes_api"]
-                rows.append([s.name, t, "pass" if ok else "FAIL",
+                rows.append([s.name, label, "pass" if ok else "FAIL",
                              f"{j['kl_vs_f16_run']:.2e}",
                              f"{mx('row_rel_err_k'):.4f}/{mx('row_rel_err_v'):.4f}",
                              f"{mx('attn_rel_err'):.4f}",
@@ -99,14 +107,15 @@ def main() -> int:
                              f"{mn('ctrl_wrong_head'):.1f}/{mn('ctrl_wrong_head_size'):.1f}",
                              f"{j['layer_bytes_k']}/{j['f16_bytes_k']}",
                              "yes" if api is not None else "no (null)",
-                             j["state"],
+                             "identical" if j["state_logits_bit_identical"]
+                             else ("same rows, other cells" if j["checks"]["state"] else j["state"][:80]),
                              "; ".join(j["failures"])[:200]])
             elif rc == 2 and "unknown cache type name" in err:
-                rows.append([s.name, t, "no type", "", "", "", "", "", "", "", "", "", "this build has no type of that name"])
+                rows.append([s.name, label, "no type", "", "", "", "", "", "", "", "", "", "this build has no type of that name"])
             else:
                 bad += 1
                 what = f"signal {-rc}" if rc < 0 else f"exit {rc}"
-                rows.append([s.name, t, "FAIL", "", "", "", "", "", "", "", "", "", f"{what}: {err}"[:300]])
+                rows.append([s.name, label, "FAIL", "", "", "", "", "", "", "", "", "", f"{what}: {err}"[:300]])
         # a kvq type of another head size must be refused (exit 2) with llama.cpp's reason
         other = 64 if s.head_k != 64 else 128
         t = f"kvq4_{other}"
