@@ -128,7 +128,9 @@ std::string json_num(double x) {
 ggml_type type_by_name(const std::string & name) {
     for (int i = 0; i < GGML_TYPE_COUNT; ++i) {
         const char * n = ggml_type_name((ggml_type) i);
-        if (n != nullptr && name == n && ggml_type_size((ggml_type) i) > 0) return (ggml_type) i;
+        // (a name may stand for a choice llama.cpp resolves per layer, with no block of its own:
+        // "kvq4" -> kvq4_<that layer's head size>; the per-layer check below accepts that)
+        if (n != nullptr && name == n) return (ggml_type) i;
     }
     throw UsageError("unknown cache type name '" + name + "' (a ggml type name: f16, q8_0, q4_0, kvq4_64, ...)");
 }
@@ -167,11 +169,27 @@ size_t row_bytes_formula(ggml_type t, int64_t d) {
     return (size_t) (d / blck) * ggml_type_size(t);
 }
 
+bool type_name_exists(const std::string & name) {
+    for (int i = 0; i < GGML_TYPE_COUNT; ++i) {
+        const char * n = ggml_type_name((ggml_type) i);
+        if (n != nullptr && name == n) return true;
+    }
+    return false;
+}
+
 // does the cache type `got` satisfy the asked `want` for rows of `d` values: the same type, or
-// a head-size-agnostic name resolved to the type of this head size ("kvq4" -> "kvq4_128")
-bool type_matches(ggml_type want, ggml_type got, int64_t d) {
+// a head-size-agnostic name (no block of its own) resolved to the type of this head size ("kvq4"
+// -> "kvq4_128"); where this build has no type of that head size, llama.cpp falls back to a type
+// of its own (patch 0003: q8_0, or f16), which is accepted and reported (*fallback)
+bool type_matches(ggml_type want, ggml_type got, int64_t d, bool * fallback) {
     if (want == got) return true;
-    return std::string(ggml_type_name(got)) == std::string(ggml_type_name(want)) + "_" + std::to_string(d);
+    const std::string resolved = std::string(ggml_type_name(want)) + "_" + std::to_string(d);
+    if (ggml_type_name(got) == resolved) return true;
+    if (ggml_blck_size(want) == 0 && !type_name_exists(resolved) && !is_kvq(got) && ggml_blck_size(got) > 0) {
+        *fallback = true;
+        return true;
+    }
+    return false;
 }
 
 struct Options {
@@ -930,7 +948,7 @@ int run(int argc, char ** argv) {
     // ---- checks -----------------------------------------------------------------------------
     std::vector<std::string> failures = run.tap.failures;
     for (const auto & f : ref.tap.failures) failures.push_back("f16 run: " + f);
-    bool types_ok = true, bytes_ok = true, rows_ok = true, bound_ok = true, controls_ok = true;
+    bool types_ok = true, bytes_ok = true, rows_ok = true, bound_ok = true, controls_ok = true, fallback = false;
     size_t sum_k = 0, sum_v = 0;
     std::ostringstream lj;
     lj << "[";
@@ -941,7 +959,9 @@ int run(int argc, char ** argv) {
             types_ok = bytes_ok = bound_ok = false;
             continue;
         }
-        const bool tok = type_matches(tk, L.type_k, mf.head_k) && type_matches(tv, L.type_v, mf.head_v);
+        bool fb_k = false, fb_v = false;
+        const bool tok = type_matches(tk, L.type_k, mf.head_k, &fb_k) && type_matches(tv, L.type_v, mf.head_v, &fb_v);
+        if (fb_k || fb_v) fallback = true;
         if (!tok) {
             types_ok = false;
             failures.push_back("layer " + std::to_string(il) + ": cache types " + ggml_type_name(L.type_k) + "/" +
@@ -1057,7 +1077,7 @@ int run(int argc, char ** argv) {
       << ",\"cache_bytes_api\":" << (run.bytes_api ? "{\"k\":" + std::to_string(run.api_k) + ",\"v\":" + std::to_string(run.api_v) +
                                                          ",\"buffers\":" + std::to_string(run.api_buf) + "}"
                                                    : std::string("null"))
-      << ",\"layer_bytes_k\":" << sum_k << ",\"layer_bytes_v\":" << sum_v << ",\"f16_bytes_k\":" << [&] {
+      << ",\"type_fallback\":" << (fallback ? "true" : "false") << ",\"layer_bytes_k\":" << sum_k << ",\"layer_bytes_v\":" << sum_v << ",\"f16_bytes_k\":" << [&] {
              size_t s = 0;
              for (const auto & L : ref.layers) s += L.bytes_k;
              return s;

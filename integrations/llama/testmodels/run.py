@@ -109,7 +109,8 @@ def main() -> int:
                              "yes" if api is not None else "no (null)",
                              "identical" if j["state_logits_bit_identical"]
                              else ("same rows, other cells" if j["checks"]["state"] else j["state"][:80]),
-                             "; ".join(j["failures"])[:200]])
+                             ("fallback: " + "/".join(sorted({l["type_k"] + "," + l["type_v"] for l in L})) + "; "
+                              if j.get("type_fallback") else "") + "; ".join(j["failures"])[:200]])
             elif rc == 2 and "unknown cache type name" in err:
                 rows.append([s.name, label, "no type", "", "", "", "", "", "", "", "", "", "this build has no type of that name"])
             else:
