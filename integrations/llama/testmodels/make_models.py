@@ -80,6 +80,9 @@ SPECS = [
     # key_length 64 != n_embd / n_head (16), as Q is projected up to 16 * 64
     Spec("llama-h64-g16", "llama", n_embd=256, n_head=16, n_head_kv=1, head_k=64, head_v=64,
          n_layer=2, n_ff=512, seed=102, note="llama, head 64, GQA group 16, key_length != n_embd/n_head"),
+    # llama without GQA (group 1: the kvq flash-attention kernel's one-head path), head 64
+    Spec("llama-h64-g1", "llama", n_embd=256, n_head=4, n_head_kv=4, head_k=64, head_v=64,
+         n_layer=2, n_ff=512, seed=108, note="llama, head 64, GQA group 1 (MHA)"),
     # qwen2: Q/K/V biases (Qwen2.5-0.5B: head 64, 14 query / 2 KV heads); head = n_embd / n_head
     Spec("qwen2-h64-g2-bias", "qwen2", n_embd=256, n_head=4, n_head_kv=2, head_k=64, head_v=64,
          n_layer=2, n_ff=512, seed=103, rope_base=1000000.0, qkv_bias=True,
