@@ -130,6 +130,14 @@ struct ModelInfo {
     int n_layer = 0;
     int n_head = 0;
     int n_head_kv = 0;
+    // The per-head K and V sizes as llama.cpp reads them: GGUF <arch>.attention.key_length /
+    // value_length, else n_embd / n_head (they differ from n_embd / n_head on e.g. Gemma 3,
+    // Qwen3, and can differ from each other, as on MLA models).
+    int head_dim_k = 0;
+    int head_dim_v = 0;
+    // Both, where they are equal: every kvc mode treats K and V rows alike (one kvq / C8 / MLP
+    // row size, one state row width); kvc_llama_eval refuses those modes on a model whose K and
+    // V head sizes differ (require_equal_kv_heads), so they only meet head_dim_k == head_dim_v.
     int head_dim = 0;
     int n_vocab = 0;
     std::string desc;
@@ -141,10 +149,19 @@ struct ModelInfo {
     double rope_freq_scale = 1.0;  // llama_model_rope_freq_scale_train
     int rope_n_rot = 0;            // <arch>.rope.dimension_count (0: not in the metadata)
 
-    int n_embd_kv() const { return n_head_kv * head_dim; }
+    int n_embd_kv() const { return n_head_kv * head_dim; }  // a K or V row, where they are alike
+    int n_embd_k() const { return n_head_kv * head_dim_k; }
+    int n_embd_v() const { return n_head_kv * head_dim_v; }
     // bytes one cell holds over all layers (K row + V row per layer) for a cache type
     size_t cell_bytes(ggml_type tk, ggml_type tv) const {
-        return (size_t) n_layer * (ggml_row_size(tk, n_embd_kv()) + ggml_row_size(tv, n_embd_kv()));
+        return (size_t) n_layer * (ggml_row_size(tk, n_embd_k()) + ggml_row_size(tv, n_embd_v()));
+    }
+    // UsageError unless the K and V head sizes are equal: `what` treats K and V rows alike.
+    void require_equal_kv_heads(const std::string & what) const {
+        if (head_dim_k != head_dim_v) {
+            throw UsageError(what + " treats K and V rows alike (one head size); this model's K heads hold " +
+                             std::to_string(head_dim_k) + " values and its V heads " + std::to_string(head_dim_v));
+        }
     }
 };
 

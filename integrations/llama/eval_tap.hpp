@@ -56,8 +56,12 @@ struct TapStats {
 };
 
 struct EvalTap {
+    // the tap reads Q, K and V rows as rows of one head size: a model whose K and V head sizes
+    // differ is refused (UsageError) rather than read wrongly
     explicit EvalTap(const ModelInfo & mi)
-        : n_layer(mi.n_layer), n_head(mi.n_head), n_head_kv(mi.n_head_kv), head_dim(mi.head_dim) {}
+        : n_layer(mi.n_layer), n_head(mi.n_head), n_head_kv(mi.n_head_kv), head_dim(mi.head_dim) {
+        mi.require_equal_kv_heads("the eval callback (attention per cell, row hooks)");
+    }
     bool want_kq = false;
     bool want_rows = false;
     bool want_set_rows = false;

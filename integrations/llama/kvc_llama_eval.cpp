@@ -109,7 +109,25 @@ int run(int argc, char ** argv) {
     mi.n_layer = llama_model_n_layer(model);
     mi.n_head = llama_model_n_head(model);
     mi.n_head_kv = llama_model_n_head_kv(model);
-    mi.head_dim = llama_model_n_embd(model) / std::max(1, mi.n_head);
+    // the head sizes llama.cpp uses: GGUF key_length / value_length, else n_embd / n_head (as
+    // llama_model_base::load_hparams reads them); n_embd / n_head alone is wrong on e.g. Gemma 3
+    // (640 / 4 heads of 256) and Qwen3 (1024 / 16 heads of 128)
+    {
+        const int fallback = llama_model_n_embd(model) / std::max(1, mi.n_head);
+        char arch[64] = {0}, val[64] = {0};
+        mi.head_dim_k = mi.head_dim_v = fallback;
+        if (llama_model_meta_val_str(model, "general.architecture", arch, sizeof arch) > 0) {
+            const std::string a(arch);
+            if (llama_model_meta_val_str(model, (a + ".attention.key_length").c_str(), val, sizeof val) > 0)
+                mi.head_dim_k = (int) std::strtol(val, nullptr, 10);
+            if (llama_model_meta_val_str(model, (a + ".attention.value_length").c_str(), val, sizeof val) > 0)
+                mi.head_dim_v = (int) std::strtol(val, nullptr, 10);
+        }
+        if (mi.head_dim_k <= 0 || mi.head_dim_v <= 0)
+            throw UsageError("model '" + o.model + "': head sizes K " + std::to_string(mi.head_dim_k) + ", V " +
+                             std::to_string(mi.head_dim_v));
+        mi.head_dim = mi.head_dim_k;  // both, for the modes that require them equal (below)
+    }
     const llama_vocab * vocab = llama_model_get_vocab(model);
     mi.n_vocab = llama_vocab_n_tokens(vocab);
     char desc[256];
@@ -130,6 +148,27 @@ int run(int argc, char ** argv) {
                 mi.rope_freq_base = std::strtod(val, nullptr);
             if (llama_model_meta_val_str(model, (a + ".rope.dimension_count").c_str(), val, sizeof val) > 0)
                 mi.rope_n_rot = (int) std::strtol(val, nullptr, 10);
+        }
+    }
+    // every mode but llama.cpp's own rows treats K and V rows alike: refused before any decoding
+    // on a model whose K and V head sizes differ
+    if (mi.head_dim_k != mi.head_dim_v) {
+        for (const auto & m : o.modes) {
+            if (m != "full" && m != "streaming" && m != "f16-fa" && m != "q8_0" && m != "q4_0" && m != "q8_0-q4_0")
+                mi.require_equal_kv_heads("mode '" + m + "'");
+        }
+        for (const auto & m : o.speed_modes) mi.require_equal_kv_heads("speed mode '" + m + "'");
+        if (!o.share_child.empty()) mi.require_equal_kv_heads("share mode");
+    }
+    // the modes that read or write the sequence state parse it as one cache holding every layer
+    // (llama_state_parse.hpp); a sliding-window model's state holds two (llama.cpp's iSWA cache:
+    // the full-attention layers, then the sliding-window layers), so they are refused on it
+    if (llama_model_n_swa(model) > 0) {
+        for (const auto & m : o.modes) {
+            if (m == "state" || m == "share" || m == "dump" || is_mlp_mode(m) || m.rfind("mlp", 0) == 0)
+                throw UsageError("mode '" + m + "' reads the sequence state as one cache of every layer; this model has " +
+                                 "sliding-window layers (window " + std::to_string(llama_model_n_swa(model)) +
+                                 "), whose state llama.cpp writes as two caches (iSWA)");
         }
     }
     // a share-mode process 2, started by process 1: restore, decode, write its files, nothing else

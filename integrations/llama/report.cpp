@@ -50,7 +50,8 @@ void write_json(const std::string & path, const Options & o, const ModelInfo & m
     std::ostringstream j;
     j << "{\n  \"model\": \"" << json_escape(mi.file) << "\", \"model_desc\": \"" << json_escape(mi.desc) << "\",\n";
     j << "  \"n_layer\": " << mi.n_layer << ", \"n_head\": " << mi.n_head << ", \"n_head_kv\": " << mi.n_head_kv
-      << ", \"head_dim\": " << mi.head_dim << ",\n";
+      << ", \"head_dim\": " << mi.head_dim << ", \"head_dim_k\": " << mi.head_dim_k << ", \"head_dim_v\": " << mi.head_dim_v
+      << ",\n";
     j << "  \"n_tokens\": " << o.n_tokens << ", \"ppl_from\": " << o.ppl_from << ", \"prompt\": " << o.prompt
       << ", \"threads\": " << o.threads << ",\n";
     j << "  \"budget\": {\"ratio\": " << json_num(o.ratio) << ", \"sink\": " << o.sink << ", \"recent\": " << o.recent
