@@ -3,7 +3,11 @@
 # (--kl-divergence against an f16 base: kvq8, kvq4, a kvq plan, q4_0, each KL bounded and
 # ordered, the cache bytes llama.cpp reports equal to kvq's packed rows), llama-server (a chat
 # completion with -ctk kvq4 -ctv kvq4 and with --kvc-plan, prompt-cache reuse, a slot saved
-# and restored, context shift) and llama-cli's help; bad input refused. The build is
+# and restored, context shift) and llama-cli's help; bad input refused; then kvc_arch_test on
+# small random-weight GGUFs of other architectures (llama at head 128 and GQA 1/16, qwen2,
+# qwen3, gemma3 with sliding-window layers at head 256 and 128, phi3 at head 96): attention
+# within a bound derived from each type's row error, rows and bytes as asked, the state round
+# trip, refusals (integrations/llama/testmodels/, docs/llama-cpp.md). The build is
 # fetch-and-build.sh's, cached with the rest of .cache/llama (50-llama.sh built it).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -18,4 +22,9 @@ t1=$SECONDS
 python3 integrations/llama/ci_tools.py --bin-dir "$(dirname "$LLAMA_SERVER")" --model "$MODEL" --text "$TEXT_A" \
     --plan data/kvq-plans/smollm2-135m-r3.5-kw3.json --out "$out"
 echo "55-llama-tools: the tools' checks took $((SECONDS - t1)) s"
+t2=$SECONDS
+python3 integrations/llama/testmodels/run.py "$out/models" --bin "$ARCH_TEST" >"$out/arch.txt" 2>&1 \
+    || { cat "$out/arch.txt" >&2; echo "55-llama-tools: kvc_arch_test failed" >&2; exit 1; }
+tail -n 14 "$out/arch.txt"
+echo "55-llama-tools: the architecture suite took $((SECONDS - t2)) s"
 echo "55-llama-tools: passed"
