@@ -9,7 +9,8 @@
 - llama-server with -ctk kvq4 -ctv kvq4 and with --kvc-plan answers a chat completion; a
   repeated prompt reuses the cache; a slot saved and restored; generation past the context
   with context shift;
-- bad input refused with a message: an unknown kvq width, a plan for another model.
+- bad input refused with a message: an unknown kvq width, a plan for another model, a saved
+  slot whose kvc type name differs from this build's (another build's ids).
 
 Every check can fail; the first failure ends the run with status 1 and says what it saw.
 
@@ -26,6 +27,11 @@ import sys
 import time
 import urllib.error
 import urllib.request
+
+
+# ggml's OpenMP workers spin at barriers by default: on 2 cores shared with anything else a
+# 2-thread decode can slow down a hundredfold, so the tools run with passive waiting
+os.environ.setdefault("OMP_WAIT_POLICY", "passive")
 
 
 def fail(msg):
@@ -191,6 +197,21 @@ def main():
         r3 = s.chat(q, id_slot=0)
         if r3["usage"].get("prompt_tokens_details", {}).get("cached_tokens", 0) <= 0:
             fail(f"the restored slot was not reused: {r3['usage']}")
+        # a saved state names each kvc type after its id: the same id under another name (a
+        # build whose kvc ids differ) is refused, not read as rows of another format
+        blob = open(os.path.join(slots, "slot0.bin"), "rb").read()
+        n_names = blob.count(b"kvq4_64\0")
+        if n_names != 60:  # 30 layers, K and V
+            fail(f"the slot file names kvq4_64 {n_names} times, want 60 (30 layers x K, V)")
+        open(os.path.join(slots, "slot0-renamed.bin"), "wb").write(blob.replace(b"kvq4_64\0", b"kvq5_64\0", 1))
+        try:
+            bad = http(s.port, "/slots/0?action=restore", {"filename": "slot0-renamed.bin"})
+            fail(f"a slot file whose kvc type name differs was restored: {bad}")
+        except urllib.error.HTTPError as e:
+            if e.code < 400:
+                fail(f"restoring a renamed slot file: HTTP {e.code}")
+        if "saved by a build with other kvc type ids" not in open(s.log, errors="replace").read():
+            fail("llama-server's log does not say why the renamed slot file was refused")
         results["server_kvq4"] = {"answer": r1["choices"][0]["message"]["content"], "cached_tokens": cached,
                                   "slot_saved_tokens": saved["n_saved"],
                                   "slot_file_bytes": os.path.getsize(os.path.join(slots, "slot0.bin"))}

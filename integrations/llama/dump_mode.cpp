@@ -122,7 +122,7 @@ void write_sidecar(const std::string & path, const std::string & file, const cha
     }
     j << "  \"model\": \"" << json_escape(mi.file) << "\",\n";
     j << "  \"model_desc\": \"" << json_escape(mi.desc) << "\",\n";
-    j << "  \"runtime\": \"llama.cpp (llama-cpp-sys-2 0.1.161 vendored source), CPU, kv cache type f16, flash_attn off, "
+    j << "  \"runtime\": \"llama.cpp 0c1e57098 (llama-cpp-python 0.3.36 sdist, kvc's patch series), CPU, kv cache type f16, flash_attn off, "
          "n_ctx 4096, n_ubatch 512\",\n";
     j << "  \"text_source\": \"" << json_escape(base_name(text_path)) << ", first " << n_tok << " tokens\",\n";
     j << "  \"text_file_tokens_total\": " << text_tokens_total << ",\n";

@@ -3,7 +3,9 @@
 mean KL against the f16 base, PPL(Q)/PPL(base), same-top-token rate, and the K+V bytes
 llama.cpp reported for the cache it allocated, as a ratio against f16.
 
-    tools_kl_table.py DIR        (markdown on stdout, DIR/summary.json)
+    tools_kl_table.py DIR                (markdown on stdout, DIR/summary.json)
+    tools_kl_table.py --vs-client DIR    (tools-vs-client.sh: llama-perplexity's chunk 1 against
+                                          kvc_llama_eval on the same targets, DIR/vs-client.json)
 """
 import glob
 import json
@@ -36,10 +38,46 @@ def parse(path):
     return row
 
 
+def chunk1_kl(path):
+    """KL of llama-perplexity's first chunk alone (its per-chunk rows are running means)."""
+    for line in open(path, errors="replace"):
+        m = re.match(r"^ +1 +[0-9.]+ ± +[0-9.]+ +-?[0-9.]+ ± +[0-9.]+ +([0-9.]+) ± +([0-9.]+)", line)
+        if m:
+            return float(m.group(1)), float(m.group(2))
+    return None
+
+
+def vs_client(d):
+    import statistics
+    rows = {}
+    print("| text | cache | llama-perplexity chunk 1 KL | client KL, same targets | client fake-quant KL over 6 rotation seeds (min .. max, sd) |")
+    print("|---|---|---|---|---|")
+    for path in sorted(glob.glob(os.path.join(d, "client-*.json"))):
+        text = os.path.basename(path)[len("client-"):-len(".json")]
+        res = {r["mode"]: r for r in json.load(open(path))["texts"][0]["results"]}
+        seeds = [r["kl"] for m, r in res.items() if m == "kvq:k4v4" or m.startswith("kvq:k4v4:s")]
+        spread = {"min": min(seeds), "max": max(seeds), "sd": statistics.stdev(seeds), "n": len(seeds)}
+        for label, mode in [("kvq4", "kvq-native:k4v4"), ("plan-r3.5-kw3", next(m for m in res if m.startswith("kvq-native-plan:")))]:
+            tool = chunk1_kl(os.path.join(d, f"{text}.{label}.log"))
+            rows.setdefault(text, {})[label] = {"tool_chunk1_kl": tool[0] if tool else None,
+                                                "tool_chunk1_kl_pm": tool[1] if tool else None,
+                                                "client_kl": res[mode]["kl"], "client_ppl": res[mode]["ppl"],
+                                                "client_n_scored": res[mode].get("n_scored")}
+            spread_txt = f"{spread['min']:.4f} .. {spread['max']:.4f}, sd {spread['sd']:.4f}" if label == "kvq4" else "(k4v4 only)"
+            print(f"| {text} | {label} | {tool[0]:.4f} ± {tool[1]:.4f} | {res[mode]['kl']:.4f} | {spread_txt} |")
+        rows[text]["k4v4_seed_spread"] = spread
+    json.dump(rows, open(os.path.join(d, "vs-client.json"), "w"), indent=1, sort_keys=True)
+
+
 def main():
+    if sys.argv[1] == "--vs-client":
+        vs_client(sys.argv[2])
+        return
     d = sys.argv[1]
     texts = {}
     for path in sorted(glob.glob(os.path.join(d, "*.log"))):
+        if os.path.basename(path).startswith("client-"):
+            continue
         text, label = os.path.basename(path)[:-4].split(".", 1)
         texts.setdefault(text, {})[label] = parse(path)
     json.dump(texts, open(os.path.join(d, "summary.json"), "w"), indent=1, sort_keys=True)
