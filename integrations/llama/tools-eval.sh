@@ -31,7 +31,7 @@ configs=(
     "plan-r5-kw3|--kvc-plan data/kvq-plans/smollm2-135m-r5-kw3.json"
 )
 # the lines of a llama-perplexity log the table and a reader need
-keep() { grep -E "llama_kv_cache: size|computing over|^ +[0-9]+ +[0-9.]+ ±|Final estimate|Mean|KLD|Same top|RMS Δp|Cor\(" "$1" || true; }
+keep() { grep -E "llama_kv_cache: size|over [0-9]+ chunks|^ +[0-9]+ +[0-9.]+ ±|Final estimate|Mean|KLD|Same top|RMS Δp|Cor\(" "$1" || true; }
 for text in "$TEXT_A" "$TEXT_B"; do
     name="$(basename "$text" .txt)"
     base="$work/$name.f16.kld"

@@ -32,7 +32,7 @@ def parse(path):
         if m:
             row[key] = float(m[0])
             row[key + "_pm"] = float(m[1])
-    chunks = last(r"computing over (\d+) chunks, n_ctx=(\d+)", t)
+    chunks = last(r"over (\d+) chunks, n_ctx=(\d+)", t)
     if chunks:
         row["chunks"], row["n_ctx"] = int(chunks[0]), int(chunks[1])
     return row
@@ -41,16 +41,16 @@ def parse(path):
 def chunk1_kl(path):
     """KL of llama-perplexity's first chunk alone (its per-chunk rows are running means)."""
     for line in open(path, errors="replace"):
-        m = re.match(r"^ +1 +[0-9.]+ ± +[0-9.]+ +-?[0-9.]+ ± +[0-9.]+ +([0-9.]+) ± +([0-9.]+)", line)
+        m = re.match(r"^ +1 +([0-9.]+) ± +[0-9.]+ +-?[0-9.]+ ± +[0-9.]+ +([0-9.]+) ± +([0-9.]+)", line)
         if m:
-            return float(m.group(1)), float(m.group(2))
+            return float(m.group(2)), float(m.group(3)), float(m.group(1))
     return None
 
 
 def vs_client(d):
     import statistics
     rows = {}
-    print("| text | cache | llama-perplexity chunk 1 KL | client KL, same targets | client fake-quant KL over 6 rotation seeds (min .. max, sd) |")
+    print("| text | cache | llama-perplexity chunk 1: KL, PPL | client, same targets: KL, PPL | client fake-quant k4v4 KL over 6 rotation seeds (min .. max, sd) |")
     print("|---|---|---|---|---|")
     for path in sorted(glob.glob(os.path.join(d, "client-*.json"))):
         text = os.path.basename(path)[len("client-"):-len(".json")]
@@ -61,10 +61,12 @@ def vs_client(d):
             tool = chunk1_kl(os.path.join(d, f"{text}.{label}.log"))
             rows.setdefault(text, {})[label] = {"tool_chunk1_kl": tool[0] if tool else None,
                                                 "tool_chunk1_kl_pm": tool[1] if tool else None,
+                                                "tool_chunk1_ppl": tool[2] if tool else None,
                                                 "client_kl": res[mode]["kl"], "client_ppl": res[mode]["ppl"],
                                                 "client_n_scored": res[mode].get("n_scored")}
             spread_txt = f"{spread['min']:.4f} .. {spread['max']:.4f}, sd {spread['sd']:.4f}" if label == "kvq4" else "(k4v4 only)"
-            print(f"| {text} | {label} | {tool[0]:.4f} ± {tool[1]:.4f} | {res[mode]['kl']:.4f} | {spread_txt} |")
+            print(f"| {text} | {label} | {tool[0]:.4f} ± {tool[1]:.4f}, {tool[2]:.4f} | {res[mode]['kl']:.4f}, "
+                  f"{res[mode]['ppl']:.4f} | {spread_txt} |")
         rows[text]["k4v4_seed_spread"] = spread
     json.dump(rows, open(os.path.join(d, "vs-client.json"), "w"), indent=1, sort_keys=True)
 
@@ -86,7 +88,7 @@ def main():
         base = f16.get("k_mib", 0) + f16.get("v_mib", 0)
         print(f"\n### {text} ({f16.get('chunks', '?')} chunks of {f16.get('n_ctx', '?')} tokens, "
               f"f16 PPL {f16.get('ppl_f16', float('nan')):.4f})\n")
-        print("| cache | K / V types | bytes vs f16 | mean KL | PPL(Q)/PPL(f16) | same top token |")
+        print("| cache | K / V type (a plan's: layer 0's) | K+V bytes vs f16 | mean KL | PPL(Q)/PPL(f16) | same top token |")
         print("|---|---|---|---|---|---|")
         order = sorted((r for r in rows.items() if r[0] != "f16"), key=lambda r: -(r[1].get("k_mib", 0) + r[1].get("v_mib", 0)))
         for label, r in order:
