@@ -118,6 +118,11 @@
 #define KVC_H2O_PLAN_DROPPED 2
 
 /**
+ * `tensor` of `kvc_kvq_cells_bytes_held`: the bookkeeping every tensor shares.
+ */
+#define KVC_KVQ_CELLS_SHARED UINT32_MAX
+
+/**
  * The most layers a quantizer describes.
  */
 #define KVC_QUANT_MAX_LAYERS (1 << 16)
@@ -138,7 +143,7 @@
  * fields are added (only ever appended). A program built against minor `m` runs on any
  * library with the same major and a minor `>= m`.
  */
-#define KVC_ABI_VERSION_MINOR 13
+#define KVC_ABI_VERSION_MINOR 14
 
 /**
  * The ABI version this header describes, `(major << 16) | minor`. Pass it to
@@ -335,6 +340,14 @@ typedef struct kvc_h2o kvc_h2o;
  * other function takes `const kvc_kvq*` and may run concurrently on one handle.
  */
 typedef struct kvc_kvq kvc_kvq;
+
+/**
+ * The protected cells of one kvq cache: opaque; create with `kvc_kvq_cells_new`,
+ * free with `kvc_kvq_cells_free`. Calls that take `const kvc_kvq_cells*`
+ * (`kvc_kvq_cells_scores`, `kvc_kvq_cells_accumulate`, the queries) may run concurrently;
+ * the others need the handle to themselves.
+ */
+typedef struct kvc_kvq_cells kvc_kvq_cells;
 
 /**
  * A loaded compressor: opaque; create with `kvc_mlp_new` or `kvc_mlp_new_from_memory`,
@@ -1129,6 +1142,74 @@ typedef struct kvc_tiers_metrics {
 } kvc_tiers_metrics;
 
 /**
+ * The protections a kvq plan asks the engine for (plan version 3, `docs/formats/kvq.md`):
+ * what `kvc_kvq_cells` applies per layer.
+ */
+typedef struct kvc_kvq_protections {
+    /**
+     * Leading positions of each sequence held as f16 rows.
+     */
+    uint32_t sink;
+    /**
+     * Newest positions of each sequence held as `window_bits` kvq rows.
+     */
+    uint32_t window;
+    /**
+     * Bits of the window rows (2..=8; 0 when `window` is 0).
+     */
+    uint32_t window_bits;
+    /**
+     * 1 when K is coded relative to a per-sequence center, else 0.
+     */
+    uint32_t k_center;
+} kvc_kvq_protections;
+
+/**
+ * What a `kvc_kvq_cells` protects, the same for every tensor (see `kvc_kvq_cells_new`).
+ */
+typedef struct kvc_kvq_cells_config {
+    /**
+     * Cells of each tensor, every stream's.
+     */
+    uint32_t n_cells;
+    /**
+     * Positions `< sink` of each sequence are held as f16 rows.
+     */
+    uint32_t sink;
+    /**
+     * A query reads the positions less than `window` before it from `window_bits` rows.
+     */
+    uint32_t window;
+    /**
+     * Bits of the window rows (2..=8; ignored when `window` is 0).
+     */
+    uint32_t window_bits;
+} kvc_kvq_cells_config;
+
+/**
+ * One tensor of the cache (a layer's K or V; see `kvc_kvq_cells_new`).
+ */
+typedef struct kvc_kvq_cells_tensor {
+    /**
+     * Values per row: 64, 128 or 256.
+     */
+    uint32_t head_dim;
+    /**
+     * Rows per cell (KV heads).
+     */
+    uint32_t n_kv_head;
+    /**
+     * Bits of the tensor's block rows (2..=8).
+     */
+    uint32_t bits;
+    /**
+     * 1: code main rows relative to a per-sequence center (needs sink and window >= 1;
+     * for K); 0: as they are.
+     */
+    uint32_t center;
+} kvc_kvq_cells_tensor;
+
+/**
  * The C API as function pointers; each field behaves exactly as the function of the
  * same name with the `kvc_` prefix (see there for ownership and threads).
  *
@@ -1886,6 +1967,99 @@ typedef struct kvc_api {
                                     const char *codec_name,
                                     const char *calibration_path,
                                     struct kvc_tiers **out);
+    /**
+     * See `kvc_kvq_get_protections` (ABI 0.14).
+     */
+    enum kvc_status (*kvq_get_protections)(const struct kvc_kvq *kvq,
+                                           struct kvc_kvq_protections *out);
+    /**
+     * See `kvc_kvq_cells_new` (ABI 0.14).
+     */
+    enum kvc_status (*kvq_cells_new)(const struct kvc_kvq_cells_config *config,
+                                     const struct kvc_kvq_cells_tensor *tensors,
+                                     size_t n_tensors,
+                                     struct kvc_kvq_cells **out);
+    /**
+     * See `kvc_kvq_cells_main_cell_bytes` (ABI 0.14).
+     */
+    enum kvc_status (*kvq_cells_main_cell_bytes)(const struct kvc_kvq_cells *cells,
+                                                 uint32_t tensor,
+                                                 size_t *out);
+    /**
+     * See `kvc_kvq_cells_bytes_held` (ABI 0.14).
+     */
+    enum kvc_status (*kvq_cells_bytes_held)(const struct kvc_kvq_cells *cells,
+                                            uint32_t tensor,
+                                            size_t *out);
+    /**
+     * See `kvc_kvq_cells_begin_ubatch` (ABI 0.14).
+     */
+    enum kvc_status (*kvq_cells_begin_ubatch)(struct kvc_kvq_cells *cells,
+                                              const int32_t *pos,
+                                              const int32_t *seq,
+                                              const int64_t *cell_idx,
+                                              size_t n);
+    /**
+     * See `kvc_kvq_cells_write` (ABI 0.14).
+     */
+    enum kvc_status (*kvq_cells_write)(struct kvc_kvq_cells *cells,
+                                       uint32_t tensor,
+                                       const float *rows,
+                                       size_t n_values,
+                                       const int64_t *cell_idx,
+                                       size_t n_rows,
+                                       uint8_t *main,
+                                       size_t main_len);
+    /**
+     * See `kvc_kvq_cells_scores` (ABI 0.14).
+     */
+    enum kvc_status (*kvq_cells_scores)(const struct kvc_kvq_cells *cells,
+                                        uint32_t tensor,
+                                        const uint8_t *main,
+                                        size_t main_len,
+                                        uint32_t kv_head,
+                                        uint32_t cell0,
+                                        size_t n,
+                                        uint32_t token,
+                                        const float *q_rot,
+                                        size_t n_queries,
+                                        float *scores,
+                                        size_t scores_len);
+    /**
+     * See `kvc_kvq_cells_accumulate` (ABI 0.14).
+     */
+    enum kvc_status (*kvq_cells_accumulate)(const struct kvc_kvq_cells *cells,
+                                            uint32_t tensor,
+                                            const uint8_t *main,
+                                            size_t main_len,
+                                            uint32_t kv_head,
+                                            uint32_t cell0,
+                                            size_t n,
+                                            uint32_t token,
+                                            const float *w,
+                                            size_t w_len,
+                                            size_t n_queries,
+                                            float *acc);
+    /**
+     * See `kvc_kvq_cells_release` (ABI 0.14).
+     */
+    enum kvc_status (*kvq_cells_release)(struct kvc_kvq_cells *cells, uint32_t cell);
+    /**
+     * See `kvc_kvq_cells_clear` (ABI 0.14).
+     */
+    enum kvc_status (*kvq_cells_clear)(struct kvc_kvq_cells *cells);
+    /**
+     * See `kvc_kvq_cells_copy` (ABI 0.14).
+     */
+    enum kvc_status (*kvq_cells_copy)(struct kvc_kvq_cells *cells,
+                                      uint32_t src0,
+                                      uint32_t dst0,
+                                      uint32_t n,
+                                      int32_t dst_seq);
+    /**
+     * See `kvc_kvq_cells_free` (ABI 0.14).
+     */
+    void (*kvq_cells_free)(struct kvc_kvq_cells *cells);
 } kvc_api;
 
 /**
@@ -2513,6 +2687,21 @@ enum kvc_status kvc_kvq_block_bits(const struct kvc_kvq *kvq,
                                    uint32_t *bits);
 
 /**
+ * The protections the plan behind `kvq` asks for (plan version 3: sink, recent window
+ * as kvq rows, K center; `docs/formats/kvq.md`), written to `*out`: all zero for codecs
+ * made from a config string or a plan without them. An engine applies them with one
+ * `kvc_kvq_cells` per layer and tensor.
+ *
+ * Threads: safe from any thread.
+ *
+ * # Safety
+ * `kvq` a live handle; `out` writable.
+ */
+KVC_NODISCARD
+enum kvc_status kvc_kvq_get_protections(const struct kvc_kvq *kvq,
+                                        struct kvc_kvq_protections *out);
+
+/**
  * Quantizes `n_rows` rows of `head_dim` floats at `src` (one row = one token of one KV
  * head; llama.cpp's K/V rows of a layer are `n_tokens * n_kv_head` such rows) into
  * `dst` (`dst_len` bytes, at least `n_rows * row_bytes`; only those are written). A
@@ -2813,6 +3002,192 @@ enum kvc_status kvc_kvq_block_accumulate_rows_multi(uint32_t head_dim,
                                                     const float *weights,
                                                     size_t n_queries,
                                                     float *acc);
+
+/**
+ * Creates empty cells for `config` and the `n_tensors` tensors at `tensors` (tensor `t`
+ * is named by its index in every later call) and stores the handle in `*out` (only on
+ * `KVC_OK`). `KVC_INVALID_ARGUMENT` for no tensors or cells, bits outside 2..=8, no KV
+ * heads, a center without a sink and a window; `KVC_UNSUPPORTED` for a head_dim other than
+ * 64, 128 or 256.
+ *
+ * Semantics (`docs/formats/kvq.md`, "Cells"): the query at position `q` reads a cell of
+ * its sequence at position `p` from its f16 sink row if `p < sink`, from its window row if
+ * `q - p < window`, else from the engine's tensor; a cell's main rows are coded from its
+ * window rows (minus the center) when its sequence first writes a position `window` or more
+ * after it. Batched and one-token writes read the same rows. Per ubatch:
+ * `kvc_kvq_cells_begin_ubatch`, one `kvc_kvq_cells_write` per tensor, then reads.
+ *
+ * # Safety
+ * `config` readable; `tensors` readable for `n_tensors` entries; `out` writable.
+ */
+KVC_NODISCARD
+enum kvc_status kvc_kvq_cells_new(const struct kvc_kvq_cells_config *config,
+                                  const struct kvc_kvq_cells_tensor *tensors,
+                                  size_t n_tensors,
+                                  struct kvc_kvq_cells **out);
+
+/**
+ * Bytes of one cell of tensor `tensor` (`n_kv_head` block rows of its bits), written to
+ * `*out`: the engine's tensor holds `n_cells` of them, cell `c` at `c * *out`.
+ *
+ * # Safety
+ * `cells` a live handle; `out` writable.
+ */
+KVC_NODISCARD
+enum kvc_status kvc_kvq_cells_main_cell_bytes(const struct kvc_kvq_cells *cells,
+                                              uint32_t tensor,
+                                              size_t *out);
+
+/**
+ * Bytes held beside the engine's tensors, written to `*out`: tensor `tensor`'s sink and
+ * window rows (at their storage's capacity) and centers, or, for `KVC_KVQ_CELLS_SHARED`,
+ * the bookkeeping every tensor shares (per cell, per sequence, the ubatch). The sum over
+ * every tensor and the shared part is every byte the cells hold.
+ *
+ * # Safety
+ * `cells` a live handle; `out` writable.
+ */
+KVC_NODISCARD
+enum kvc_status kvc_kvq_cells_bytes_held(const struct kvc_kvq_cells *cells,
+                                         uint32_t tensor,
+                                         size_t *out);
+
+/**
+ * Starts a ubatch of `n` tokens: token `i` is at position `pos[i]` (>= 0) of sequence
+ * `seq[i]` (>= 0) and goes to cell `cell_idx[i]`, in the order of every tensor's rows
+ * (reads name a query by this index). Decides what the ubatch's writes do. Errors
+ * (nothing changes): a negative position or sequence, a cell out of range or given twice,
+ * `KVC_INVALID_STATE` when a tensor missed the previous ubatch's write. Copied.
+ *
+ * # Safety
+ * `cells` a live handle used by no other call; `pos`, `seq` and `cell_idx` readable for
+ * `n` values.
+ */
+KVC_NODISCARD
+enum kvc_status kvc_kvq_cells_begin_ubatch(struct kvc_kvq_cells *cells,
+                                           const int32_t *pos,
+                                           const int32_t *seq,
+                                           const int64_t *cell_idx,
+                                           size_t n);
+
+/**
+ * Writes tensor `tensor`'s rows of the current ubatch: `rows` (`n_values` = `n_rows *
+ * n_kv_head * head_dim` floats), row `i` for cell `cell_idx[i]` (`n_rows` indices, which
+ * must repeat `kvc_kvq_cells_begin_ubatch`'s). Sink positions keep an f16 row and others a
+ * window row; due centers are fixed and due main rows coded into `main` (the engine's
+ * whole tensor, `main_len` bytes, at least `n_cells * main_cell_bytes`). A row with a
+ * non-finite value is stored poisoned (it reads NaN). `KVC_INVALID_STATE` for a tensor
+ * written twice in one ubatch or cells other than the ubatch's; on error nothing is
+ * written.
+ *
+ * # Safety
+ * `cells` a live handle used by no other call; `rows` readable for `n_values` floats,
+ * `cell_idx` for `n_rows` values; `main` writable for `main_len` bytes, overlapping
+ * neither.
+ */
+KVC_NODISCARD
+enum kvc_status kvc_kvq_cells_write(struct kvc_kvq_cells *cells,
+                                    uint32_t tensor,
+                                    const float *rows,
+                                    size_t n_values,
+                                    const int64_t *cell_idx,
+                                    size_t n_rows,
+                                    uint8_t *main,
+                                    size_t main_len);
+
+/**
+ * Raw dot products (no scale), in tensor `tensor`, of `n_queries` rotated queries (`q_rot`: `n_queries x
+ * head_dim`, rotated with `kvc_kvq_block_rotate`; the query heads of KV head `kv_head` at
+ * ubatch token `token`) with cells `cell0 .. cell0 + n`, each read from its sink, window
+ * or main row as the query's position says (a main row coded centered gets `q . c`
+ * added). Query `j`'s score of cell `cell0 + i` goes to `scores[j * n + i]`
+ * (`scores_len` = `n_queries * n`). `main` is the engine's whole tensor. A cell the
+ * engine masks may score anything. At most 64 queries. No allocation.
+ *
+ * # Safety
+ * `cells` a live handle; `main` readable for `main_len` bytes, `q_rot` for `n_queries *
+ * head_dim` floats; `scores` writable for `scores_len` floats, overlapping nothing else.
+ */
+KVC_NODISCARD
+enum kvc_status kvc_kvq_cells_scores(const struct kvc_kvq_cells *cells,
+                                     uint32_t tensor,
+                                     const uint8_t *main,
+                                     size_t main_len,
+                                     uint32_t kv_head,
+                                     uint32_t cell0,
+                                     size_t n,
+                                     uint32_t token,
+                                     const float *q_rot,
+                                     size_t n_queries,
+                                     float *scores,
+                                     size_t scores_len);
+
+/**
+ * `acc[j] += sum_i w[j * n + i] * row(cell0 + i)` over tensor `tensor`'s cells, in the
+ * rotated basis, for `n_queries` queries (`w`: `n_queries * n` weights, `w_len`; `acc`: `n_queries x head_dim`), each
+ * cell read as `kvc_kvq_cells_scores` reads it for the query at ubatch token `token`; a
+ * weight of 0 skips the cell. Un-rotate each sum once (`kvc_kvq_block_unrotate`). No
+ * allocation.
+ *
+ * # Safety
+ * `cells` a live handle; `main` readable for `main_len` bytes, `w` for `w_len` floats;
+ * `acc` readable and writable for `n_queries * head_dim` floats, overlapping nothing
+ * else.
+ */
+KVC_NODISCARD
+enum kvc_status kvc_kvq_cells_accumulate(const struct kvc_kvq_cells *cells,
+                                         uint32_t tensor,
+                                         const uint8_t *main,
+                                         size_t main_len,
+                                         uint32_t kv_head,
+                                         uint32_t cell0,
+                                         size_t n,
+                                         uint32_t token,
+                                         const float *w,
+                                         size_t w_len,
+                                         size_t n_queries,
+                                         float *acc);
+
+/**
+ * Forgets cell `cell` in every tensor (the engine freed it): its sink or window rows are
+ * released. Between ubatches.
+ *
+ * # Safety
+ * `cells` a live handle used by no other call.
+ */
+KVC_NODISCARD enum kvc_status kvc_kvq_cells_release(struct kvc_kvq_cells *cells, uint32_t cell);
+
+/**
+ * Forgets every cell, sequence and center (the engine cleared its cache).
+ *
+ * # Safety
+ * `cells` a live handle used by no other call.
+ */
+KVC_NODISCARD enum kvc_status kvc_kvq_cells_clear(struct kvc_kvq_cells *cells);
+
+/**
+ * Copies cells `src0 .. src0 + n` onto `dst0 .. dst0 + n` in every tensor (after the
+ * engine copied those cells' main rows, one stream onto another), the copies belonging to
+ * sequence `dst_seq`, which takes the writers' centers. Between ubatches. Ranges out of
+ * bounds or overlapping are `KVC_INVALID_ARGUMENT`.
+ *
+ * # Safety
+ * `cells` a live handle used by no other call.
+ */
+KVC_NODISCARD
+enum kvc_status kvc_kvq_cells_copy(struct kvc_kvq_cells *cells,
+                                   uint32_t src0,
+                                   uint32_t dst0,
+                                   uint32_t n,
+                                   int32_t dst_seq);
+
+/**
+ * Frees cells made by `kvc_kvq_cells_new`. NULL is a no-op.
+ *
+ * # Safety
+ * `cells` NULL or a live handle, not used afterwards.
+ */
+void kvc_kvq_cells_free(struct kvc_kvq_cells *cells);
 
 /**
  * Quantizes `n_rows` rows as `kvc_kvq_quantize_rows` does, each coded as `row - center`:

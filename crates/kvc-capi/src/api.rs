@@ -21,8 +21,9 @@ use crate::h2o::{
     KvcReservePair,
 };
 use crate::kvq::{
-    kvc_kvq_attend, kvc_kvq_block_bits, kvc_kvq_dequantize_rows, kvc_kvq_free, kvc_kvq_new,
-    kvc_kvq_new_from_plan, kvc_kvq_quantize_rows, kvc_kvq_row_bytes, kvc_kvq_shape, KvcKvq,
+    kvc_kvq_attend, kvc_kvq_block_bits, kvc_kvq_dequantize_rows, kvc_kvq_free,
+    kvc_kvq_get_protections, kvc_kvq_new, kvc_kvq_new_from_plan, kvc_kvq_quantize_rows,
+    kvc_kvq_row_bytes, kvc_kvq_shape, KvcKvq, KvcKvqProtections,
 };
 // ABI 0.8: kvq block formats without a handle (ggml type traits).
 use crate::kvq_block::{
@@ -32,6 +33,12 @@ use crate::kvq_block::{
 };
 // ABI 0.9: several queries per tile (grouped-query attention).
 use crate::kvq_block::{kvc_kvq_block_accumulate_rows_multi, kvc_kvq_block_dot_rows_multi};
+use crate::kvq_cells::{
+    kvc_kvq_cells_accumulate, kvc_kvq_cells_begin_ubatch, kvc_kvq_cells_bytes_held,
+    kvc_kvq_cells_clear, kvc_kvq_cells_copy, kvc_kvq_cells_free, kvc_kvq_cells_main_cell_bytes,
+    kvc_kvq_cells_new, kvc_kvq_cells_release, kvc_kvq_cells_scores, kvc_kvq_cells_write,
+    KvcKvqCells, KvcKvqCellsConfig, KvcKvqCellsTensor,
+};
 // ABI 0.12: symmetric, checkable kvq row calls (typed rows, checked dequantize, strided attend).
 use crate::kvq_rows::{
     kvc_kvq_attend_strided, kvc_kvq_dequantize_rows_checked, kvc_kvq_dequantize_rows_typed,
@@ -775,6 +782,86 @@ pub struct KvcApi {
         calibration_path: *const c_char,
         out: *mut *mut KvcTiers,
     ) -> KvcStatus,
+    // --- kvq cells: sink, window and centers in an engine's cache (ABI 0.14) ---
+    /// See `kvc_kvq_get_protections` (ABI 0.14).
+    pub kvq_get_protections:
+        unsafe extern "C" fn(kvq: *const KvcKvq, out: *mut KvcKvqProtections) -> KvcStatus,
+    /// See `kvc_kvq_cells_new` (ABI 0.14).
+    pub kvq_cells_new: unsafe extern "C" fn(
+        config: *const KvcKvqCellsConfig,
+        tensors: *const KvcKvqCellsTensor,
+        n_tensors: usize,
+        out: *mut *mut KvcKvqCells,
+    ) -> KvcStatus,
+    /// See `kvc_kvq_cells_main_cell_bytes` (ABI 0.14).
+    pub kvq_cells_main_cell_bytes:
+        unsafe extern "C" fn(cells: *const KvcKvqCells, tensor: u32, out: *mut usize) -> KvcStatus,
+    /// See `kvc_kvq_cells_bytes_held` (ABI 0.14).
+    pub kvq_cells_bytes_held:
+        unsafe extern "C" fn(cells: *const KvcKvqCells, tensor: u32, out: *mut usize) -> KvcStatus,
+    /// See `kvc_kvq_cells_begin_ubatch` (ABI 0.14).
+    pub kvq_cells_begin_ubatch: unsafe extern "C" fn(
+        cells: *mut KvcKvqCells,
+        pos: *const i32,
+        seq: *const i32,
+        cell_idx: *const i64,
+        n: usize,
+    ) -> KvcStatus,
+    /// See `kvc_kvq_cells_write` (ABI 0.14).
+    pub kvq_cells_write: unsafe extern "C" fn(
+        cells: *mut KvcKvqCells,
+        tensor: u32,
+        rows: *const f32,
+        n_values: usize,
+        cell_idx: *const i64,
+        n_rows: usize,
+        main: *mut u8,
+        main_len: usize,
+    ) -> KvcStatus,
+    /// See `kvc_kvq_cells_scores` (ABI 0.14).
+    pub kvq_cells_scores: unsafe extern "C" fn(
+        cells: *const KvcKvqCells,
+        tensor: u32,
+        main: *const u8,
+        main_len: usize,
+        kv_head: u32,
+        cell0: u32,
+        n: usize,
+        token: u32,
+        q_rot: *const f32,
+        n_queries: usize,
+        scores: *mut f32,
+        scores_len: usize,
+    ) -> KvcStatus,
+    /// See `kvc_kvq_cells_accumulate` (ABI 0.14).
+    pub kvq_cells_accumulate: unsafe extern "C" fn(
+        cells: *const KvcKvqCells,
+        tensor: u32,
+        main: *const u8,
+        main_len: usize,
+        kv_head: u32,
+        cell0: u32,
+        n: usize,
+        token: u32,
+        w: *const f32,
+        w_len: usize,
+        n_queries: usize,
+        acc: *mut f32,
+    ) -> KvcStatus,
+    /// See `kvc_kvq_cells_release` (ABI 0.14).
+    pub kvq_cells_release: unsafe extern "C" fn(cells: *mut KvcKvqCells, cell: u32) -> KvcStatus,
+    /// See `kvc_kvq_cells_clear` (ABI 0.14).
+    pub kvq_cells_clear: unsafe extern "C" fn(cells: *mut KvcKvqCells) -> KvcStatus,
+    /// See `kvc_kvq_cells_copy` (ABI 0.14).
+    pub kvq_cells_copy: unsafe extern "C" fn(
+        cells: *mut KvcKvqCells,
+        src0: u32,
+        dst0: u32,
+        n: u32,
+        dst_seq: i32,
+    ) -> KvcStatus,
+    /// See `kvc_kvq_cells_free` (ABI 0.14).
+    pub kvq_cells_free: unsafe extern "C" fn(cells: *mut KvcKvqCells),
 }
 
 static API: KvcApi = KvcApi {
@@ -888,6 +975,18 @@ static API: KvcApi = KvcApi {
     kvq_dequantize_rows_typed: kvc_kvq_dequantize_rows_typed,
     kvq_attend_strided: kvc_kvq_attend_strided,
     tiers_new_tc: kvc_tiers_new_tc,
+    kvq_get_protections: kvc_kvq_get_protections,
+    kvq_cells_new: kvc_kvq_cells_new,
+    kvq_cells_main_cell_bytes: kvc_kvq_cells_main_cell_bytes,
+    kvq_cells_bytes_held: kvc_kvq_cells_bytes_held,
+    kvq_cells_begin_ubatch: kvc_kvq_cells_begin_ubatch,
+    kvq_cells_write: kvc_kvq_cells_write,
+    kvq_cells_scores: kvc_kvq_cells_scores,
+    kvq_cells_accumulate: kvc_kvq_cells_accumulate,
+    kvq_cells_release: kvc_kvq_cells_release,
+    kvq_cells_clear: kvc_kvq_cells_clear,
+    kvq_cells_copy: kvc_kvq_cells_copy,
+    kvq_cells_free: kvc_kvq_cells_free,
 };
 
 /// Whether a program built against ABI version `requested` can use this library.

@@ -137,6 +137,7 @@ macro_rules! wrap_shared_kind_error {
 wrap_shared_kind_error!(
     kvc_codec,
     kvc_kvq,
+    kvc_kvq_cells,
     kvc_h2o,
     kvc_mlp,
     kvc_cache,

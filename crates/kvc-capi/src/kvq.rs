@@ -23,6 +23,23 @@ pub struct KvcKvq {
     /// Why these codecs are not the handle-free block formats (`kvc_kvq_block_*`), if
     /// they are not.
     not_block: Option<String>,
+    /// The plan's protections (sink, window, window bits, K center); zeros for a config.
+    pub(crate) protections: KvcKvqProtections,
+}
+
+/// The protections a kvq plan asks the engine for (plan version 3, `docs/formats/kvq.md`):
+/// what `kvc_kvq_cells` applies per layer.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KvcKvqProtections {
+    /// Leading positions of each sequence held as f16 rows.
+    pub sink: u32,
+    /// Newest positions of each sequence held as `window_bits` kvq rows.
+    pub window: u32,
+    /// Bits of the window rows (2..=8; 0 when `window` is 0).
+    pub window_bits: u32,
+    /// 1 when K is coded relative to a per-sequence center, else 0.
+    pub k_center: u32,
 }
 
 impl KvcKvq {
@@ -116,10 +133,11 @@ fn from_plan(plan: &KvqPlan) -> Result<KvcKvq, Error> {
             "rotation seed {} is not the default {DEFAULT_SEED}",
             plan.seed
         ))
-    } else if plan.sink_tokens != 0 || plan.recent_tokens != 0 {
+    } else if plan.recent_tokens != 0 && plan.recent_bits.is_none() {
         Some(format!(
-            "the plan keeps {} sink and {} recent tokens in f16, which a cache of block rows cannot hold",
-            plan.sink_tokens, plan.recent_tokens
+            "the plan keeps {} recent tokens in f16, which a cache of block rows cannot hold \
+             (plan version 3's recent_bits keeps them as kvq rows: kvc_kvq_cells)",
+            plan.recent_tokens
         ))
     } else {
         None
@@ -129,6 +147,16 @@ fn from_plan(plan: &KvqPlan) -> Result<KvcKvq, Error> {
         head_dim: d,
         n_kv_head: plan.n_kv_head as usize,
         not_block,
+        protections: KvcKvqProtections {
+            sink: plan.sink_tokens,
+            window: if plan.recent_bits.is_some() {
+                plan.recent_tokens
+            } else {
+                0
+            },
+            window_bits: plan.recent_bits.map_or(0, u32::from),
+            k_center: u32::from(plan.k_center),
+        },
     })
 }
 
@@ -247,6 +275,31 @@ pub unsafe extern "C" fn kvc_kvq_block_bits(
             });
         }
         *o = u32::from(c.bits());
+        Ok(())
+    })
+}
+
+/// The protections the plan behind `kvq` asks for (plan version 3: sink, recent window
+/// as kvq rows, K center; `docs/formats/kvq.md`), written to `*out`: all zero for codecs
+/// made from a config string or a plan without them. An engine applies them with one
+/// `kvc_kvq_cells` per layer and tensor.
+///
+/// Threads: safe from any thread.
+///
+/// # Safety
+/// `kvq` a live handle; `out` writable.
+#[no_mangle]
+#[must_use = "a kvc_status reports failure"]
+pub unsafe extern "C" fn kvc_kvq_get_protections(
+    kvq: *const KvcKvq,
+    out: *mut KvcKvqProtections,
+) -> KvcStatus {
+    status_boundary("kvc_kvq_get_protections", || {
+        // SAFETY: caller contract.
+        let h = unsafe { handle_ref(kvq, "kvq") }?;
+        // SAFETY: caller contract.
+        let o = unsafe { out_ref(out, "out") }?;
+        *o = h.protections;
         Ok(())
     })
 }

@@ -35,6 +35,7 @@ pub mod h2o;
 pub mod handle;
 pub mod kvq;
 pub mod kvq_block;
+pub mod kvq_cells;
 pub mod kvq_center;
 pub mod kvq_channel;
 pub mod kvq_rows;

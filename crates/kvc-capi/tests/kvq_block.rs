@@ -295,7 +295,7 @@ fn plans_map_to_block_bits_or_are_refused() {
     );
     // SAFETY: pointers to live locals of the lengths passed; handles live until freed.
     unsafe { kvc_kvq_free(h) };
-    // uniform codes, another seed, f16 sink tokens: not block formats
+    // uniform codes, another seed: not block formats
     for (config, why) in [("k4v4:u32", "method"), ("k4v4:s7", "seed")] {
         let h = handle(config, 64);
         // SAFETY: pointers to live locals of the lengths passed; handles live until freed.
@@ -304,9 +304,19 @@ fn plans_map_to_block_bits_or_are_refused() {
         // SAFETY: pointers to live locals of the lengths passed; handles live until freed.
         unsafe { kvc_kvq_free(h) };
     }
+    // an f16 sink is a protection kvq cells apply beside block rows (ABI 0.14); a window of
+    // f16 rows (recent tokens without recent_bits) is not a block format
     let sinks = json.replacen("\"sink_tokens\": 0", "\"sink_tokens\": 4", 1);
     assert_ne!(sinks, json, "the plan file spells sink_tokens as expected");
     let h = plan_handle(&sinks);
+    // SAFETY: pointers to live locals of the lengths passed; handles live until freed.
+    let st = unsafe { kvc_kvq_block_bits(h, 0, KVC_TENSOR_K, &mut b) };
+    assert_eq!(st, KvcStatus::KVC_OK);
+    // SAFETY: pointers to live locals of the lengths passed; handles live until freed.
+    unsafe { kvc_kvq_free(h) };
+    let recent = json.replacen("\"recent_tokens\": 0", "\"recent_tokens\": 64", 1);
+    assert_ne!(recent, json, "the plan file spells recent_tokens as expected");
+    let h = plan_handle(&recent);
     // SAFETY: pointers to live locals of the lengths passed; handles live until freed.
     let st = unsafe { kvc_kvq_block_bits(h, 0, KVC_TENSOR_K, &mut b) };
     assert_eq!(st, KvcStatus::KVC_UNSUPPORTED);

@@ -25,7 +25,7 @@
 
 use rayon::prelude::*;
 
-use kvc_kvq::config::{KvqPlan, LayerBits, LayerErrors, Method, PlanCalibration, PLAN_VERSION};
+use kvc_kvq::config::{KvqPlan, LayerBits, LayerErrors, Method, PlanCalibration};
 use kvc_kvq::row::{row_bytes, RowCodec};
 use kvc_kvq::{Error, Result};
 
@@ -675,13 +675,16 @@ pub fn make_plan(
         |what: &'static str, x: usize| u32::try_from(x).map_err(|_| Error::SizeOverflow { what });
     let plan = KvqPlan {
         format: kvc_kvq::config::PLAN_FORMAT.into(),
-        version: PLAN_VERSION,
+        // a calibration record is version 2; protections (version 3) are added by the caller
+        version: 2,
         method: method.tag(),
         seed,
         head_dim: u32_of("head_dim", shape.head_dim)?,
         n_kv_head: u32_of("n_kv_head", shape.n_kv_head)?,
         sink_tokens: 0,
         recent_tokens: 0,
+        recent_bits: None,
+        k_center: false,
         layers: alloc.layers.clone(),
         calibration: Some(PlanCalibration {
             source: src.source.clone(),

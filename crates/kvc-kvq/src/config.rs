@@ -163,7 +163,10 @@ pub const PLAN_FORMAT: &str = "kvc-kvq-plan";
 /// The newest plan version this crate reads and writes (see [`PLAN_FORMAT`]). Version 2
 /// adds the optional `calibration` record (how `kvc quant plan` made the plan); a plan
 /// without one is written as version 1, which every reader of version 1 still loads.
-pub const PLAN_VERSION: u32 = 2;
+/// Version 3 adds the protections an engine applies with the plan (`recent_bits`: the
+/// recent window as kvq rows of those bits instead of f16; `k_center`: K coded relative
+/// to a per-sequence center); a plan without them keeps its older version.
+pub const PLAN_VERSION: u32 = 3;
 /// The oldest plan version this crate reads.
 pub const PLAN_VERSION_MIN: u32 = 1;
 
@@ -249,9 +252,18 @@ pub struct KvqPlan {
     /// Leading tokens the engine keeps in f16 (attention sinks).
     #[serde(default)]
     pub sink_tokens: u32,
-    /// Newest tokens the engine keeps in f16.
+    /// Newest tokens the engine keeps in f16 (or, from version 3, as `recent_bits` rows).
     #[serde(default)]
     pub recent_tokens: u32,
+    /// Version 3: the recent window's rows are kvq rows of these bits (2..=8), each coded to
+    /// its layer's bits when it leaves the window; absent: f16 rows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recent_bits: Option<u8>,
+    /// Version 3: K rows outside the sink and window are coded relative to a per-sequence
+    /// center fixed when the window first fills (`docs/formats/kvq.md`, "Centers"); needs
+    /// `sink_tokens >= 1` and `recent_tokens >= 1`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub k_center: bool,
     /// One entry per layer, in order.
     pub layers: Vec<LayerBits>,
     /// How the plan was calibrated (version 2 only; absent in hand-written plans).
@@ -274,6 +286,8 @@ impl KvqPlan {
             n_kv_head,
             sink_tokens: 0,
             recent_tokens: 0,
+            recent_bits: None,
+            k_center: false,
             layers: vec![
                 LayerBits {
                     k_bits: cfg.k_bits,
@@ -339,6 +353,26 @@ impl KvqPlan {
                 if !(2..=8).contains(&b) {
                     return bad(format!("layer {i}: {what} {b} not in 2..=8"));
                 }
+            }
+        }
+        if self.recent_bits.is_some() || self.k_center {
+            if self.version < 3 {
+                return bad("recent_bits and k_center need plan version 3".into());
+            }
+            if let Some(b) = self.recent_bits {
+                if !(2..=8).contains(&b) {
+                    return bad(format!("recent_bits {b} not in 2..=8"));
+                }
+                if self.recent_tokens == 0 {
+                    return bad("recent_bits without recent_tokens".into());
+                }
+            }
+            if self.k_center && (self.sink_tokens == 0 || self.recent_tokens == 0) {
+                return bad(
+                    "k_center needs sink_tokens >= 1 and recent_tokens >= 1 (the sink stays out of the \
+                     centered rows; the center is the window's mean)"
+                        .into(),
+                );
             }
         }
         if let Some(c) = &self.calibration {
@@ -485,8 +519,11 @@ mod tests {
         let j = p.to_json();
         for (from, to) in [
             ("\"kvc-kvq-plan\"", "\"other\""),
-            ("\"version\": 1", "\"version\": 3"),
+            ("\"version\": 1", "\"version\": 4"),
             ("\"version\": 1", "\"version\": 0"),
+            // version 3's fields in an older plan, and out of range
+            ("\"recent_tokens\": 0", "\"recent_tokens\": 8, \"recent_bits\": 8"),
+            ("\"recent_tokens\": 0", "\"recent_tokens\": 0, \"k_center\": true"),
             ("\"lm\"", "\"u7\""),
             ("\"head_dim\": 64", "\"head_dim\": 96"),
             ("\"n_kv_head\": 3", "\"n_kv_head\": 0"),
@@ -500,6 +537,26 @@ mod tests {
         }
         for cut in 0..j.len() {
             assert!(KvqPlan::from_json(&j[..cut]).is_err());
+        }
+        // version 3: protections round-trip; each rule refuses its own breach
+        let mut p3 = p.clone();
+        p3.version = 3;
+        p3.sink_tokens = 4;
+        p3.recent_tokens = 64;
+        p3.recent_bits = Some(8);
+        p3.k_center = true;
+        let j3 = p3.to_json();
+        assert_eq!(KvqPlan::from_json(&j3).unwrap(), p3);
+        for (from, to) in [
+            ("\"recent_bits\": 8", "\"recent_bits\": 9"),
+            ("\"recent_bits\": 8", "\"recent_bits\": 1"),
+            ("\"sink_tokens\": 4", "\"sink_tokens\": 0"),
+            ("\"recent_tokens\": 64", "\"recent_tokens\": 0"),
+            ("\"k_center\": true", "\"k_center\": 1"),
+        ] {
+            let t = j3.replacen(from, to, 1);
+            assert_ne!(t, j3, "{from}");
+            assert!(KvqPlan::from_json(&t).is_err(), "{from} -> {to}");
         }
     }
 }

@@ -40,8 +40,9 @@
 //! [`center`] codes rows relative to a fixed vector per KV head (`x - c`), which attention
 //! on K ignores (the softmax is shift-invariant): for K whose channels carry large offsets.
 //!
-//! Sink and recent tokens kept in full precision are the engine's choice: it keeps those
-//! rows in f16 and passes only the others here.
+//! Sink and recent tokens kept in higher precision inside an engine's cache, and the
+//! per-sequence centers, are `kvc-kvq-cells`: a plan (version 3) says how many, this crate
+//! only codes rows.
 
 pub mod attention;
 pub mod center;

@@ -43,14 +43,17 @@ pub fn run(a: InspectArgs) -> Result<(), CliError> {
     let m = plan.method().map_err(lib)?;
     let d = plan.head_dim as usize;
     println!(
-        "kvq plan v{}: method {}, seed {}, head_dim {d}, {} KV heads, {} layers, sink {} recent {} (f16, kept by the engine)",
+        "kvq plan v{}: method {}, seed {}, head_dim {d}, {} KV heads, {} layers, sink {} (f16), recent {} ({}), K center {}",
         plan.version,
         plan.method,
         plan.seed,
         plan.n_kv_head,
         plan.layers.len(),
         plan.sink_tokens,
-        plan.recent_tokens
+        plan.recent_tokens,
+        plan.recent_bits
+            .map_or_else(|| "f16".to_string(), |b| format!("{b}-bit kvq rows")),
+        if plan.k_center { "on" } else { "off" }
     );
     if let Some(c) = &plan.calibration {
         println!(

@@ -62,6 +62,21 @@ pub struct PlanArgs {
     /// coded as is.
     #[arg(long = "k-center-tokens", default_value_t = 0)]
     k_center_tokens: usize,
+    /// Engine protection written into the plan: leading positions of each sequence kept in
+    /// f16 (the attention sink).
+    #[arg(long = "sink", default_value_t = 0)]
+    sink: u32,
+    /// Engine protection: the newest positions of each sequence kept as `--recent-bits`
+    /// rows (or f16 without it) and coded to the layer's bits when they leave.
+    #[arg(long = "recent", default_value_t = 0)]
+    recent: u32,
+    /// Bits (2..=8) of the recent window's rows (plan version 3).
+    #[arg(long = "recent-bits")]
+    recent_bits: Option<u8>,
+    /// Engine protection: K coded relative to a per-sequence center fixed when the window
+    /// first fills (plan version 3; needs --sink and --recent).
+    #[arg(long = "k-center")]
+    k_center_engine: bool,
     /// Write the plan (JSON) here.
     #[arg(long)]
     out: Option<PathBuf>,
@@ -136,6 +151,15 @@ pub fn run(a: PlanArgs) -> Result<(), CliError> {
         c.k_center_tokens = Some([u(r.start)?, u(r.end)?]);
         plan.validate().map_err(lib)?;
     }
+    plan.sink_tokens = a.sink;
+    plan.recent_tokens = a.recent;
+    plan.recent_bits = a.recent_bits;
+    plan.k_center = a.k_center_engine;
+    if plan.recent_bits.is_some() || plan.k_center {
+        plan.version = 3;
+    }
+    plan.validate()
+        .map_err(|e| CliError::input(format!("--sink/--recent/--recent-bits/--k-center: {e}")))?;
 
     println!(
         "kvq plan for ratio {} ({:.4} bits/value max), method {}: calibrated on {} {:?}, {n_layer} layers x {n_tokens} tokens, {n_head} query / {n_kv_head} KV heads, head_dim {head_dim}; queries {}.. step {} ({secs:.1} s)",

@@ -1,0 +1,437 @@
+//! `kvc_kvq_cells` (ABI 0.14): the protected cells of an engine's own kvq KV cache
+//! (`kvc-kvq-cells`): an f16 sink, a recent window of kvq rows re-coded to each tensor's
+//! bits as they leave it, and per-sequence K centers, each cell's format decided from its
+//! position and sequence. The engine keeps its tensors (block rows, `kvc_kvq_block_*`) and
+//! routes the cache writes and attention's reads through here; one object serves every
+//! tensor of a cache (a layer's K and V are two tensors), so the per-cell bookkeeping is
+//! held once.
+
+use kvc_kvq_cells::{CellsConfig, KvqCells, TensorSpec};
+
+use crate::boundary::{check_disjoint, in_ref, in_slice, out_ref, out_slice, status_boundary};
+use crate::error::Error;
+use crate::handle::{free_handle, handle_mut, handle_ref, store_handle};
+use crate::status::KvcStatus;
+
+/// The protected cells of one kvq cache: opaque; create with `kvc_kvq_cells_new`,
+/// free with `kvc_kvq_cells_free`. Calls that take `const kvc_kvq_cells*`
+/// (`kvc_kvq_cells_scores`, `kvc_kvq_cells_accumulate`, the queries) may run concurrently;
+/// the others need the handle to themselves.
+pub struct KvcKvqCells(KvqCells);
+
+/// What a `kvc_kvq_cells` protects, the same for every tensor (see `kvc_kvq_cells_new`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct KvcKvqCellsConfig {
+    /// Cells of each tensor, every stream's.
+    pub n_cells: u32,
+    /// Positions `< sink` of each sequence are held as f16 rows.
+    pub sink: u32,
+    /// A query reads the positions less than `window` before it from `window_bits` rows.
+    pub window: u32,
+    /// Bits of the window rows (2..=8; ignored when `window` is 0).
+    pub window_bits: u32,
+}
+
+/// One tensor of the cache (a layer's K or V; see `kvc_kvq_cells_new`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct KvcKvqCellsTensor {
+    /// Values per row: 64, 128 or 256.
+    pub head_dim: u32,
+    /// Rows per cell (KV heads).
+    pub n_kv_head: u32,
+    /// Bits of the tensor's block rows (2..=8).
+    pub bits: u32,
+    /// 1: code main rows relative to a per-sequence center (needs sink and window >= 1;
+    /// for K); 0: as they are.
+    pub center: u32,
+}
+
+/// `tensor` of `kvc_kvq_cells_bytes_held`: the bookkeeping every tensor shares.
+pub const KVC_KVQ_CELLS_SHARED: u32 = u32::MAX;
+
+fn bits8(what: &'static str, b: u32) -> Result<u8, Error> {
+    u8::try_from(b).map_err(|_| Error::invalid(what, format!("{b} is not in 2..=8")))
+}
+
+/// Creates empty cells for `config` and the `n_tensors` tensors at `tensors` (tensor `t`
+/// is named by its index in every later call) and stores the handle in `*out` (only on
+/// `KVC_OK`). `KVC_INVALID_ARGUMENT` for no tensors or cells, bits outside 2..=8, no KV
+/// heads, a center without a sink and a window; `KVC_UNSUPPORTED` for a head_dim other than
+/// 64, 128 or 256.
+///
+/// Semantics (`docs/formats/kvq.md`, "Cells"): the query at position `q` reads a cell of
+/// its sequence at position `p` from its f16 sink row if `p < sink`, from its window row if
+/// `q - p < window`, else from the engine's tensor; a cell's main rows are coded from its
+/// window rows (minus the center) when its sequence first writes a position `window` or more
+/// after it. Batched and one-token writes read the same rows. Per ubatch:
+/// `kvc_kvq_cells_begin_ubatch`, one `kvc_kvq_cells_write` per tensor, then reads.
+///
+/// # Safety
+/// `config` readable; `tensors` readable for `n_tensors` entries; `out` writable.
+#[no_mangle]
+#[must_use = "a kvc_status reports failure"]
+pub unsafe extern "C" fn kvc_kvq_cells_new(
+    config: *const KvcKvqCellsConfig,
+    tensors: *const KvcKvqCellsTensor,
+    n_tensors: usize,
+    out: *mut *mut KvcKvqCells,
+) -> KvcStatus {
+    status_boundary("kvc_kvq_cells_new", || {
+        // SAFETY: caller contract.
+        let c = unsafe { in_ref(config, "config") }?;
+        // SAFETY: caller contract.
+        let ts = unsafe { in_slice(tensors, n_tensors, "tensors") }?;
+        // SAFETY: caller contract.
+        unsafe { out_ref(out, "out") }?;
+        let window_bits = if c.window == 0 {
+            8
+        } else {
+            bits8("window_bits", c.window_bits)?
+        };
+        let specs = ts
+            .iter()
+            .map(|t| {
+                Ok(TensorSpec {
+                    head_dim: t.head_dim,
+                    n_kv_head: t.n_kv_head,
+                    bits: bits8("bits", t.bits)?,
+                    center: match t.center {
+                        0 => false,
+                        1 => true,
+                        v => return Err(Error::invalid("center", format!("{v} is not 0 or 1"))),
+                    },
+                })
+            })
+            .collect::<Result<Vec<_>, Error>>()?;
+        let cells = KvqCells::new(
+            CellsConfig {
+                n_cells: c.n_cells,
+                sink: c.sink,
+                window: c.window,
+                window_bits,
+            },
+            &specs,
+        )
+        .map_err(Error::from)?;
+        // SAFETY: caller contract.
+        unsafe { store_handle(out, KvcKvqCells(cells)) }
+    })
+}
+
+/// Bytes of one cell of tensor `tensor` (`n_kv_head` block rows of its bits), written to
+/// `*out`: the engine's tensor holds `n_cells` of them, cell `c` at `c * *out`.
+///
+/// # Safety
+/// `cells` a live handle; `out` writable.
+#[no_mangle]
+#[must_use = "a kvc_status reports failure"]
+pub unsafe extern "C" fn kvc_kvq_cells_main_cell_bytes(
+    cells: *const KvcKvqCells,
+    tensor: u32,
+    out: *mut usize,
+) -> KvcStatus {
+    status_boundary("kvc_kvq_cells_main_cell_bytes", || {
+        // SAFETY: caller contract.
+        let h = unsafe { handle_ref(cells, "cells") }?;
+        let v = h.0.main_cell_bytes(tensor)?;
+        // SAFETY: caller contract.
+        *unsafe { out_ref(out, "out") }? = v;
+        Ok(())
+    })
+}
+
+/// Bytes held beside the engine's tensors, written to `*out`: tensor `tensor`'s sink and
+/// window rows (at their storage's capacity) and centers, or, for `KVC_KVQ_CELLS_SHARED`,
+/// the bookkeeping every tensor shares (per cell, per sequence, the ubatch). The sum over
+/// every tensor and the shared part is every byte the cells hold.
+///
+/// # Safety
+/// `cells` a live handle; `out` writable.
+#[no_mangle]
+#[must_use = "a kvc_status reports failure"]
+pub unsafe extern "C" fn kvc_kvq_cells_bytes_held(
+    cells: *const KvcKvqCells,
+    tensor: u32,
+    out: *mut usize,
+) -> KvcStatus {
+    status_boundary("kvc_kvq_cells_bytes_held", || {
+        // SAFETY: caller contract.
+        let h = unsafe { handle_ref(cells, "cells") }?;
+        let v = if tensor == KVC_KVQ_CELLS_SHARED {
+            h.0.shared_bytes()
+        } else {
+            h.0.tensor_bytes(tensor)?
+        };
+        // SAFETY: caller contract.
+        *unsafe { out_ref(out, "out") }? = v;
+        Ok(())
+    })
+}
+
+/// Starts a ubatch of `n` tokens: token `i` is at position `pos[i]` (>= 0) of sequence
+/// `seq[i]` (>= 0) and goes to cell `cell_idx[i]`, in the order of every tensor's rows
+/// (reads name a query by this index). Decides what the ubatch's writes do. Errors
+/// (nothing changes): a negative position or sequence, a cell out of range or given twice,
+/// `KVC_INVALID_STATE` when a tensor missed the previous ubatch's write. Copied.
+///
+/// # Safety
+/// `cells` a live handle used by no other call; `pos`, `seq` and `cell_idx` readable for
+/// `n` values.
+#[no_mangle]
+#[must_use = "a kvc_status reports failure"]
+pub unsafe extern "C" fn kvc_kvq_cells_begin_ubatch(
+    cells: *mut KvcKvqCells,
+    pos: *const i32,
+    seq: *const i32,
+    cell_idx: *const i64,
+    n: usize,
+) -> KvcStatus {
+    status_boundary("kvc_kvq_cells_begin_ubatch", || {
+        // SAFETY: caller contract.
+        let h = unsafe { handle_mut(cells, "cells") }?;
+        // SAFETY: caller contract.
+        let p = unsafe { in_slice(pos, n, "pos") }?;
+        // SAFETY: caller contract.
+        let s = unsafe { in_slice(seq, n, "seq") }?;
+        // SAFETY: caller contract.
+        let c = unsafe { in_slice(cell_idx, n, "cell_idx") }?;
+        h.0.begin_ubatch(p, s, c).map_err(Error::from)
+    })
+}
+
+/// Writes tensor `tensor`'s rows of the current ubatch: `rows` (`n_values` = `n_rows *
+/// n_kv_head * head_dim` floats), row `i` for cell `cell_idx[i]` (`n_rows` indices, which
+/// must repeat `kvc_kvq_cells_begin_ubatch`'s). Sink positions keep an f16 row and others a
+/// window row; due centers are fixed and due main rows coded into `main` (the engine's
+/// whole tensor, `main_len` bytes, at least `n_cells * main_cell_bytes`). A row with a
+/// non-finite value is stored poisoned (it reads NaN). `KVC_INVALID_STATE` for a tensor
+/// written twice in one ubatch or cells other than the ubatch's; on error nothing is
+/// written.
+///
+/// # Safety
+/// `cells` a live handle used by no other call; `rows` readable for `n_values` floats,
+/// `cell_idx` for `n_rows` values; `main` writable for `main_len` bytes, overlapping
+/// neither.
+#[no_mangle]
+#[must_use = "a kvc_status reports failure"]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn kvc_kvq_cells_write(
+    cells: *mut KvcKvqCells,
+    tensor: u32,
+    rows: *const f32,
+    n_values: usize,
+    cell_idx: *const i64,
+    n_rows: usize,
+    main: *mut u8,
+    main_len: usize,
+) -> KvcStatus {
+    status_boundary("kvc_kvq_cells_write", || {
+        // SAFETY: caller contract.
+        let h = unsafe { handle_mut(cells, "cells") }?;
+        check_disjoint(
+            rows.cast(),
+            n_values.saturating_mul(4),
+            main.cast_const(),
+            main_len,
+            "main",
+        )?;
+        check_disjoint(
+            cell_idx.cast(),
+            n_rows.saturating_mul(8),
+            main.cast_const(),
+            main_len,
+            "main",
+        )?;
+        // SAFETY: caller contract.
+        let r = unsafe { in_slice(rows, n_values, "rows") }?;
+        // SAFETY: caller contract.
+        let c = unsafe { in_slice(cell_idx, n_rows, "cell_idx") }?;
+        // SAFETY: caller contract; disjoint from the inputs (checked).
+        let m = unsafe { out_slice(main, main_len, "main") }?;
+        h.0.write(tensor, r, c, m).map_err(Error::from)
+    })
+}
+
+/// Raw dot products (no scale), in tensor `tensor`, of `n_queries` rotated queries (`q_rot`: `n_queries x
+/// head_dim`, rotated with `kvc_kvq_block_rotate`; the query heads of KV head `kv_head` at
+/// ubatch token `token`) with cells `cell0 .. cell0 + n`, each read from its sink, window
+/// or main row as the query's position says (a main row coded centered gets `q . c`
+/// added). Query `j`'s score of cell `cell0 + i` goes to `scores[j * n + i]`
+/// (`scores_len` = `n_queries * n`). `main` is the engine's whole tensor. A cell the
+/// engine masks may score anything. At most 64 queries. No allocation.
+///
+/// # Safety
+/// `cells` a live handle; `main` readable for `main_len` bytes, `q_rot` for `n_queries *
+/// head_dim` floats; `scores` writable for `scores_len` floats, overlapping nothing else.
+#[no_mangle]
+#[must_use = "a kvc_status reports failure"]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn kvc_kvq_cells_scores(
+    cells: *const KvcKvqCells,
+    tensor: u32,
+    main: *const u8,
+    main_len: usize,
+    kv_head: u32,
+    cell0: u32,
+    n: usize,
+    token: u32,
+    q_rot: *const f32,
+    n_queries: usize,
+    scores: *mut f32,
+    scores_len: usize,
+) -> KvcStatus {
+    status_boundary("kvc_kvq_cells_scores", || {
+        // SAFETY: caller contract.
+        let h = unsafe { handle_ref(cells, "cells") }?;
+        let d = h.0.head_dim(tensor)?;
+        let nq = n_queries
+            .checked_mul(d)
+            .ok_or_else(|| Error::invalid("n_queries", "overflows"))?;
+        check_disjoint(
+            q_rot.cast(),
+            nq.saturating_mul(4),
+            scores.cast_const().cast(),
+            scores_len.saturating_mul(4),
+            "scores",
+        )?;
+        check_disjoint(
+            main,
+            main_len,
+            scores.cast_const().cast(),
+            scores_len.saturating_mul(4),
+            "scores",
+        )?;
+        // SAFETY: caller contract.
+        let m = unsafe { in_slice(main, main_len, "main") }?;
+        // SAFETY: caller contract.
+        let q = unsafe { in_slice(q_rot, nq, "q_rot") }?;
+        // SAFETY: caller contract; disjoint (checked).
+        let s = unsafe { out_slice(scores, scores_len, "scores") }?;
+        h.0.scores(tensor, m, kv_head, cell0, n, token, q, s)
+            .map_err(Error::from)
+    })
+}
+
+/// `acc[j] += sum_i w[j * n + i] * row(cell0 + i)` over tensor `tensor`'s cells, in the
+/// rotated basis, for `n_queries` queries (`w`: `n_queries * n` weights, `w_len`; `acc`: `n_queries x head_dim`), each
+/// cell read as `kvc_kvq_cells_scores` reads it for the query at ubatch token `token`; a
+/// weight of 0 skips the cell. Un-rotate each sum once (`kvc_kvq_block_unrotate`). No
+/// allocation.
+///
+/// # Safety
+/// `cells` a live handle; `main` readable for `main_len` bytes, `w` for `w_len` floats;
+/// `acc` readable and writable for `n_queries * head_dim` floats, overlapping nothing
+/// else.
+#[no_mangle]
+#[must_use = "a kvc_status reports failure"]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn kvc_kvq_cells_accumulate(
+    cells: *const KvcKvqCells,
+    tensor: u32,
+    main: *const u8,
+    main_len: usize,
+    kv_head: u32,
+    cell0: u32,
+    n: usize,
+    token: u32,
+    w: *const f32,
+    w_len: usize,
+    n_queries: usize,
+    acc: *mut f32,
+) -> KvcStatus {
+    status_boundary("kvc_kvq_cells_accumulate", || {
+        // SAFETY: caller contract.
+        let h = unsafe { handle_ref(cells, "cells") }?;
+        let d = h.0.head_dim(tensor)?;
+        let na = n_queries
+            .checked_mul(d)
+            .ok_or_else(|| Error::invalid("n_queries", "overflows"))?;
+        check_disjoint(
+            w.cast(),
+            w_len.saturating_mul(4),
+            acc.cast_const().cast(),
+            na.saturating_mul(4),
+            "acc",
+        )?;
+        check_disjoint(
+            main,
+            main_len,
+            acc.cast_const().cast(),
+            na.saturating_mul(4),
+            "acc",
+        )?;
+        // SAFETY: caller contract.
+        let m = unsafe { in_slice(main, main_len, "main") }?;
+        // SAFETY: caller contract.
+        let wv = unsafe { in_slice(w, w_len, "w") }?;
+        // SAFETY: caller contract; disjoint (checked).
+        let a = unsafe { out_slice(acc, na, "acc") }?;
+        h.0.accumulate(tensor, m, kv_head, cell0, n, token, wv, a)
+            .map_err(Error::from)
+    })
+}
+
+/// Forgets cell `cell` in every tensor (the engine freed it): its sink or window rows are
+/// released. Between ubatches.
+///
+/// # Safety
+/// `cells` a live handle used by no other call.
+#[no_mangle]
+#[must_use = "a kvc_status reports failure"]
+pub unsafe extern "C" fn kvc_kvq_cells_release(cells: *mut KvcKvqCells, cell: u32) -> KvcStatus {
+    status_boundary("kvc_kvq_cells_release", || {
+        // SAFETY: caller contract.
+        let h = unsafe { handle_mut(cells, "cells") }?;
+        h.0.release(cell).map_err(Error::from)
+    })
+}
+
+/// Forgets every cell, sequence and center (the engine cleared its cache).
+///
+/// # Safety
+/// `cells` a live handle used by no other call.
+#[no_mangle]
+#[must_use = "a kvc_status reports failure"]
+pub unsafe extern "C" fn kvc_kvq_cells_clear(cells: *mut KvcKvqCells) -> KvcStatus {
+    status_boundary("kvc_kvq_cells_clear", || {
+        // SAFETY: caller contract.
+        let h = unsafe { handle_mut(cells, "cells") }?;
+        h.0.clear();
+        Ok(())
+    })
+}
+
+/// Copies cells `src0 .. src0 + n` onto `dst0 .. dst0 + n` in every tensor (after the
+/// engine copied those cells' main rows, one stream onto another), the copies belonging to
+/// sequence `dst_seq`, which takes the writers' centers. Between ubatches. Ranges out of
+/// bounds or overlapping are `KVC_INVALID_ARGUMENT`.
+///
+/// # Safety
+/// `cells` a live handle used by no other call.
+#[no_mangle]
+#[must_use = "a kvc_status reports failure"]
+pub unsafe extern "C" fn kvc_kvq_cells_copy(
+    cells: *mut KvcKvqCells,
+    src0: u32,
+    dst0: u32,
+    n: u32,
+    dst_seq: i32,
+) -> KvcStatus {
+    status_boundary("kvc_kvq_cells_copy", || {
+        // SAFETY: caller contract.
+        let h = unsafe { handle_mut(cells, "cells") }?;
+        h.0.copy_cells(src0, dst0, n, dst_seq).map_err(Error::from)
+    })
+}
+
+/// Frees cells made by `kvc_kvq_cells_new`. NULL is a no-op.
+///
+/// # Safety
+/// `cells` NULL or a live handle, not used afterwards.
+#[no_mangle]
+pub unsafe extern "C" fn kvc_kvq_cells_free(cells: *mut KvcKvqCells) {
+    // SAFETY: caller contract.
+    unsafe { free_handle(cells) }
+}

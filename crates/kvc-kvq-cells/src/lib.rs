@@ -1,0 +1,858 @@
+//! kvq cells: the protected rows of an engine's kvq KV cache. The engine allocates its
+//! cache tensors (per layer a K and a V tensor, one row of the layer's kvq block format per
+//! cell and KV head, `docs/formats/kvq.md`) and calls this crate to write them and to read
+//! them in attention. One [`KvqCells`] serves every tensor of one cache and owns what the
+//! near-lossless kvq frontier adds to it:
+//! - which row a query reads for a cell: its **sink** row (f16, positions `< sink` of a
+//!   sequence), its **window** row (a `window_bits` kvq row, positions less than `window`
+//!   before the query) or its **main** row (the engine's tensor), decided from the cell's
+//!   position and sequence, never its index;
+//! - **re-coding**: a cell's main rows are coded from its window rows (minus the center)
+//!   when its sequence first writes a position `window` or more after it, and the window
+//!   rows are dropped once no query of a write reads them;
+//! - the **centers** (tensors made with `center`): one f16 vector per KV head, tensor and
+//!   sequence, the mean of the window rows of positions `sink ..= sink + window`, fixed when
+//!   the sequence codes its first main row; [`KvqCells::scores`] adds `q . c` back;
+//! - the bytes: the per-cell bookkeeping (positions, sequences, formats) is kept once for
+//!   the whole cache, the rows per tensor ([`KvqCells::bytes_held`]).
+//!
+//! Semantics, batch-independent by construction: the query at position `q` reads a cell at
+//! position `p` of its sequence from the sink if `p < sink`, from the window row if `q - p <
+//! window` (or if its main row is not coded yet), else from the main row. A batched
+//! prefill (`n_ubatch` 512) and one token at a time read the same rows. A write of `n`
+//! tokens holds up to `window + n - 1` window rows per sequence until the next write;
+//! one-token decoding holds `window`.
+//!
+//! Order of calls per ubatch: [`begin_ubatch`](KvqCells::begin_ubatch) (positions,
+//! sequences, cells), then one [`write`](KvqCells::write) per tensor, then any reads.
+//!
+//! Not here: the packed row formats and kernels and plans (`kvc-kvq`), the engine's cell
+//! allocation, masks and positions, RoPE shifts of stored K (refused by engines that use
+//! these cells), saving cells in engine states, and C (`kvc-capi`, `kvc_kvq_cells_*`).
+
+mod error;
+mod slab;
+mod tensor;
+
+pub use error::{Error, ErrorKind, Result};
+
+use slab::Slots;
+use tensor::TensorRows;
+
+/// The most queries one [`KvqCells::scores`] or [`KvqCells::accumulate`] call takes (the
+/// query heads of one KV head under grouped-query attention).
+pub const MAX_QUERIES: usize = 64;
+/// No slot / no sequence.
+const NONE: u32 = u32::MAX;
+
+/// What a [`KvqCells`] protects (the same for every tensor of the cache).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CellsConfig {
+    /// Cells of each tensor (every stream's).
+    pub n_cells: u32,
+    /// Positions `< sink` of each sequence are held as f16 rows.
+    pub sink: u32,
+    /// Positions less than `window` before a query are read from `window_bits` rows.
+    pub window: u32,
+    /// Bits of the window rows (2..=8; ignored when `window` is 0).
+    pub window_bits: u8,
+}
+
+/// One tensor of the cache (a layer's K or V).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TensorSpec {
+    /// Values per row: 64, 128 or 256.
+    pub head_dim: u32,
+    /// Rows per cell (KV heads).
+    pub n_kv_head: u32,
+    /// Bits of the tensor's main rows (2..=8): the engine's kvq block type.
+    pub bits: u8,
+    /// Main rows coded relative to a per-sequence center (needs `sink >= 1` and
+    /// `window >= 1`; for K).
+    pub center: bool,
+}
+
+/// How one query reads one cell ([`KvqCells::read_of`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CellRead {
+    /// The main row (plus the writer's center in a tensor with centers, once coded).
+    Main,
+    /// The cell's window row.
+    Window,
+    /// The cell's f16 sink row.
+    Sink,
+}
+
+const SINK: u8 = 1;
+const WIN: u8 = 2;
+const CODED: u8 = 4;
+/// The window row is in the ubatch's scratch (slot = token index): its position leaves the
+/// window within the ubatch, so the row is coded and dropped by the next ubatch.
+const SCRATCH: u8 = 8;
+
+/// The bookkeeping of one cell, shared by every tensor.
+#[derive(Clone, Copy, Debug)]
+struct Cell {
+    /// Position, or -1 when nothing was written.
+    pos: i32,
+    /// The sequence that wrote it (index into `seqs`), or NONE.
+    seq: u32,
+    /// Its sink or window slot (by `flags`), or NONE.
+    slot: u32,
+    flags: u8,
+}
+
+impl Cell {
+    const EMPTY: Cell = Cell {
+        pos: -1,
+        seq: NONE,
+        slot: NONE,
+        flags: 0,
+    };
+}
+
+/// One sequence's state.
+#[derive(Clone, Debug)]
+struct Seq {
+    id: i32,
+    /// Whether its centers are fixed (each centered tensor holds its own).
+    centered: bool,
+    /// Cells holding a window row written by this sequence.
+    held: Vec<u32>,
+}
+
+/// What the current ubatch's writes do, decided by `begin_ubatch`.
+#[derive(Debug, Default)]
+struct Ubatch {
+    /// Increments with every ubatch; each tensor's write takes the next one.
+    serial: u64,
+    /// Per token: (position, sequence index, cell).
+    tokens: Vec<(i32, u32, u32)>,
+    /// Cells whose main rows the writes code (after storing the new rows).
+    code: Vec<u32>,
+    /// Sequences whose centers the writes fix first, with the cells they average.
+    centers: Vec<(u32, Vec<u32>)>,
+    /// Cells whose window rows are in the scratch.
+    scratch: Vec<u32>,
+}
+
+/// The protected cells of one kvq cache. See the crate notes.
+#[derive(Debug)]
+pub struct KvqCells {
+    cfg: CellsConfig,
+    tensors: Vec<TensorRows>,
+    cells: Vec<Cell>,
+    seqs: Vec<Seq>,
+    sink_slots: Slots,
+    win_slots: Slots,
+    /// Window slots dropped by the current ubatch, free from the next one on.
+    dropped: Vec<u32>,
+    ubatch: Ubatch,
+}
+
+impl KvqCells {
+    /// Empty cells for `cfg` and `tensors`. Errors: no tensors or cells, a tensor whose
+    /// head_dim, bits or KV heads kvq cannot hold, a center without a sink and a window,
+    /// sizes that overflow.
+    pub fn new(cfg: CellsConfig, tensors: &[TensorSpec]) -> Result<KvqCells> {
+        if tensors.is_empty() || tensors.len() > u32::MAX as usize {
+            return Err(Error::invalid("tensors", "one or more (fewer than 2^32)"));
+        }
+        if cfg.n_cells == 0 || cfg.n_cells == u32::MAX {
+            return Err(Error::invalid(
+                "n_cells",
+                format!("{} is not in 1..2^32 - 1", cfg.n_cells),
+            ));
+        }
+        if cfg.sink > i32::MAX as u32 || cfg.window > i32::MAX as u32 {
+            return Err(Error::invalid("sink/window", "must be < 2^31"));
+        }
+        let rows = tensors
+            .iter()
+            .enumerate()
+            .map(|(i, spec)| {
+                if spec.center && (cfg.sink == 0 || cfg.window == 0) {
+                    return Err(Error::invalid(
+                        "center",
+                        format!(
+                            "tensor {i}: a center needs an f16 sink (coded against the window's mean the sink \
+                             loses what makes it the sink) and a window (the center is its mean)"
+                        ),
+                    ));
+                }
+                TensorRows::new(*spec, &cfg).map_err(|e| match e {
+                    Error::Invalid { what, why } => Error::Invalid {
+                        what,
+                        why: format!("tensor {i}: {why}"),
+                    },
+                    e => e,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(KvqCells {
+            cfg,
+            tensors: rows,
+            cells: vec![Cell::EMPTY; cfg.n_cells as usize],
+            seqs: Vec::new(),
+            sink_slots: Slots::default(),
+            win_slots: Slots::default(),
+            dropped: Vec::new(),
+            ubatch: Ubatch::default(),
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &CellsConfig {
+        &self.cfg
+    }
+
+    /// The number of tensors.
+    pub fn n_tensors(&self) -> usize {
+        self.tensors.len()
+    }
+
+    fn tensor(&self, t: u32) -> Result<&TensorRows> {
+        self.tensors.get(t as usize).ok_or_else(|| {
+            Error::invalid(
+                "tensor",
+                format!("{t} is not below {} tensors", self.tensors.len()),
+            )
+        })
+    }
+
+    /// Values per row of tensor `t`.
+    pub fn head_dim(&self, t: u32) -> Result<usize> {
+        Ok(self.tensor(t)?.spec().head_dim as usize)
+    }
+
+    /// Bytes of one cell of tensor `t`'s main rows (`n_kv_head` rows of its block format):
+    /// the engine's tensor holds `n_cells` of them, cell `c` at `c * main_cell_bytes(t)`.
+    pub fn main_cell_bytes(&self, t: u32) -> Result<usize> {
+        Ok(self.tensor(t)?.main_cell_bytes())
+    }
+
+    /// Bytes tensor `t`'s rows and centers hold beside the engine's tensor.
+    pub fn tensor_bytes(&self, t: u32) -> Result<usize> {
+        Ok(self.tensor(t)?.bytes())
+    }
+
+    /// Bytes of the bookkeeping shared by every tensor (cells, sequences, the ubatch).
+    pub fn shared_bytes(&self) -> usize {
+        self.cells.capacity() * std::mem::size_of::<Cell>()
+            + self
+                .seqs
+                .iter()
+                .map(|s| std::mem::size_of::<Seq>() + 4 * s.held.capacity())
+                .sum::<usize>()
+            + self.sink_slots.bytes()
+            + self.win_slots.bytes()
+            + 4 * self.dropped.capacity()
+            + 12 * self.ubatch.tokens.capacity()
+            + 4 * self.ubatch.code.capacity()
+    }
+
+    /// Every byte held beside the engine's tensors: all tensors' plus the shared bookkeeping.
+    pub fn bytes_held(&self) -> usize {
+        self.tensors.iter().map(TensorRows::bytes).sum::<usize>() + self.shared_bytes()
+    }
+
+    /// Cells holding a window row now (slots dropped by the current ubatch, whose storage
+    /// is reused from the next one on, not counted).
+    pub fn window_rows(&self) -> usize {
+        self.win_slots.used() - self.dropped.len()
+    }
+
+    /// Cells of the current ubatch whose window rows are in its scratch (they leave the
+    /// window within the ubatch; the scratch is freed by the first ubatch that needs none).
+    pub fn scratch_rows(&self) -> usize {
+        self.ubatch.scratch.len()
+    }
+
+    /// Cells holding a sink row now.
+    pub fn sink_rows(&self) -> usize {
+        self.sink_slots.used()
+    }
+
+    fn seq_index(&mut self, id: i32) -> u32 {
+        if let Some(i) = self.seqs.iter().position(|s| s.id == id) {
+            return i as u32;
+        }
+        self.seqs.push(Seq {
+            id,
+            centered: false,
+            held: Vec::new(),
+        });
+        (self.seqs.len() - 1) as u32
+    }
+
+    fn release_cell(&mut self, c: usize) {
+        let cell = self.cells[c];
+        if cell.flags & SINK != 0 {
+            self.sink_slots.release(cell.slot);
+        } else if cell.flags & WIN != 0 && cell.flags & SCRATCH == 0 {
+            self.win_slots.release(cell.slot);
+        }
+        self.cells[c] = Cell::EMPTY;
+    }
+
+    /// Starts a ubatch: token `i` is at position `pos[i]` of sequence `seq[i]` and goes to
+    /// cell `cells[i]`, in the order of every tensor's rows. Decides what the ubatch's
+    /// writes do (each tensor's [`write`](Self::write) follows, then reads). Errors
+    /// (nothing changes): lengths that differ, a negative position or sequence, a cell out
+    /// of range or given twice, a tensor that missed the previous ubatch's write.
+    pub fn begin_ubatch(&mut self, pos: &[i32], seq: &[i32], cells: &[i64]) -> Result<()> {
+        let n = pos.len();
+        if seq.len() != n || cells.len() != n {
+            return Err(Error::invalid(
+                "ubatch",
+                format!(
+                    "{n} positions, {} sequences, {} cells",
+                    seq.len(),
+                    cells.len()
+                ),
+            ));
+        }
+        if let Some(i) = pos.iter().position(|&p| p < 0) {
+            return Err(Error::invalid(
+                "pos",
+                format!("token {i} has position {}", pos[i]),
+            ));
+        }
+        if let Some(i) = seq.iter().position(|&s| s < 0) {
+            return Err(Error::invalid(
+                "seq",
+                format!("token {i} has sequence {}", seq[i]),
+            ));
+        }
+        if let Some(i) = cells
+            .iter()
+            .position(|&c| c < 0 || c >= i64::from(self.cfg.n_cells))
+        {
+            return Err(Error::invalid(
+                "cells",
+                format!(
+                    "token {i} goes to cell {} of {}",
+                    cells[i], self.cfg.n_cells
+                ),
+            ));
+        }
+        let mut seen = cells.to_vec();
+        seen.sort_unstable();
+        if let Some(w) = seen.windows(2).find(|w| w[0] == w[1]) {
+            return Err(Error::invalid(
+                "cells",
+                format!("cell {} is given twice", w[0]),
+            ));
+        }
+        if let Some(t) = self
+            .tensors
+            .iter()
+            .position(|t| t.written() != self.ubatch.serial)
+        {
+            return Err(Error::State {
+                why: format!(
+                    "tensor {t} was not written in ubatch {} (every tensor's write follows each begin_ubatch)",
+                    self.ubatch.serial
+                ),
+            });
+        }
+        // the previous ubatch's scratch rows are coded and gone; its dropped window slots
+        // are free from now on
+        for c in std::mem::take(&mut self.ubatch.scratch) {
+            let cell = &mut self.cells[c as usize];
+            if cell.flags & SCRATCH != 0 {
+                cell.flags &= !(WIN | SCRATCH);
+                cell.slot = NONE;
+            }
+        }
+        for s in std::mem::take(&mut self.dropped) {
+            self.win_slots.release(s);
+        }
+        self.compact_window_slots();
+        self.ubatch.serial += 1;
+        self.ubatch.tokens.clear();
+        self.ubatch.code.clear();
+        self.ubatch.centers.clear();
+        let (sink, w) = (i64::from(self.cfg.sink), i64::from(self.cfg.window));
+        // per sequence of the ubatch: its first and last positions
+        let sis: Vec<u32> = seq.iter().map(|&s| self.seq_index(s)).collect();
+        let mut spans: Vec<(u32, i64, i64)> = Vec::new();
+        for (&p, &si) in pos.iter().zip(&sis) {
+            let p = i64::from(p);
+            match spans.iter_mut().find(|s| s.0 == si) {
+                Some(s) => {
+                    s.1 = s.1.min(p);
+                    s.2 = s.2.max(p);
+                }
+                None => spans.push((si, p, p)),
+            }
+        }
+        for i in 0..n {
+            let c = cells[i] as usize;
+            let si = sis[i];
+            let p = i64::from(pos[i]);
+            self.release_cell(c);
+            let mut cell = Cell {
+                pos: pos[i],
+                seq: si,
+                ..Cell::EMPTY
+            };
+            if p < sink {
+                cell.slot = self.sink_slots.alloc();
+                cell.flags = SINK;
+            } else if w > 0 {
+                let last = spans.iter().find(|s| s.0 == si).map_or(p, |s| s.2);
+                if p > last - w {
+                    // still in the window after this ubatch: a lasting slot
+                    cell.slot = self.win_slots.alloc();
+                    cell.flags = WIN;
+                } else {
+                    cell.slot = i as u32;
+                    cell.flags = WIN | SCRATCH;
+                    self.ubatch.scratch.push(c as u32);
+                }
+                self.seqs[si as usize].held.push(c as u32);
+            } else {
+                cell.flags = CODED;
+            }
+            self.cells[c] = cell;
+            self.ubatch.tokens.push((pos[i], si, c as u32));
+        }
+        if w == 0 {
+            return Ok(());
+        }
+        let any_center = self.tensors.iter().any(|t| t.spec().center);
+        for (si, first, last) in spans {
+            let held = std::mem::take(&mut self.seqs[si as usize].held);
+            // a held entry is live while its cell still holds a window row of this sequence
+            let live: Vec<u32> = held
+                .into_iter()
+                .filter(|&c| {
+                    let cell = &self.cells[c as usize];
+                    cell.seq == si && cell.flags & WIN != 0
+                })
+                .collect();
+            let due = |c: &u32| {
+                let cell = &self.cells[*c as usize];
+                cell.flags & CODED == 0 && i64::from(cell.pos) <= last - w
+            };
+            if any_center && !self.seqs[si as usize].centered && live.iter().any(due) {
+                let in_span: Vec<u32> = live
+                    .iter()
+                    .copied()
+                    .filter(|&c| (sink..=sink + w).contains(&i64::from(self.cells[c as usize].pos)))
+                    .collect();
+                let from = if in_span.is_empty() {
+                    live.clone()
+                } else {
+                    in_span
+                };
+                self.ubatch.centers.push((si, from));
+                self.seqs[si as usize].centered = true;
+            }
+            let mut keep = Vec::with_capacity(live.len());
+            for c in live {
+                let cell = &mut self.cells[c as usize];
+                let p = i64::from(cell.pos);
+                if cell.flags & CODED == 0 && p <= last - w {
+                    cell.flags |= CODED;
+                    self.ubatch.code.push(c);
+                }
+                if p <= first - w && cell.flags & SCRATCH == 0 {
+                    // the slot keeps its rows (coded from them in this ubatch if due) and
+                    // is freed at the next begin_ubatch
+                    cell.flags &= !WIN;
+                    self.dropped.push(cell.slot);
+                } else {
+                    keep.push(c);
+                }
+            }
+            self.seqs[si as usize].held = keep;
+        }
+        Ok(())
+    }
+
+    /// Renumbers the lasting window slots 0..used and shrinks every tensor's window rows to
+    /// them when most of the storage is free (after a prefill, whose window rows decoding no
+    /// longer needs). Between ubatches, with no slot pending release.
+    fn compact_window_slots(&mut self) {
+        let used = self.win_slots.used();
+        if self.win_slots.len() <= 2 * used + 8 {
+            return;
+        }
+        let mut moves = Vec::with_capacity(used);
+        for cell in self.cells.iter_mut() {
+            if cell.flags & WIN != 0 && cell.flags & SCRATCH == 0 {
+                moves.push((cell.slot, moves.len() as u32));
+                cell.slot = moves.len() as u32 - 1;
+            }
+        }
+        for t in &mut self.tensors {
+            t.compact_window(&moves);
+        }
+        self.win_slots = Slots::with_used(moves.len() as u32);
+    }
+
+    /// The current ubatch's token count.
+    pub fn ubatch_len(&self) -> usize {
+        self.ubatch.tokens.len()
+    }
+
+    /// Writes tensor `t`'s rows of the current ubatch: `rows` is `n_tokens x n_kv_head x
+    /// head_dim` (token `i`'s row for cell `cells[i]`, which must repeat
+    /// [`begin_ubatch`](Self::begin_ubatch)'s). Sink positions keep an f16 row, others a
+    /// window row; then the due centers are fixed and the due main rows coded into `main`
+    /// (the engine's whole tensor). A row with a non-finite value is stored poisoned (it
+    /// reads NaN). Errors (nothing written): a tensor written twice in one ubatch, rows or
+    /// cells other than the ubatch's, a short `main`.
+    pub fn write(&mut self, t: u32, rows: &[f32], cells: &[i64], main: &mut [u8]) -> Result<()> {
+        self.tensor(t)?;
+        let ub = &self.ubatch;
+        if cells.len() != ub.tokens.len()
+            || cells
+                .iter()
+                .zip(&ub.tokens)
+                .any(|(&c, &(_, _, uc))| c != i64::from(uc))
+        {
+            return Err(Error::State {
+                why: format!(
+                    "tensor {t}: a write of {} rows whose cells are not the {} of begin_ubatch",
+                    cells.len(),
+                    ub.tokens.len()
+                ),
+            });
+        }
+        let tensor = &mut self.tensors[t as usize];
+        if tensor.written() == ub.serial {
+            return Err(Error::State {
+                why: format!("tensor {t} was written twice in ubatch {}", ub.serial),
+            });
+        }
+        tensor.check_main(main.len(), self.cfg.n_cells)?;
+        tensor.check_rows(rows.len(), ub.tokens.len())?;
+        let cells_meta = &self.cells;
+        for (x, &(_, _, c)) in rows.chunks_exact(tensor.width()).zip(&ub.tokens) {
+            let cell = &cells_meta[c as usize];
+            if cell.flags & SINK != 0 {
+                tensor.store_sink(cell.slot, x);
+            } else if cell.flags & WIN != 0 {
+                tensor.store_window(cell.slot, cell.flags & SCRATCH != 0, x);
+            } else {
+                tensor.store_main(c, x, main);
+            }
+        }
+        if ub.scratch.is_empty() {
+            tensor.free_scratch();
+        }
+        for (si, from) in &ub.centers {
+            if tensor.spec().center {
+                let slots: Vec<(u32, bool)> = from
+                    .iter()
+                    .map(|&c| {
+                        let cell = &cells_meta[c as usize];
+                        (cell.slot, cell.flags & SCRATCH != 0)
+                    })
+                    .collect();
+                tensor.fix_center(*si, &slots)?;
+            }
+        }
+        for &c in &ub.code {
+            // a cell dropped in this ubatch keeps its slot's rows until the next one
+            let cell = &cells_meta[c as usize];
+            tensor.code_main(c, (cell.slot, cell.flags & SCRATCH != 0), cell.seq, main)?;
+        }
+        let serial = self.ubatch.serial;
+        self.tensors[t as usize].set_written(serial);
+        Ok(())
+    }
+
+    /// How the query at position `query_pos` reads cell `cell`.
+    pub fn read_of(&self, cell: u32, query_pos: i32) -> CellRead {
+        let Some(c) = self.cells.get(cell as usize) else {
+            return CellRead::Main;
+        };
+        if c.flags & SINK != 0 {
+            return CellRead::Sink;
+        }
+        if c.flags & WIN != 0
+            && (c.flags & CODED == 0
+                || i64::from(query_pos) - i64::from(c.pos) < i64::from(self.cfg.window))
+        {
+            return CellRead::Window;
+        }
+        CellRead::Main
+    }
+
+    /// Sequence `seq`'s center in tensor `t` (`n_kv_head * head_dim` values), once fixed.
+    pub fn center_of(&self, t: u32, seq: i32) -> Option<&[f32]> {
+        let si = self.seqs.iter().position(|s| s.id == seq)?;
+        self.tensors.get(t as usize)?.center(si as u32)
+    }
+
+    fn query_pos(&self, token: u32) -> Result<i32> {
+        self.ubatch
+            .tokens
+            .get(token as usize)
+            .map(|&(p, _, _)| p)
+            .ok_or_else(|| {
+                Error::invalid(
+                    "token",
+                    format!(
+                        "{token} is not below the ubatch's {} tokens",
+                        self.ubatch.tokens.len()
+                    ),
+                )
+            })
+    }
+
+    /// Checks a tile: tensor, KV head, cells, and `q_len` values of queries against a grid of
+    /// `grid_len` values; returns the tensor and the number of queries.
+    #[allow(clippy::too_many_arguments)]
+    fn check_tile(
+        &self,
+        t: u32,
+        main_len: usize,
+        kv_head: u32,
+        cell0: u32,
+        n: usize,
+        q_len: usize,
+        grid_len: usize,
+        grid: &'static str,
+    ) -> Result<(&TensorRows, usize)> {
+        let tensor = self.tensor(t)?;
+        tensor.check_main(main_len, self.cfg.n_cells)?;
+        let (d, h) = (tensor.spec().head_dim as usize, tensor.spec().n_kv_head);
+        if kv_head >= h {
+            return Err(Error::invalid(
+                "kv_head",
+                format!("{kv_head} is not below n_kv_head {h}"),
+            ));
+        }
+        if u64::from(cell0) + n as u64 > u64::from(self.cfg.n_cells) {
+            return Err(Error::invalid(
+                "cells",
+                format!("{cell0} + {n} is beyond n_cells {}", self.cfg.n_cells),
+            ));
+        }
+        if q_len == 0 || !q_len.is_multiple_of(d) || q_len / d > MAX_QUERIES {
+            return Err(Error::invalid(
+                "queries",
+                format!("{q_len} values: 1..={MAX_QUERIES} queries of head_dim {d}"),
+            ));
+        }
+        let g = q_len / d;
+        if grid_len != g * n {
+            return Err(Error::invalid(
+                grid,
+                format!("{grid_len} values for {g} queries x {n} cells"),
+            ));
+        }
+        Ok((tensor, g))
+    }
+
+    /// Raw dot products (before any scale) of `g` rotated queries (`q_rot`: `g x
+    /// head_dim`, the query heads of KV head `kv_head` at ubatch token `token`) with tensor
+    /// `t`'s cells `cell0 .. cell0 + n`, each read as [`read_of`](Self::read_of) says:
+    /// query `j`'s score of cell `cell0 + i` goes to `scores[j * n + i]`. `main` is the
+    /// engine's whole tensor. A cell the engine masks may score anything finite or NaN.
+    #[allow(clippy::too_many_arguments)]
+    pub fn scores(
+        &self,
+        t: u32,
+        main: &[u8],
+        kv_head: u32,
+        cell0: u32,
+        n: usize,
+        token: u32,
+        q_rot: &[f32],
+        scores: &mut [f32],
+    ) -> Result<()> {
+        let (tensor, g) = self.check_tile(
+            t,
+            main.len(),
+            kv_head,
+            cell0,
+            n,
+            q_rot.len(),
+            scores.len(),
+            "scores",
+        )?;
+        if n == 0 {
+            return Ok(());
+        }
+        let q = self.query_pos(token)?;
+        tensor.main_scores(main, kv_head, cell0, n, q_rot, scores)?;
+        let mut qc = tensor::CenterDots::default();
+        for i in 0..n {
+            let c = &self.cells[cell0 as usize + i];
+            match self.read_of(cell0 + i as u32, q) {
+                CellRead::Main => {
+                    if c.flags & CODED != 0 && tensor.spec().center {
+                        tensor
+                            .add_center_scores(&mut qc, c.seq, kv_head, q_rot, g, scores, n, i)?;
+                    }
+                }
+                CellRead::Window => tensor.window_scores(
+                    (c.slot, c.flags & SCRATCH != 0),
+                    kv_head,
+                    q_rot,
+                    g,
+                    scores,
+                    n,
+                    i,
+                )?,
+                CellRead::Sink => tensor.sink_scores(c.slot, kv_head, q_rot, g, scores, n, i),
+            }
+        }
+        Ok(())
+    }
+
+    /// `acc[j] += sum_i w[j * n + i] * row(cell0 + i)` in the rotated basis for `g` queries
+    /// (`acc`: `g x head_dim`) over tensor `t`'s cells, each read as
+    /// [`read_of`](Self::read_of) says for the query at ubatch token `token`; a weight of 0
+    /// skips the cell. Un-rotate each sum once. `main` is the engine's whole tensor.
+    #[allow(clippy::too_many_arguments)]
+    pub fn accumulate(
+        &self,
+        t: u32,
+        main: &[u8],
+        kv_head: u32,
+        cell0: u32,
+        n: usize,
+        token: u32,
+        w: &[f32],
+        acc: &mut [f32],
+    ) -> Result<()> {
+        let (tensor, g) = self.check_tile(
+            t,
+            main.len(),
+            kv_head,
+            cell0,
+            n,
+            acc.len(),
+            w.len(),
+            "weights",
+        )?;
+        if n == 0 {
+            return Ok(());
+        }
+        let q = self.query_pos(token)?;
+        let side = |i: usize| {
+            matches!(
+                self.read_of(cell0 + i as u32, q),
+                CellRead::Window | CellRead::Sink
+            )
+        };
+        tensor.main_accumulate(main, kv_head, cell0, n, w, g, acc, side)?;
+        for i in 0..n {
+            if (0..g).all(|j| w[j * n + i] == 0.0) {
+                continue;
+            }
+            let c = &self.cells[cell0 as usize + i];
+            match self.read_of(cell0 + i as u32, q) {
+                CellRead::Main => {
+                    if c.flags & CODED != 0 && tensor.spec().center {
+                        tensor.add_center_values(c.seq, kv_head, w, g, acc, n, i)?;
+                    }
+                }
+                CellRead::Window => tensor.window_accumulate(
+                    (c.slot, c.flags & SCRATCH != 0),
+                    kv_head,
+                    w,
+                    g,
+                    acc,
+                    n,
+                    i,
+                )?,
+                CellRead::Sink => tensor.sink_accumulate(c.slot, kv_head, w, g, acc, n, i),
+            }
+        }
+        Ok(())
+    }
+
+    /// Forgets cell `cell` (the engine freed it): its sink or window rows are released.
+    pub fn release(&mut self, cell: u32) -> Result<()> {
+        if cell >= self.cfg.n_cells {
+            return Err(Error::invalid(
+                "cell",
+                format!("{cell} is not below n_cells {}", self.cfg.n_cells),
+            ));
+        }
+        self.release_cell(cell as usize);
+        Ok(())
+    }
+
+    /// Forgets every cell, sequence and center (the engine cleared its cache). The next
+    /// ubatch starts afresh.
+    pub fn clear(&mut self) {
+        self.cells.fill(Cell::EMPTY);
+        self.seqs.clear();
+        self.sink_slots = Slots::default();
+        self.win_slots = Slots::default();
+        self.dropped.clear();
+        self.ubatch.tokens.clear();
+        self.ubatch.code.clear();
+        self.ubatch.centers.clear();
+        self.ubatch.scratch.clear();
+        for t in &mut self.tensors {
+            t.clear();
+        }
+    }
+
+    /// Copies cells `src0 .. src0 + n` onto `dst0 .. dst0 + n` in every tensor (the engine
+    /// copied those cells' main rows, one stream onto another), the copies belonging to
+    /// sequence `dst_seq`, which takes the writers' centers. Between ubatches only. Errors:
+    /// ranges out of bounds or overlapping, a negative sequence.
+    pub fn copy_cells(&mut self, src0: u32, dst0: u32, n: u32, dst_seq: i32) -> Result<()> {
+        let (s, d, n) = (u64::from(src0), u64::from(dst0), u64::from(n));
+        let total = u64::from(self.cfg.n_cells);
+        if s + n > total || d + n > total || (n > 0 && s < d + n && d < s + n) || dst_seq < 0 {
+            return Err(Error::invalid(
+                "copy",
+                format!("cells {s}+{n} onto {d}+{n} of {total}, sequence {dst_seq}"),
+            ));
+        }
+        let di = self.seq_index(dst_seq);
+        let mut centers_from: Vec<u32> = Vec::new();
+        for k in 0..n as usize {
+            let src = self.cells[s as usize + k];
+            let dc = d as usize + k;
+            self.release_cell(dc);
+            let mut cell = Cell {
+                seq: if src.seq == NONE { NONE } else { di },
+                ..src
+            };
+            if src.flags & SINK != 0 {
+                cell.slot = self.sink_slots.alloc();
+                for t in &mut self.tensors {
+                    t.copy_sink(src.slot, cell.slot);
+                }
+            } else if src.flags & SCRATCH != 0 {
+                // coded in the last ubatch and dropped by the next: the copy reads its main rows
+                cell.flags &= !(WIN | SCRATCH);
+                cell.slot = NONE;
+            } else if src.flags & WIN != 0 {
+                cell.slot = self.win_slots.alloc();
+                for t in &mut self.tensors {
+                    t.copy_window(src.slot, cell.slot);
+                }
+                self.seqs[di as usize].held.push(dc as u32);
+            } else {
+                cell.slot = NONE;
+            }
+            if src.seq != NONE && src.seq != di && !centers_from.contains(&src.seq) {
+                centers_from.push(src.seq);
+                let centered = self.seqs[src.seq as usize].centered;
+                self.seqs[di as usize].centered |= centered;
+                for t in &mut self.tensors {
+                    t.copy_center(src.seq, di);
+                }
+            }
+            self.cells[dc] = cell;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests;

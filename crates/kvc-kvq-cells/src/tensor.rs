@@ -1,0 +1,559 @@
+//! One tensor's side of the cells: its codecs, its sink and window rows by slot, its centers
+//! by sequence, and the row arithmetic of writes and reads.
+
+use half::f16;
+use kvc_kvq::attention::HeadRows;
+use kvc_kvq::config::DEFAULT_SEED;
+use kvc_kvq::{Method, RowCodec};
+
+use crate::slab::SlotRows;
+use crate::{CellsConfig, Error, Result, TensorSpec, MAX_QUERIES};
+
+/// f16 NaN, the scale of a poisoned row (a row with a non-finite value reads back NaN).
+const POISON_SCALE: [u8; 2] = 0x7e00u16.to_le_bytes();
+/// The largest head_dim.
+const MAX_DIM: usize = 256;
+
+fn poison(row: &mut [u8]) {
+    row.fill(0);
+    row[..2].copy_from_slice(&POISON_SCALE);
+}
+
+fn scale_finite(row: &[u8]) -> bool {
+    f16::from_le_bytes([row[0], row[1]]).is_finite()
+}
+
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
+/// `q . c` of the last sequence's center seen in one tile (most tiles have one writer).
+pub(crate) struct CenterDots {
+    seq: Option<u32>,
+    dots: [f32; MAX_QUERIES],
+}
+
+impl Default for CenterDots {
+    fn default() -> CenterDots {
+        CenterDots {
+            seq: None,
+            dots: [0.0; MAX_QUERIES],
+        }
+    }
+}
+
+/// A center: its values (f16-exact) and the same rotated into the codes' basis.
+type Center = (Vec<f32>, Vec<f32>);
+
+#[derive(Debug)]
+pub(crate) struct TensorRows {
+    spec: TensorSpec,
+    d: usize,
+    h: usize,
+    main: RowCodec,
+    win: Option<RowCodec>,
+    main_row: usize,
+    win_row: usize,
+    sink_rows: SlotRows,
+    win_rows: SlotRows,
+    /// The current ubatch's window rows that leave the window within it (by token).
+    scratch_rows: SlotRows,
+    centers: Vec<Option<Center>>,
+    written: u64,
+}
+
+impl TensorRows {
+    pub(crate) fn new(spec: TensorSpec, cfg: &CellsConfig) -> Result<TensorRows> {
+        let d = spec.head_dim as usize;
+        let h = spec.n_kv_head as usize;
+        if h == 0 {
+            return Err(Error::invalid("n_kv_head", "0 KV heads"));
+        }
+        let main = RowCodec::new(Method::LloydMax, spec.bits, d, DEFAULT_SEED)?;
+        let win = if cfg.window > 0 {
+            Some(RowCodec::new(
+                Method::LloydMax,
+                cfg.window_bits,
+                d,
+                DEFAULT_SEED,
+            )?)
+        } else {
+            None
+        };
+        let main_row = main.row_bytes();
+        let win_row = win.as_ref().map_or(0, RowCodec::row_bytes);
+        (cfg.n_cells as usize)
+            .checked_mul(h)
+            .and_then(|r| r.checked_mul(main_row))
+            .ok_or_else(|| Error::invalid("n_cells", "the main tensor's size overflows"))?;
+        Ok(TensorRows {
+            spec,
+            d,
+            h,
+            main,
+            win,
+            main_row,
+            win_row,
+            sink_rows: SlotRows::new(h * d * 2),
+            win_rows: SlotRows::new(h * win_row),
+            scratch_rows: SlotRows::new(h * win_row),
+            centers: Vec::new(),
+            written: 0,
+        })
+    }
+
+    pub(crate) fn spec(&self) -> &TensorSpec {
+        &self.spec
+    }
+
+    pub(crate) fn written(&self) -> u64 {
+        self.written
+    }
+
+    pub(crate) fn set_written(&mut self, serial: u64) {
+        self.written = serial;
+    }
+
+    pub(crate) fn main_cell_bytes(&self) -> usize {
+        self.h * self.main_row
+    }
+
+    /// Values per cell (`n_kv_head * head_dim`).
+    pub(crate) fn width(&self) -> usize {
+        self.h * self.d
+    }
+
+    pub(crate) fn bytes(&self) -> usize {
+        self.sink_rows.bytes()
+            + self.win_rows.bytes()
+            + self.scratch_rows.bytes()
+            + self
+                .centers
+                .iter()
+                .map(|c| {
+                    std::mem::size_of::<Option<Center>>()
+                        + c.as_ref()
+                            .map_or(0, |(a, b)| 4 * (a.capacity() + b.capacity()))
+                })
+                .sum::<usize>()
+    }
+
+    /// Forgets every row and center; keeps the write count (the next ubatch follows).
+    pub(crate) fn clear(&mut self) {
+        self.sink_rows.clear();
+        self.win_rows.clear();
+        self.scratch_rows.clear();
+        self.centers.clear();
+    }
+
+    pub(crate) fn check_main(&self, len: usize, n_cells: u32) -> Result<()> {
+        let need = n_cells as usize * self.main_cell_bytes();
+        if len < need {
+            return Err(Error::invalid(
+                "main",
+                format!("{len} bytes; n_cells * main_cell_bytes is {need}"),
+            ));
+        }
+        Ok(())
+    }
+
+    pub(crate) fn check_rows(&self, len: usize, n_tokens: usize) -> Result<()> {
+        if len != n_tokens * self.width() {
+            return Err(Error::invalid(
+                "rows",
+                format!(
+                    "{len} values for {n_tokens} tokens of {} (n_kv_head x head_dim)",
+                    self.width()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    pub(crate) fn store_sink(&mut self, slot: u32, x: &[f32]) {
+        let out = self.sink_rows.get_mut(slot);
+        for (o, &v) in out.chunks_exact_mut(2).zip(x) {
+            o.copy_from_slice(&f16::from_f32(v).to_le_bytes());
+        }
+    }
+
+    /// Frees the scratch (a ubatch that needs none: decoding).
+    pub(crate) fn free_scratch(&mut self) {
+        self.scratch_rows.clear();
+    }
+
+    pub(crate) fn compact_window(&mut self, moves: &[(u32, u32)]) {
+        self.win_rows.compact(moves);
+    }
+
+    fn window_bytes(&self, (slot, scratch): (u32, bool)) -> &[u8] {
+        if scratch {
+            self.scratch_rows.get(slot)
+        } else {
+            self.win_rows.get(slot)
+        }
+    }
+
+    pub(crate) fn store_window(&mut self, slot: u32, scratch: bool, x: &[f32]) {
+        let win = self.win.as_ref().expect("a window codec with a window");
+        let out = if scratch {
+            self.scratch_rows.get_mut(slot)
+        } else {
+            self.win_rows.get_mut(slot)
+        };
+        for (xr, o) in x
+            .chunks_exact(self.d)
+            .zip(out.chunks_exact_mut(self.win_row))
+        {
+            if win.quantize_row(xr, o).is_err() {
+                poison(o);
+            }
+        }
+    }
+
+    pub(crate) fn store_main(&self, cell: u32, x: &[f32], main: &mut [u8]) {
+        let off = cell as usize * self.main_cell_bytes();
+        let out = &mut main[off..off + self.main_cell_bytes()];
+        for (xr, o) in x
+            .chunks_exact(self.d)
+            .zip(out.chunks_exact_mut(self.main_row))
+        {
+            if self.main.quantize_row(xr, o).is_err() {
+                poison(o);
+            }
+        }
+    }
+
+    pub(crate) fn center(&self, seq: u32) -> Option<&[f32]> {
+        self.centers
+            .get(seq as usize)
+            .and_then(|c| c.as_ref())
+            .map(|(c, _)| c.as_slice())
+    }
+
+    fn center_rotated(&self, seq: u32) -> Result<&[f32]> {
+        self.centers
+            .get(seq as usize)
+            .and_then(|c| c.as_ref())
+            .map(|(_, r)| r.as_slice())
+            .ok_or_else(|| Error::State {
+                why: format!("sequence index {seq} has centered rows but no center"),
+            })
+    }
+
+    /// Fixes sequence `seq`'s center from the window rows of `slots`: per KV head and
+    /// channel, the mean (f64, rounded to f16) of the finite decoded values (zero if none).
+    pub(crate) fn fix_center(&mut self, seq: u32, slots: &[(u32, bool)]) -> Result<()> {
+        let win = self.win.as_ref().expect("a window codec with a center");
+        let width = self.width();
+        let mut sum = vec![0f64; width];
+        let mut count = vec![0u32; width];
+        let mut buf = [0f32; MAX_DIM];
+        for &s in slots {
+            for (hd, wr) in self.window_bytes(s).chunks_exact(self.win_row).enumerate() {
+                if !scale_finite(wr) {
+                    continue;
+                }
+                win.dequantize_row(wr, &mut buf[..self.d])?;
+                for (e, &v) in buf[..self.d].iter().enumerate() {
+                    if v.is_finite() {
+                        sum[hd * self.d + e] += f64::from(v);
+                        count[hd * self.d + e] += 1;
+                    }
+                }
+            }
+        }
+        let center: Vec<f32> = sum
+            .iter()
+            .zip(&count)
+            .map(|(&s, &n)| {
+                if n == 0 {
+                    0.0
+                } else {
+                    f16::from_f64(s / f64::from(n)).to_f32()
+                }
+            })
+            .collect();
+        let mut rotated = center.clone();
+        for r in rotated.chunks_exact_mut(self.d) {
+            self.main.rotation().rotate(r);
+        }
+        if self.centers.len() <= seq as usize {
+            self.centers.resize(seq as usize + 1, None);
+        }
+        self.centers[seq as usize] = Some((center, rotated));
+        Ok(())
+    }
+
+    /// Codes cell `cell`'s main rows from window slot `slot` (minus sequence `seq`'s center
+    /// when this tensor has centers).
+    pub(crate) fn code_main(
+        &self,
+        cell: u32,
+        slot: (u32, bool),
+        seq: u32,
+        main: &mut [u8],
+    ) -> Result<()> {
+        let win = self.win.as_ref().expect("a window codec with a window");
+        let center = if self.spec.center {
+            Some(self.center(seq).ok_or_else(|| Error::State {
+                why: format!("sequence index {seq} codes a centered row before its center"),
+            })?)
+        } else {
+            None
+        };
+        let off = cell as usize * self.main_cell_bytes();
+        let mut buf = [0f32; MAX_DIM];
+        let src = self.window_bytes(slot);
+        for (hd, (wr, o)) in src
+            .chunks_exact(self.win_row)
+            .zip(main[off..off + self.main_cell_bytes()].chunks_exact_mut(self.main_row))
+            .enumerate()
+        {
+            if !scale_finite(wr) {
+                poison(o);
+                continue;
+            }
+            let b = &mut buf[..self.d];
+            win.dequantize_row(wr, b)?;
+            if let Some(c) = center {
+                for (v, &m) in b.iter_mut().zip(&c[hd * self.d..(hd + 1) * self.d]) {
+                    *v -= m;
+                }
+            }
+            if self.main.quantize_row(b, o).is_err() {
+                poison(o);
+            }
+        }
+        Ok(())
+    }
+
+    fn main_rows<'a>(&self, main: &'a [u8], kv_head: u32, cell0: u32) -> HeadRows<'a> {
+        let off = cell0 as usize * self.main_cell_bytes() + kv_head as usize * self.main_row;
+        HeadRows {
+            bytes: &main[off..],
+            stride: self.main_cell_bytes(),
+        }
+    }
+
+    pub(crate) fn main_scores(
+        &self,
+        main: &[u8],
+        kv_head: u32,
+        cell0: u32,
+        n: usize,
+        q_rot: &[f32],
+        scores: &mut [f32],
+    ) -> Result<()> {
+        Ok(self
+            .main
+            .dot_rows_multi(q_rot, self.main_rows(main, kv_head, cell0), n, scores)?)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn add_center_scores(
+        &self,
+        qc: &mut CenterDots,
+        seq: u32,
+        kv_head: u32,
+        q_rot: &[f32],
+        g: usize,
+        scores: &mut [f32],
+        n: usize,
+        i: usize,
+    ) -> Result<()> {
+        if qc.seq != Some(seq) {
+            let hd = kv_head as usize;
+            let cr = &self.center_rotated(seq)?[hd * self.d..(hd + 1) * self.d];
+            for (j, v) in qc.dots[..g].iter_mut().enumerate() {
+                *v = dot(&q_rot[j * self.d..(j + 1) * self.d], cr);
+            }
+            qc.seq = Some(seq);
+        }
+        for j in 0..g {
+            scores[j * n + i] += qc.dots[j];
+        }
+        Ok(())
+    }
+
+    fn window_row(&self, slot: (u32, bool), kv_head: u32) -> HeadRows<'_> {
+        let hd = kv_head as usize;
+        HeadRows {
+            bytes: &self.window_bytes(slot)[hd * self.win_row..(hd + 1) * self.win_row],
+            stride: self.win_row,
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn window_scores(
+        &self,
+        slot: (u32, bool),
+        kv_head: u32,
+        q_rot: &[f32],
+        g: usize,
+        scores: &mut [f32],
+        n: usize,
+        i: usize,
+    ) -> Result<()> {
+        let win = self.win.as_ref().expect("a window codec with window rows");
+        let mut tmp = [0f32; MAX_QUERIES];
+        win.dot_rows_multi(q_rot, self.window_row(slot, kv_head), 1, &mut tmp[..g])?;
+        for j in 0..g {
+            scores[j * n + i] = tmp[j];
+        }
+        Ok(())
+    }
+
+    /// Sink row of `slot`, head `kv_head`, rotated into the codes' basis.
+    fn sink_rotated(&self, slot: u32, kv_head: u32, out: &mut [f32]) {
+        let hd = kv_head as usize;
+        let bytes = &self.sink_rows.get(slot)[hd * self.d * 2..(hd + 1) * self.d * 2];
+        for (o, b) in out.iter_mut().zip(bytes.chunks_exact(2)) {
+            *o = f16::from_le_bytes([b[0], b[1]]).to_f32();
+        }
+        self.main.rotation().rotate(out);
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn sink_scores(
+        &self,
+        slot: u32,
+        kv_head: u32,
+        q_rot: &[f32],
+        g: usize,
+        scores: &mut [f32],
+        n: usize,
+        i: usize,
+    ) {
+        let mut row = [0f32; MAX_DIM];
+        self.sink_rotated(slot, kv_head, &mut row[..self.d]);
+        for j in 0..g {
+            scores[j * n + i] = dot(&q_rot[j * self.d..(j + 1) * self.d], &row[..self.d]);
+        }
+    }
+
+    /// The main rows' weighted sum, cells for which `side(i)` holds weighted 0.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn main_accumulate(
+        &self,
+        main: &[u8],
+        kv_head: u32,
+        cell0: u32,
+        n: usize,
+        w: &[f32],
+        g: usize,
+        acc: &mut [f32],
+        side: impl Fn(usize) -> bool,
+    ) -> Result<()> {
+        const SCRATCH: usize = 4096;
+        let per = (SCRATCH / g).max(1);
+        let mut wm = [0f32; SCRATCH];
+        let mut i0 = 0;
+        while i0 < n {
+            let m = per.min(n - i0);
+            for i in 0..m {
+                let s = side(i0 + i);
+                for j in 0..g {
+                    wm[j * m + i] = if s { 0.0 } else { w[j * n + i0 + i] };
+                }
+            }
+            self.main.accumulate_rows_multi(
+                &wm[..g * m],
+                self.main_rows(main, kv_head, cell0 + i0 as u32),
+                m,
+                acc,
+            )?;
+            i0 += m;
+        }
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn add_center_values(
+        &self,
+        seq: u32,
+        kv_head: u32,
+        w: &[f32],
+        g: usize,
+        acc: &mut [f32],
+        n: usize,
+        i: usize,
+    ) -> Result<()> {
+        let hd = kv_head as usize;
+        let cr = &self.center_rotated(seq)?[hd * self.d..(hd + 1) * self.d];
+        for j in 0..g {
+            let wj = w[j * n + i];
+            for (a, &v) in acc[j * self.d..(j + 1) * self.d].iter_mut().zip(cr) {
+                *a += wj * v;
+            }
+        }
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn window_accumulate(
+        &self,
+        slot: (u32, bool),
+        kv_head: u32,
+        w: &[f32],
+        g: usize,
+        acc: &mut [f32],
+        n: usize,
+        i: usize,
+    ) -> Result<()> {
+        let win = self.win.as_ref().expect("a window codec with window rows");
+        let mut tmp = [0f32; MAX_QUERIES];
+        for j in 0..g {
+            tmp[j] = w[j * n + i];
+        }
+        win.accumulate_rows_multi(&tmp[..g], self.window_row(slot, kv_head), 1, acc)?;
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn sink_accumulate(
+        &self,
+        slot: u32,
+        kv_head: u32,
+        w: &[f32],
+        g: usize,
+        acc: &mut [f32],
+        n: usize,
+        i: usize,
+    ) {
+        let mut row = [0f32; MAX_DIM];
+        self.sink_rotated(slot, kv_head, &mut row[..self.d]);
+        for j in 0..g {
+            let wj = w[j * n + i];
+            if wj == 0.0 {
+                continue;
+            }
+            for (a, &v) in acc[j * self.d..(j + 1) * self.d]
+                .iter_mut()
+                .zip(&row[..self.d])
+            {
+                *a += wj * v;
+            }
+        }
+    }
+
+    pub(crate) fn copy_sink(&mut self, from: u32, to: u32) {
+        self.sink_rows.copy(from, to);
+    }
+
+    pub(crate) fn copy_window(&mut self, from: u32, to: u32) {
+        if self.win.is_some() {
+            self.win_rows.copy(from, to);
+        }
+    }
+
+    pub(crate) fn copy_center(&mut self, from: u32, to: u32) {
+        let c = self.centers.get(from as usize).cloned().flatten();
+        if c.is_some() {
+            if self.centers.len() <= to as usize {
+                self.centers.resize(to as usize + 1, None);
+            }
+            self.centers[to as usize] = c;
+        }
+    }
+}

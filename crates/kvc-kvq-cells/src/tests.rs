@@ -1,0 +1,538 @@
+//! Reads checked against an independent model of the semantics, batch independence, the
+//! rows held, and refusals.
+
+use super::*;
+use half::f16;
+use kvc_kvq::config::DEFAULT_SEED;
+use kvc_kvq::{Method, RowCodec};
+
+const D: usize = 64;
+const H: usize = 2;
+
+fn cfg(sink: u32, window: u32) -> CellsConfig {
+    CellsConfig {
+        n_cells: 256,
+        sink,
+        window,
+        window_bits: 8,
+    }
+}
+
+/// Tensor 0 (K, 3 bits, centered when asked) and tensor 1 (V, 3 bits).
+fn specs(center: bool) -> [TensorSpec; 2] {
+    let t = TensorSpec {
+        head_dim: D as u32,
+        n_kv_head: H as u32,
+        bits: 3,
+        center,
+    };
+    [t, TensorSpec { center: false, ..t }]
+}
+
+fn new_cells(sink: u32, window: u32, center: bool) -> (KvqCells, Vec<Vec<u8>>) {
+    let c = KvqCells::new(cfg(sink, window), &specs(center)).unwrap();
+    let mains = (0..2)
+        .map(|t| vec![0u8; 256 * c.main_cell_bytes(t).unwrap()])
+        .collect();
+    (c, mains)
+}
+
+/// V rows: K rows of another token.
+fn v_rows(t: usize) -> Vec<f32> {
+    token_rows(t + 5000)
+}
+
+/// One ubatch: positions, sequences and cells, then both tensors' rows.
+fn ubatch(
+    cells: &mut KvqCells,
+    mains: &mut [Vec<u8>],
+    pos: &[i32],
+    seq: &[i32],
+    idx: &[i64],
+    k: &[f32],
+    v: &[f32],
+) {
+    cells.begin_ubatch(pos, seq, idx).unwrap();
+    cells.write(0, k, idx, &mut mains[0]).unwrap();
+    cells.write(1, v, idx, &mut mains[1]).unwrap();
+}
+
+/// Rows with a large per-channel offset (what centers are for) and a token-dependent part.
+fn token_rows(t: usize) -> Vec<f32> {
+    let mut s = (t as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    (0..H * D)
+        .map(|e| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            let noise = (s >> 11) as f32 / (1u64 << 53) as f32 - 0.5;
+            let offset = if e % 7 == 0 {
+                4.0
+            } else {
+                0.3 * ((e % 5) as f32 - 2.0)
+            };
+            offset + noise * 2.0 + if t < 4 { 3.0 } else { 0.0 }
+        })
+        .collect()
+}
+
+/// Cell of position `p`: scattered, so that decisions come from positions, not indices.
+fn cell_of(p: usize) -> i64 {
+    ((p * 97 + 13) % 256) as i64
+}
+
+fn codec(bits: u8) -> RowCodec {
+    RowCodec::new(Method::LloydMax, bits, D, DEFAULT_SEED).unwrap()
+}
+
+fn round_trip(c: &RowCodec, x: &[f32]) -> Vec<f32> {
+    let mut packed = vec![0u8; c.row_bytes()];
+    c.quantize_row(x, &mut packed).unwrap();
+    let mut out = vec![0f32; D];
+    c.dequantize_row(&packed, &mut out).unwrap();
+    out
+}
+
+/// Writes positions `first..first + n` of sequence 0 as one ubatch.
+fn write_span(cells: &mut KvqCells, mains: &mut [Vec<u8>], first: usize, n: usize) {
+    let pos: Vec<i32> = (first..first + n).map(|p| p as i32).collect();
+    let seq = vec![0; n];
+    let idx: Vec<i64> = (first..first + n).map(cell_of).collect();
+    let k: Vec<f32> = (first..first + n).flat_map(token_rows).collect();
+    let v: Vec<f32> = (first..first + n).flat_map(v_rows).collect();
+    ubatch(cells, mains, &pos, &seq, &idx, &k, &v);
+}
+
+fn query(t: usize, g: usize) -> Vec<f32> {
+    let mut q: Vec<f32> = (0..g * D)
+        .map(|e| ((e * 31 + t * 7) % 17) as f32 / 8.0 - 1.0)
+        .collect();
+    for r in q.chunks_exact_mut(D) {
+        codec(3).rotation().rotate(r);
+    }
+    q
+}
+
+/// The score of each visible cell for the query of ubatch token `token` at position `qp`.
+fn visible_scores(
+    cells: &KvqCells,
+    mains: &[Vec<u8>],
+    token: u32,
+    qp: usize,
+    head: u32,
+) -> Vec<f32> {
+    let q = query(qp, 1);
+    (0..=qp)
+        .map(|p| {
+            let mut s = [0f32; 1];
+            cells
+                .scores(0, &mains[0], head, cell_of(p) as u32, 1, token, &q, &mut s)
+                .unwrap();
+            s[0]
+        })
+        .collect()
+}
+
+/// The weighted V sum of every visible cell (weights from the position) for the query.
+fn visible_values(
+    cells: &KvqCells,
+    mains: &[Vec<u8>],
+    token: u32,
+    qp: usize,
+    head: u32,
+) -> Vec<f32> {
+    let mut w = vec![0f32; 256];
+    for p in 0..=qp {
+        w[cell_of(p) as usize] = 1.0 / (1.0 + p as f32);
+    }
+    let mut acc = vec![0f32; D];
+    cells
+        .accumulate(1, &mains[1], head, 0, 256, token, &w, &mut acc)
+        .unwrap();
+    acc
+}
+
+#[test]
+fn batched_and_one_token_writes_read_the_same() {
+    for &(sink, window, center) in &[(4, 16, true), (0, 16, false), (2, 1, false), (4, 0, false)] {
+        let (mut one, mut main_one) = new_cells(sink, window, center);
+        let (mut batched, mut main_b) = new_cells(sink, window, center);
+        let mut expected = Vec::new();
+        for p in 0..150 {
+            write_span(&mut one, &mut main_one, p, 1);
+            expected.push((
+                visible_scores(&one, &main_one, 0, p, 1),
+                visible_values(&one, &main_one, 0, p, 1),
+            ));
+        }
+        let mut p = 0;
+        for n in [37, 1, 64, 48] {
+            write_span(&mut batched, &mut main_b, p, n);
+            for t in 0..n {
+                let got = (
+                    visible_scores(&batched, &main_b, t as u32, p + t, 1),
+                    visible_values(&batched, &main_b, t as u32, p + t, 1),
+                );
+                assert_eq!(
+                    got,
+                    expected[p + t],
+                    "position {} (sink {sink} window {window})",
+                    p + t
+                );
+            }
+            p += n;
+        }
+    }
+}
+
+#[test]
+fn reads_match_an_independent_model() {
+    let (sink, window) = (4usize, 16usize);
+    let (mut cells, mut main) = new_cells(sink as u32, window as u32, true);
+    write_span(&mut cells, &mut main, 0, 100);
+    let (c8, c3) = (codec(8), codec(3));
+    // the center: mean over positions sink ..= sink + window of the 8-bit rows, f16
+    let mut center = vec![0f32; H * D];
+    for (e, cv) in center.iter_mut().enumerate() {
+        let (hd, i) = (e / D, e % D);
+        let s: f64 = (sink..=sink + window)
+            .map(|p| f64::from(round_trip(&c8, &token_rows(p)[hd * D..(hd + 1) * D])[i]))
+            .sum();
+        *cv = f16::from_f64(s / (window + 1) as f64).to_f32();
+    }
+    assert_eq!(cells.center_of(0, 0).unwrap(), &center[..]);
+    assert!(cells.center_of(1, 0).is_none(), "V has no center");
+    let qp = 99usize;
+    for hd in 0..H {
+        let mut q = query(qp, 1);
+        let got = visible_scores(&cells, &main, 99, qp, hd as u32);
+        codec(3).rotation().unrotate(&mut q);
+        for (p, &got_p) in got.iter().enumerate() {
+            let x = &token_rows(p)[hd * D..(hd + 1) * D];
+            let cc = &center[hd * D..(hd + 1) * D];
+            let k: Vec<f32> = if p < sink {
+                x.iter().map(|&v| f16::from_f32(v).to_f32()).collect()
+            } else if qp - p < window {
+                round_trip(&c8, x)
+            } else {
+                let w8 = round_trip(&c8, x);
+                let diff: Vec<f32> = w8.iter().zip(cc).map(|(a, b)| a - b).collect();
+                round_trip(&c3, &diff)
+                    .iter()
+                    .zip(cc)
+                    .map(|(a, b)| a + b)
+                    .collect()
+            };
+            let want: f32 = q.iter().zip(&k).map(|(a, b)| a * b).sum();
+            let tol = 1e-4
+                * q.iter().map(|v| v.abs()).sum::<f32>()
+                * k.iter().map(|v| v.abs()).fold(0.0, f32::max);
+            assert!(
+                (got_p - want).abs() <= tol,
+                "head {hd} position {p}: {} vs {want}",
+                got_p
+            );
+        }
+    }
+}
+
+#[test]
+fn accumulate_matches_an_independent_model() {
+    let (sink, window) = (2usize, 8usize);
+    let (mut cells, mut main) = new_cells(sink as u32, window as u32, false);
+    write_span(&mut cells, &mut main, 0, 40);
+    let (c8, c3) = (codec(8), codec(3));
+    let qp = 39usize;
+    let g = 2;
+    // weights for every cell 0..256 (cells of positions 0..=39 and others with weight 0)
+    let n = 256usize;
+    let mut w = vec![0f32; g * n];
+    for p in 0..=qp {
+        for j in 0..g {
+            w[j * n + cell_of(p) as usize] = 1.0 + (p as f32 + j as f32) / 10.0;
+        }
+    }
+    let mut acc = vec![0f32; g * D];
+    cells
+        .accumulate(1, &main[1], 1, 0, n, 39, &w, &mut acc)
+        .unwrap();
+    for a in acc.chunks_exact_mut(D) {
+        c3.rotation().unrotate(a);
+    }
+    for j in 0..g {
+        let mut want = vec![0f32; D];
+        for p in 0..=qp {
+            let x = &v_rows(p)[D..2 * D];
+            let v: Vec<f32> = if p < sink {
+                x.iter().map(|&v| f16::from_f32(v).to_f32()).collect()
+            } else if qp - p < window {
+                round_trip(&c8, x)
+            } else {
+                round_trip(&c3, &round_trip(&c8, x))
+            };
+            let wj = w[j * n + cell_of(p) as usize];
+            for (a, b) in want.iter_mut().zip(&v) {
+                *a += wj * b;
+            }
+        }
+        for (a, b) in acc[j * D..(j + 1) * D].iter().zip(&want) {
+            assert!(
+                (a - b).abs() < 1e-3 * (1.0 + b.abs()),
+                "query {j}: {a} vs {b}"
+            );
+        }
+    }
+}
+
+#[test]
+fn rows_held_follow_the_window() {
+    let (mut cells, mut main) = new_cells(4, 16, true);
+    let base = cells.bytes_held();
+    write_span(&mut cells, &mut main, 0, 64);
+    assert_eq!(cells.sink_rows(), 4);
+    // positions 48..=63 stay in the window; 4..=47 leave it within the ubatch (scratch)
+    assert_eq!((cells.window_rows(), cells.scratch_rows()), (16, 44));
+    let after_prefill = cells.bytes_held();
+    write_span(&mut cells, &mut main, 64, 1);
+    // positions > 64 - 16 = 48: 49..=64
+    assert_eq!((cells.window_rows(), cells.scratch_rows()), (16, 0));
+    for p in 65..120 {
+        write_span(&mut cells, &mut main, p, 1);
+        assert_eq!(cells.window_rows(), 16);
+    }
+    let decoding = cells.bytes_held();
+    assert!(
+        base < decoding && decoding < after_prefill,
+        "{base} {decoding} {after_prefill}"
+    );
+    cells.release(cell_of(119) as u32).unwrap();
+    assert_eq!(cells.window_rows(), 15);
+    cells.clear();
+    assert_eq!((cells.window_rows(), cells.sink_rows()), (0, 0));
+    assert!(cells.center_of(0, 0).is_none());
+}
+
+#[test]
+fn window_storage_shrinks_after_sequences_leave() {
+    // sequence 0 alone, and sequence 0 beside five others that are then released: the
+    // window slots are renumbered and the reads are the same
+    let (mut alone, mut main_a) = new_cells(2, 8, true);
+    let (mut crowd, mut main_c) = new_cells(2, 8, true);
+    let cell = |s: usize, p: usize| (s * 40 + p) as i64;
+    for p in 0..30usize {
+        let k = token_rows(p);
+        let v = v_rows(p);
+        ubatch(
+            &mut alone,
+            &mut main_a,
+            &[p as i32],
+            &[0],
+            &[cell(0, p)],
+            &k,
+            &v,
+        );
+        let pos = vec![p as i32; 6];
+        let seq: Vec<i32> = (0..6).collect();
+        let idx: Vec<i64> = (0..6).map(|s| cell(s, p)).collect();
+        let kk: Vec<f32> = (0..6).flat_map(|_| k.clone()).collect();
+        let vv: Vec<f32> = (0..6).flat_map(|_| v.clone()).collect();
+        ubatch(&mut crowd, &mut main_c, &pos, &seq, &idx, &kk, &vv);
+    }
+    let before = crowd.bytes_held();
+    for s in 1..6 {
+        for p in 0..30 {
+            crowd.release(cell(s, p) as u32).unwrap();
+        }
+    }
+    let (k, v) = (token_rows(30), v_rows(30));
+    ubatch(&mut alone, &mut main_a, &[30], &[0], &[cell(0, 30)], &k, &v);
+    ubatch(&mut crowd, &mut main_c, &[30], &[0], &[cell(0, 30)], &k, &v);
+    assert!(
+        crowd.bytes_held() < before,
+        "{} < {before}",
+        crowd.bytes_held()
+    );
+    let q = query(30, 1);
+    let mut a = vec![0f32; 31];
+    let mut b = vec![0f32; 31];
+    alone
+        .scores(0, &main_a[0], 1, 0, 31, 0, &q, &mut a)
+        .unwrap();
+    crowd
+        .scores(0, &main_c[0], 1, 0, 31, 0, &q, &mut b)
+        .unwrap();
+    assert_eq!(a, b);
+}
+
+#[test]
+fn sequences_keep_their_own_sink_window_and_center() {
+    let (mut cells, mut main) = new_cells(2, 8, true);
+    // two sequences interleaved in one ubatch, cells 0..40 and 100..140
+    let pos: Vec<i32> = (0..40).flat_map(|p| [p, p]).collect();
+    let seq: Vec<i32> = (0..40).flat_map(|_| [3, 7]).collect();
+    let idx: Vec<i64> = (0..40).flat_map(|p| [p as i64, 100 + p as i64]).collect();
+    let rows: Vec<f32> = (0..40)
+        .flat_map(|p| {
+            let mut a = token_rows(p);
+            a.extend(token_rows(p + 1000));
+            a
+        })
+        .collect();
+    ubatch(&mut cells, &mut main, &pos, &seq, &idx, &rows, &rows);
+    assert_eq!(cells.sink_rows(), 4);
+    assert_ne!(cells.center_of(0, 3), cells.center_of(0, 7));
+    assert!(cells.center_of(0, 3).is_some() && cells.center_of(0, 7).is_some());
+    // the last token of sequence 7 (ubatch token 79) reads its own position 39 from the
+    // window and position 1 from the sink
+    assert_eq!(cells.read_of(139, 39), CellRead::Window);
+    assert_eq!(cells.read_of(101, 39), CellRead::Sink);
+    assert_eq!(cells.read_of(110, 39), CellRead::Main);
+}
+
+#[test]
+fn copied_cells_read_the_same() {
+    let (mut cells, mut main) = new_cells(4, 16, true);
+    let pos: Vec<i32> = (0..60).collect();
+    let idx: Vec<i64> = (0..60).collect();
+    let rows: Vec<f32> = (0..60).flat_map(token_rows).collect();
+    ubatch(&mut cells, &mut main, &pos, &[0; 60], &idx, &rows, &rows);
+    for (t, m) in main.iter_mut().enumerate() {
+        let cb = cells.main_cell_bytes(t as u32).unwrap();
+        m.copy_within(0..60 * cb, 128 * cb);
+    }
+    cells.copy_cells(0, 128, 60, 5).unwrap();
+    let q = query(59, 1);
+    let mut a = vec![0f32; 60];
+    let mut b = vec![0f32; 60];
+    cells.scores(0, &main[0], 0, 0, 60, 59, &q, &mut a).unwrap();
+    cells
+        .scores(0, &main[0], 0, 128, 60, 59, &q, &mut b)
+        .unwrap();
+    assert_eq!(a, b);
+    assert_eq!(cells.center_of(0, 5), cells.center_of(0, 0));
+    assert!(
+        cells.copy_cells(0, 30, 60, 5).is_err(),
+        "overlapping ranges are refused"
+    );
+}
+
+#[test]
+fn non_finite_rows_read_nan() {
+    let (mut cells, mut main) = new_cells(1, 4, false);
+    let mut rows: Vec<f32> = (0..10).flat_map(token_rows).collect();
+    rows[0] = f32::INFINITY; // the sink row of head 0
+    rows[3 * H * D + 5] = f32::NAN; // position 3, head 0: a window row, later a main row
+    let pos: Vec<i32> = (0..10).collect();
+    let idx: Vec<i64> = (0..10).collect();
+    ubatch(&mut cells, &mut main, &pos, &[0; 10], &idx, &rows, &rows);
+    let q = query(9, 1);
+    let mut s = vec![0f32; 10];
+    cells.scores(0, &main[0], 0, 0, 10, 9, &q, &mut s).unwrap();
+    assert!(!s[0].is_finite());
+    assert!(
+        s[3].is_nan(),
+        "position 3 is read from its poisoned main row"
+    );
+    assert!(s[1..3].iter().chain(&s[4..]).all(|v| v.is_finite()));
+}
+
+#[test]
+fn bad_calls_are_refused() {
+    let t = specs(true);
+    assert!(
+        KvqCells::new(cfg(0, 16), &t).is_err(),
+        "a center without a sink"
+    );
+    assert!(
+        KvqCells::new(cfg(4, 0), &t).is_err(),
+        "a center without a window"
+    );
+    assert!(KvqCells::new(cfg(4, 16), &[]).is_err(), "no tensors");
+    let bad_dim = TensorSpec {
+        head_dim: 96,
+        ..t[1]
+    };
+    assert!(KvqCells::new(cfg(4, 16), &[bad_dim]).is_err());
+    assert!(KvqCells::new(
+        CellsConfig {
+            window_bits: 9,
+            ..cfg(4, 16)
+        },
+        &t
+    )
+    .is_err());
+    assert!(KvqCells::new(
+        CellsConfig {
+            n_cells: 0,
+            ..cfg(4, 16)
+        },
+        &t
+    )
+    .is_err());
+    let (mut cells, mut main) = new_cells(4, 16, false);
+    let rows = token_rows(0);
+    assert!(
+        matches!(
+            cells.write(0, &rows, &[0], &mut main[0]),
+            Err(Error::State { .. })
+        ),
+        "a write before its ubatch"
+    );
+    assert!(cells.begin_ubatch(&[0, 1], &[0], &[0, 1]).is_err());
+    assert!(cells.begin_ubatch(&[-1], &[0], &[0]).is_err());
+    assert!(cells.begin_ubatch(&[0], &[0], &[256]).is_err());
+    assert!(
+        cells.begin_ubatch(&[0, 1], &[0, 0], &[3, 3]).is_err(),
+        "a cell twice"
+    );
+    cells.begin_ubatch(&[0], &[0], &[0]).unwrap();
+    assert!(
+        cells.write(0, &rows, &[1], &mut main[0]).is_err(),
+        "cells other than the ubatch's"
+    );
+    assert!(cells.write(0, &rows[1..], &[0], &mut main[0]).is_err());
+    assert!(cells.write(0, &rows, &[0], &mut main[0][1..]).is_err());
+    assert!(
+        cells.write(2, &rows, &[0], &mut main[0]).is_err(),
+        "no tensor 2"
+    );
+    cells.write(0, &rows, &[0], &mut main[0]).unwrap();
+    assert!(
+        cells.write(0, &rows, &[0], &mut main[0]).is_err(),
+        "written twice"
+    );
+    let q = query(0, 1);
+    let mut s = [0f32; 2];
+    assert!(
+        cells
+            .scores(0, &main[0], 2, 0, 1, 0, &q, &mut s[..1])
+            .is_err(),
+        "kv_head"
+    );
+    assert!(
+        cells.scores(0, &main[0], 0, 255, 2, 0, &q, &mut s).is_err(),
+        "cells beyond n_cells"
+    );
+    assert!(
+        cells
+            .scores(0, &main[0], 0, 0, 1, 1, &q, &mut s[..1])
+            .is_err(),
+        "token beyond the ubatch"
+    );
+    assert!(
+        cells
+            .scores(0, &main[0], 0, 0, 2, 0, &q, &mut s[..1])
+            .is_err(),
+        "short scores"
+    );
+    assert!(
+        matches!(
+            cells.begin_ubatch(&[1], &[0], &[1]),
+            Err(Error::State { .. })
+        ),
+        "tensor 1 missed its write"
+    );
+    cells.write(1, &rows, &[0], &mut main[1]).unwrap();
+    cells.begin_ubatch(&[1], &[0], &[1]).unwrap();
+    assert!(cells.release(256).is_err());
+}
