@@ -12,4 +12,7 @@ def write(name, **kw):
 write("plan-24-layers", layers=p["layers"][:24])
 write("plan-4-heads", n_kv_head=4)
 write("plan-d128", head_dim=128)
-write("plan-sinks", sink_tokens=16)
+# an f16 window has no block form (version 3's recent_bits makes it kvq rows)
+write("plan-f16-window", recent_tokens=16)
+# version 3: a K center without an f16 sink
+write("plan-center-no-sink", version=3, recent_tokens=64, recent_bits=8, k_center=True)

@@ -136,7 +136,12 @@ RunResult run_decode(llama_model * model, const ModelInfo & mi, const Options & 
         r.extra.push_back({"kv_alloc_k_bytes", std::to_string(alloc_k)});
         r.extra.push_back({"kv_alloc_v_bytes", std::to_string(alloc_v)});
         r.extra.push_back({"kv_buffer_bytes", std::to_string(alloc_buf)});
-        if (spec.cell_bytes_from_alloc) {
+        if (spec.side_bytes_from_alloc) {
+            // the cells as kvc's row sizes say; what is beyond them is the side bytes, measured per step
+            if ((double) (alloc_k + alloc_v) < (double) llama_n_ctx(ctx.get()) * cell_bytes) {
+                fail(spec.mode + ": llama.cpp reports fewer K and V bytes than its cells hold");
+            }
+        } else if (spec.cell_bytes_from_alloc) {
             const double alloc_cell = (double) (alloc_k + alloc_v) / (double) llama_n_ctx(ctx.get());
             if (spec.cell_bytes > 0 && alloc_cell != spec.cell_bytes) {
                 fail(spec.mode + ": llama.cpp allocated " + json_num(alloc_cell) + " bytes per cell, kvc's rows are " +
@@ -169,6 +174,15 @@ RunResult run_decode(llama_model * model, const ModelInfo & mi, const Options & 
     long scored = 0, ratio_steps = 0;
     if (!spec.is_reference) ref.rewind_for_read();
 
+    // kvc's kvq cells: the bytes beside the cells now (K and V reported beyond the cells)
+    double side_bytes_end = 0;
+    auto side_bytes = [&]() -> double {
+        if (!spec.side_bytes_from_alloc) return 0.0;
+        size_t k = 0, v = 0, b = 0;
+        if (!llama_kvc_cache_bytes(ctx.get(), &k, &v, &b)) fail(spec.mode + ": llama_kvc_cache_bytes failed");
+        side_bytes_end = (double) (k + v) - (double) llama_n_ctx(ctx.get()) * cell_bytes;
+        return side_bytes_end;
+    };
     auto score = [&](const float * logits, int target_pos) {
         if (target_pos < o.ppl_from || target_pos >= n) return;
         log_softmax(logits, mi.n_vocab, lp);
@@ -181,7 +195,8 @@ RunResult run_decode(llama_model * model, const ModelInfo & mi, const Options & 
         }
         scored++;
         // memory at the moment this prediction was made: target_pos tokens seen
-        const double bytes = spec.held_bytes ? spec.held_bytes(held.size()) : (double) held.size() * cell_bytes + spec.fixed_bytes;
+        const double bytes = (spec.held_bytes ? spec.held_bytes(held.size()) : (double) held.size() * cell_bytes + spec.fixed_bytes) +
+                             side_bytes();
         ratio_sum += (double) target_pos * (double) full_cell_bytes / bytes;
         ratio_steps++;
     };
@@ -246,11 +261,21 @@ RunResult run_decode(llama_model * model, const ModelInfo & mi, const Options & 
     r.cells_end = (long) held.size();
     r.cells_peak = (long) peak;
     r.held_bytes_end =
-        spec.held_bytes ? spec.held_bytes(held.size()) : (double) held.size() * cell_bytes + spec.fixed_bytes;
+        (spec.held_bytes ? spec.held_bytes(held.size()) : (double) held.size() * cell_bytes + spec.fixed_bytes) + side_bytes();
+    if (spec.side_bytes_from_alloc) r.extra.push_back({"kvq_cells_side_bytes_end", json_num(side_bytes_end)});
     r.held_ratio_end = (double) n * (double) full_cell_bytes / r.held_bytes_end;
     r.held_ratio_mean = ratio_steps ? ratio_sum / (double) ratio_steps : NAN;
-    r.cells_verified = state_cell_count(get_seq_state(ctx.get()));
-    r.extra.push_back({"state_seq_bytes", std::to_string(llama_state_seq_get_size(ctx.get(), 0))});
+    if (spec.side_bytes_from_alloc) {
+        // kvc's kvq cells: llama.cpp refuses to save such a cache (its sink and window rows and
+        // centers are not in the state yet); the cells held are the sequence's positions
+        const size_t st = llama_state_seq_get_size(ctx.get(), 0);
+        if (st != 0) fail(spec.mode + ": llama.cpp saved a state of a cache with kvq cells (" + std::to_string(st) + " bytes)");
+        r.extra.push_back({"state_seq_bytes", "0"});
+        r.cells_verified = (long) llama_memory_seq_pos_max(llama_get_memory(ctx.get()), 0) + 1;
+    } else {
+        r.cells_verified = state_cell_count(get_seq_state(ctx.get()));
+        r.extra.push_back({"state_seq_bytes", std::to_string(llama_state_seq_get_size(ctx.get(), 0))});
+    }
     if (r.cells_verified != r.cells_end) {
         fail(spec.mode + ": llama.cpp holds " + std::to_string(r.cells_verified) + " cells, the harness counted " +
              std::to_string(r.cells_end));

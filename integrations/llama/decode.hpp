@@ -118,6 +118,10 @@ struct DecodeSpec {
     // when set, the bytes held with n cells, in place of n * cell_bytes + fixed_bytes (a cache
     // whose bytes per cell change as groups fill)
     std::function<double(size_t)> held_bytes;
+    // the cache also holds bytes beside its cells (kvc's kvq cells: sink and window rows, K
+    // centers, bookkeeping): at each step, what llama_kvc_cache_bytes reports for K and V
+    // beyond the allocated cells (n_ctx x cell_bytes) is added to the bytes held
+    bool side_bytes_from_alloc = false;
 };
 
 // One PPL/KL row: decodes the first --n-tokens tokens (the --prompt ones as one batch, then one

@@ -129,8 +129,10 @@ void KvqRoundTripHook::on_set_rows(int il, bool is_v, ggml_tensor * node) {
     auto & ref = pending_ref_[v][il];
     auto & c = centers_[v][il];
     if (center_ && !is_v && c.empty()) {
+        // the mean of the window's rows as held (the window codes' values, as kvc's kvq cells
+        // take it in llama.cpp's real cache: docs/formats/kvq.md, "Cells")
         c.resize(H * D);
-        kvc_ok(kvc_kvq_mean_center(ref.data(), ref.size(), (uint32_t) H, (uint32_t) D, c.data(), c.size()),
+        kvc_ok(kvc_kvq_mean_center(rows.data(), rows.size(), (uint32_t) H, (uint32_t) D, c.data(), c.size()),
                "kvc_kvq_mean_center");
     }
     round_trip(il, is_v, rows.data(), out * H, ref.data());
@@ -208,6 +210,19 @@ KvqSetup::KvqSetup(const std::string & kvq_mode, const ModelInfo & mi, const Opt
       hook(kvq.q, mi, sink, recent, window ? window->q : nullptr, center) {
     cell = kvq_cell_bytes(kvq.q, mi, &k_bits, &v_bits);
     f16_cell = (double) mi.cell_bytes(GGML_TYPE_F16, GGML_TYPE_F16);
+    // a version-3 plan declares its protections: the twin applies exactly those, from the flags
+    kvc_kvq_protections p = {};
+    kvc_ok(kvc_kvq_get_protections(kvq.q, &p), "kvc_kvq_get_protections");
+    if (p.sink > 0 || p.window > 0 || p.k_center) {
+        const bool same = (uint32_t) o.kvq_sink == p.sink && (uint32_t) o.kvq_recent == p.window &&
+                          (p.window == 0 || (uint32_t) o.kvq_recent_bits == p.window_bits) && o.kvq_center == (p.k_center != 0);
+        if (!same) {
+            throw UsageError(kvq_mode + ": the plan declares sink " + std::to_string(p.sink) + ", window " +
+                             std::to_string(p.window) + " at " + std::to_string(p.window_bits) + " bits, K center " +
+                             (p.k_center ? "on" : "off") + "; pass the same --kvq-sink/--kvq-recent/--kvq-recent-bits/" +
+                             "--kvq-center (the fake-quant twin applies what the native cache applies)");
+        }
+    }
     window_cell = window ? kvq_cell_bytes(window->q, mi) : f16_cell;
 }
 

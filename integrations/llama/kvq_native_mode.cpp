@@ -28,6 +28,8 @@ struct NativeKvq {
     ggml_type type_v = GGML_TYPE_COUNT;
     double cell_bytes = 0;    // kvc's packed bytes per cell, all layers
     double k_bits = 0, v_bits = 0;
+    kvc_kvq_protections prot = {};  // a version-3 plan's sink, window and K center
+    bool protected_cells = false;   // any of them: llama.cpp holds them through kvc's kvq cells
 };
 
 }  // namespace
@@ -70,6 +72,8 @@ NativeKvq resolve_native(const std::string & m, const ModelInfo & mi) {
     }
     n.type_k = ggml_kvc_type((int) kb, mi.head_dim);
     n.type_v = ggml_kvc_type((int) vb, mi.head_dim);
+    kvc_ok(kvc_kvq_get_protections(kvq.get(), &n.prot), "kvc_kvq_get_protections");
+    n.protected_cells = n.prot.sink > 0 || n.prot.window > 0 || n.prot.k_center != 0;
     if (!n.from_plan && (n.type_k == GGML_TYPE_COUNT || n.type_v == GGML_TYPE_COUNT)) {
         throw UsageError(m + ": head_dim " + std::to_string(mi.head_dim) + " has no kvq cache type (64 and 128 have)");
     }
@@ -98,16 +102,24 @@ RunResult run_kvq_native(llama_model * model, const ModelInfo & mi, const Option
     s.mode = m;
     s.cfg = native_ctx_config(n, o.n_tokens, o.kvq_native_fa);
     s.cell_bytes = n.cell_bytes;          // kvc's row sizes ...
-    s.cell_bytes_from_alloc = true;       // ... must be what llama.cpp allocated
+    s.cell_bytes_from_alloc = !n.protected_cells;  // ... must be what llama.cpp allocated
+    s.side_bytes_from_alloc = n.protected_cells;   // and kvc's kvq cells hold more beside them
     RunResult r = run_decode(model, mi, o, toks, ref, s);
     r.extra.push_back({"kvq_config", "\"" + json_escape(n.config) + "\""});
+    r.extra.push_back({"kvq_sink", std::to_string(n.prot.sink)});
+    r.extra.push_back({"kvq_recent", std::to_string(n.prot.window)});
+    r.extra.push_back({"kvq_recent_bits", std::to_string(n.prot.window_bits)});
+    r.extra.push_back({"kvq_center", n.prot.k_center ? "true" : "false"});
     r.extra.push_back({"kvq_cell_bytes", json_num(n.cell_bytes)});
     r.extra.push_back({"kvq_k_bits_per_value", json_num(n.k_bits)});
     r.extra.push_back({"kvq_v_bits_per_value", json_num(n.v_bits)});
     r.extra.push_back({"kv_accounting", "\"llama.cpp's own allocation (llama_kvc_cache_bytes): kvq cache types, packed rows\""});
     char buf[240];
-    std::snprintf(buf, sizeof buf, "llama.cpp cache in kvq types (%s), %.3g+%.3g bits/value K+V, flash attention on",
-                  n.from_plan ? ("plan " + base_name(n.config)).c_str() : n.config.c_str(), n.k_bits, n.v_bits);
+    std::snprintf(buf, sizeof buf,
+                  "llama.cpp cache in kvq types (%s), %.3g+%.3g bits/value K+V, sink %u f16, window %u at %u bits, K center %s, "
+                  "flash attention on",
+                  n.from_plan ? ("plan " + base_name(n.config)).c_str() : n.config.c_str(), n.k_bits, n.v_bits, n.prot.sink,
+                  n.prot.window, n.prot.window_bits, n.prot.k_center ? "on" : "off");
     r.detail = buf;
     return r;
 }

@@ -181,12 +181,26 @@ plan=data/kvq-plans/smollm2-135m-r3.5-kw3.json
     --json "$out/native.json" >"$out/native.txt"
 echo "50-llama: kvq-native run took $((SECONDS - t2)) s"
 python3 integrations/llama/ci_check_native.py "$out/native.json" "$plan"
+# a plan's protections (issue 34) in llama.cpp's real cache through kvc's kvq cells: k4v4 with
+# an f16 sink of 4, a 64-token 8-bit window and K centers, decoded one token at a time next to
+# its fake-quant twin and plain k4v4, and after a 256-token batched prefill; the bytes beside
+# the tensors, the twin within 10 % KL, the prefill reading what decoding reads
+prot=data/kvq-plans/smollm2-135m-k4v4-s4w64.json
+twin=(--kvq-fa --kvq-sink 4 --kvq-recent 64 --kvq-recent-bits 8 --kvq-center)
+"$EVAL" --model "$MODEL" --text "$TEXT_A" --n-tokens 512 --ppl-from 129 "${twin[@]}" \
+    --modes "full,kvq-native:k4v4,kvq-plan:$prot,kvq-native-plan:$prot" --json "$out/protect-decode.json" >/dev/null
+"$EVAL" --model "$MODEL" --text "$TEXT_A" --n-tokens 512 --ppl-from 129 --prompt 256 \
+    --modes "full,kvq-native-plan:$prot" --json "$out/protect-prefill.json" >/dev/null
+python3 integrations/llama/ci_check_protect.py "$out/protect-decode.json" "$out/protect-prefill.json" "$prot"
+echo "50-llama: kvq-native and protection runs took $((SECONDS - t2)) s"
 # refused at context creation with llama.cpp's message, status 2: a plan for another model
-# (layers, KV heads, head_dim), a plan with f16 sink tokens, a config that is no block format
+# (layers, KV heads, head_dim), a plan with an f16 window, a center without a sink, a config
+# that is no block format
 python3 integrations/llama/ci_bad_plans.py "$plan" "$out"
 set +e
 for bad in "kvq-native-plan:$out/plan-24-layers.json:24 layers" "kvq-native-plan:$out/plan-4-heads.json:4 KV heads" \
-           "kvq-native-plan:$out/plan-d128.json:head_dim 128" "kvq-native-plan:$out/plan-sinks.json:sink" \
+           "kvq-native-plan:$out/plan-d128.json:head_dim 128" "kvq-native-plan:$out/plan-f16-window.json:f16" \
+           "kvq-native-plan:$out/plan-center-no-sink.json:k_center needs" \
            "kvq-native-plan:$out/missing.json:cannot read" "kvq-native:k4v4:u32:not lm" \
            "kvq-native:k4v4 --kvq-native-no-fa:requires flash_attn"; do
     spec="${bad%:*}"; want="${bad##*:}"

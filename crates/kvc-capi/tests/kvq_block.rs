@@ -315,7 +315,10 @@ fn plans_map_to_block_bits_or_are_refused() {
     // SAFETY: pointers to live locals of the lengths passed; handles live until freed.
     unsafe { kvc_kvq_free(h) };
     let recent = json.replacen("\"recent_tokens\": 0", "\"recent_tokens\": 64", 1);
-    assert_ne!(recent, json, "the plan file spells recent_tokens as expected");
+    assert_ne!(
+        recent, json,
+        "the plan file spells recent_tokens as expected"
+    );
     let h = plan_handle(&recent);
     // SAFETY: pointers to live locals of the lengths passed; handles live until freed.
     let st = unsafe { kvc_kvq_block_bits(h, 0, KVC_TENSOR_K, &mut b) };

@@ -19,12 +19,14 @@
 //! Semantics, batch-independent by construction: the query at position `q` reads a cell at
 //! position `p` of its sequence from the sink if `p < sink`, from the window row if `q - p <
 //! window` (or if its main row is not coded yet), else from the main row. A batched
-//! prefill (`n_ubatch` 512) and one token at a time read the same rows. A write of `n`
-//! tokens holds up to `window + n - 1` window rows per sequence until the next write;
-//! one-token decoding holds `window`.
+//! prefill (`n_ubatch` 512) and one token at a time read the same rows. A prefill's window
+//! rows that leave the window within it live in one of two scratch buffers the whole cache
+//! shares (even and odd tensors: a layer's K and V), freed by the first ubatch that needs
+//! none; one-token decoding holds `window + 1` lasting rows per sequence and tensor.
 //!
 //! Order of calls per ubatch: [`begin_ubatch`](KvqCells::begin_ubatch) (positions,
-//! sequences, cells), then one [`write`](KvqCells::write) per tensor, then any reads.
+//! sequences, cells), then one [`write`](KvqCells::write) per tensor, each tensor read
+//! before the next tensor of its side (`t + 2`) is written.
 //!
 //! Not here: the packed row formats and kernels and plans (`kvc-kvq`), the engine's cell
 //! allocation, masks and positions, RoPE shifts of stored K (refused by engines that use
@@ -147,6 +149,8 @@ pub struct KvqCells {
     win_slots: Slots,
     /// Window slots dropped by the current ubatch, free from the next one on.
     dropped: Vec<u32>,
+    /// Which tensor holds each of the two scratch buffers (even tensors' and odd tensors').
+    scratch_owner: [Option<u32>; 2],
     ubatch: Ubatch,
 }
 
@@ -197,6 +201,7 @@ impl KvqCells {
             sink_slots: Slots::default(),
             win_slots: Slots::default(),
             dropped: Vec::new(),
+            scratch_owner: [None, None],
             ubatch: Ubatch::default(),
         })
     }
@@ -530,6 +535,30 @@ impl KvqCells {
         }
         tensor.check_main(main.len(), self.cfg.n_cells)?;
         tensor.check_rows(rows.len(), ub.tokens.len())?;
+        // the scratch: two buffers for the whole cache, even tensors' and odd tensors' (a
+        // layer's K and V in an engine's order), each passed on to the next tensor of its
+        // side at its write; none while decoding
+        let side = (t % 2) as usize;
+        let scratch = if ub.scratch.is_empty() {
+            0
+        } else {
+            ub.tokens.len()
+        };
+        if scratch > 0 {
+            if let Some(u) = self.scratch_owner[side].filter(|&u| u != t) {
+                let buf = self.tensors[u as usize].take_scratch();
+                self.tensors[t as usize].give_scratch(buf);
+            }
+            self.scratch_owner[side] = Some(t);
+        } else {
+            if self.scratch_owner[side] == Some(t) {
+                self.scratch_owner[side] = None;
+            }
+            self.tensors[t as usize].free_scratch();
+        }
+        let tensor = &mut self.tensors[t as usize];
+        let ub = &self.ubatch;
+        tensor.reserve(self.sink_slots.len(), self.win_slots.len(), scratch);
         let cells_meta = &self.cells;
         for (x, &(_, _, c)) in rows.chunks_exact(tensor.width()).zip(&ub.tokens) {
             let cell = &cells_meta[c as usize];
@@ -540,9 +569,6 @@ impl KvqCells {
             } else {
                 tensor.store_main(c, x, main);
             }
-        }
-        if ub.scratch.is_empty() {
-            tensor.free_scratch();
         }
         for (si, from) in &ub.centers {
             if tensor.spec().center {
@@ -794,6 +820,7 @@ impl KvqCells {
         self.ubatch.code.clear();
         self.ubatch.centers.clear();
         self.ubatch.scratch.clear();
+        self.scratch_owner = [None, None];
         for t in &mut self.tensors {
             t.clear();
         }

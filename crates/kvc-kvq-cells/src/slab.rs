@@ -67,6 +67,16 @@ impl SlotRows {
         &self.data[o..o + self.row]
     }
 
+    /// Grows the storage to exactly `n` slots (never more: the bytes held are the slots
+    /// handed out times the row size, which the engine counts).
+    pub(crate) fn reserve_slots(&mut self, n: usize) {
+        let need = n * self.row;
+        if self.data.len() < need {
+            self.data.reserve_exact(need - self.data.len());
+            self.data.resize(need, 0);
+        }
+    }
+
     /// Slot `slot`'s bytes, growing the storage to hold it.
     pub(crate) fn get_mut(&mut self, slot: u32) -> &mut [u8] {
         let o = slot as usize * self.row;
@@ -89,6 +99,12 @@ impl SlotRows {
 
     pub(crate) fn clear(&mut self) {
         self.data = Vec::new();
+    }
+
+    /// Keeps the storage, drops the rows, and lays rows of `row` bytes from now on.
+    pub(crate) fn retarget(&mut self, row: usize) {
+        self.data.clear();
+        self.row = row;
     }
 
     /// Keeps only the rows `(old, new)` of `moves`, at their new slots 0..moves.len().

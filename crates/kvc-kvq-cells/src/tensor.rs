@@ -56,8 +56,12 @@ pub(crate) struct TensorRows {
     win_row: usize,
     sink_rows: SlotRows,
     win_rows: SlotRows,
-    /// The current ubatch's window rows that leave the window within it (by token).
+    /// The current ubatch's window rows that leave the window within it (by token), while this
+    /// tensor holds one of the cache's two scratch buffers (K-side and V-side tensors take
+    /// turns: the buffer moves to the next tensor of its side at its write).
     scratch_rows: SlotRows,
+    /// Whether `scratch_rows` holds this ubatch's rows (false once the buffer moved on).
+    scratch_valid: bool,
     centers: Vec<Option<Center>>,
     written: u64,
 }
@@ -97,6 +101,7 @@ impl TensorRows {
             sink_rows: SlotRows::new(h * d * 2),
             win_rows: SlotRows::new(h * win_row),
             scratch_rows: SlotRows::new(h * win_row),
+            scratch_valid: false,
             centers: Vec::new(),
             written: 0,
         })
@@ -143,6 +148,7 @@ impl TensorRows {
         self.sink_rows.clear();
         self.win_rows.clear();
         self.scratch_rows.clear();
+        self.scratch_valid = false;
         self.centers.clear();
     }
 
@@ -177,20 +183,55 @@ impl TensorRows {
         }
     }
 
+    /// Sizes the storage exactly for the slots handed out (sink, window) and the ubatch's
+    /// scratch rows, before a write stores into them.
+    pub(crate) fn reserve(&mut self, sink_slots: usize, win_slots: usize, scratch: usize) {
+        self.sink_rows.reserve_slots(sink_slots);
+        if self.win.is_some() {
+            self.win_rows.reserve_slots(win_slots);
+            if scratch > 0 {
+                self.scratch_rows.reserve_slots(scratch);
+                self.scratch_valid = true;
+            }
+        }
+    }
+
+    /// Gives up the scratch buffer (to the next tensor of its side, or to be freed).
+    pub(crate) fn take_scratch(&mut self) -> SlotRows {
+        self.scratch_valid = false;
+        let row = self.h * self.win_row;
+        std::mem::replace(&mut self.scratch_rows, SlotRows::new(row))
+    }
+
+    /// Takes a scratch buffer for this ubatch's rows (its storage reused, rows re-laid).
+    pub(crate) fn give_scratch(&mut self, mut buf: SlotRows) {
+        buf.retarget(self.h * self.win_row);
+        self.scratch_rows = buf;
+        self.scratch_valid = false;
+    }
+
     /// Frees the scratch (a ubatch that needs none: decoding).
     pub(crate) fn free_scratch(&mut self) {
         self.scratch_rows.clear();
+        self.scratch_valid = false;
     }
 
     pub(crate) fn compact_window(&mut self, moves: &[(u32, u32)]) {
         self.win_rows.compact(moves);
     }
 
-    fn window_bytes(&self, (slot, scratch): (u32, bool)) -> &[u8] {
+    fn window_bytes(&self, (slot, scratch): (u32, bool)) -> Result<&[u8]> {
         if scratch {
-            self.scratch_rows.get(slot)
+            if !self.scratch_valid {
+                return Err(Error::State {
+                    why: "a window row of this ubatch's scratch was read after the scratch moved to the next \
+                          tensor's write: read each tensor before writing the next one of its side (K or V)"
+                        .into(),
+                });
+            }
+            Ok(self.scratch_rows.get(slot))
         } else {
-            self.win_rows.get(slot)
+            Ok(self.win_rows.get(slot))
         }
     }
 
@@ -250,7 +291,7 @@ impl TensorRows {
         let mut count = vec![0u32; width];
         let mut buf = [0f32; MAX_DIM];
         for &s in slots {
-            for (hd, wr) in self.window_bytes(s).chunks_exact(self.win_row).enumerate() {
+            for (hd, wr) in self.window_bytes(s)?.chunks_exact(self.win_row).enumerate() {
                 if !scale_finite(wr) {
                     continue;
                 }
@@ -304,7 +345,7 @@ impl TensorRows {
         };
         let off = cell as usize * self.main_cell_bytes();
         let mut buf = [0f32; MAX_DIM];
-        let src = self.window_bytes(slot);
+        let src = self.window_bytes(slot)?;
         for (hd, (wr, o)) in src
             .chunks_exact(self.win_row)
             .zip(main[off..off + self.main_cell_bytes()].chunks_exact_mut(self.main_row))
@@ -376,12 +417,12 @@ impl TensorRows {
         Ok(())
     }
 
-    fn window_row(&self, slot: (u32, bool), kv_head: u32) -> HeadRows<'_> {
+    fn window_row(&self, slot: (u32, bool), kv_head: u32) -> Result<HeadRows<'_>> {
         let hd = kv_head as usize;
-        HeadRows {
-            bytes: &self.window_bytes(slot)[hd * self.win_row..(hd + 1) * self.win_row],
+        Ok(HeadRows {
+            bytes: &self.window_bytes(slot)?[hd * self.win_row..(hd + 1) * self.win_row],
             stride: self.win_row,
-        }
+        })
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -397,7 +438,7 @@ impl TensorRows {
     ) -> Result<()> {
         let win = self.win.as_ref().expect("a window codec with window rows");
         let mut tmp = [0f32; MAX_QUERIES];
-        win.dot_rows_multi(q_rot, self.window_row(slot, kv_head), 1, &mut tmp[..g])?;
+        win.dot_rows_multi(q_rot, self.window_row(slot, kv_head)?, 1, &mut tmp[..g])?;
         for j in 0..g {
             scores[j * n + i] = tmp[j];
         }
@@ -506,7 +547,7 @@ impl TensorRows {
         for j in 0..g {
             tmp[j] = w[j * n + i];
         }
-        win.accumulate_rows_multi(&tmp[..g], self.window_row(slot, kv_head), 1, acc)?;
+        win.accumulate_rows_multi(&tmp[..g], self.window_row(slot, kv_head)?, 1, acc)?;
         Ok(())
     }
 

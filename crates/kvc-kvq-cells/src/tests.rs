@@ -536,3 +536,63 @@ fn bad_calls_are_refused() {
     cells.begin_ubatch(&[1], &[0], &[1]).unwrap();
     assert!(cells.release(256).is_err());
 }
+
+#[test]
+fn two_scratch_buffers_serve_every_layer_in_order() {
+    // two layers (K0 V0 K1 V1): a prefill written and read layer by layer reads what a cache of
+    // one layer reads; reading layer 0 after layer 1 was written is refused, never wrong
+    let t = specs(true);
+    let four = [t[0], t[1], t[0], t[1]];
+    let mut cells = KvqCells::new(cfg(4, 16), &four).unwrap();
+    let mut mains: Vec<Vec<u8>> = (0..4)
+        .map(|i| vec![0u8; 256 * cells.main_cell_bytes(i).unwrap()])
+        .collect();
+    let (mut one, mut one_main) = new_cells(4, 16, true);
+    let n = 64usize;
+    let pos: Vec<i32> = (0..n as i32).collect();
+    let idx: Vec<i64> = (0..n).map(cell_of).collect();
+    let k: Vec<f32> = (0..n).flat_map(token_rows).collect();
+    let v: Vec<f32> = (0..n).flat_map(v_rows).collect();
+    ubatch(&mut one, &mut one_main, &pos, &vec![0; n], &idx, &k, &v);
+    let want = visible_scores(&one, &one_main, 10, 10, 0);
+    cells.begin_ubatch(&pos, &vec![0; n], &idx).unwrap();
+    let q = query(10, 1);
+    let score = |cells: &KvqCells, mains: &[Vec<u8>], t: u32| -> Result<Vec<f32>> {
+        (0..=10)
+            .map(|p| {
+                let mut s = [0f32; 1];
+                cells.scores(
+                    t,
+                    &mains[t as usize],
+                    0,
+                    cell_of(p) as u32,
+                    1,
+                    10,
+                    &q,
+                    &mut s,
+                )?;
+                Ok(s[0])
+            })
+            .collect()
+    };
+    for layer in 0..2u32 {
+        let (kt, vt) = (2 * layer, 2 * layer + 1);
+        let (a, b) = mains.split_at_mut(vt as usize);
+        cells.write(kt, &k, &idx, &mut a[kt as usize]).unwrap();
+        cells.write(vt, &v, &idx, &mut b[0]).unwrap();
+        assert_eq!(score(&cells, &mains, kt).unwrap(), want, "layer {layer}");
+    }
+    assert!(
+        matches!(score(&cells, &mains, 0), Err(Error::State { .. })),
+        "layer 0's scratch moved on"
+    );
+    // decoding frees both buffers
+    let before = cells.bytes_held();
+    cells.begin_ubatch(&[64], &[0], &[cell_of(64)]).unwrap();
+    for t in 0..4u32 {
+        cells
+            .write(t, &token_rows(64), &[cell_of(64)], &mut mains[t as usize])
+            .unwrap();
+    }
+    assert!(cells.bytes_held() < before);
+}

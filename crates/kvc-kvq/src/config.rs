@@ -522,8 +522,14 @@ mod tests {
             ("\"version\": 1", "\"version\": 4"),
             ("\"version\": 1", "\"version\": 0"),
             // version 3's fields in an older plan, and out of range
-            ("\"recent_tokens\": 0", "\"recent_tokens\": 8, \"recent_bits\": 8"),
-            ("\"recent_tokens\": 0", "\"recent_tokens\": 0, \"k_center\": true"),
+            (
+                "\"recent_tokens\": 0",
+                "\"recent_tokens\": 8, \"recent_bits\": 8",
+            ),
+            (
+                "\"recent_tokens\": 0",
+                "\"recent_tokens\": 0, \"k_center\": true",
+            ),
             ("\"lm\"", "\"u7\""),
             ("\"head_dim\": 64", "\"head_dim\": 96"),
             ("\"n_kv_head\": 3", "\"n_kv_head\": 0"),

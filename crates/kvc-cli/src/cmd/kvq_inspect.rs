@@ -22,6 +22,10 @@ pub struct InspectArgs {
     /// For a config string: layers.
     #[arg(long, default_value_t = 30)]
     layers: usize,
+    /// Context length for the bytes per token and mean ratio of a plan with protections
+    /// (sink, window, K center), as an engine using kvc's kvq cells holds them.
+    #[arg(long, default_value_t = 2048)]
+    context: usize,
 }
 
 fn lib(e: kvc_kvq::Error) -> CliError {
@@ -94,10 +98,37 @@ pub fn run(a: InspectArgs) -> Result<(), CliError> {
         );
     }
     let bpv = plan.bits_per_value().map_err(lib)?;
+    let f16_token = 2 * 2 * d * plan.n_kv_head as usize * plan.layers.len();
     println!(
-        "  whole model: {token_bytes} bytes per token (f16: {}), {bpv:.4} bits/value, ratio {:.3} vs f16 (quantized tokens only)",
-        2 * 2 * d * plan.n_kv_head as usize * plan.layers.len(),
+        "  whole model: {token_bytes} bytes per token (f16: {f16_token}), {bpv:.4} bits/value, ratio {:.3} vs f16 (quantized tokens only)",
         16.0 / bpv
     );
+    if plan.recent_bits.is_some() || plan.sink_tokens > 0 || plan.k_center {
+        let n = a.context.max(1);
+        let side = protected_side_bytes(&plan, d).map_err(lib)?;
+        let held = n * (token_bytes + 16) + side;
+        println!(
+            "  with the protections in an engine's cache (kvc's kvq cells, docs/formats/kvq.md \"Cells\"), at {n} tokens of one sequence, decoding: \
+             {side} bytes beside the cells (sink and window rows, centers, 16 B/cell of bookkeeping), {:.1} bytes per token, ratio {:.3} vs f16",
+            held as f64 / n as f64,
+            (n * f16_token) as f64 / held as f64
+        );
+    }
     Ok(())
+}
+
+/// Bytes kvc's kvq cells hold beside an engine's cache for one sequence of `n` cells while it
+/// decodes: per layer and tensor `sink_tokens` f16 rows and `recent_tokens + 1` window rows
+/// (the one leaving is freed by the next ubatch), one K center per layer (values and their
+/// rotation, f32 in memory, and its 48-byte slot), 16 bytes of bookkeeping per cell (added by
+/// the caller per token: here, for the cells of `n` tokens, see the print).
+fn protected_side_bytes(plan: &KvqPlan, d: usize) -> Result<usize, kvc_kvq::Error> {
+    let h = plan.n_kv_head as usize;
+    let window = match plan.recent_bits {
+        Some(b) => (plan.recent_tokens as usize + 1) * h * row_bytes(plan.method()?, b, d)?,
+        None => 0,
+    };
+    let per_tensor = plan.sink_tokens as usize * h * d * 2 + window;
+    let centers = if plan.k_center { 48 + 4 * 2 * h * d } else { 0 };
+    Ok(plan.layers.len() * (2 * per_tensor + centers))
 }

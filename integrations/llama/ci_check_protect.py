@@ -1,0 +1,53 @@
+"""Checks of a kvq plan's protections in llama.cpp's real cache (50-llama.sh, issue 34).
+
+Arguments: decode.json prefill.json plan.json, as 50-llama.sh passes them.
+  decode.json   --prompt 0 (every token decoded alone): full, kvq-native:k4v4, the plan's
+                fake-quant twin (kvq-plan: with the same --kvq-* flags) and kvq-native-plan:
+  prefill.json  --prompt 256 (one batch, then one token at a time): full, kvq-native-plan:
+"""
+import json, sys
+
+dec = {r["mode"]: r for r in json.load(open(sys.argv[1]))["texts"][0]["results"]}
+pre = {r["mode"]: r for r in json.load(open(sys.argv[2]))["texts"][0]["results"]}
+plan_path = sys.argv[3]
+plan = json.load(open(plan_path))
+sink, window, wbits = plan["sink_tokens"], plan["recent_tokens"], plan["recent_bits"]
+n_layer, h, d = len(plan["layers"]), plan["n_kv_head"], plan["head_dim"]
+native, twin = dec["kvq-native-plan:" + plan_path], dec["kvq-plan:" + plan_path]
+plain = dec["kvq-native:k4v4"]
+full = dec["full"]
+cells = (full["kv_alloc_k_bytes"] + full["kv_alloc_v_bytes"]) / (n_layer * 2 * h * d * 2)
+assert cells == int(cells) and cells >= 512, full
+cells = int(cells)
+
+
+def packed(bits):  # one row of d values: f16 scale + codes
+    return 2 + d * bits // 8
+
+
+# bytes: the main tensors are exactly kvc's rows; beside them, after a decode step, the sink
+# (f16), window + 1 lasting window rows (the one leaving is freed by the next ubatch), one f16
+# K center per layer (values and rotated copy, f32 in memory) and 16 bytes of bookkeeping per
+# cell; a few KiB of per-sequence and ubatch vectors on top. A scratch left from the prefill
+# or window storage that never shrank would be far more.
+main = sum(cells * h * (packed(l["k_bits"]) + packed(l["v_bits"])) for l in plan["layers"])
+rows = n_layer * 2 * (sink * h * d * 2 + (window + 1) * h * packed(wbits))
+centers = n_layer * (48 + 4 * 2 * h * d)
+floor = rows + centers + 16 * cells
+for name, r in (("decode", native), ("prefill", pre["kvq-native-plan:" + plan_path])):
+    side = r["kvq_cells_side_bytes_end"]
+    assert floor <= side < floor + 16384, (name, side, floor)
+    ratio = r["kv_ratio_end"]
+    want = 512 * n_layer * 2 * h * d * 2 / (512 * main / cells + side)
+    assert abs(ratio - want) < 1e-6 * want, (name, ratio, want)
+# quality: the protections make the cache near-lossless: well under half the KL of the same
+# rows without them, and the native cache within 10 % KL of its fake-quant twin (same rows,
+# same rules; they differ by the twin's f16 rounding of the window's values)
+assert native["kl"] < 0.5 * plain["kl"], (native["kl"], plain["kl"])
+assert abs(native["kl"] / twin["kl"] - 1) < 0.10, (native["kl"], twin["kl"])
+# a batched prefill reads the rows one-token decoding reads: same quality
+pn = pre["kvq-native-plan:" + plan_path]
+assert abs(pn["kl"] / native["kl"] - 1) < 0.25, (pn["kl"], native["kl"])
+print(f"50-llama: protections: KL native {native['kl']:.5f} twin {twin['kl']:.5f} plain k4v4 {plain['kl']:.5f} "
+      f"prefill {pn['kl']:.5f}; PPL native/twin {native['ppl'] / twin['ppl']:.4f}; "
+      f"side bytes {native['kvq_cells_side_bytes_end']:.0f} (floor {floor}), mean ratio {native['kv_ratio_mean']:.3f}")
