@@ -9,6 +9,10 @@
 - llama-server with -ctk kvq4 -ctv kvq4 and with --kvc-plan answers a chat completion; a
   repeated prompt reuses the cache; a slot saved and restored; generation past the context
   with context shift;
+- a plan with protections (f16 sink, 8-bit window, K center through kvc's kvq cells): in
+  llama-perplexity's batched prefill under half of kvq4's KL; in llama-server two slots at once,
+  a cached prefix reused with the same answer, context shift turned off by the server, a slot
+  save refused with kvc's reason and the slot serving on;
 - bad input refused with a message: an unknown kvq width, a plan for another model, a saved
   slot whose kvc type name differs from this build's (another build's ids).
 
@@ -126,6 +130,7 @@ def main():
     ap.add_argument("--model", required=True)
     ap.add_argument("--text", required=True)
     ap.add_argument("--plan", required=True)
+    ap.add_argument("--protect-plan", required=True, help="a version-3 plan with sink, window and K center")
     ap.add_argument("--out", required=True)
     ap.add_argument("--threads", default="2")
     a = ap.parse_args()
@@ -153,7 +158,8 @@ def main():
     f16_k, f16_v = kv_bytes(text)
     kl = {}
     for name, args in [("kvq8", ["-ctk", "kvq8", "-ctv", "kvq8"]), ("kvq4", ["-ctk", "kvq4", "-ctv", "kvq4"]),
-                       ("plan", ["--kvc-plan", a.plan]), ("q4_0", ["-ctk", "q4_0", "-ctv", "q4_0", "-fa", "on"])]:
+                       ("plan", ["--kvc-plan", a.plan]), ("q4_0", ["-ctk", "q4_0", "-ctv", "q4_0", "-fa", "on"]),
+                       ("protected", ["--kvc-plan", a.protect_plan])]:
         _, text = run(ppl + args + ["--kl-divergence-base", base, "--kl-divergence"], f"{a.out}/ppl-{name}.log")
         k, v = kv_bytes(text)
         kl[name] = {"kld": mean_kld(text), "k_mib": k, "v_mib": v, "ratio_vs_f16": (f16_k + f16_v) / (k + v)}
@@ -170,6 +176,12 @@ def main():
         fail(f"kvq4 KL {kl['kvq4']['kld']} >= 0.2")
     if not kl["kvq8"]["kld"] < kl["plan"]["kld"] < kl["kvq4"]["kld"]:
         fail(f"KL order kvq8 < plan < kvq4 broken: {kl}")
+    # the protected k4v4 plan (f16 sink, 8-bit window, K center) in llama-perplexity's batched
+    # prefill: its rows are kvq4's, its KL far below (a window the batch did not read would not be)
+    if not kl["protected"]["kld"] < 0.5 * kl["kvq4"]["kld"]:
+        fail(f"the protected plan's KL {kl['protected']['kld']} is not below half of kvq4's {kl['kvq4']['kld']}")
+    if "kvc kvq cells on 30 layers" not in open(f"{a.out}/ppl-protected.log", errors="replace").read():
+        fail("llama-perplexity's log does not say the kvq cells are on")
     if not 3.3 < kl["plan"]["ratio_vs_f16"] < 3.8:
         fail(f"plan's cache ratio {kl['plan']['ratio_vs_f16']}")
 
@@ -229,6 +241,49 @@ def main():
     with Server(b("llama-server"), ["-m", a.model, "-c", "1024", "-np", "1", "--kvc-plan", a.plan] + t,
                 f"{a.out}/server-plan.log") as s:
         results["server_plan"] = s.chat(q)["choices"][0]["message"]["content"]
+    # a protected plan in llama-server: two slots at once (two sequences, each its own sink,
+    # window and center), a repeated prompt reusing its cached prefix with the same answer;
+    # asked for context shift, llama.cpp's common init turns it off (the cache cannot shift); saving a slot
+    # is refused with kvc's reason, and the slot keeps serving
+    prot = ["-m", a.model, "-c", "1024", "-np", "2", "--slot-save-path", slots, "--cache-ram", "0",
+            "--context-shift", "--kvc-plan", a.protect_plan, "-v"] + t
+    with Server(b("llama-server"), prot, f"{a.out}/server-protected.log") as s:
+        import threading
+        answers = {}
+
+        def ask(slot, content):
+            answers[slot] = s.chat(content, max_tokens=24, id_slot=slot)
+
+        threads = [threading.Thread(target=ask, args=(i, c))
+                   for i, c in enumerate([q, "Write one sentence about the sea."])]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        if len(answers) != 2:
+            fail(f"two concurrent requests on the protected cache gave {len(answers)} answers")
+        again = s.chat(q, max_tokens=24, id_slot=0)
+        if again["choices"][0]["message"]["content"] != answers[0]["choices"][0]["message"]["content"]:
+            fail("the same prompt at temperature 0 gave two answers from one protected slot")
+        if again["usage"].get("prompt_tokens_details", {}).get("cached_tokens", 0) <= 0:
+            fail(f"the repeated prompt reused no cached tokens on the protected cache: {again['usage']}")
+        try:
+            bad = http(s.port, "/slots/0?action=save", {"filename": "protected.bin"})
+            if bad.get("n_saved", 0) > 0:
+                fail(f"a protected slot was saved: {bad}")
+        except urllib.error.HTTPError as e:
+            if e.code < 400:
+                fail(f"saving a protected slot: HTTP {e.code}")
+        after = s.chat(q, max_tokens=24, id_slot=0)
+        if after["choices"][0]["message"]["content"] != answers[0]["choices"][0]["message"]["content"]:
+            fail("the protected slot answered differently after the refused save")
+        log = open(s.log, errors="replace").read()
+        for want in ("kvc kvq cells on 30 layers", "saving a cache with a sink, window or K centers is not supported",
+                     # llama.cpp's own refusal of shifting for such a context
+                     "KV cache shifting is not supported for this context"):
+            if want not in log:
+                fail(f"llama-server's log does not say '{want}'")
+        results["server_protected"] = {str(k): v["choices"][0]["message"]["content"][:40] for k, v in answers.items()}
 
     # ---- bad input: refused with a message ---------------------------------------------
     bad_plan = f"{a.out}/plan-24-layers.json"

@@ -6,17 +6,19 @@
 #   - at 8192 tokens on a long text: the GNU Bash Reference Manual (Debian's bash-doc,
 #     /usr/share/info/bash.info, node markers and menu lines removed), 2 chunks.
 # and decode speed at 2k, 8k and 32k cells (kvc_llama_eval --speed-modes: the cache filled by
-# batched prefill, one thread, REPEATS interleaved runs, medians in speed.md).
+# batched prefill, one thread, REPEATS interleaved runs, medians in table.md).
 #   integrations/llama/protect-eval.sh [OUT_DIR]     (default docs/results/kvq-protected)
 # Logs and the f16 base logits go to .cache/llama/protect-eval/ (the 8k base is ~800 MB).
 # Environment: KVC_PROTECT_THREADS (default: nproc), KVC_PROTECT_REPEATS (default 3),
-# KVC_PROTECT_PARTS (default "2k 8k speed").
+# KVC_PROTECT_PARTS (default "2k 8k speed"), KVC_PROTECT_SPEED_CTX (default 2048,8192,32768;
+# each run writes speed-<ctx list>-<r>.json, and the table takes medians over every file).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 eval "$(integrations/llama/fetch-and-build.sh | grep -E '^[A-Z_]+=')"
 out="${1:-docs/results/kvq-protected}"
 threads="${KVC_PROTECT_THREADS:-$(nproc)}"
 repeats="${KVC_PROTECT_REPEATS:-3}"
+speed_ctx="${KVC_PROTECT_SPEED_CTX:-2048,8192,32768}"
 parts="${KVC_PROTECT_PARTS:-2k 8k speed}"
 work=".cache/llama/protect-eval"
 mkdir -p "$out" "$work"
@@ -31,7 +33,7 @@ configs=(
     "r3.73-min4-s4w64|--kvc-plan $P-r3.73-min4-s4w64.json"
     "r5.66-kw3-kc-s4w64|--kvc-plan $P-r5.66-kw3-kc-s4w64.json"
 )
-keep() { grep -E "llama_kv_cache: size|kvc kvq cells|over [0-9]+ chunks|^ +[0-9]+ +[0-9.]+ ±|Final estimate|Mean|KLD|Same top|RMS Δp|Cor\(" "$1" || true; }
+keep() { grep -aE "llama_kv_cache: size|kvc kvq cells|over [0-9]+ chunks|^ +[0-9]+ +[0-9.]+ ±|Final estimate|Mean|KLD|Same top|RMS Δp|Cor\(" "$1" || true; }
 run_text() {  # name text ctx chunks
     local name="$1" text="$2" ctx="$3" chunks="$4"
     local base="$work/$name.f16.kld"
@@ -71,9 +73,9 @@ if [[ " $parts " == *" speed "* ]]; then
     for r in $(seq "$repeats"); do
         echo "protect-eval: speed run $r of $repeats" >&2
         OMP_WAIT_POLICY=passive "$EVAL" --model "$MODEL" --text "$TEXT_A" --modes full --n-tokens 64 --ppl-from 32 \
-            --threads 1 --speed-modes "$modes" --speed-ctx 2048,8192,32768 --speed-decode 32 \
-            --json "$work/speed-$r.json" >"$work/speed-$r.txt" 2>&1
-        cp "$work/speed-$r.json" "$out/speed-$r.json"
+            --threads 1 --speed-modes "$modes" --speed-ctx "$speed_ctx" --speed-decode 32 \
+            --json "$work/speed-${speed_ctx//,/-}-$r.json" >"$work/speed-${speed_ctx//,/-}-$r.txt" 2>&1
+        cp "$work/speed-${speed_ctx//,/-}-$r.json" "$out/"
     done
 fi
 python3 integrations/llama/protect_table.py "$out" | tee "$out/table.md"

@@ -65,8 +65,13 @@ def main(d):
                 continue
             mib = x["k_mib"] + x["v_mib"]
             if label in PLANS:
+                # exact: the plan's rows for every cell (the size line rounds to 0.01 MiB) and
+                # the cells' bytes beside them
                 plan = json.load(open(os.path.join(ROOT, PLANS[label])))
-                mib += side_bytes(plan, n_ctx) / 1048576
+                h, hd = plan["n_kv_head"], plan["head_dim"]
+                rows = n_ctx * sum(h * (packed(hd, l["k_bits"]) + packed(hd, l["v_bits"])) for l in plan["layers"])
+                mib = (rows + side_bytes(plan, n_ctx)) / 1048576
+                full_mib = n_ctx * len(plan["layers"]) * 2 * h * hd * 2 / 1048576
             ratio = full_mib / mib if mib else float("nan")
             out.append(f"| {label} | {mib:.3f} | {ratio:.3f} | {x['kld']:.5f} | {x['kld_pm']:.5f} | "
                        f"{x['ppl_ratio']:.4f} | {x.get('same_top', float('nan')):.2f} |")

@@ -20,7 +20,8 @@ rm -rf "$out"
 mkdir -p "$out"
 t1=$SECONDS
 python3 integrations/llama/ci_tools.py --bin-dir "$(dirname "$LLAMA_SERVER")" --model "$MODEL" --text "$TEXT_A" \
-    --plan data/kvq-plans/smollm2-135m-r3.5-kw3.json --out "$out"
+    --plan data/kvq-plans/smollm2-135m-r3.5-kw3.json --protect-plan data/kvq-plans/smollm2-135m-k4v4-s4w64.json \
+    --out "$out"
 echo "55-llama-tools: the tools' checks took $((SECONDS - t1)) s"
 t2=$SECONDS
 python3 integrations/llama/testmodels/run.py "$out/models" --bin "$ARCH_TEST" >"$out/arch.txt" 2>&1 \
