@@ -139,9 +139,19 @@ int main(void) {
     kvq = NULL;
     for (size_t cut = 0; cut < strlen(plan); cut += 3)
         CHECK(kvc_kvq_new_from_plan(plan, cut, &kvq) != KVC_OK && kvq == NULL);
-    const char* v3 = "{\"format\":\"kvc-kvq-plan\",\"version\":3,\"method\":\"lm\",\"seed\":1,"
+    const char* v4 = "{\"format\":\"kvc-kvq-plan\",\"version\":4,\"method\":\"lm\",\"seed\":1,"
                      "\"head_dim\":64,\"n_kv_head\":3,\"layers\":[{\"k_bits\":4,\"v_bits\":4}]}";
-    CHECK_STATUS(kvc_kvq_new_from_plan(v3, strlen(v3), &kvq), KVC_UNSUPPORTED);
+    CHECK_STATUS(kvc_kvq_new_from_plan(v4, strlen(v4), &kvq), KVC_UNSUPPORTED);
+    /* Version 3: the protections an engine applies with kvc_kvq_cells (ABI 0.14). */
+    const char* v3 = "{\"format\":\"kvc-kvq-plan\",\"version\":3,\"method\":\"lm\",\"seed\":1,"
+                     "\"head_dim\":64,\"n_kv_head\":3,\"sink_tokens\":4,\"recent_tokens\":64,"
+                     "\"recent_bits\":8,\"k_center\":true,\"layers\":[{\"k_bits\":4,\"v_bits\":4}]}";
+    CHECK_STATUS(kvc_kvq_new_from_plan(v3, strlen(v3), &kvq), KVC_OK);
+    kvc_kvq_protections prot;
+    CHECK_STATUS(kvc_kvq_get_protections(kvq, &prot), KVC_OK);
+    CHECK(prot.sink == 4 && prot.window == 64 && prot.window_bits == 8 && prot.k_center == 1);
+    kvc_kvq_free(kvq);
+    kvq = NULL;
     /* Version 2: a calibrated plan as `kvc quant plan` writes it. */
     const char* v2 =
         "{\"format\":\"kvc-kvq-plan\",\"version\":2,\"method\":\"lm\",\"seed\":1,"
