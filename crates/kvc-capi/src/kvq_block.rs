@@ -23,6 +23,7 @@ use std::sync::OnceLock;
 
 use kvc_kvq::attention::HeadRows;
 use kvc_kvq::config::DEFAULT_SEED;
+use kvc_kvq::row::{poison_row, row_scale_is_finite as scale_is_finite};
 use kvc_kvq::{Method, RowCodec};
 
 use crate::boundary::{in_slice, out_ref, out_slice, status_boundary};
@@ -35,9 +36,6 @@ const DIMS: [usize; 3] = [64, 128, 256];
 const MIN_BITS: u32 = 2;
 const MAX_BITS: u32 = 8;
 const N_BITS: usize = (MAX_BITS - MIN_BITS + 1) as usize;
-
-/// f16 NaN, the scale of a poisoned row (little-endian bytes).
-const POISON_SCALE: [u8; 2] = 0x7e00u16.to_le_bytes();
 
 static CODECS: [OnceLock<RowCodec>; DIMS.len() * N_BITS] = [const { OnceLock::new() }; 21];
 
@@ -90,12 +88,6 @@ fn short(what: &'static str, needed: usize, found: usize) -> Error {
         found,
     }
     .into()
-}
-
-/// Whether a packed row carries a finite scale (a poisoned or corrupt row does not).
-#[inline(always)]
-fn scale_is_finite(row: &[u8]) -> bool {
-    half::f16::from_le_bytes([row[0], row[1]]).is_finite()
 }
 
 /// Bytes of one packed block (row) of `head_dim` values at `bits` bits, written to
@@ -166,8 +158,7 @@ pub unsafe extern "C" fn kvc_kvq_block_quantize(
         {
             if c.quantize_row(xr, o).is_err() {
                 // Non-finite input or a scale beyond f16: nothing was written; poison.
-                o.fill(0);
-                o[..2].copy_from_slice(&POISON_SCALE);
+                poison_row(o);
             }
         }
         Ok(())

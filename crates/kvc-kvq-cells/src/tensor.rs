@@ -4,24 +4,14 @@
 use half::f16;
 use kvc_kvq::attention::HeadRows;
 use kvc_kvq::config::DEFAULT_SEED;
+use kvc_kvq::row::{poison_row as poison, row_scale_is_finite as scale_finite};
 use kvc_kvq::{Method, RowCodec};
 
 use crate::slab::SlotRows;
 use crate::{CellsConfig, Error, Result, TensorSpec, MAX_QUERIES};
 
-/// f16 NaN, the scale of a poisoned row (a row with a non-finite value reads back NaN).
-const POISON_SCALE: [u8; 2] = 0x7e00u16.to_le_bytes();
 /// The largest head_dim.
 const MAX_DIM: usize = 256;
-
-fn poison(row: &mut [u8]) {
-    row.fill(0);
-    row[..2].copy_from_slice(&POISON_SCALE);
-}
-
-fn scale_finite(row: &[u8]) -> bool {
-    f16::from_le_bytes([row[0], row[1]]).is_finite()
-}
 
 fn dot(a: &[f32], b: &[f32]) -> f32 {
     a.iter().zip(b).map(|(x, y)| x * y).sum()

@@ -115,6 +115,21 @@ fn n_scales(method: Method, d: usize) -> Result<usize> {
     }
 }
 
+/// Writes a **poisoned** row: an f16 NaN scale and zero codes. An engine that must store
+/// something for a row kvq cannot code (a non-finite value, a scale beyond f16) stores this,
+/// so that every read of the row gives NaN, as an f16 cache would hold inf or NaN, never a
+/// plausible wrong number. `row` must hold at least the 2-byte scale.
+pub fn poison_row(row: &mut [u8]) {
+    row.fill(0);
+    row[..2].copy_from_slice(&0x7e00u16.to_le_bytes());
+}
+
+/// Whether a packed row's (first) f16 scale is finite: false for a poisoned or corrupt row.
+#[inline(always)]
+pub fn row_scale_is_finite(row: &[u8]) -> bool {
+    half::f16::from_le_bytes([row[0], row[1]]).is_finite()
+}
+
 /// Bytes of one packed row.
 pub fn row_bytes(method: Method, bits: u8, d: usize) -> Result<usize> {
     check_head_dim(d)?;
