@@ -21,6 +21,12 @@ pub enum Error {
         /// What is wrong.
         why: String,
     },
+    /// Saved cells ([`KvqCells::load`](crate::KvqCells::load)) that are not what their
+    /// format says: a magic, version, length, checksum or field that does not hold.
+    Corrupt {
+        /// What is wrong, with the byte offset where it helps.
+        why: String,
+    },
     /// The kvq codec's error.
     Kvq(kvc_kvq::Error),
 }
@@ -31,8 +37,13 @@ impl Error {
         match self {
             Error::Invalid { .. } => ErrorKind::InvalidArgument,
             Error::State { .. } => ErrorKind::InvalidState,
+            Error::Corrupt { .. } => ErrorKind::CorruptData,
             Error::Kvq(e) => e.kind(),
         }
+    }
+
+    pub(crate) fn corrupt(why: impl Into<String>) -> Error {
+        Error::Corrupt { why: why.into() }
     }
 
     pub(crate) fn invalid(what: &'static str, why: impl Into<String>) -> Error {
@@ -48,6 +59,7 @@ impl fmt::Display for Error {
         match self {
             Error::Invalid { what, why } => write!(f, "kvq cells: invalid {what}: {why}"),
             Error::State { why } => write!(f, "kvq cells: {why}"),
+            Error::Corrupt { why } => write!(f, "kvq cells: saved cells are corrupt: {why}"),
             Error::Kvq(e) => write!(f, "kvq cells: {e}"),
         }
     }

@@ -28,24 +28,37 @@
 //! sequences, cells), then one [`write`](KvqCells::write) per tensor, each tensor read
 //! before the next tensor of its side (`t + 2`) is written.
 //!
+//! Saving: [`save`](KvqCells::save) writes what the cells hold beside the engine's tensors
+//! for some cells (formats, sink and window rows, centers) in the versioned `KVCQCELS`
+//! format, [`load`](KvqCells::load) puts it back into the cells an engine restores them to.
+//!
+//! Shifting: an engine that moves positions (a context shift) reads the cells' values with
+//! [`cell_rows`](KvqCells::cell_rows), applies its RoPE, stores them back in each cell's
+//! format with [`set_cell_rows`](KvqCells::set_cell_rows) and gives the new positions to
+//! [`set_positions`](KvqCells::set_positions); formats and centers stay.
+//!
 //! Not here: the packed row formats and kernels and plans (`kvc-kvq`), the engine's cell
-//! allocation, masks and positions, RoPE shifts of stored K (refused by engines that use
-//! these cells), saving cells in engine states, and C (`kvc-capi`, `kvc_kvq_cells_*`).
+//! allocation, masks and positions, its own saved state (positions, main rows), RoPE itself
+//! (the engine's), and C (`kvc-capi`, `kvc_kvq_cells_*`).
 
 mod error;
 mod slab;
+mod state;
 mod tensor;
 
 pub use error::{Error, ErrorKind, Result};
+pub use state::{STATE_MAGIC, STATE_VERSION};
 
 use slab::Slots;
-use tensor::TensorRows;
+use tensor::{StoredAs, TensorRows};
 
 /// The most queries one [`KvqCells::scores`] or [`KvqCells::accumulate`] call takes (the
 /// query heads of one KV head under grouped-query attention).
 pub const MAX_QUERIES: usize = 64;
 /// No slot / no sequence.
 const NONE: u32 = u32::MAX;
+/// The id of a writer no sequence id names any more (its cells keep their centers).
+const DETACHED: i32 = -1;
 
 /// What a [`KvqCells`] protects (the same for every tensor of the cache).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -282,12 +295,44 @@ impl KvqCells {
         if let Some(i) = self.seqs.iter().position(|s| s.id == id) {
             return i as u32;
         }
-        self.seqs.push(Seq {
+        self.fresh_seq(id, &[])
+    }
+
+    /// A new entry for sequence `id` (or [`DETACHED`]): a detached entry no cell refers to
+    /// any more (and not in `keep`) is reused, its centers forgotten.
+    fn fresh_seq(&mut self, id: i32, keep: &[u32]) -> u32 {
+        let fresh = Seq {
             id,
             centered: false,
             held: Vec::new(),
+        };
+        let free = (0..self.seqs.len() as u32).find(|&si| {
+            self.seqs[si as usize].id == DETACHED
+                && !keep.contains(&si)
+                && !self.cells.iter().any(|c| c.seq == si)
         });
-        (self.seqs.len() - 1) as u32
+        match free {
+            Some(si) => {
+                self.seqs[si as usize] = fresh;
+                for t in &mut self.tensors {
+                    t.set_center(si, None);
+                }
+                si
+            }
+            None => {
+                self.seqs.push(fresh);
+                (self.seqs.len() - 1) as u32
+            }
+        }
+    }
+
+    /// Sequence `id`'s entry, if any, stops being `id`'s: the cells it wrote keep their
+    /// centers, and `id` starts afresh (a load replaces it).
+    fn detach_seq(&mut self, id: i32) {
+        if let Some(s) = self.seqs.iter_mut().find(|s| s.id == id) {
+            s.id = DETACHED;
+            s.held.clear();
+        }
     }
 
     fn release_cell(&mut self, c: usize) {
@@ -429,14 +474,18 @@ impl KvqCells {
         let any_center = self.tensors.iter().any(|t| t.spec().center);
         for (si, first, last) in spans {
             let held = std::mem::take(&mut self.seqs[si as usize].held);
-            // a held entry is live while its cell still holds a window row of this sequence
-            let live: Vec<u32> = held
+            // a held entry is live while its cell still holds a window row of this sequence;
+            // a cell freed and written again by the sequence has a stale entry beside its new
+            // one: each cell counts once (twice, its slot would be dropped twice)
+            let mut live: Vec<u32> = held
                 .into_iter()
                 .filter(|&c| {
                     let cell = &self.cells[c as usize];
                     cell.seq == si && cell.flags & WIN != 0
                 })
                 .collect();
+            let mut seen = std::collections::HashSet::with_capacity(live.len());
+            live.retain(|&c| seen.insert(c));
             let due = |c: &u32| {
                 let cell = &self.cells[*c as usize];
                 cell.flags & CODED == 0 && i64::from(cell.pos) <= last - w
@@ -792,6 +841,145 @@ impl KvqCells {
                 )?,
                 CellRead::Sink => tensor.sink_accumulate(c.slot, kv_head, w, g, acc, n, i),
             }
+        }
+        Ok(())
+    }
+
+    fn stored_as(c: &Cell) -> StoredAs {
+        if c.flags & SINK != 0 {
+            StoredAs::Sink(c.slot)
+        } else if c.flags & WIN != 0 && c.flags & SCRATCH == 0 {
+            StoredAs::Window(c.slot, c.flags & CODED != 0)
+        } else {
+            // a coded main row is relative to the center when the tensor has one (centers
+            // need a window: without one, main rows are stored as written, never centered)
+            StoredAs::Main(c.flags & CODED != 0)
+        }
+    }
+
+    /// Checks cells for reading or storing rows of tensor `t`: between ubatches, in range,
+    /// written, each once; `main` and `values` long enough.
+    fn check_cell_rows(&self, t: u32, main_len: usize, cells: &[u32], values: usize) -> Result<()> {
+        let tensor = self.tensor(t)?;
+        tensor.check_main(main_len, self.cfg.n_cells)?;
+        tensor.check_rows(values, cells.len())?;
+        if let Some(u) = self
+            .tensors
+            .iter()
+            .position(|x| x.written() != self.ubatch.serial)
+        {
+            return Err(Error::State {
+                why: format!(
+                    "rows are read or stored between ubatches only: tensor {u} was not written yet"
+                ),
+            });
+        }
+        let mut seen = Vec::with_capacity(cells.len());
+        for &c in cells {
+            let cell = self.cells.get(c as usize).ok_or_else(|| {
+                Error::invalid(
+                    "cells",
+                    format!("cell {c} is not below n_cells {}", self.cfg.n_cells),
+                )
+            })?;
+            if cell.pos < 0 || cell.seq == NONE {
+                return Err(Error::invalid(
+                    "cells",
+                    format!("cell {c} holds nothing these cells wrote"),
+                ));
+            }
+            seen.push(c);
+        }
+        seen.sort_unstable();
+        if let Some(w) = seen.windows(2).find(|w| w[0] == w[1]) {
+            return Err(Error::invalid(
+                "cells",
+                format!("cell {} is given twice", w[0]),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The values cells `cells` of tensor `t` hold now (`cells.len() x n_kv_head x
+    /// head_dim` f32, in order): a sink cell's f16 row, a window cell's window row, else its
+    /// main row plus its writer's center. With [`set_cell_rows`](Self::set_cell_rows) an
+    /// engine transforms stored rows in place (RoPE shifts of K after a position shift).
+    /// Between ubatches. Errors: a cell out of range, unwritten or given twice; short
+    /// `main` or `out`.
+    pub fn cell_rows(&self, t: u32, main: &[u8], cells: &[u32], out: &mut [f32]) -> Result<()> {
+        self.check_cell_rows(t, main.len(), cells, out.len())?;
+        let tensor = &self.tensors[t as usize];
+        for (&c, o) in cells.iter().zip(out.chunks_exact_mut(tensor.width())) {
+            let cell = &self.cells[c as usize];
+            tensor.cell_values(c, Self::stored_as(cell), cell.seq, main, o)?;
+        }
+        Ok(())
+    }
+
+    /// Stores new values (`cells.len() x n_kv_head x head_dim` f32) for cells `cells` of
+    /// tensor `t`, each in the format it has: an f16 sink row; a window row (and its main row
+    /// again, coded from it, once it has one); or a main row (relative to its writer's
+    /// center when it was coded so). Formats, positions and centers do not change. Between
+    /// ubatches. Errors as [`cell_rows`](Self::cell_rows); nothing is stored then.
+    pub fn set_cell_rows(
+        &mut self,
+        t: u32,
+        main: &mut [u8],
+        cells: &[u32],
+        rows: &[f32],
+    ) -> Result<()> {
+        self.check_cell_rows(t, main.len(), cells, rows.len())?;
+        let width = self.tensors[t as usize].width();
+        for (&c, x) in cells.iter().zip(rows.chunks_exact(width)) {
+            let cell = self.cells[c as usize];
+            self.tensors[t as usize].store_cell_values(
+                c,
+                Self::stored_as(&cell),
+                cell.seq,
+                main,
+                x,
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Moves cells `cells` to positions `pos` (the engine shifted them, llama.cpp's
+    /// `seq_add` / `seq_div`): later reads and re-coding follow the new positions; each
+    /// cell keeps its format (a sink row stays f16, a main row stays main). Between ubatches.
+    /// Errors (nothing moves): lengths that differ, a cell out of range or unwritten, a
+    /// negative position.
+    pub fn set_positions(&mut self, cells: &[u32], pos: &[i32]) -> Result<()> {
+        if cells.len() != pos.len() {
+            return Err(Error::invalid(
+                "pos",
+                format!("{} cells and {} positions", cells.len(), pos.len()),
+            ));
+        }
+        if let Some(i) = pos.iter().position(|&p| p < 0) {
+            return Err(Error::invalid(
+                "pos",
+                format!("cell {} to position {}", cells[i], pos[i]),
+            ));
+        }
+        for &c in cells {
+            match self.cells.get(c as usize) {
+                None => {
+                    return Err(Error::invalid(
+                        "cells",
+                        format!("cell {c} is not below n_cells {}", self.cfg.n_cells),
+                    ))
+                }
+                Some(cell) if cell.pos < 0 => {
+                    return Err(Error::invalid(
+                        "cells",
+                        format!("cell {c} holds nothing these cells wrote"),
+                    ))
+                }
+                _ => {}
+            }
+        }
+        for (&c, &p) in cells.iter().zip(pos) {
+            self.cells[c as usize].pos = p;
         }
         Ok(())
     }

@@ -32,6 +32,17 @@ impl Default for CenterDots {
     }
 }
 
+/// Where a cell's values are held (for reading them back and storing new ones).
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum StoredAs {
+    /// The f16 sink row of this slot.
+    Sink(u32),
+    /// The window row of this lasting slot; whether the main row is coded too.
+    Window(u32, bool),
+    /// The main row; whether it is coded relative to the writer's center.
+    Main(bool),
+}
+
 /// A center: its values (f16-exact) and the same rotated into the codes' basis.
 type Center = (Vec<f32>, Vec<f32>);
 
@@ -210,7 +221,7 @@ impl TensorRows {
         self.win_rows.compact(moves);
     }
 
-    fn window_bytes(&self, (slot, scratch): (u32, bool)) -> Result<&[u8]> {
+    pub(crate) fn window_bytes(&self, (slot, scratch): (u32, bool)) -> Result<&[u8]> {
         if scratch {
             if !self.scratch_valid {
                 return Err(Error::State {
@@ -305,14 +316,7 @@ impl TensorRows {
                 }
             })
             .collect();
-        let mut rotated = center.clone();
-        for r in rotated.chunks_exact_mut(self.d) {
-            self.main.rotation().rotate(r);
-        }
-        if self.centers.len() <= seq as usize {
-            self.centers.resize(seq as usize + 1, None);
-        }
-        self.centers[seq as usize] = Some((center, rotated));
+        self.set_center(seq, Some(center));
         Ok(())
     }
 
@@ -566,6 +570,129 @@ impl TensorRows {
                 *a += wj * v;
             }
         }
+    }
+
+    /// A cell's values (`width` f32) as its format holds them: its f16 sink row, its window
+    /// row, or its main row plus the writer's center (`centered`: the main row was coded
+    /// relative to it).
+    pub(crate) fn cell_values(
+        &self,
+        cell: u32,
+        fmt: StoredAs,
+        seq: u32,
+        main: &[u8],
+        out: &mut [f32],
+    ) -> Result<()> {
+        match fmt {
+            StoredAs::Sink(slot) => {
+                for (o, b) in out.iter_mut().zip(self.sink_rows.get(slot).chunks_exact(2)) {
+                    *o = f16::from_le_bytes([b[0], b[1]]).to_f32();
+                }
+            }
+            StoredAs::Window(slot, _) => {
+                let win = self.win.as_ref().expect("a window codec with a window");
+                for (wr, o) in self
+                    .win_rows
+                    .get(slot)
+                    .chunks_exact(self.win_row)
+                    .zip(out.chunks_exact_mut(self.d))
+                {
+                    win.dequantize_row(wr, o)?;
+                }
+            }
+            StoredAs::Main(centered) => {
+                let off = cell as usize * self.main_cell_bytes();
+                for (mr, o) in main[off..off + self.main_cell_bytes()]
+                    .chunks_exact(self.main_row)
+                    .zip(out.chunks_exact_mut(self.d))
+                {
+                    self.main.dequantize_row(mr, o)?;
+                }
+                if centered && self.spec.center {
+                    let c = self.center_of_seq(seq)?;
+                    for (v, &m) in out.iter_mut().zip(c) {
+                        *v += m;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Stores new values of a cell in the format it has: the f16 sink row; the window row
+    /// (and, once the main row is coded, the main row again from it); or the main row
+    /// (relative to the writer's center when `centered`).
+    pub(crate) fn store_cell_values(
+        &mut self,
+        cell: u32,
+        fmt: StoredAs,
+        seq: u32,
+        main: &mut [u8],
+        x: &[f32],
+    ) -> Result<()> {
+        match fmt {
+            StoredAs::Sink(slot) => self.store_sink(slot, x),
+            StoredAs::Window(slot, coded) => {
+                self.store_window(slot, false, x);
+                if coded {
+                    self.code_main(cell, (slot, false), seq, main)?;
+                }
+            }
+            StoredAs::Main(centered) => {
+                if centered && self.spec.center {
+                    let c = self.center_of_seq(seq)?.to_vec();
+                    let y: Vec<f32> = x.iter().zip(&c).map(|(v, m)| v - m).collect();
+                    self.store_main(cell, &y, main);
+                } else {
+                    self.store_main(cell, x, main);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn center_of_seq(&self, seq: u32) -> Result<&[f32]> {
+        self.center(seq).ok_or_else(|| Error::State {
+            why: format!("sequence index {seq} has centered rows but no center"),
+        })
+    }
+
+    /// Bytes of one cell's sink rows (f16) and of its window rows.
+    pub(crate) fn side_cell_bytes(&self) -> (usize, usize) {
+        (self.h * self.d * 2, self.h * self.win_row)
+    }
+
+    pub(crate) fn sink_bytes(&self, slot: u32) -> &[u8] {
+        self.sink_rows.get(slot)
+    }
+
+    /// Stores a cell's sink rows as saved (f16 bytes).
+    pub(crate) fn put_sink(&mut self, slot: u32, bytes: &[u8]) {
+        self.sink_rows.get_mut(slot).copy_from_slice(bytes);
+    }
+
+    /// Stores a cell's window rows as saved (window-format bytes).
+    pub(crate) fn put_window(&mut self, slot: u32, bytes: &[u8]) {
+        if self.win.is_some() {
+            self.win_rows.get_mut(slot).copy_from_slice(bytes);
+        }
+    }
+
+    /// Sets (or with `None` forgets) sequence `seq`'s center (f16-exact values).
+    pub(crate) fn set_center(&mut self, seq: u32, center: Option<Vec<f32>>) {
+        if self.centers.len() <= seq as usize {
+            if center.is_none() {
+                return;
+            }
+            self.centers.resize(seq as usize + 1, None);
+        }
+        self.centers[seq as usize] = center.map(|c| {
+            let mut rotated = c.clone();
+            for r in rotated.chunks_exact_mut(self.d) {
+                self.main.rotation().rotate(r);
+            }
+            (c, rotated)
+        });
     }
 
     pub(crate) fn copy_sink(&mut self, from: u32, to: u32) {

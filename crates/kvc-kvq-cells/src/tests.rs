@@ -596,3 +596,7 @@ fn two_scratch_buffers_serve_every_layer_in_order() {
     }
     assert!(cells.bytes_held() < before);
 }
+
+mod state;
+
+mod shift;
