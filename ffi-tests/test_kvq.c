@@ -3,9 +3,11 @@
  * against attention on the dequantized rows computed here in double, and the error paths
  * (bad config, bad plan, NULL, wrong layer or tensor, short buffers, NaN input, every
  * truncation of the packed cache); the handle-free block calls (ABI 0.8, 0.9) and the
- * channel-group calls (ABI 0.10). */
+ * channel-group calls (ABI 0.10); kvq cells: rows, saved cells, positions (ABI 0.14, 0.15). */
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "check.h"
 
@@ -501,6 +503,75 @@ int main(void) {
         CHECK_STATUS(kvc_kvq_mean_center(cx, CT * CW, CH, CDIM, cx, CW), KVC_INVALID_ARGUMENT);
         CHECK(memcmp(keep, cc, sizeof keep) == 0);
         kvc_kvq_free(kc);
+    }
+    /* kvq cells (ABI 0.14, 0.15): a cache of one K (centered) and one V tensor written in one
+     * ubatch; a cell's crow read back (get_rows) and stored again (set_rows); saved, loaded into
+     * fresh cells for another sequence (the same crow read back), damaged bytes refused; moved
+     * to new positions. */
+    {
+        enum { NC = 32, CHV = 2, CN = 12 };
+        const kvc_kvq_cells_config cfg = {NC, 2, 4, 8};
+        const kvc_kvq_cells_tensor ts[2] = {{D, CHV, 4, 1}, {D, CHV, 3, 0}};
+        kvc_kvq_cells* cells = NULL;
+        CHECK_STATUS(kvc_kvq_cells_new(&cfg, ts, 2, &cells), KVC_OK);
+        size_t mb[2];
+        for (uint32_t t = 0; t < 2; t++) CHECK_STATUS(kvc_kvq_cells_main_cell_bytes(cells, t, &mb[t]), KVC_OK);
+        unsigned char* mains[2] = {calloc(NC, mb[0]), calloc(NC, mb[1])};
+        int32_t pos[CN], seq[CN];
+        int64_t idx[CN];
+        uint32_t ids[CN];
+        static float crow[CN * CHV * D];
+        uint32_t st = 5;
+        for (int i = 0; i < CN; i++) {
+            pos[i] = i;
+            seq[i] = 0;
+            idx[i] = 31 - i;
+            ids[i] = (uint32_t) (31 - i);
+        }
+        for (int i = 0; i < CN * CHV * D; i++) crow[i] = randf(&st) + (float) (i % 7);
+        CHECK_STATUS(kvc_kvq_cells_begin_ubatch(cells, pos, seq, idx, CN), KVC_OK);
+        for (uint32_t t = 0; t < 2; t++)
+            CHECK_STATUS(kvc_kvq_cells_write(cells, t, crow, CN * CHV * D, idx, CN, mains[t], NC * mb[t]), KVC_OK);
+        static float got[CN * CHV * D], again[CN * CHV * D];
+        CHECK_STATUS(kvc_kvq_cells_get_rows(cells, 0, mains[0], NC * mb[0], ids, CN, got, CN * CHV * D), KVC_OK);
+        /* position 0 is a sink row: its f16 values */
+        for (int i = 0; i < CHV * D; i++) CHECK(fabsf(got[i] - crow[i]) <= 1e-3f * (1.0f + fabsf(crow[i])));
+        /* the last position is a window row (8 bits) */
+        CHECK(rel_err(got + (CN - 1) * CHV * D, crow + (CN - 1) * CHV * D, CHV * D) < 0.01);
+        CHECK_STATUS(kvc_kvq_cells_set_rows(cells, 0, mains[0], NC * mb[0], ids, CN, got, CN * CHV * D), KVC_OK);
+        CHECK_STATUS(kvc_kvq_cells_get_rows(cells, 0, mains[0], NC * mb[0], ids, CN, again, CN * CHV * D), KVC_OK);
+        CHECK(rel_err(again, got, CN * CHV * D) < 0.02);
+        size_t len = 0;
+        CHECK_STATUS(kvc_kvq_cells_save(cells, ids, CN, 0, NULL, 0, &len), KVC_OK);
+        unsigned char* saved = malloc(len);
+        CHECK_STATUS(kvc_kvq_cells_save(cells, ids, CN, 0, saved, len - 1, &len), KVC_BUFFER_TOO_SMALL);
+        CHECK_STATUS(kvc_kvq_cells_save(cells, ids, CN, 0, saved, len, &len), KVC_OK);
+        CHECK(memcmp(saved, "KVCQCELS", 8) == 0);
+        kvc_kvq_cells* back = NULL;
+        CHECK_STATUS(kvc_kvq_cells_new(&cfg, ts, 2, &back), KVC_OK);
+        saved[len / 2] ^= 4;
+        CHECK_STATUS(kvc_kvq_cells_load(back, saved, len, ids, pos, CN, 7), KVC_CORRUPT_DATA);
+        saved[len / 2] ^= 4;
+        pos[3]++;
+        CHECK_STATUS(kvc_kvq_cells_load(back, saved, len, ids, pos, CN, 7), KVC_INVALID_ARGUMENT);
+        pos[3]--;
+        CHECK_STATUS(kvc_kvq_cells_load(back, saved, len, ids, pos, CN, 7), KVC_OK);
+        CHECK_STATUS(kvc_kvq_cells_get_rows(back, 0, mains[0], NC * mb[0], ids, CN, got, CN * CHV * D), KVC_OK);
+        CHECK(memcmp(got, again, sizeof got) == 0);
+        /* moved positions; a negative one or a cell never written is refused */
+        int32_t moved[CN];
+        for (int i = 0; i < CN; i++) moved[i] = i + 100;
+        CHECK_STATUS(kvc_kvq_cells_set_positions(back, ids, moved, CN), KVC_OK);
+        moved[0] = -1;
+        CHECK_STATUS(kvc_kvq_cells_set_positions(back, ids, moved, CN), KVC_INVALID_ARGUMENT);
+        const uint32_t unwritten = 0;
+        CHECK_STATUS(kvc_kvq_cells_get_rows(back, 0, mains[0], NC * mb[0], &unwritten, 1, got, CHV * D),
+                     KVC_INVALID_ARGUMENT);
+        free(saved);
+        free(mains[0]);
+        free(mains[1]);
+        kvc_kvq_cells_free(cells);
+        kvc_kvq_cells_free(back);
     }
     puts("test_kvq: ok");
     return 0;

@@ -143,7 +143,7 @@
  * fields are added (only ever appended). A program built against minor `m` runs on any
  * library with the same major and a minor `>= m`.
  */
-#define KVC_ABI_VERSION_MINOR 14
+#define KVC_ABI_VERSION_MINOR 15
 
 /**
  * The ABI version this header describes, `(major << 16) | minor`. Pass it to
@@ -2060,6 +2060,55 @@ typedef struct kvc_api {
      * See `kvc_kvq_cells_free` (ABI 0.14).
      */
     void (*kvq_cells_free)(struct kvc_kvq_cells *cells);
+    /**
+     * See `kvc_kvq_cells_save` (ABI 0.15).
+     */
+    enum kvc_status (*kvq_cells_save)(const struct kvc_kvq_cells *cells,
+                                      const uint32_t *cell_ids,
+                                      size_t n,
+                                      int32_t seq,
+                                      uint8_t *dst,
+                                      size_t dst_capacity,
+                                      size_t *dst_len);
+    /**
+     * See `kvc_kvq_cells_load` (ABI 0.15).
+     */
+    enum kvc_status (*kvq_cells_load)(struct kvc_kvq_cells *cells,
+                                      const uint8_t *src,
+                                      size_t src_len,
+                                      const uint32_t *cell_ids,
+                                      const int32_t *pos,
+                                      size_t n,
+                                      int32_t dest_seq);
+    /**
+     * See `kvc_kvq_cells_get_rows` (ABI 0.15).
+     */
+    enum kvc_status (*kvq_cells_get_rows)(const struct kvc_kvq_cells *cells,
+                                          uint32_t tensor,
+                                          const uint8_t *main,
+                                          size_t main_len,
+                                          const uint32_t *cell_ids,
+                                          size_t n,
+                                          float *out,
+                                          size_t out_len);
+    /**
+     * See `kvc_kvq_cells_set_rows` (ABI 0.15).
+     */
+    enum kvc_status (*kvq_cells_set_rows)(struct kvc_kvq_cells *cells,
+                                          uint32_t tensor,
+                                          uint8_t *main,
+                                          size_t main_len,
+                                          const uint32_t *cell_ids,
+                                          size_t n,
+                                          const float *rows,
+                                          size_t rows_len);
+    /**
+     * See `kvc_kvq_cells_set_positions` (ABI 0.15).
+     */
+    enum kvc_status (*kvq_cells_set_positions)(struct kvc_kvq_cells *cells,
+                                               const uint32_t *cell_ids,
+                                               const int32_t *pos,
+                                               size_t n);
 } kvc_api;
 
 /**
@@ -3188,6 +3237,117 @@ enum kvc_status kvc_kvq_cells_copy(struct kvc_kvq_cells *cells,
  * `cells` NULL or a live handle, not used afterwards.
  */
 void kvc_kvq_cells_free(struct kvc_kvq_cells *cells);
+
+/**
+ * Saves what `cells` holds beside the engine's tensors for the `n` cells at `cell_ids`
+ * (in the engine's order) of sequence `seq` (-1: every sequence): each cell's position,
+ * writer and format, its sink or window rows in every tensor, and the writers' centers,
+ * in the versioned, checksummed `KVCQCELS` format (`docs/formats/kvq.md`, "Saved cells").
+ * The engine saves the cells' positions and main rows itself.
+ *
+ * Size query: `dst == NULL && dst_capacity == 0` stores the exact size in `*dst_len`.
+ * Too small a `dst_capacity` is `KVC_BUFFER_TOO_SMALL` with the size in `*dst_len` and
+ * `dst` untouched; on `KVC_OK`, `*dst_len` is the length written. Between ubatches
+ * (`KVC_INVALID_STATE` otherwise); a cell out of range, given twice or never written is
+ * `KVC_INVALID_ARGUMENT`.
+ *
+ * # Safety
+ * `cells` a live handle; `cell_ids` readable for `n` (or NULL with `n == 0`); `dst`
+ * writable for `dst_capacity`; `dst_len` writable.
+ */
+KVC_NODISCARD
+enum kvc_status kvc_kvq_cells_save(const struct kvc_kvq_cells *cells,
+                                   const uint32_t *cell_ids,
+                                   size_t n,
+                                   int32_t seq,
+                                   uint8_t *dst,
+                                   size_t dst_capacity,
+                                   size_t *dst_len);
+
+/**
+ * Loads saved cells (`kvc_kvq_cells_save`, `src_len` bytes at `src`) into the `n` cells
+ * at `cell_ids`, the engine's cells for the saved ones in the saved order, whose positions
+ * it restored as `pos`. With `dest_seq >= 0` the saved sequence's cells become
+ * `dest_seq`'s (which takes its centers; cells other sequences wrote keep theirs); with
+ * -1 every writer keeps its saved id (restoring a whole cache after `kvc_kvq_cells_clear`).
+ * The engine loads the main rows itself. Between ubatches (`KVC_INVALID_STATE`
+ * otherwise). Nothing changes on an error: `KVC_CORRUPT_DATA` for bytes that are not
+ * saved cells (magic, version, checksum, length, a field), `KVC_INVALID_ARGUMENT` for
+ * cells saved with another configuration or whose count or positions are not the
+ * engine's.
+ *
+ * # Safety
+ * `cells` a live handle used by no other call; `src` readable for `src_len`; `cell_ids`
+ * and `pos` readable for `n` (or NULL with `n == 0`).
+ */
+KVC_NODISCARD
+enum kvc_status kvc_kvq_cells_load(struct kvc_kvq_cells *cells,
+                                   const uint8_t *src,
+                                   size_t src_len,
+                                   const uint32_t *cell_ids,
+                                   const int32_t *pos,
+                                   size_t n,
+                                   int32_t dest_seq);
+
+/**
+ * The values the `n` cells at `cell_ids` of tensor `tensor` hold now, `n x n_kv_head x
+ * head_dim` f32 into `out` (`out_len` values): a sink cell's f16 row, a window cell's window
+ * row, else its main row in `main` (the engine's whole tensor, `main_len` bytes) plus its
+ * writer's center. With `kvc_kvq_cells_set_rows` an engine transforms stored rows in
+ * place: its RoPE shift of K after moving positions (`kvc_kvq_cells_set_positions`).
+ * Between ubatches (`KVC_INVALID_STATE` otherwise); a cell out of range, unwritten or
+ * given twice, or lengths that do not fit, are `KVC_INVALID_ARGUMENT`, `out` untouched.
+ *
+ * # Safety
+ * `cells` a live handle; `main` readable for `main_len`; `cell_ids` readable for `n`;
+ * `out` writable for `out_len` and not overlapping `main`.
+ */
+KVC_NODISCARD
+enum kvc_status kvc_kvq_cells_get_rows(const struct kvc_kvq_cells *cells,
+                                       uint32_t tensor,
+                                       const uint8_t *main,
+                                       size_t main_len,
+                                       const uint32_t *cell_ids,
+                                       size_t n,
+                                       float *out,
+                                       size_t out_len);
+
+/**
+ * Stores new values (`rows`: `n x n_kv_head x head_dim` f32, `rows_len` values) for the
+ * `n` cells at `cell_ids` of tensor `tensor`, each in the format it has: its f16 sink row;
+ * its window row (and its main row in `main` again, coded from it, once it has one); or its
+ * main row in `main` (relative to its writer's center when it was coded so). Formats,
+ * positions and centers stay. Between ubatches; errors as `kvc_kvq_cells_get_rows`, with
+ * nothing stored.
+ *
+ * # Safety
+ * `cells` a live handle used by no other call; `main` writable for `main_len`; `cell_ids`
+ * readable for `n`; `rows` readable for `rows_len` and not overlapping `main`.
+ */
+KVC_NODISCARD
+enum kvc_status kvc_kvq_cells_set_rows(struct kvc_kvq_cells *cells,
+                                       uint32_t tensor,
+                                       uint8_t *main,
+                                       size_t main_len,
+                                       const uint32_t *cell_ids,
+                                       size_t n,
+                                       const float *rows,
+                                       size_t rows_len);
+
+/**
+ * Moves the `n` cells at `cell_ids` to positions `pos` in every tensor (the engine shifted
+ * them: llama.cpp's `seq_add` / `seq_div`); later reads and re-coding follow the new
+ * positions, and each cell keeps its format. Between ubatches. A cell out of range or
+ * unwritten or a negative position is `KVC_INVALID_ARGUMENT`, nothing moved.
+ *
+ * # Safety
+ * `cells` a live handle used by no other call; `cell_ids` and `pos` readable for `n`.
+ */
+KVC_NODISCARD
+enum kvc_status kvc_kvq_cells_set_positions(struct kvc_kvq_cells *cells,
+                                            const uint32_t *cell_ids,
+                                            const int32_t *pos,
+                                            size_t n);
 
 /**
  * Quantizes `n_rows` rows as `kvc_kvq_quantize_rows` does, each coded as `row - center`:

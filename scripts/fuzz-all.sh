@@ -21,7 +21,7 @@ if [ "${1:-}" = "--time" ]; then
     mode=time
     limit="${2:?usage: fuzz-all.sh --time SECONDS}"
 fi
-all_targets="gear_v1_decode gear_v2_decode mlp_weights c8_checkpoint h2o_replay kvq_plan kvq_rows kvq_block kvq_channel kvq_file tier_blob tc_calibration tc_section llama_state"
+all_targets="gear_v1_decode gear_v2_decode mlp_weights c8_checkpoint h2o_replay kvq_plan kvq_rows kvq_block kvq_channel kvq_file tier_blob tc_calibration tc_section kvq_cells_state llama_state"
 targets="${FUZZ_TARGETS:-$all_targets}"
 
 host="$(rustc -vV | sed -n 's/^host: //p')"
@@ -56,6 +56,7 @@ seed gear_v2_decode ../crates/kvc-codec/tests/golden/*.kvg2
 seed mlp_weights ../crates/kvc-mlp/tests/fixtures/*.bin
 seed h2o_replay seeds/h2o_replay/*
 seed kvq_plan ../data/kvq-plans/*.json
+seed kvq_cells_state ../crates/kvc-kvq-cells/tests/golden/kvq-cells-state-v1/*
 # kvq_file: packed cache files `kvc quant apply --kvq` wrote (fuzz/make_kvq_file_seeds.sh).
 seed kvq_file seeds/kvq_file/*
 # c8_checkpoint: u16 LE description length, the description, the safetensors file (the
@@ -74,8 +75,8 @@ done
 # sample (data/sample) itself on its first call (kvq rows quantized per config or per block
 # format; K channel-group blocks per bits and group; blobs per codec). tc_calibration and
 # tc_section write theirs the same way (fixed calibrations of small layouts; sections the
-# encoder made with the fixed calibration).
-for t in kvq_rows kvq_block kvq_channel tier_blob tc_calibration tc_section; do
+# encoder made with the fixed calibration). kvq_cells_state: saves of its fixed cells.
+for t in kvq_rows kvq_block kvq_channel tier_blob tc_calibration tc_section kvq_cells_state; do
     if [[ " $targets " = *" $t "* ]]; then
         mkdir -p "corpus/$t"
         KVC_FUZZ_WRITE_SEEDS="corpus/$t" "$(bin_of "$t")" -runs=1 "corpus/$t" >/dev/null 2>&1 || true

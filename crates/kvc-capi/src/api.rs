@@ -35,9 +35,10 @@ use crate::kvq_block::{
 use crate::kvq_block::{kvc_kvq_block_accumulate_rows_multi, kvc_kvq_block_dot_rows_multi};
 use crate::kvq_cells::{
     kvc_kvq_cells_accumulate, kvc_kvq_cells_begin_ubatch, kvc_kvq_cells_bytes_held,
-    kvc_kvq_cells_clear, kvc_kvq_cells_copy, kvc_kvq_cells_free, kvc_kvq_cells_main_cell_bytes,
-    kvc_kvq_cells_new, kvc_kvq_cells_release, kvc_kvq_cells_scores, kvc_kvq_cells_write,
-    KvcKvqCells, KvcKvqCellsConfig, KvcKvqCellsTensor,
+    kvc_kvq_cells_clear, kvc_kvq_cells_copy, kvc_kvq_cells_free, kvc_kvq_cells_get_rows,
+    kvc_kvq_cells_load, kvc_kvq_cells_main_cell_bytes, kvc_kvq_cells_new, kvc_kvq_cells_release,
+    kvc_kvq_cells_save, kvc_kvq_cells_scores, kvc_kvq_cells_set_positions, kvc_kvq_cells_set_rows,
+    kvc_kvq_cells_write, KvcKvqCells, KvcKvqCellsConfig, KvcKvqCellsTensor,
 };
 // ABI 0.12: symmetric, checkable kvq row calls (typed rows, checked dequantize, strided attend).
 use crate::kvq_rows::{
@@ -862,6 +863,55 @@ pub struct KvcApi {
     ) -> KvcStatus,
     /// See `kvc_kvq_cells_free` (ABI 0.14).
     pub kvq_cells_free: unsafe extern "C" fn(cells: *mut KvcKvqCells),
+    /// See `kvc_kvq_cells_save` (ABI 0.15).
+    pub kvq_cells_save: unsafe extern "C" fn(
+        cells: *const KvcKvqCells,
+        cell_ids: *const u32,
+        n: usize,
+        seq: i32,
+        dst: *mut u8,
+        dst_capacity: usize,
+        dst_len: *mut usize,
+    ) -> KvcStatus,
+    /// See `kvc_kvq_cells_load` (ABI 0.15).
+    pub kvq_cells_load: unsafe extern "C" fn(
+        cells: *mut KvcKvqCells,
+        src: *const u8,
+        src_len: usize,
+        cell_ids: *const u32,
+        pos: *const i32,
+        n: usize,
+        dest_seq: i32,
+    ) -> KvcStatus,
+    /// See `kvc_kvq_cells_get_rows` (ABI 0.15).
+    pub kvq_cells_get_rows: unsafe extern "C" fn(
+        cells: *const KvcKvqCells,
+        tensor: u32,
+        main: *const u8,
+        main_len: usize,
+        cell_ids: *const u32,
+        n: usize,
+        out: *mut f32,
+        out_len: usize,
+    ) -> KvcStatus,
+    /// See `kvc_kvq_cells_set_rows` (ABI 0.15).
+    pub kvq_cells_set_rows: unsafe extern "C" fn(
+        cells: *mut KvcKvqCells,
+        tensor: u32,
+        main: *mut u8,
+        main_len: usize,
+        cell_ids: *const u32,
+        n: usize,
+        rows: *const f32,
+        rows_len: usize,
+    ) -> KvcStatus,
+    /// See `kvc_kvq_cells_set_positions` (ABI 0.15).
+    pub kvq_cells_set_positions: unsafe extern "C" fn(
+        cells: *mut KvcKvqCells,
+        cell_ids: *const u32,
+        pos: *const i32,
+        n: usize,
+    ) -> KvcStatus,
 }
 
 static API: KvcApi = KvcApi {
@@ -987,6 +1037,11 @@ static API: KvcApi = KvcApi {
     kvq_cells_clear: kvc_kvq_cells_clear,
     kvq_cells_copy: kvc_kvq_cells_copy,
     kvq_cells_free: kvc_kvq_cells_free,
+    kvq_cells_save: kvc_kvq_cells_save,
+    kvq_cells_load: kvc_kvq_cells_load,
+    kvq_cells_get_rows: kvc_kvq_cells_get_rows,
+    kvq_cells_set_rows: kvc_kvq_cells_set_rows,
+    kvq_cells_set_positions: kvc_kvq_cells_set_positions,
 };
 
 /// Whether a program built against ABI version `requested` can use this library.

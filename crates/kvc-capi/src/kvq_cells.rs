@@ -435,3 +435,209 @@ pub unsafe extern "C" fn kvc_kvq_cells_free(cells: *mut KvcKvqCells) {
     // SAFETY: caller contract.
     unsafe { free_handle(cells) }
 }
+
+/// Saves what `cells` holds beside the engine's tensors for the `n` cells at `cell_ids`
+/// (in the engine's order) of sequence `seq` (-1: every sequence): each cell's position,
+/// writer and format, its sink or window rows in every tensor, and the writers' centers,
+/// in the versioned, checksummed `KVCQCELS` format (`docs/formats/kvq.md`, "Saved cells").
+/// The engine saves the cells' positions and main rows itself.
+///
+/// Size query: `dst == NULL && dst_capacity == 0` stores the exact size in `*dst_len`.
+/// Too small a `dst_capacity` is `KVC_BUFFER_TOO_SMALL` with the size in `*dst_len` and
+/// `dst` untouched; on `KVC_OK`, `*dst_len` is the length written. Between ubatches
+/// (`KVC_INVALID_STATE` otherwise); a cell out of range, given twice or never written is
+/// `KVC_INVALID_ARGUMENT`.
+///
+/// # Safety
+/// `cells` a live handle; `cell_ids` readable for `n` (or NULL with `n == 0`); `dst`
+/// writable for `dst_capacity`; `dst_len` writable.
+#[no_mangle]
+#[must_use = "a kvc_status reports failure"]
+pub unsafe extern "C" fn kvc_kvq_cells_save(
+    cells: *const KvcKvqCells,
+    cell_ids: *const u32,
+    n: usize,
+    seq: i32,
+    dst: *mut u8,
+    dst_capacity: usize,
+    dst_len: *mut usize,
+) -> KvcStatus {
+    status_boundary("kvc_kvq_cells_save", || {
+        // SAFETY: caller contract.
+        let h = unsafe { handle_ref(cells, "cells") }?;
+        // SAFETY: caller contract.
+        let dst_len = unsafe { out_ref(dst_len, "dst_len") }?;
+        // SAFETY: caller contract.
+        let ids = unsafe { in_slice(cell_ids, n, "cell_ids") }?;
+        let bytes = h.0.save(ids, seq)?;
+        if dst.is_null() && dst_capacity == 0 {
+            *dst_len = bytes.len();
+            return Ok(());
+        }
+        if dst_capacity < bytes.len() {
+            *dst_len = bytes.len();
+            return Err(Error::BufferTooSmall {
+                argument: "dst",
+                needed: bytes.len(),
+                capacity: dst_capacity,
+            });
+        }
+        // SAFETY: caller contract; NULL is checked.
+        let out = unsafe { out_slice(dst, bytes.len(), "dst") }?;
+        out.copy_from_slice(&bytes);
+        *dst_len = bytes.len();
+        Ok(())
+    })
+}
+
+/// Loads saved cells (`kvc_kvq_cells_save`, `src_len` bytes at `src`) into the `n` cells
+/// at `cell_ids`, the engine's cells for the saved ones in the saved order, whose positions
+/// it restored as `pos`. With `dest_seq >= 0` the saved sequence's cells become
+/// `dest_seq`'s (which takes its centers; cells other sequences wrote keep theirs); with
+/// -1 every writer keeps its saved id (restoring a whole cache after `kvc_kvq_cells_clear`).
+/// The engine loads the main rows itself. Between ubatches (`KVC_INVALID_STATE`
+/// otherwise). Nothing changes on an error: `KVC_CORRUPT_DATA` for bytes that are not
+/// saved cells (magic, version, checksum, length, a field), `KVC_INVALID_ARGUMENT` for
+/// cells saved with another configuration or whose count or positions are not the
+/// engine's.
+///
+/// # Safety
+/// `cells` a live handle used by no other call; `src` readable for `src_len`; `cell_ids`
+/// and `pos` readable for `n` (or NULL with `n == 0`).
+#[no_mangle]
+#[must_use = "a kvc_status reports failure"]
+pub unsafe extern "C" fn kvc_kvq_cells_load(
+    cells: *mut KvcKvqCells,
+    src: *const u8,
+    src_len: usize,
+    cell_ids: *const u32,
+    pos: *const i32,
+    n: usize,
+    dest_seq: i32,
+) -> KvcStatus {
+    status_boundary("kvc_kvq_cells_load", || {
+        // SAFETY: caller contract.
+        let h = unsafe { handle_mut(cells, "cells") }?;
+        // SAFETY: caller contract.
+        let bytes = unsafe { in_slice(src, src_len, "src") }?;
+        // SAFETY: caller contract.
+        let ids = unsafe { in_slice(cell_ids, n, "cell_ids") }?;
+        // SAFETY: caller contract.
+        let p = unsafe { in_slice(pos, n, "pos") }?;
+        h.0.load(bytes, ids, p, dest_seq).map_err(Error::from)
+    })
+}
+
+/// The values the `n` cells at `cell_ids` of tensor `tensor` hold now, `n x n_kv_head x
+/// head_dim` f32 into `out` (`out_len` values): a sink cell's f16 row, a window cell's window
+/// row, else its main row in `main` (the engine's whole tensor, `main_len` bytes) plus its
+/// writer's center. With `kvc_kvq_cells_set_rows` an engine transforms stored rows in
+/// place: its RoPE shift of K after moving positions (`kvc_kvq_cells_set_positions`).
+/// Between ubatches (`KVC_INVALID_STATE` otherwise); a cell out of range, unwritten or
+/// given twice, or lengths that do not fit, are `KVC_INVALID_ARGUMENT`, `out` untouched.
+///
+/// # Safety
+/// `cells` a live handle; `main` readable for `main_len`; `cell_ids` readable for `n`;
+/// `out` writable for `out_len` and not overlapping `main`.
+#[no_mangle]
+#[must_use = "a kvc_status reports failure"]
+pub unsafe extern "C" fn kvc_kvq_cells_get_rows(
+    cells: *const KvcKvqCells,
+    tensor: u32,
+    main: *const u8,
+    main_len: usize,
+    cell_ids: *const u32,
+    n: usize,
+    out: *mut f32,
+    out_len: usize,
+) -> KvcStatus {
+    status_boundary("kvc_kvq_cells_get_rows", || {
+        // SAFETY: caller contract.
+        let h = unsafe { handle_ref(cells, "cells") }?;
+        check_disjoint(
+            main,
+            main_len,
+            out.cast_const().cast(),
+            out_len.saturating_mul(4),
+            "out",
+        )?;
+        // SAFETY: caller contract.
+        let m = unsafe { in_slice(main, main_len, "main") }?;
+        // SAFETY: caller contract.
+        let ids = unsafe { in_slice(cell_ids, n, "cell_ids") }?;
+        let mut tmp = vec![0f32; out_len];
+        h.0.cell_rows(tensor, m, ids, &mut tmp)?;
+        // SAFETY: caller contract; disjoint (checked).
+        let o = unsafe { out_slice(out, out_len, "out") }?;
+        o.copy_from_slice(&tmp);
+        Ok(())
+    })
+}
+
+/// Stores new values (`rows`: `n x n_kv_head x head_dim` f32, `rows_len` values) for the
+/// `n` cells at `cell_ids` of tensor `tensor`, each in the format it has: its f16 sink row;
+/// its window row (and its main row in `main` again, coded from it, once it has one); or its
+/// main row in `main` (relative to its writer's center when it was coded so). Formats,
+/// positions and centers stay. Between ubatches; errors as `kvc_kvq_cells_get_rows`, with
+/// nothing stored.
+///
+/// # Safety
+/// `cells` a live handle used by no other call; `main` writable for `main_len`; `cell_ids`
+/// readable for `n`; `rows` readable for `rows_len` and not overlapping `main`.
+#[no_mangle]
+#[must_use = "a kvc_status reports failure"]
+pub unsafe extern "C" fn kvc_kvq_cells_set_rows(
+    cells: *mut KvcKvqCells,
+    tensor: u32,
+    main: *mut u8,
+    main_len: usize,
+    cell_ids: *const u32,
+    n: usize,
+    rows: *const f32,
+    rows_len: usize,
+) -> KvcStatus {
+    status_boundary("kvc_kvq_cells_set_rows", || {
+        // SAFETY: caller contract.
+        let h = unsafe { handle_mut(cells, "cells") }?;
+        check_disjoint(
+            rows.cast(),
+            rows_len.saturating_mul(4),
+            main.cast_const(),
+            main_len,
+            "main",
+        )?;
+        // SAFETY: caller contract.
+        let r = unsafe { in_slice(rows, rows_len, "rows") }?;
+        // SAFETY: caller contract.
+        let ids = unsafe { in_slice(cell_ids, n, "cell_ids") }?;
+        // SAFETY: caller contract; disjoint (checked).
+        let m = unsafe { out_slice(main, main_len, "main") }?;
+        h.0.set_cell_rows(tensor, m, ids, r).map_err(Error::from)
+    })
+}
+
+/// Moves the `n` cells at `cell_ids` to positions `pos` in every tensor (the engine shifted
+/// them: llama.cpp's `seq_add` / `seq_div`); later reads and re-coding follow the new
+/// positions, and each cell keeps its format. Between ubatches. A cell out of range or
+/// unwritten or a negative position is `KVC_INVALID_ARGUMENT`, nothing moved.
+///
+/// # Safety
+/// `cells` a live handle used by no other call; `cell_ids` and `pos` readable for `n`.
+#[no_mangle]
+#[must_use = "a kvc_status reports failure"]
+pub unsafe extern "C" fn kvc_kvq_cells_set_positions(
+    cells: *mut KvcKvqCells,
+    cell_ids: *const u32,
+    pos: *const i32,
+    n: usize,
+) -> KvcStatus {
+    status_boundary("kvc_kvq_cells_set_positions", || {
+        // SAFETY: caller contract.
+        let h = unsafe { handle_mut(cells, "cells") }?;
+        // SAFETY: caller contract.
+        let ids = unsafe { in_slice(cell_ids, n, "cell_ids") }?;
+        // SAFETY: caller contract.
+        let p = unsafe { in_slice(pos, n, "pos") }?;
+        h.0.set_positions(ids, p).map_err(Error::from)
+    })
+}

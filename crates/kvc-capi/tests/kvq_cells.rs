@@ -309,3 +309,176 @@ fn bad_configurations_are_refused() {
     let st = unsafe { kvc_kvq_cells_new(&CFG, ts.as_ptr(), 0, &mut cells) };
     assert_eq!(st, KvcStatus::KVC_INVALID_ARGUMENT);
 }
+
+/// Cells of sequence 0 at positions 0..12 in cells `31 - p`, one ubatch.
+///
+/// # Safety
+/// None beyond the calls' own (every pointer is valid).
+unsafe fn written_cells() -> (*mut KvcKvqCells, [Vec<u8>; 2]) {
+    let ts = tensors();
+    let mut cells = ptr::null_mut();
+    // SAFETY: valid pointers and lengths.
+    unsafe {
+        assert_eq!(
+            kvc_kvq_cells_new(&CFG, ts.as_ptr(), 2, &mut cells),
+            KvcStatus::KVC_OK
+        );
+        let mut mains = [
+            vec![0u8; 32 * H * (2 + D / 2)],
+            vec![0u8; 32 * H * (2 + D * 3 / 8)],
+        ];
+        let n = 12usize;
+        let pos: Vec<i32> = (0..n as i32).collect();
+        let seq = vec![0i32; n];
+        let idx: Vec<i64> = (0..n as i64).map(|p| 31 - p).collect();
+        let rows: Vec<f32> = (0..n * H * D)
+            .map(|i| ((i * 37) % 101) as f32 / 50.0 - 1.0 + (i % 7) as f32)
+            .collect();
+        assert_eq!(
+            kvc_kvq_cells_begin_ubatch(cells, pos.as_ptr(), seq.as_ptr(), idx.as_ptr(), n),
+            KvcStatus::KVC_OK
+        );
+        for (t, m) in mains.iter_mut().enumerate() {
+            assert_eq!(
+                kvc_kvq_cells_write(
+                    cells,
+                    t as u32,
+                    rows.as_ptr(),
+                    rows.len(),
+                    idx.as_ptr(),
+                    n,
+                    m.as_mut_ptr(),
+                    m.len()
+                ),
+                KvcStatus::KVC_OK
+            );
+        }
+        (cells, mains)
+    }
+}
+
+#[test]
+fn cells_save_and_load_through_the_c_abi() {
+    // SAFETY: every pointer below is valid for the lengths passed.
+    unsafe {
+        let (cells, mains) = written_cells();
+        let ids: Vec<u32> = (0..12).map(|p| 31 - p).collect();
+        let pos: Vec<i32> = (0..12).collect();
+        let mut len = 0usize;
+        assert_eq!(
+            kvc_kvq_cells_save(cells, ids.as_ptr(), 12, 0, ptr::null_mut(), 0, &mut len),
+            KvcStatus::KVC_OK
+        );
+        assert!(len > 0);
+        let mut small = vec![0xAAu8; len - 1];
+        let mut got = 0usize;
+        assert_eq!(
+            kvc_kvq_cells_save(
+                cells,
+                ids.as_ptr(),
+                12,
+                0,
+                small.as_mut_ptr(),
+                small.len(),
+                &mut got
+            ),
+            KvcStatus::KVC_BUFFER_TOO_SMALL
+        );
+        assert_eq!(got, len);
+        assert!(
+            small.iter().all(|&b| b == 0xAA),
+            "nothing written on an error"
+        );
+        let mut saved = vec![0u8; len];
+        assert_eq!(
+            kvc_kvq_cells_save(
+                cells,
+                ids.as_ptr(),
+                12,
+                0,
+                saved.as_mut_ptr(),
+                len,
+                &mut got
+            ),
+            KvcStatus::KVC_OK
+        );
+        assert_eq!(&saved[..8], b"KVCQCELS");
+        // load into fresh cells for sequence 5: the same scores for every cell
+        let ts = tensors();
+        let mut back = ptr::null_mut();
+        assert_eq!(
+            kvc_kvq_cells_new(&CFG, ts.as_ptr(), 2, &mut back),
+            KvcStatus::KVC_OK
+        );
+        let mut bad = saved.clone();
+        bad[40] ^= 1;
+        assert_eq!(
+            kvc_kvq_cells_load(
+                back,
+                bad.as_ptr(),
+                bad.len(),
+                ids.as_ptr(),
+                pos.as_ptr(),
+                12,
+                5
+            ),
+            KvcStatus::KVC_CORRUPT_DATA
+        );
+        assert_eq!(
+            kvc_kvq_cells_load(back, saved.as_ptr(), len, ids.as_ptr(), pos.as_ptr(), 11, 5),
+            KvcStatus::KVC_INVALID_ARGUMENT
+        );
+        assert_eq!(
+            kvc_kvq_cells_load(back, saved.as_ptr(), len, ids.as_ptr(), pos.as_ptr(), 12, 5),
+            KvcStatus::KVC_OK
+        );
+        // a read needs a ubatch for its query position: write position 12 in both
+        let q: Vec<f32> = (0..D).map(|i| (i % 5) as f32 - 2.0).collect();
+        let mut scores = Vec::new();
+        for (h, seq) in [(cells, 0i32), (back, 5)] {
+            let mut m = mains.clone();
+            let row = vec![0.25f32; H * D];
+            assert_eq!(
+                kvc_kvq_cells_begin_ubatch(h, &12, &seq, &19i64, 1),
+                KvcStatus::KVC_OK
+            );
+            for (t, mt) in m.iter_mut().enumerate() {
+                assert_eq!(
+                    kvc_kvq_cells_write(
+                        h,
+                        t as u32,
+                        row.as_ptr(),
+                        row.len(),
+                        &19i64,
+                        1,
+                        mt.as_mut_ptr(),
+                        mt.len()
+                    ),
+                    KvcStatus::KVC_OK
+                );
+            }
+            let mut s = vec![0f32; 32];
+            assert_eq!(
+                kvc_kvq_cells_scores(
+                    h,
+                    0,
+                    m[0].as_ptr(),
+                    m[0].len(),
+                    1,
+                    0,
+                    32,
+                    0,
+                    q.as_ptr(),
+                    1,
+                    s.as_mut_ptr(),
+                    32
+                ),
+                KvcStatus::KVC_OK
+            );
+            scores.push(s);
+        }
+        assert_eq!(scores[0], scores[1]);
+        kvc_kvq_cells_free(cells);
+        kvc_kvq_cells_free(back);
+    }
+}
