@@ -1,11 +1,28 @@
 """Checks of a kvq plan's protections in llama.cpp's real cache (50-llama.sh, issue 34).
 
-Arguments: decode.json prefill.json plan.json, as 50-llama.sh passes them.
+Arguments: decode.json prefill.json plan.json, or --shift shift.json plan.json, as 50-llama.sh
+passes them.
   decode.json   --prompt 0 (every token decoded alone): full, kvq-native:k4v4, the plan's
                 fake-quant twin (kvq-plan: with the same --kvq-* flags) and kvq-native-plan:
   prefill.json  --prompt 256 (one batch, then one token at a time): full, kvq-native-plan:
 """
 import json, sys
+
+if sys.argv[1] == "--shift":
+    # shift.json: full, streaming (f16), streaming+kvq-native:k4v4, streaming+kvq-native-plan:
+    # with positions shifted after every eviction (llama_memory_seq_add: llama.cpp's K-shift,
+    # through kvc's kvq cells for the protected cache)
+    rows = {r["mode"]: r for r in json.load(open(sys.argv[2]))["texts"][0]["results"]}
+    f16, plain = rows["streaming"], rows["streaming+kvq-native:k4v4"]
+    prot = rows["streaming+kvq-native-plan:" + sys.argv[3]]
+    assert f16["cells_end"] < 512 and prot["cells_end"] == f16["cells_end"], (f16["cells_end"], prot["cells_end"])
+    # the protections cost about their own KL (0.008 unshifted) over f16 streaming; plain k4v4
+    # costs ten times that
+    assert prot["kl"] < f16["kl"] + 0.03 and prot["kl"] - f16["kl"] < 0.5 * (plain["kl"] - f16["kl"]), \
+        (prot["kl"], f16["kl"], plain["kl"])
+    assert prot["state_round_trip_max_abs_logit_diff"] == 0, prot
+    print(f"50-llama: shifted streaming KL: f16 {f16['kl']:.5f} protected {prot['kl']:.5f} plain k4v4 {plain['kl']:.5f}")
+    sys.exit(0)
 
 dec = {r["mode"]: r for r in json.load(open(sys.argv[1]))["texts"][0]["results"]}
 pre = {r["mode"]: r for r in json.load(open(sys.argv[2]))["texts"][0]["results"]}
@@ -40,6 +57,20 @@ for name, r in (("decode", native), ("prefill", pre["kvq-native-plan:" + plan_pa
     ratio = r["kv_ratio_end"]
     want = 512 * n_layer * 2 * h * d * 2 / (512 * main / cells + side)
     assert abs(ratio - want) < 1e-6 * want, (name, ratio, want)
+# saved states: llama.cpp saves the rows packed as they are held, the cells' side after them (a
+# u64 length and kvc's KVCQCELS bytes, docs/formats/kvq.md "Saved cells"), nothing else: the
+# protected state is the plain k4v4 state (same rows, same type-name lengths) plus exactly
+# that section. At the end of a decode, `window` cells hold window rows (none coded yet), the
+# sink's f16 rows, one writer with an f16 center per layer's K.
+n_cells = native["cells_end"]
+section = (12 + 13 + 10 * 2 * n_layer + 4 + 4 + (5 + n_layer * h * d * 2) + 4 + 9 * n_cells
+           + n_layer * 2 * (sink * h * d * 2 + window * h * packed(wbits)) + 32)
+for name, r in (("decode", native), ("prefill", pre["kvq-native-plan:" + plan_path])):
+    assert r["cells_end"] == plain["cells_end"], (r["cells_end"], plain["cells_end"])
+    assert r["state_seq_bytes"] == plain["state_seq_bytes"] + 8 + section, \
+        (name, r["state_seq_bytes"], plain["state_seq_bytes"], section)
+    # and a state loaded back into a cleared cache decodes the next token exactly as before
+    assert r["state_round_trip_max_abs_logit_diff"] == 0, r
 # quality: the protections make the cache near-lossless: well under half the KL of the same
 # rows without them, and the native cache within 10 % KL of its fake-quant twin (same rows,
 # same rules; they differ by the twin's f16 rounding of the window's values)
@@ -50,4 +81,5 @@ pn = pre["kvq-native-plan:" + plan_path]
 assert abs(pn["kl"] / native["kl"] - 1) < 0.25, (pn["kl"], native["kl"])
 print(f"50-llama: protections: KL native {native['kl']:.5f} twin {twin['kl']:.5f} plain k4v4 {plain['kl']:.5f} "
       f"prefill {pn['kl']:.5f}; PPL native/twin {native['ppl'] / twin['ppl']:.4f}; "
-      f"side bytes {native['kvq_cells_side_bytes_end']:.0f} (floor {floor}), mean ratio {native['kv_ratio_mean']:.3f}")
+      f"side bytes {native['kvq_cells_side_bytes_end']:.0f} (floor {floor}), mean ratio {native['kv_ratio_mean']:.3f}; "
+      f"state {native['state_seq_bytes']} bytes (plain k4v4 {plain['state_seq_bytes']} + kvq cells {8 + section})")

@@ -11,8 +11,9 @@
   with context shift;
 - a plan with protections (f16 sink, 8-bit window, K center through kvc's kvq cells): in
   llama-perplexity's batched prefill under half of kvq4's KL; in llama-server two slots at once,
-  a cached prefix reused with the same answer, context shift turned off by the server, a slot
-  save refused with kvc's reason and the slot serving on;
+  a cached prefix reused with the same answer (the host prompt cache on), generation past a
+  256-token context with repeated context shifts through kvc, a slot saved (kvc's saved cells inside), erased and restored answering as
+  before, and an unprotected slot file refused by name;
 - bad input refused with a message: an unknown kvq width, a plan for another model, a saved
   slot whose kvc type name differs from this build's (another build's ids).
 
@@ -124,6 +125,14 @@ def mean_kld(text):
     return float(m.group(1))
 
 
+def protect_flags(plan_path):
+    """A version-3 plan's protections as llama.cpp's --kvc-* flags."""
+    p = json.load(open(plan_path))
+    flags = ["--kvc-sink", str(p.get("sink_tokens", 0)), "--kvc-window", str(p.get("recent_tokens", 0)),
+             "--kvc-window-bits", str(p.get("recent_bits", 8))]
+    return flags + (["--kvc-center"] if p.get("k_center") else [])
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin-dir", required=True)
@@ -159,7 +168,9 @@ def main():
     kl = {}
     for name, args in [("kvq8", ["-ctk", "kvq8", "-ctv", "kvq8"]), ("kvq4", ["-ctk", "kvq4", "-ctv", "kvq4"]),
                        ("plan", ["--kvc-plan", a.plan]), ("q4_0", ["-ctk", "q4_0", "-ctv", "q4_0", "-fa", "on"]),
-                       ("protected", ["--kvc-plan", a.protect_plan])]:
+                       ("protected", ["--kvc-plan", a.protect_plan]),
+                       # the same protections as flags on kvq by bits
+                       ("flags", ["-ctk", "kvq4", "-ctv", "kvq4"] + protect_flags(a.protect_plan))]:
         _, text = run(ppl + args + ["--kl-divergence-base", base, "--kl-divergence"], f"{a.out}/ppl-{name}.log")
         k, v = kv_bytes(text)
         kl[name] = {"kld": mean_kld(text), "k_mib": k, "v_mib": v, "ratio_vs_f16": (f16_k + f16_v) / (k + v)}
@@ -182,6 +193,17 @@ def main():
         fail(f"the protected plan's KL {kl['protected']['kld']} is not below half of kvq4's {kl['kvq4']['kld']}")
     if "kvc kvq cells on 30 layers" not in open(f"{a.out}/ppl-protected.log", errors="replace").read():
         fail("llama-perplexity's log does not say the kvq cells are on")
+    # a k4v4 plan's rows are kvq4's: its protections as flags give the same run, bit for bit
+    if (kl["flags"]["kld"], kl["flags"]["k_mib"], kl["flags"]["v_mib"]) != \
+            (kl["protected"]["kld"], kl["protected"]["k_mib"], kl["protected"]["v_mib"]):
+        fail(f"kvq4 with the plan's protections as flags {kl['flags']} differs from the plan {kl['protected']}")
+    # protections without kvq types, or beside a plan that sets its own, are refused
+    for name, args, want in [("flags-f16", ["--kvc-sink", "4"], "need kvq cache types"),
+                             ("flags-plan", ["--kvc-plan", a.protect_plan, "--kvc-window", "32"],
+                              "the plan sets its own sink")]:
+        rc, text = run(ppl + args, f"{a.out}/ppl-{name}.log", expect_ok=False)
+        if rc == 0 or want not in text:
+            fail(f"llama-perplexity {' '.join(args)}: status {rc}, want a refusal naming '{want}':\n{text[-1500:]}")
     if not 3.3 < kl["plan"]["ratio_vs_f16"] < 3.8:
         fail(f"plan's cache ratio {kl['plan']['ratio_vs_f16']}")
 
@@ -242,10 +264,11 @@ def main():
                 f"{a.out}/server-plan.log") as s:
         results["server_plan"] = s.chat(q)["choices"][0]["message"]["content"]
     # a protected plan in llama-server: two slots at once (two sequences, each its own sink,
-    # window and center), a repeated prompt reusing its cached prefix with the same answer;
-    # asked for context shift, llama.cpp's common init turns it off (the cache cannot shift); saving a slot
-    # is refused with kvc's reason, and the slot keeps serving
-    prot = ["-m", a.model, "-c", "1024", "-np", "2", "--slot-save-path", slots, "--cache-ram", "0",
+    # window and center), a repeated prompt reusing its cached prefix with the same answer, the
+    # host prompt cache on (its default: it saves and loads sequence states); a slot saved,
+    # erased and restored answers as before, and a slot file of the unprotected kvq4 cache
+    # (the same kvq4_64 rows, no cells) is refused by name
+    prot = ["-m", a.model, "-c", "1024", "-np", "2", "--slot-save-path", slots,
             "--context-shift", "--kvc-plan", a.protect_plan, "-v"] + t
     with Server(b("llama-server"), prot, f"{a.out}/server-protected.log") as s:
         import threading
@@ -262,28 +285,57 @@ def main():
             th.join()
         if len(answers) != 2:
             fail(f"two concurrent requests on the protected cache gave {len(answers)} answers")
+        first = answers[0]["choices"][0]["message"]["content"]
         again = s.chat(q, max_tokens=24, id_slot=0)
-        if again["choices"][0]["message"]["content"] != answers[0]["choices"][0]["message"]["content"]:
+        if again["choices"][0]["message"]["content"] != first:
             fail("the same prompt at temperature 0 gave two answers from one protected slot")
         if again["usage"].get("prompt_tokens_details", {}).get("cached_tokens", 0) <= 0:
             fail(f"the repeated prompt reused no cached tokens on the protected cache: {again['usage']}")
+        saved = http(s.port, "/slots/0?action=save", {"filename": "protected.bin"})
+        if saved.get("n_saved", 0) <= 0:
+            fail(f"protected slot save: {saved}")
+        blob = open(os.path.join(slots, "protected.bin"), "rb").read()
+        if blob.count(b"kvq4_64+cells\0") != 60 or blob.count(b"KVCQCELS") != 1:
+            fail(f"the protected slot file names kvq4_64+cells {blob.count(b'kvq4_64+cells')} times (want 60) and "
+                 f"holds {blob.count(b'KVCQCELS')} saved cells (want 1)")
+        http(s.port, "/slots/0?action=erase", {})
+        restored = http(s.port, "/slots/0?action=restore", {"filename": "protected.bin"})
+        if restored.get("n_restored") != saved["n_saved"]:
+            fail(f"protected slot restore {restored} after save {saved}")
+        after = s.chat(q, max_tokens=24, id_slot=0)
+        if after["choices"][0]["message"]["content"] != first:
+            fail("the restored protected slot answered differently")
+        if after["usage"].get("prompt_tokens_details", {}).get("cached_tokens", 0) <= 0:
+            fail(f"the restored protected slot was not reused: {after['usage']}")
         try:
-            bad = http(s.port, "/slots/0?action=save", {"filename": "protected.bin"})
-            if bad.get("n_saved", 0) > 0:
-                fail(f"a protected slot was saved: {bad}")
+            bad = http(s.port, "/slots/1?action=restore", {"filename": "slot0.bin"})
+            fail(f"an unprotected kvq4 slot file was restored into the protected cache: {bad}")
         except urllib.error.HTTPError as e:
             if e.code < 400:
-                fail(f"saving a protected slot: HTTP {e.code}")
-        after = s.chat(q, max_tokens=24, id_slot=0)
-        if after["choices"][0]["message"]["content"] != answers[0]["choices"][0]["message"]["content"]:
-            fail("the protected slot answered differently after the refused save")
+                fail(f"restoring an unprotected slot file: HTTP {e.code}")
         log = open(s.log, errors="replace").read()
-        for want in ("kvc kvq cells on 30 layers", "saving a cache with a sink, window or K centers is not supported",
-                     # llama.cpp's own refusal of shifting for such a context
-                     "KV cache shifting is not supported for this context"):
+        for want in ("kvc kvq cells on 30 layers", "saved from a cache without kvc protections"):
             if want not in log:
                 fail(f"llama-server's log does not say '{want}'")
+        if "kvc kvq cells:" in log.replace("kvc kvq cells: a section", ""):
+            fail("llama-server's log holds a kvc kvq cells error: " +
+                 next(line for line in log.splitlines() if "kvc kvq cells:" in line))
+        results["server_protected_slot"] = {"saved_tokens": saved["n_saved"], "file_bytes": len(blob)}
         results["server_protected"] = {str(k): v["choices"][0]["message"]["content"][:40] for k, v in answers.items()}
+
+    # context shift on the protected cache: every shift ropes the cells' K through kvc (sink,
+    # window and main rows) and moves their positions; generation goes on past the context
+    with Server(b("llama-server"), ["-m", a.model, "-c", "256", "-np", "1", "--context-shift", "--kvc-plan",
+                                    a.protect_plan, "-v"] + t, f"{a.out}/server-protected-shift.log") as s:
+        r = http(s.port, "/completion", {"prompt": "Once upon a time", "n_predict": 400, "temperature": 0,
+                                         "ignore_eos": True})
+        shifts = open(s.log, errors="replace").read().count("slot context shift")
+        if r.get("tokens_predicted", 0) < 300 or not r.get("content", "").strip() or shifts < 2:
+            fail(f"context shift on the protected cache: {r.get('tokens_predicted')} tokens predicted, "
+                 f"{shifts} shifts")
+        if "kvc kvq cells:" in open(s.log, errors="replace").read():
+            fail("the protected context shift logged a kvc kvq cells error")
+        results["server_protected_shift"] = {"tokens": r["tokens_predicted"], "shifts": shifts}
 
     # ---- bad input: refused with a message ---------------------------------------------
     bad_plan = f"{a.out}/plan-24-layers.json"

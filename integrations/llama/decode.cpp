@@ -117,6 +117,27 @@ std::vector<uint8_t> get_seq_state(llama_context * ctx) {
     return buf;
 }
 
+// Decodes `probe` after the cache's sequence 0, then clears the cache, loads `state` into
+// sequence 0 and decodes it again: the largest difference between the two steps' logits.
+static double state_round_trip(llama_context * ctx, const std::vector<uint8_t> & state, llama_token probe, int n_vocab) {
+    auto step = [&]() {
+        llama_token t = probe;
+        const int rc = llama_decode(ctx, llama_batch_get_one(&t, 1));
+        if (rc != 0) fail("state round trip: llama_decode failed with status " + std::to_string(rc));
+        const float * l = llama_get_logits_ith(ctx, -1);
+        return std::vector<float>(l, l + n_vocab);
+    };
+    const std::vector<float> before = step();
+    llama_memory_clear(llama_get_memory(ctx), true);
+    if (llama_state_seq_set_data(ctx, state.data(), state.size(), 0) != state.size()) {
+        fail("state round trip: llama_state_seq_set_data refused the state llama.cpp saved");
+    }
+    const std::vector<float> after = step();
+    double diff = 0.0;
+    for (int i = 0; i < n_vocab; ++i) diff = std::max(diff, (double) std::fabs(before[i] - after[i]));
+    return diff;
+}
+
 RunResult run_decode(llama_model * model, const ModelInfo & mi, const Options & o,
                      const std::vector<llama_token> & toks, RefStore & ref, const DecodeSpec & spec) {
     const int n = o.n_tokens;
@@ -266,12 +287,20 @@ RunResult run_decode(llama_model * model, const ModelInfo & mi, const Options & 
     r.held_ratio_end = (double) n * (double) full_cell_bytes / r.held_bytes_end;
     r.held_ratio_mean = ratio_steps ? ratio_sum / (double) ratio_steps : NAN;
     if (spec.side_bytes_from_alloc) {
-        // kvc's kvq cells: llama.cpp refuses to save such a cache (its sink and window rows and
-        // centers are not in the state yet); the cells held are the sequence's positions
-        const size_t st = llama_state_seq_get_size(ctx.get(), 0);
-        if (st != 0) fail(spec.mode + ": llama.cpp saved a state of a cache with kvq cells (" + std::to_string(st) + " bytes)");
-        r.extra.push_back({"state_seq_bytes", "0"});
-        r.cells_verified = (long) llama_memory_seq_pos_max(llama_get_memory(ctx.get()), 0) + 1;
+        // kvc's kvq cells: the state carries them (kvc's saved cells after the rows); loaded
+        // back into a cleared cache, the next step's logits must be the same
+        const std::vector<uint8_t> st = get_seq_state(ctx.get());
+        r.cells_verified = state_cell_count(st);
+        r.extra.push_back({"state_seq_bytes", std::to_string(st.size())});
+        // the cache is full: the round trip re-decodes its last token
+        llama_memory_t m = llama_get_memory(ctx.get());
+        const llama_pos last = llama_memory_seq_pos_max(m, 0);
+        if (last < 0 || !llama_memory_seq_rm(m, 0, last, -1)) fail(spec.mode + ": llama_memory_seq_rm failed");
+        const double diff = state_round_trip(ctx.get(), get_seq_state(ctx.get()), toks[n - 1], mi.n_vocab);
+        r.extra.push_back({"state_round_trip_max_abs_logit_diff", json_num(diff)});
+        if (diff != 0.0) {
+            fail(spec.mode + ": after saving and loading the state, the next logits differ by up to " + json_num(diff));
+        }
     } else {
         r.cells_verified = state_cell_count(get_seq_state(ctx.get()));
         r.extra.push_back({"state_seq_bytes", std::to_string(llama_state_seq_get_size(ctx.get(), 0))});

@@ -62,6 +62,8 @@ const char * kUsage =
     "                      kvq-native:CONFIG,kvq-native-plan:FILE (default: no table)\n"
     "  --speed-ctx LIST    cache fill of the speed table [2048,8192]\n"
     "  --speed-decode N    tokens decoded per speed measurement [32]\n"
+    "  --speed-repeats R   timed rounds per mode and fill, the modes interleaved; the median\n"
+    "                      is reported [1]\n"
     "  --n-tokens N        tokens of each text to decode [2048]\n"
     "  --ppl-from P        first target position scored [513]\n"
     "  --prompt N          tokens decoded as one batch first [0]\n"
@@ -176,6 +178,7 @@ Options parse_options(int argc, char ** argv) {
             if (o.speed_ctx.empty()) throw UsageError("--speed-ctx: at least one context size");
         }
         else if (a == "--speed-decode") o.speed_decode = parse_int(a, val(), 2, 1 << 16);
+        else if (a == "--speed-repeats") o.speed_repeats = parse_int(a, val(), 1, 1000);
         else if (a == "--kv-ratios") {
             o.kv_ratios.clear();
             for (const auto & r : split_commas(val())) o.kv_ratios.push_back(parse_double(a, r, 1.0, 1e6));
@@ -272,6 +275,10 @@ Options parse_options(int argc, char ** argv) {
         if (m.rfind("h2o@", 0) == 0 || m.rfind("kvc-streaming@", 0) == 0) {
             parse_double("--modes " + mode, m.substr(m.find('@') + 1), 1.0, 1e6);
             continue;
+        }
+        if (m.rfind("streaming+kvq-native:", 0) == 0 || m.rfind("streaming+kvq-native-plan:", 0) == 0) {
+            if (m.back() == ':') throw UsageError("--modes: " + m + " needs a config or a plan file");
+            continue;  // the streaming eviction on llama.cpp's kvq cache (kvq_native_mode.hpp)
         }
         if (m.rfind("kvq-native:", 0) == 0 || m.rfind("kvq-native-plan:", 0) == 0) {
             if (m.back() == ':') throw UsageError("--modes: " + m + " needs a config or a plan file");

@@ -43,6 +43,7 @@ struct Options {
     std::vector<std::string> speed_modes;
     std::vector<int> speed_ctx = {2048, 8192};
     int speed_decode = 32;
+    int speed_repeats = 1;
     std::vector<double> kv_ratios = {3.5};  // whole-model KV ratios the kvc eviction modes aim at
     int block = 16;                          // kvc_h2o block_tokens in the llama.cpp modes
     int c8_calib = 0;                        // tokens calibrating the C8 scales; 0: ppl_from - 1

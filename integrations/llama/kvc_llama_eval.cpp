@@ -260,6 +260,7 @@ int run(int argc, char ** argv) {
         }
         for (const auto & m : o.modes) {
             if (is_native_mode(m)) rep.rows.push_back(run_kvq_native(model, mi, o, toks, ref, m));
+            if (is_streaming_native_mode(m)) rep.rows.push_back(run_streaming_native(model, mi, o, toks, ref, m));
         }
         for (const auto & m : o.modes) {
             if (m.rfind("kvq:", 0) != 0 && m.rfind("kvq-plan:", 0) != 0) continue;

@@ -2,6 +2,7 @@
 // table (kvq_native_mode.hpp).
 #include "kvq_native_mode.hpp"
 
+#include "eviction_policy.hpp"
 #include "kvc_api.hpp"
 #include "kvq_hooks.hpp"
 
@@ -124,6 +125,28 @@ RunResult run_kvq_native(llama_model * model, const ModelInfo & mi, const Option
     return r;
 }
 
+bool is_streaming_native_mode(const std::string & m) {
+    return m.rfind("streaming+", 0) == 0 && is_native_mode(m.substr(10));
+}
+
+RunResult run_streaming_native(llama_model * model, const ModelInfo & mi, const Options & o,
+                               const std::vector<llama_token> & toks, RefStore & ref, const std::string & m) {
+    const NativeKvq n = resolve_native(m.substr(10), mi);
+    SinkWindowPolicy pol(o.sink, o.recent, o.ratio, o.trigger, o.interval, o.budget == "adaptive", o.n_tokens);
+    DecodeSpec s;
+    s.mode = m;
+    s.cfg = native_ctx_config(n, std::max(pol.max_cells() + 1, o.prompt + 1), o.kvq_native_fa);
+    s.policy = &pol;
+    s.shift_positions = o.positions == "shift";
+    s.cell_bytes = n.cell_bytes;
+    s.cell_bytes_from_alloc = !n.protected_cells;
+    s.side_bytes_from_alloc = n.protected_cells;
+    RunResult r = run_decode(model, mi, o, toks, ref, s);
+    r.detail = "sink " + std::to_string(o.sink) + " + window, " + o.budget + " 1/" + json_num(o.ratio) + ", positions " +
+               o.positions + ", on llama.cpp's kvq cache" + (n.protected_cells ? " with kvc's kvq cells" : "");
+    return r;
+}
+
 namespace {
 
 CtxConfig speed_ctx_config(const std::string & m, const ModelInfo & mi, int n_ctx) {
@@ -147,48 +170,76 @@ std::vector<SpeedRow> run_speed(llama_model * model, const ModelInfo & mi, const
     std::vector<SpeedRow> rows;
     if (text_toks.empty()) fail("speed: the text has no tokens");
     const int n_decode = o.speed_decode;
+    const int repeats = o.speed_repeats;
     std::vector<int> thread_counts = {1};
     if (o.threads > 1) thread_counts.push_back(o.threads);
+    // cells beyond the fill: every timed round of every thread count appends its tokens
+    const int extra = n_decode * (int) thread_counts.size() * repeats;
     for (int n_ctx : o.speed_ctx) {
-        // the text repeated until it fills the cache, then n_decode more tokens
+        // the text repeated until it fills the cache, then the decoded tokens
         std::vector<llama_token> toks;
-        while ((int) toks.size() < n_ctx + n_decode * (int) thread_counts.size()) {
+        while ((int) toks.size() < n_ctx + extra) {
             toks.insert(toks.end(), text_toks.begin(), text_toks.end());
         }
+        // every mode's cache filled by batched prefill (512 per batch, --threads), held at once,
+        // so that the repeats interleave the modes (machine noise spreads over all of them)
+        struct Held {
+            std::string mode;
+            CtxPtr ctx;
+            double alloc = 0;
+            int pos = 0;
+            std::vector<std::vector<double>> tok_s;  // per thread count, per repeat
+        };
+        std::vector<Held> held;
         for (const auto & m : o.speed_modes) {
             Options op = o;
             op.prompt = 0;
-            CtxConfig c = speed_ctx_config(m, mi, n_ctx + n_decode * (int) thread_counts.size());
-            CtxPtr ctx = make_context(model, op, c);
+            CtxConfig c = speed_ctx_config(m, mi, n_ctx + extra);
+            Held h{m, make_context(model, op, c)};
             size_t ak = 0, av = 0, ab = 0;
-            if (!llama_kvc_cache_bytes(ctx.get(), &ak, &av, &ab)) fail("speed: llama_kvc_cache_bytes failed");
-            llama_set_n_threads(ctx.get(), std::max(thread_counts.back(), 1), std::max(thread_counts.back(), 1));
-            // prefill in batches of 512 (logits of the last token only)
+            if (!llama_kvc_cache_bytes(h.ctx.get(), &ak, &av, &ab)) fail("speed: llama_kvc_cache_bytes failed");
+            h.alloc = (double) (ak + av);
+            llama_set_n_threads(h.ctx.get(), std::max(thread_counts.back(), 1), std::max(thread_counts.back(), 1));
             for (int i = 0; i < n_ctx; i += 512) {
                 const int nb = std::min(512, n_ctx - i);
                 std::vector<bool> want(nb, false);
                 want[nb - 1] = true;
-                decode_batch(ctx.get(), toks, i, nb, i, want);
+                decode_batch(h.ctx.get(), toks, i, nb, i, want);
             }
-            int pos = n_ctx;
-            for (int th : thread_counts) {
-                llama_set_n_threads(ctx.get(), th, th);
-                // one untimed step first (thread start-up, first touch of buffers)
-                std::vector<bool> one(1, true);
-                decode_batch(ctx.get(), toks, pos, 1, pos, one);
-                pos++;
-                const double t0 = now_s();
-                for (int j = 1; j < n_decode; ++j, ++pos) decode_batch(ctx.get(), toks, pos, 1, pos, one);
-                const double dt = now_s() - t0;
+            h.pos = n_ctx;
+            h.tok_s.assign(thread_counts.size(), {});
+            held.push_back(std::move(h));
+        }
+        for (int rep = 0; rep < repeats; ++rep) {
+            for (auto & h : held) {
+                for (size_t ti = 0; ti < thread_counts.size(); ++ti) {
+                    const int th = thread_counts[ti];
+                    llama_set_n_threads(h.ctx.get(), th, th);
+                    // one untimed step first (thread start-up, first touch of buffers)
+                    std::vector<bool> one(1, true);
+                    decode_batch(h.ctx.get(), toks, h.pos, 1, h.pos, one);
+                    h.pos++;
+                    const double t0 = now_s();
+                    for (int j = 1; j < n_decode; ++j, ++h.pos) decode_batch(h.ctx.get(), toks, h.pos, 1, h.pos, one);
+                    h.tok_s[ti].push_back((n_decode - 1) / (now_s() - t0));
+                }
+            }
+        }
+        for (auto & h : held) {
+            for (size_t ti = 0; ti < thread_counts.size(); ++ti) {
+                std::vector<double> v = h.tok_s[ti];
+                std::sort(v.begin(), v.end());
                 SpeedRow r;
-                r.mode = m;
+                r.mode = h.mode;
                 r.n_ctx = n_ctx;
-                r.threads = th;
-                r.tok_s = (n_decode - 1) / dt;
-                r.alloc_bytes = (double) (ak + av);
+                r.threads = thread_counts[ti];
+                r.tok_s = v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+                r.tok_s_runs = h.tok_s[ti];
+                r.alloc_bytes = h.alloc;
                 rows.push_back(r);
-                std::printf("speed  %-28s ctx %6d  threads %2d  %8.2f tok/s  KV %8.2f MiB (llama.cpp allocation)\n",
-                            m.c_str(), n_ctx, th, r.tok_s, r.alloc_bytes / 1048576.0);
+                std::printf("speed  %-28s ctx %6d  threads %2d  %8.2f tok/s (median of %d)  KV %8.2f MiB (llama.cpp "
+                            "allocation)\n",
+                            h.mode.c_str(), n_ctx, r.threads, r.tok_s, repeats, r.alloc_bytes / 1048576.0);
                 std::fflush(stdout);
             }
         }

@@ -27,6 +27,14 @@ bool is_native_mode(const std::string & m);
 RunResult run_kvq_native(llama_model * model, const ModelInfo & mi, const Options & o,
                          const std::vector<llama_token> & toks, RefStore & ref, const std::string & m);
 
+// streaming+kvq-native:<config> or streaming+kvq-native-plan:<file>: the streaming row (sink +
+// window eviction through llama_memory_seq_rm, positions shifted with llama_memory_seq_add under
+// --positions shift) on llama.cpp's kvq cache; with a plan's protections every shift goes
+// through kvc's kvq cells (their K-shift), so its KL against the f16 streaming row tests it.
+bool is_streaming_native_mode(const std::string & m);
+RunResult run_streaming_native(llama_model * model, const ModelInfo & mi, const Options & o,
+                               const std::vector<llama_token> & toks, RefStore & ref, const std::string & m);
+
 // ------------------------------------------------------------------------------------------
 // decode speed: tokens per second of single-token decode with the cache filled to each of
 // --speed-ctx tokens, per cache type, at one thread and at --threads, all in one run
@@ -35,7 +43,8 @@ struct SpeedRow {
     std::string mode;
     int n_ctx = 0;
     int threads = 0;
-    double tok_s = 0;
+    double tok_s = 0;                // the median over --speed-repeats interleaved rounds
+    std::vector<double> tok_s_runs;  // each round's
     double alloc_bytes = 0;
 };
 

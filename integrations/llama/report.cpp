@@ -73,7 +73,9 @@ void write_json(const std::string & path, const Options & o, const ModelInfo & m
         for (size_t i = 0; i < speed.size(); ++i) {
             const auto & s = speed[i];
             j << "    {\"mode\": \"" << json_escape(s.mode) << "\", \"n_ctx\": " << s.n_ctx << ", \"threads\": " << s.threads
-              << ", \"tok_s\": " << json_num(s.tok_s) << ", \"kv_alloc_bytes\": " << json_num(s.alloc_bytes) << "}"
+              << ", \"tok_s\": " << json_num(s.tok_s) << ", \"tok_s_runs\": [";
+            for (size_t k = 0; k < s.tok_s_runs.size(); ++k) j << (k ? ", " : "") << json_num(s.tok_s_runs[k]);
+            j << "], \"kv_alloc_bytes\": " << json_num(s.alloc_bytes) << "}"
               << (i + 1 < speed.size() ? ",\n" : "\n");
         }
         j << "  ],\n";

@@ -192,6 +192,14 @@ twin=(--kvq-fa --kvq-sink 4 --kvq-recent 64 --kvq-recent-bits 8 --kvq-center)
 "$EVAL" --model "$MODEL" --text "$TEXT_A" --n-tokens 512 --ppl-from 129 --prompt 256 \
     --modes "full,kvq-native-plan:$prot" --json "$out/protect-prefill.json" >/dev/null
 python3 integrations/llama/ci_check_protect.py "$out/protect-decode.json" "$out/protect-prefill.json" "$prot"
+# repeated K-shifts through the cells: streaming eviction (sink 4, half the cells kept, every 32
+# tokens from 256) with positions shifted down after each eviction, on f16, plain k4v4 and the
+# protected cache; a shift that missed a row format, the centers or the new positions would
+# put the protected row far from f16 streaming
+"$EVAL" --model "$MODEL" --text "$TEXT_A" --n-tokens 512 --ppl-from 129 --sink 4 --recent 128 --ratio 2 \
+    --trigger 256 --interval 32 --modes "full,streaming,streaming+kvq-native:k4v4,streaming+kvq-native-plan:$prot" \
+    --json "$out/protect-shift.json" >/dev/null
+python3 integrations/llama/ci_check_protect.py --shift "$out/protect-shift.json" "$prot"
 echo "50-llama: kvq-native and protection runs took $((SECONDS - t2)) s"
 # refused at context creation with llama.cpp's message, status 2: a plan for another model
 # (layers, KV heads, head_dim), a plan with an f16 window, a center without a sink, a config
