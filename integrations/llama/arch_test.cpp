@@ -25,6 +25,11 @@
 //     refused with one line on stderr and exit status 2.
 // It prints one JSON line; exit status 0 only if every check passed, 1 if one failed.
 //
+// --protect SINK,WINDOW,BITS,CENTER instead runs kvc's kvq cells (llama_context_params::kvc_sink
+// and the rest) on the asked kvq types, whose rows are then of three formats, so checks 1 and 2
+// do not apply: see run_protected (KL below the plain kvq run's before and after a context
+// shift, the state round trip, bytes beside the tensors; every cache of a sliding-window model).
+//
 // The bound of check 1. Per query row (token, query head h reading KV head h / group) of one
 // flash-attention call, with exact rows K_c, V_c (f32 as written), the rows the cache holds
 // K^_c = K_c + e_c, V^_c = V_c + f_c (dequantized from the cache; e, f are the type's per-row
@@ -56,7 +61,7 @@
 // difference from the f16 run is reported (rel_err_vs_f16_run), not bounded.
 //
 // Usage: kvc_arch_test --model FILE --type NAME [--type-v NAME] [--prefill N] [--decode N]
-//                      [--seed S] [--threads T] [--verbose]
+//                      [--seed S] [--threads T] [--protect S,W,B,C] [--verbose]
 #include "fattn_bound.hpp"
 
 #include "ggml-backend.h"
@@ -200,6 +205,10 @@ struct Options {
     uint64_t seed = 1;
     int threads = 2;
     bool verbose = false;
+    // --protect SINK,WINDOW,BITS,CENTER: kvc's kvq cells on the asked kvq types (run_protected)
+    bool protect = false;
+    uint32_t sink = 0, window = 0, window_bits = 8;
+    bool center = false;
 };
 
 Options parse(int argc, char ** argv) {
@@ -225,8 +234,22 @@ Options parse(int argc, char ** argv) {
         else if (a == "--seed") o.seed = (uint64_t) to_int(a, need(i), 0, 1L << 40);
         else if (a == "--threads") o.threads = (int) to_int(a, need(i), 1, 256);
         else if (a == "--verbose") o.verbose = true;
+        else if (a == "--protect") {
+            // SINK,WINDOW,BITS,CENTER(0|1)
+            const std::string v = need(i);
+            std::vector<std::string> f;
+            size_t b = 0;
+            for (size_t e; (e = v.find(',', b)) != std::string::npos; b = e + 1) f.push_back(v.substr(b, e - b));
+            f.push_back(v.substr(b));
+            if (f.size() != 4) throw UsageError("--protect SINK,WINDOW,BITS,CENTER, got '" + v + "'");
+            o.protect = true;
+            o.sink = (uint32_t) to_int(a, f[0], 0, 1 << 20);
+            o.window = (uint32_t) to_int(a, f[1], 0, 1 << 20);
+            o.window_bits = (uint32_t) to_int(a, f[2], 2, 8);
+            o.center = to_int(a, f[3], 0, 1) == 1;
+        }
         else throw UsageError("unknown argument '" + a + "' (usage: --model FILE --type NAME [--type-v NAME] [--prefill N] "
-                              "[--decode N] [--seed S] [--threads T] [--verbose])");
+                              "[--decode N] [--seed S] [--threads T] [--protect S,W,B,C] [--verbose])");
     }
     if (o.model.empty()) throw UsageError("--model FILE is required");
     if (o.type_k.empty()) throw UsageError("--type NAME is required");
@@ -903,6 +926,127 @@ RunResult run_once(llama_model * model, const ModelFacts & mf, const Options & o
 
 double rel(double e2, double r2) { return r2 > 0 ? std::sqrt(e2 / r2) : (e2 > 0 ? INFINITY : 0.0); }
 
+// --protect: three runs of the same tokens without the tap (kvc's kvq cells keep rows of three
+// formats, which checks 1 and 2 do not model): f16, the asked kvq types, and the same types with
+// the protections (kvc_sink/kvc_window/kvc_window_bits/kvc_k_center), every cache of the model
+// (both of a sliding-window model's) through the cells. Each run: a prefill, decode steps, the
+// sequence state into a fresh context (the next logits bit-identical), then a context shift
+// (positions [sink, sink + prefill/4) removed, the later ones moved down with seq_add: K-shifted
+// through the cells) and decode steps after it. Checks: the protected run's KL against the f16
+// run below the plain kvq run's before and after the shift (the cells hold 8-bit and f16 rows
+// where plain kvq holds its bits), its state round trip identical, and kvc reporting bytes beside
+// the tensors.
+struct ProtectedRun {
+    std::vector<std::vector<float>> before, after;  // logits: prefill + decode steps; steps after the shift
+    std::string state;
+    size_t api_bytes = 0;  // llama_kvc_cache_bytes' K + V: the tensors and what kvc holds beside them
+};
+
+static ProtectedRun protected_once(llama_model * model, const ModelFacts & mf, const Options & o, ggml_type tk,
+                                   ggml_type tv, bool prot, const std::vector<llama_token> & toks) {
+    llama_context_params cp = ctx_params(o, tk, tv, nullptr);
+    cp.cb_eval = nullptr;
+    cp.cb_eval_user_data = nullptr;
+    if (prot) {
+        cp.kvc_sink = o.sink;
+        cp.kvc_window = o.window;
+        cp.kvc_window_bits = o.window_bits;
+        cp.kvc_k_center = o.center;
+    }
+    ProtectedRun r;
+    CtxPtr ctx = make_ctx(model, cp);
+    const std::vector<llama_token> pre(toks.begin(), toks.begin() + o.prefill);
+    r.before.push_back(decode_tokens(ctx.get(), pre, 0, mf.n_vocab));
+    int pos = o.prefill;
+    for (int j = 0; j < o.decode; ++j, ++pos) r.before.push_back(decode_tokens(ctx.get(), {toks[(size_t) pos]}, pos, mf.n_vocab));
+    size_t k = 0, v = 0, buf = 0;
+    if (!llama_kvc_cache_bytes(ctx.get(), &k, &v, &buf)) throw std::runtime_error("llama_kvc_cache_bytes failed");
+    r.api_bytes = k + v;
+    // the state round trip
+    const size_t n = llama_state_seq_get_size(ctx.get(), 0);
+    std::vector<uint8_t> st(n);
+    CtxPtr ctx2 = make_ctx(model, cp);
+    if (n == 0 || llama_state_seq_get_data(ctx.get(), st.data(), n, 0) != n) {
+        r.state = "llama_state_seq_get_data failed";
+    } else if (llama_state_seq_set_data(ctx2.get(), st.data(), n, 0) != n) {
+        r.state = "llama_state_seq_set_data refused the state";
+    } else {
+        // a sliding-window cache past its size restores into other cells: flash attention then
+        // sums in another order, so the logits may differ by rounding (reported, not failed)
+        const auto a = decode_tokens(ctx.get(), {toks[(size_t) pos]}, pos, mf.n_vocab);
+        const auto b = decode_tokens(ctx2.get(), {toks[(size_t) pos]}, pos, mf.n_vocab);
+        double d = 0;
+        for (size_t i = 0; i < a.size(); ++i) d = std::max(d, (double) std::fabs(a[i] - b[i]));
+        r.state = d == 0 ? "identical" : "logits differ by up to " + json_num(d);
+        ++pos;
+    }
+    // a context shift: positions [s0, s1) out, the later ones down by s1 - s0
+    llama_memory_t mem = llama_get_memory(ctx.get());
+    const llama_pos s0 = (llama_pos) std::max<uint32_t>(o.sink, 1), s1 = s0 + o.prefill / 4;
+    if (!llama_memory_seq_rm(mem, 0, s0, s1)) throw std::runtime_error("llama_memory_seq_rm refused the shift's range");
+    llama_memory_seq_add(mem, 0, s1, -1, -(s1 - s0));
+    pos -= s1 - s0;
+    for (int j = 0; j < 4; ++j, ++pos) r.after.push_back(decode_tokens(ctx.get(), {toks[(size_t) (j % o.prefill)]}, pos, mf.n_vocab));
+    return r;
+}
+
+static double mean_kl(const std::vector<std::vector<float>> & ref, const std::vector<std::vector<float>> & got) {
+    double kl = 0;
+    for (size_t s = 0; s < ref.size(); ++s) {
+        const auto & a = ref[s];
+        const auto & b = got[s];
+        double ma = -INFINITY, mb = -INFINITY, za = 0, zb = 0;
+        for (size_t i = 0; i < a.size(); ++i) {
+            ma = std::max(ma, (double) a[i]);
+            mb = std::max(mb, (double) b[i]);
+        }
+        for (size_t i = 0; i < a.size(); ++i) {
+            za += std::exp(a[i] - ma);
+            zb += std::exp(b[i] - mb);
+        }
+        for (size_t i = 0; i < a.size(); ++i) {
+            const double la = a[i] - ma - std::log(za), lb = b[i] - mb - std::log(zb);
+            kl += std::exp(la) * (la - lb);
+        }
+    }
+    return kl / (double) std::max<size_t>(1, ref.size());
+}
+
+static int run_protected(llama_model * model, const ModelFacts & mf, const Options & o, ggml_type tk, ggml_type tv,
+                         const std::vector<llama_token> & toks) {
+    if (o.prefill / 4 < 1 || (int) o.sink + o.prefill / 4 >= o.prefill) throw UsageError("--protect: --prefill too short for the shift");
+    const ggml_type f16 = type_by_name("f16");
+    const ProtectedRun ref = protected_once(model, mf, o, f16, f16, false, toks);
+    const ProtectedRun plain = protected_once(model, mf, o, tk, tv, false, toks);
+    const ProtectedRun prot = protected_once(model, mf, o, tk, tv, true, toks);
+    const double kl_plain = mean_kl(ref.before, plain.before), kl_prot = mean_kl(ref.before, prot.before);
+    const double kl_plain_s = mean_kl(ref.after, plain.after), kl_prot_s = mean_kl(ref.after, prot.after);
+    std::vector<std::string> failures;
+    if (!(kl_prot < kl_plain)) failures.push_back("protected KL " + json_num(kl_prot) + " not below plain " + json_num(kl_plain));
+    if (!(kl_prot_s < kl_plain_s))
+        failures.push_back("after the shift, protected KL " + json_num(kl_prot_s) + " not below plain " + json_num(kl_plain_s));
+    if (prot.state != "identical" && prot.state.rfind("logits differ", 0) != 0) failures.push_back("state: " + prot.state);
+    const bool swa = llama_model_n_swa(model) > 0;
+    if (!swa && prot.state != "identical") failures.push_back("state: " + prot.state);
+    if (!(prot.api_bytes > plain.api_bytes))
+        failures.push_back("llama_kvc_cache_bytes reports " + std::to_string(prot.api_bytes) + " bytes with the cells, " +
+                           std::to_string(plain.api_bytes) + " without");
+    std::ostringstream j;
+    j << "{\"model\":" << json_str(o.model.substr(o.model.find_last_of('/') == std::string::npos ? 0 : o.model.find_last_of('/') + 1))
+      << ",\"arch\":" << json_str(mf.arch) << ",\"type_k\":" << json_str(o.type_k) << ",\"type_v\":" << json_str(o.type_v)
+      << ",\"protect\":{\"sink\":" << o.sink << ",\"window\":" << o.window << ",\"window_bits\":" << o.window_bits
+      << ",\"center\":" << (o.center ? "true" : "false") << "},\"sliding_window\":" << (swa ? "true" : "false")
+      << ",\"kl_plain\":" << json_num(kl_plain) << ",\"kl_protected\":" << json_num(kl_prot)
+      << ",\"kl_plain_after_shift\":" << json_num(kl_plain_s) << ",\"kl_protected_after_shift\":" << json_num(kl_prot_s)
+      << ",\"state\":" << json_str(prot.state) << ",\"kv_bytes_plain\":" << plain.api_bytes
+      << ",\"kv_bytes_protected\":" << prot.api_bytes << ",\"pass\":" << (failures.empty() ? "true" : "false")
+      << ",\"failures\":[";
+    for (size_t i = 0; i < failures.size(); ++i) j << (i ? "," : "") << json_str(failures[i]);
+    j << "]}";
+    std::printf("%s\n", j.str().c_str());
+    return failures.empty() ? 0 : 1;
+}
+
 int run(int argc, char ** argv) {
     const Options o = parse(argc, argv);
     llama_log_set(log_cb, o.verbose ? (void *) 1 : nullptr);
@@ -941,6 +1085,7 @@ int run(int argc, char ** argv) {
     std::vector<llama_token> toks((size_t) o.prefill + o.decode + 1);
     for (auto & t : toks) t = (llama_token) (rng() % (uint64_t) mf.n_vocab);
 
+    if (o.protect) return run_protected(model.get(), mf, o, tk, tv, toks);
     const ggml_type f16 = type_by_name("f16");
     RunResult ref = run_once(model.get(), mf, o, f16, f16, toks, nullptr, true);
     RunResult run = run_once(model.get(), mf, o, tk, tv, toks, &ref, false);

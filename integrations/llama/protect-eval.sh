@@ -6,12 +6,13 @@
 #   - at 8192 tokens on a long text: the GNU Bash Reference Manual (Debian's bash-doc,
 #     /usr/share/info/bash.info, node markers and menu lines removed), 2 chunks.
 # and decode speed at 2k, 8k and 32k cells (kvc_llama_eval --speed-modes: the cache filled by
-# batched prefill, one thread, REPEATS interleaved runs, medians in table.md).
+# batched prefill, one thread, KVC_PROTECT_SPEED_REPEATS interleaved rounds, medians in table.md).
 #   integrations/llama/protect-eval.sh [OUT_DIR]     (default docs/results/kvq-protected)
 # Logs and the f16 base logits go to .cache/llama/protect-eval/ (the 8k base is ~800 MB).
 # Environment: KVC_PROTECT_THREADS (default: nproc), KVC_PROTECT_REPEATS (default 3),
 # KVC_PROTECT_PARTS (default "2k 8k speed"), KVC_PROTECT_SPEED_CTX (default 2048,8192,32768;
-# each run writes speed-<ctx list>-<r>.json, and the table takes medians over every file).
+# the run writes speed-<ctx list>.json with each round; the table takes medians over rounds),
+# KVC_PROTECT_SPEED_REPEATS (default 5).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 eval "$(integrations/llama/fetch-and-build.sh | grep -E '^[A-Z_]+=')"
@@ -19,6 +20,7 @@ out="${1:-docs/results/kvq-protected}"
 threads="${KVC_PROTECT_THREADS:-$(nproc)}"
 repeats="${KVC_PROTECT_REPEATS:-3}"
 speed_ctx="${KVC_PROTECT_SPEED_CTX:-2048,8192,32768}"
+speed_repeats="${KVC_PROTECT_SPEED_REPEATS:-5}"
 parts="${KVC_PROTECT_PARTS:-2k 8k speed}"
 work=".cache/llama/protect-eval"
 mkdir -p "$out" "$work"
@@ -70,12 +72,12 @@ if [[ " $parts " == *" 8k "* ]]; then
 fi
 if [[ " $parts " == *" speed "* ]]; then
     modes="f16,q8_0,q4_0,kvq-native:k4v4,kvq-native-plan:$P-k4v4-s4w64.json,kvq-native-plan:$P-r3.73-min4-s4w64.json"
-    for r in $(seq "$repeats"); do
-        echo "protect-eval: speed run $r of $repeats" >&2
-        OMP_WAIT_POLICY=passive "$EVAL" --model "$MODEL" --text "$TEXT_A" --modes full --n-tokens 64 --ppl-from 32 \
-            --threads 1 --speed-modes "$modes" --speed-ctx "$speed_ctx" --speed-decode 32 \
-            --json "$work/speed-${speed_ctx//,/-}-$r.json" >"$work/speed-${speed_ctx//,/-}-$r.txt" 2>&1
-        cp "$work/speed-${speed_ctx//,/-}-$r.json" "$out/"
-    done
+    # every mode's cache filled once (batched prefill on 2 threads), then $speed_repeats timed
+    # rounds of 31 one-token steps, the modes interleaved; one thread's rows go to the table
+    echo "protect-eval: speed, $speed_repeats interleaved rounds" >&2
+    OMP_WAIT_POLICY=passive "$EVAL" --model "$MODEL" --text "$TEXT_A" --modes full --n-tokens 64 --ppl-from 32 \
+        --threads 2 --speed-modes "$modes" --speed-ctx "$speed_ctx" --speed-decode 32 --speed-repeats "$speed_repeats" \
+        --json "$work/speed-${speed_ctx//,/-}.json" >"$work/speed-${speed_ctx//,/-}.txt" 2>&1
+    cp "$work/speed-${speed_ctx//,/-}.json" "$out/"
 fi
 python3 integrations/llama/protect_table.py "$out" | tee "$out/table.md"

@@ -81,11 +81,12 @@ def main(d):
     for path in sorted(glob.glob(os.path.join(d, "speed-*.json"))):
         for s in json.load(open(path)).get("speed", []):
             if s["threads"] == 1:
-                speed.setdefault((s["mode"], s["n_ctx"]), []).append(s["tok_s"])
+                # each round of --speed-repeats (interleaved with the other modes), else the row
+                speed.setdefault((s["mode"], s["n_ctx"]), []).extend(s.get("tok_s_runs") or [s["tok_s"]])
     if speed:
         ctxs = sorted({c for _, c in speed})
         modes = list(dict.fromkeys(m for m, _ in speed))
-        out.append(f"### decode speed, one thread (tok/s, median of {max(len(v) for v in speed.values())} interleaved runs)\n")
+        out.append(f"### decode speed, one thread (tok/s, median of {max(len(v) for v in speed.values())} interleaved rounds)\n")
         out.append("| cache | " + " | ".join(f"{c} cells" for c in ctxs) + " |")
         out.append("|---|" + "---|" * len(ctxs))
         for m in modes:

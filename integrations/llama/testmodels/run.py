@@ -7,7 +7,9 @@ Usage: run.py OUT_DIR [--bin PATH] [--types f16,q8_0,...] [--kvq-bits 2,4,8] [--
 For each model of make_models.py: f16, q8_0, q4_0 and, for each kvq bit width asked, the kvq
 type of the model's head size ("kvq<bits>_<head>") and the head-size-agnostic name ("kvq<bits>")
 where this llama.cpp build has them (a name the build does not know is reported "no type", not a
-failure: the test looks types up by name). Sliding-window models also run q8_0 and kvq4 past the size of their sliding-window
+failure: the test looks types up by name), and kvq4 with kvc's kvq cells (--protect: sink,
+window, K center; both caches of a sliding-window model) against plain kvq4, before and after a
+context shift. Sliding-window models also run q8_0 and kvq4 past the size of their sliding-window
 cache (its cells reused). Then the refusals: a kvq type of another head size,
 a missing model and an unknown type name must each exit with status 2.
 
@@ -117,6 +119,23 @@ def main() -> int:
                 bad += 1
                 what = f"signal {-rc}" if rc < 0 else f"exit {rc}"
                 rows.append([s.name, label, "FAIL", "", "", "", "", "", "", "", "", "", f"{what}: {err}"[:300]])
+        # kvc's kvq cells (f16 sink 4, 8-bit window 32, K center) on kvq4, every cache of the
+        # model through them (both of a sliding-window model's): below plain kvq4's KL before and
+        # after a context shift (K roped through the cells), the state round trip, bytes beside
+        # (a sliding-window model also past its sliding-window cache's cells, reused as a ring)
+        prot_runs = [(common, "kvq4 + cells")]
+        if s.swa:
+            prot_runs.append((["--prefill", "224", "--decode", "48", "--threads", str(a.threads)], "kvq4 + cells (224+48)"))
+        for args_p, label in prot_runs if s.head_k in (64, 128, 256) and s.head_k == s.head_v else []:
+            rc, j, err = run_test(a.bin, ["--model", path, "--type", "kvq4", "--protect", "4,32,8,1"] + args_p, a.timeout)
+            ok = rc == 0 and j is not None and j["pass"]
+            bad += not ok
+            note = (f"KL plain {j['kl_plain']:.2e} protected {j['kl_protected']:.2e}; after a shift "
+                    f"{j['kl_plain_after_shift']:.2e} / {j['kl_protected_after_shift']:.2e}; bytes "
+                    f"{j['kv_bytes_plain']} / {j['kv_bytes_protected']}; " + "; ".join(j["failures"])) if j else err
+            rows.append([s.name, label, "pass" if ok else "FAIL",
+                         f"{j['kl_protected']:.2e}" if j else "", "", "", "", "", "", "", "",
+                         j["state"][:80] if j else "", note[:300]])
         # a kvq type of another head size must be refused (exit 2) with llama.cpp's reason
         other = 64 if s.head_k != 64 else 128
         t = f"kvq4_{other}"
