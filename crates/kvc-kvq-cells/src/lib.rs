@@ -151,6 +151,32 @@ struct Ubatch {
     scratch: Vec<u32>,
 }
 
+/// Window cells of a tile gathered into runs: consecutive tile positions whose rows are
+/// consecutive slots of one store (decoding allocates them so), read by one kernel call.
+#[derive(Default)]
+struct WindowRun {
+    /// (first slot and whether it is in the scratch, first tile position, length)
+    cur: Option<((u32, bool), usize, usize)>,
+}
+
+impl WindowRun {
+    /// Adds the window cell at tile position `i` with row `slot`; returns the run it ends,
+    /// if it does not continue it.
+    fn push(&mut self, i: usize, slot: (u32, bool)) -> Option<((u32, bool), usize, usize)> {
+        if let Some((s0, i0, len)) = &mut self.cur {
+            if *i0 + *len == i && s0.1 == slot.1 && s0.0 as usize + *len == slot.0 as usize {
+                *len += 1;
+                return None;
+            }
+        }
+        self.cur.replace((slot, i, 1))
+    }
+
+    fn finish(&mut self) -> Option<((u32, bool), usize, usize)> {
+        self.cur.take()
+    }
+}
+
 /// The protected cells of one kvq cache. See the crate notes.
 #[derive(Debug)]
 pub struct KvqCells {
@@ -758,6 +784,8 @@ impl KvqCells {
         let q = self.query_pos(token)?;
         tensor.main_scores(main, kv_head, cell0, n, q_rot, scores)?;
         let mut qc = tensor::CenterDots::default();
+        // window cells in runs of consecutive slots, one kernel call per run
+        let mut run = WindowRun::default();
         for i in 0..n {
             let c = &self.cells[cell0 as usize + i];
             match self.read_of(cell0 + i as u32, q) {
@@ -767,17 +795,16 @@ impl KvqCells {
                             .add_center_scores(&mut qc, c.seq, kv_head, q_rot, g, scores, n, i)?;
                     }
                 }
-                CellRead::Window => tensor.window_scores(
-                    (c.slot, c.flags & SCRATCH != 0),
-                    kv_head,
-                    q_rot,
-                    g,
-                    scores,
-                    n,
-                    i,
-                )?,
+                CellRead::Window => {
+                    if let Some((slot, i0, len)) = run.push(i, (c.slot, c.flags & SCRATCH != 0)) {
+                        tensor.window_scores_run(slot, kv_head, q_rot, g, scores, n, i0, len)?;
+                    }
+                }
                 CellRead::Sink => tensor.sink_scores(c.slot, kv_head, q_rot, g, scores, n, i),
             }
+        }
+        if let Some((slot, i0, len)) = run.finish() {
+            tensor.window_scores_run(slot, kv_head, q_rot, g, scores, n, i0, len)?;
         }
         Ok(())
     }
@@ -830,7 +857,10 @@ impl KvqCells {
                         tensor.add_center_values(c.seq, kv_head, w, g, acc, n, i)?;
                     }
                 }
-                CellRead::Window => tensor.window_accumulate(
+                // one row per call, in cell order: the sums do not depend on how the window's
+                // rows are laid out (a prefill's scratch or decoding's slots), so a batched
+                // prefill sums bit for bit what one-token decoding sums
+                CellRead::Window => tensor.window_accumulate_run(
                     (c.slot, c.flags & SCRATCH != 0),
                     kv_head,
                     w,
@@ -838,6 +868,7 @@ impl KvqCells {
                     acc,
                     n,
                     i,
+                    1,
                 )?,
                 CellRead::Sink => tensor.sink_accumulate(c.slot, kv_head, w, g, acc, n, i),
             }

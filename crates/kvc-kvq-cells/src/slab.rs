@@ -97,6 +97,11 @@ impl SlotRows {
         self.data.capacity()
     }
 
+    /// Every slot's bytes (slot `s` at `s * row`).
+    pub(crate) fn as_bytes(&self) -> &[u8] {
+        &self.data
+    }
+
     pub(crate) fn clear(&mut self) {
         self.data = Vec::new();
     }

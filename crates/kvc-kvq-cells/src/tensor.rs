@@ -17,6 +17,32 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
     a.iter().zip(b).map(|(x, y)| x * y).sum()
 }
 
+/// Scratch of `$need` f32 values for one tile call: on the stack in the smallest of three sizes
+/// that holds them (only that one is cleared: a call per tile and KV head, so clearing a large
+/// buffer each time shows in decode speed), else on the heap. The three names are the
+/// caller's deferred locals.
+macro_rules! scratch_f32 {
+    ($need:expr, $s64:ident, $s256:ident, $s1024:ident, $large:ident) => {{
+        let need: usize = $need;
+        if need <= 64 {
+            $s64 = [0f32; 64];
+            &mut $s64[..need]
+        } else if need <= 256 {
+            $s256 = [0f32; 256];
+            &mut $s256[..need]
+        } else if need <= 1024 {
+            $s1024 = [0f32; 1024];
+            &mut $s1024[..need]
+        } else {
+            $large = vec![0f32; need];
+            &mut $large[..]
+        }
+    }};
+}
+
+/// Weights per main-row kernel call (chunks of a tile when G x cells exceed it).
+const RUN_SCRATCH: usize = 1024;
+
 /// `q . c` of the last sequence's center seen in one tile (most tiles have one writer).
 pub(crate) struct CenterDots {
     seq: Option<u32>,
@@ -411,16 +437,44 @@ impl TensorRows {
         Ok(())
     }
 
-    fn window_row(&self, slot: (u32, bool), kv_head: u32) -> Result<HeadRows<'_>> {
-        let hd = kv_head as usize;
-        Ok(HeadRows {
-            bytes: &self.window_bytes(slot)?[hd * self.win_row..(hd + 1) * self.win_row],
-            stride: self.win_row,
-        })
+    /// Window rows of slots `slot.0 .. slot.0 + len` (all lasting or all in the scratch),
+    /// head `kv_head`, as the kernels' strided rows: one call for a run of window cells.
+    fn window_run(
+        &self,
+        (slot, scratch): (u32, bool),
+        kv_head: u32,
+        len: usize,
+    ) -> Result<HeadRows<'_>> {
+        let stride = self.h * self.win_row;
+        let store = if scratch {
+            if !self.scratch_valid {
+                return Err(Error::State {
+                    why: "a window row of this ubatch's scratch was read after the scratch moved to the next \
+                          tensor's write: read each tensor before writing the next one of its side (K or V)"
+                        .into(),
+                });
+            }
+            &self.scratch_rows
+        } else {
+            &self.win_rows
+        };
+        let start = slot as usize * stride + kv_head as usize * self.win_row;
+        let bytes = store
+            .as_bytes()
+            .get(start..start + (len - 1) * stride + self.win_row)
+            .ok_or_else(|| Error::State {
+                why: format!(
+                    "window slots {slot}..{} are beyond their store",
+                    slot as usize + len
+                ),
+            })?;
+        Ok(HeadRows { bytes, stride })
     }
 
+    /// Scores of a run of `len` window cells at tile positions `i .. i + len` whose rows are
+    /// consecutive slots from `slot` (decoding lays the window's rows out so: one kernel call).
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn window_scores(
+    pub(crate) fn window_scores_run(
         &self,
         slot: (u32, bool),
         kv_head: u32,
@@ -429,13 +483,49 @@ impl TensorRows {
         scores: &mut [f32],
         n: usize,
         i: usize,
+        len: usize,
     ) -> Result<()> {
         let win = self.win.as_ref().expect("a window codec with window rows");
-        let mut tmp = [0f32; MAX_QUERIES];
-        win.dot_rows_multi(q_rot, self.window_row(slot, kv_head)?, 1, &mut tmp[..g])?;
+        let (mut s64, mut s256, mut s1024, mut large): (
+            [f32; 64],
+            [f32; 256],
+            [f32; 1024],
+            Vec<f32>,
+        );
+        let tmp = scratch_f32!(g * len, s64, s256, s1024, large);
+        win.dot_rows_multi(q_rot, self.window_run(slot, kv_head, len)?, len, tmp)?;
         for j in 0..g {
-            scores[j * n + i] = tmp[j];
+            scores[j * n + i..j * n + i + len].copy_from_slice(&tmp[j * len..(j + 1) * len]);
         }
+        Ok(())
+    }
+
+    /// The weighted sum of a run of window cells (as [`window_scores_run`](Self::window_scores_run);
+    /// the cells call it one row at a time, see `KvqCells::accumulate`).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn window_accumulate_run(
+        &self,
+        slot: (u32, bool),
+        kv_head: u32,
+        w: &[f32],
+        g: usize,
+        acc: &mut [f32],
+        n: usize,
+        i: usize,
+        len: usize,
+    ) -> Result<()> {
+        let win = self.win.as_ref().expect("a window codec with window rows");
+        let (mut s64, mut s256, mut s1024, mut large): (
+            [f32; 64],
+            [f32; 256],
+            [f32; 1024],
+            Vec<f32>,
+        );
+        let tmp = scratch_f32!(g * len, s64, s256, s1024, large);
+        for j in 0..g {
+            tmp[j * len..(j + 1) * len].copy_from_slice(&w[j * n + i..j * n + i + len]);
+        }
+        win.accumulate_rows_multi(tmp, self.window_run(slot, kv_head, len)?, len, acc)?;
         Ok(())
     }
 
@@ -480,9 +570,16 @@ impl TensorRows {
         acc: &mut [f32],
         side: impl Fn(usize) -> bool,
     ) -> Result<()> {
-        const SCRATCH: usize = 4096;
-        let per = (SCRATCH / g).max(1);
-        let mut wm = [0f32; SCRATCH];
+        // weights in chunks of RUN_SCRATCH values (a tile of an engine's attention fits in
+        // one; the buffer is not cleared per call: every value used is written first)
+        let per = (RUN_SCRATCH / g).max(1);
+        let (mut s64, mut s256, mut s1024, mut large): (
+            [f32; 64],
+            [f32; 256],
+            [f32; 1024],
+            Vec<f32>,
+        );
+        let wm = scratch_f32!(g * per.min(n), s64, s256, s1024, large);
         let mut i0 = 0;
         while i0 < n {
             let m = per.min(n - i0);
@@ -522,26 +619,6 @@ impl TensorRows {
                 *a += wj * v;
             }
         }
-        Ok(())
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn window_accumulate(
-        &self,
-        slot: (u32, bool),
-        kv_head: u32,
-        w: &[f32],
-        g: usize,
-        acc: &mut [f32],
-        n: usize,
-        i: usize,
-    ) -> Result<()> {
-        let win = self.win.as_ref().expect("a window codec with window rows");
-        let mut tmp = [0f32; MAX_QUERIES];
-        for j in 0..g {
-            tmp[j] = w[j * n + i];
-        }
-        win.accumulate_rows_multi(&tmp[..g], self.window_row(slot, kv_head)?, 1, acc)?;
         Ok(())
     }
 
