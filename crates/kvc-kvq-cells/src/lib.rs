@@ -784,10 +784,35 @@ impl KvqCells {
         let q = self.query_pos(token)?;
         tensor.main_scores(main, kv_head, cell0, n, q_rot, scores)?;
         let mut qc = tensor::CenterDots::default();
+        let center = tensor.spec().center;
+        let tile = &self.cells[cell0 as usize..cell0 as usize + n];
+        // most tiles hold only coded main rows of one writer: their centers' q . c added in
+        // one pass (the loop below gives the same sums, cell by cell)
+        if center {
+            if let Some(first) = tile.first().filter(|c| c.flags == CODED) {
+                if tile.iter().all(|c| c.flags == CODED && c.seq == first.seq) {
+                    let dots = tensor.center_dots(&mut qc, first.seq, kv_head, q_rot, g)?;
+                    for (j, &dj) in dots.iter().enumerate() {
+                        for s in &mut scores[j * n..(j + 1) * n] {
+                            *s += dj;
+                        }
+                    }
+                    return Ok(());
+                }
+            }
+        } else if tile.iter().all(|c| c.flags & (SINK | WIN) == 0) {
+            return Ok(());
+        }
         // window cells in runs of consecutive slots, one kernel call per run
         let mut run = WindowRun::default();
-        for i in 0..n {
-            let c = &self.cells[cell0 as usize + i];
+        for (i, c) in tile.iter().enumerate() {
+            if c.flags & (SINK | WIN) == 0 {
+                // a main row (or an empty cell): read_of says Main
+                if c.flags & CODED != 0 && center {
+                    tensor.add_center_scores(&mut qc, c.seq, kv_head, q_rot, g, scores, n, i)?;
+                }
+                continue;
+            }
             match self.read_of(cell0 + i as u32, q) {
                 CellRead::Main => {
                     if c.flags & CODED != 0 && tensor.spec().center {
@@ -839,18 +864,24 @@ impl KvqCells {
             return Ok(());
         }
         let q = self.query_pos(token)?;
+        let tile = &self.cells[cell0 as usize..cell0 as usize + n];
+        let center = tensor.spec().center;
         let side = |i: usize| {
-            matches!(
-                self.read_of(cell0 + i as u32, q),
-                CellRead::Window | CellRead::Sink
-            )
+            tile[i].flags & (SINK | WIN) != 0
+                && matches!(
+                    self.read_of(cell0 + i as u32, q),
+                    CellRead::Window | CellRead::Sink
+                )
         };
         tensor.main_accumulate(main, kv_head, cell0, n, w, g, acc, side)?;
-        for i in 0..n {
+        for (i, c) in tile.iter().enumerate() {
+            // a main row adds nothing more unless it was coded against a center
+            if c.flags & (SINK | WIN) == 0 && !(center && c.flags & CODED != 0) {
+                continue;
+            }
             if (0..g).all(|j| w[j * n + i] == 0.0) {
                 continue;
             }
-            let c = &self.cells[cell0 as usize + i];
             match self.read_of(cell0 + i as u32, q) {
                 CellRead::Main => {
                     if c.flags & CODED != 0 && tensor.spec().center {

@@ -411,6 +411,26 @@ impl TensorRows {
             .dot_rows_multi(q_rot, self.main_rows(main, kv_head, cell0), n, scores)?)
     }
 
+    /// `q . c` of sequence `seq`'s center for each of the `g` queries (cached in `qc`).
+    pub(crate) fn center_dots<'q>(
+        &self,
+        qc: &'q mut CenterDots,
+        seq: u32,
+        kv_head: u32,
+        q_rot: &[f32],
+        g: usize,
+    ) -> Result<&'q [f32]> {
+        if qc.seq != Some(seq) {
+            let hd = kv_head as usize;
+            let cr = &self.center_rotated(seq)?[hd * self.d..(hd + 1) * self.d];
+            for (j, v) in qc.dots[..g].iter_mut().enumerate() {
+                *v = dot(&q_rot[j * self.d..(j + 1) * self.d], cr);
+            }
+            qc.seq = Some(seq);
+        }
+        Ok(&qc.dots[..g])
+    }
+
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn add_center_scores(
         &self,
@@ -423,16 +443,9 @@ impl TensorRows {
         n: usize,
         i: usize,
     ) -> Result<()> {
-        if qc.seq != Some(seq) {
-            let hd = kv_head as usize;
-            let cr = &self.center_rotated(seq)?[hd * self.d..(hd + 1) * self.d];
-            for (j, v) in qc.dots[..g].iter_mut().enumerate() {
-                *v = dot(&q_rot[j * self.d..(j + 1) * self.d], cr);
-            }
-            qc.seq = Some(seq);
-        }
-        for j in 0..g {
-            scores[j * n + i] += qc.dots[j];
+        let dots = self.center_dots(qc, seq, kv_head, q_rot, g)?;
+        for (j, &dj) in dots.iter().enumerate() {
+            scores[j * n + i] += dj;
         }
         Ok(())
     }
