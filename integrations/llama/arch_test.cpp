@@ -1186,26 +1186,7 @@ int run(int argc, char ** argv) {
         failures.push_back("state round trip: " + run.state + " (f16 run: " + ref.state + "); a flipped bit: " + run.corrupt_state +
                            " (f16 run: " + ref.corrupt_state + ")");
     // the end-to-end effect, reported: the next-token distributions of both runs
-    double kl = 0;
-    for (size_t s = 0; s < run.logits.size(); ++s) {
-        const auto & a = ref.logits[s];
-        const auto & b = run.logits[s];
-        double ma = -INFINITY, mb = -INFINITY;
-        for (size_t i = 0; i < a.size(); ++i) {
-            ma = std::max(ma, (double) a[i]);
-            mb = std::max(mb, (double) b[i]);
-        }
-        double za = 0, zb = 0;
-        for (size_t i = 0; i < a.size(); ++i) {
-            za += std::exp(a[i] - ma);
-            zb += std::exp(b[i] - mb);
-        }
-        for (size_t i = 0; i < a.size(); ++i) {
-            const double la = a[i] - ma - std::log(za), lb = b[i] - mb - std::log(zb);
-            kl += std::exp(la) * (la - lb);
-        }
-    }
-    kl /= (double) run.logits.size();
+    const double kl = mean_kl(ref.logits, run.logits);
     const bool pass = failures.empty() && types_ok && bytes_ok && rows_ok && bound_ok && controls_ok && api_ok && cross_ok &&
                       state_ok;
 

@@ -177,6 +177,27 @@ impl WindowRun {
     }
 }
 
+/// The first value `xs` holds twice, if any.
+fn first_repeat<T: Ord + Copy>(xs: &[T]) -> Option<T> {
+    let mut seen = xs.to_vec();
+    seen.sort_unstable();
+    seen.windows(2).find(|w| w[0] == w[1]).map(|w| w[0])
+}
+
+/// Cells in range, each given once.
+fn check_cells(cells: &[u32], n_cells: u32) -> Result<()> {
+    if let Some(&c) = cells.iter().find(|&&c| c >= n_cells) {
+        return Err(Error::invalid(
+            "cells",
+            format!("cell {c} is not below n_cells {n_cells}"),
+        ));
+    }
+    if let Some(c) = first_repeat(cells) {
+        return Err(Error::invalid("cells", format!("cell {c} is given twice")));
+    }
+    Ok(())
+}
+
 /// The protected cells of one kvq cache. See the crate notes.
 #[derive(Debug)]
 pub struct KvqCells {
@@ -412,13 +433,8 @@ impl KvqCells {
                 ),
             ));
         }
-        let mut seen = cells.to_vec();
-        seen.sort_unstable();
-        if let Some(w) = seen.windows(2).find(|w| w[0] == w[1]) {
-            return Err(Error::invalid(
-                "cells",
-                format!("cell {} is given twice", w[0]),
-            ));
+        if let Some(c) = first_repeat(cells) {
+            return Err(Error::invalid("cells", format!("cell {c} is given twice")));
         }
         if let Some(t) = self
             .tensors
@@ -891,7 +907,7 @@ impl KvqCells {
                 // one row per call, in cell order: the sums do not depend on how the window's
                 // rows are laid out (a prefill's scratch or decoding's slots), so a batched
                 // prefill sums bit for bit what one-token decoding sums
-                CellRead::Window => tensor.window_accumulate_run(
+                CellRead::Window => tensor.window_accumulate(
                     (c.slot, c.flags & SCRATCH != 0),
                     kv_head,
                     w,
@@ -899,7 +915,6 @@ impl KvqCells {
                     acc,
                     n,
                     i,
-                    1,
                 )?,
                 CellRead::Sink => tensor.sink_accumulate(c.slot, kv_head, w, g, acc, n, i),
             }
@@ -919,47 +934,46 @@ impl KvqCells {
         }
     }
 
+    /// Refuses a call `what` within a ubatch (a tensor not yet written since `begin_ubatch`).
+    pub(crate) fn check_between_ubatches(&self, what: &str) -> Result<()> {
+        match self
+            .tensors
+            .iter()
+            .position(|t| t.written() != self.ubatch.serial)
+        {
+            Some(t) => Err(Error::State {
+                why: format!(
+                    "{what} between ubatches only: tensor {t} was not written in ubatch {}",
+                    self.ubatch.serial
+                ),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Cells in range, each given once, each written by these cells.
+    pub(crate) fn check_written_cells(&self, cells: &[u32]) -> Result<()> {
+        check_cells(cells, self.cfg.n_cells)?;
+        match cells
+            .iter()
+            .find(|&&c| self.cells[c as usize].pos < 0 || self.cells[c as usize].seq == NONE)
+        {
+            Some(c) => Err(Error::invalid(
+                "cells",
+                format!("cell {c} holds nothing these cells wrote"),
+            )),
+            None => Ok(()),
+        }
+    }
+
     /// Checks cells for reading or storing rows of tensor `t`: between ubatches, in range,
     /// written, each once; `main` and `values` long enough.
     fn check_cell_rows(&self, t: u32, main_len: usize, cells: &[u32], values: usize) -> Result<()> {
         let tensor = self.tensor(t)?;
         tensor.check_main(main_len, self.cfg.n_cells)?;
         tensor.check_rows(values, cells.len())?;
-        if let Some(u) = self
-            .tensors
-            .iter()
-            .position(|x| x.written() != self.ubatch.serial)
-        {
-            return Err(Error::State {
-                why: format!(
-                    "rows are read or stored between ubatches only: tensor {u} was not written yet"
-                ),
-            });
-        }
-        let mut seen = Vec::with_capacity(cells.len());
-        for &c in cells {
-            let cell = self.cells.get(c as usize).ok_or_else(|| {
-                Error::invalid(
-                    "cells",
-                    format!("cell {c} is not below n_cells {}", self.cfg.n_cells),
-                )
-            })?;
-            if cell.pos < 0 || cell.seq == NONE {
-                return Err(Error::invalid(
-                    "cells",
-                    format!("cell {c} holds nothing these cells wrote"),
-                ));
-            }
-            seen.push(c);
-        }
-        seen.sort_unstable();
-        if let Some(w) = seen.windows(2).find(|w| w[0] == w[1]) {
-            return Err(Error::invalid(
-                "cells",
-                format!("cell {} is given twice", w[0]),
-            ));
-        }
-        Ok(())
+        self.check_between_ubatches("rows are read or stored")?;
+        self.check_written_cells(cells)
     }
 
     /// The values cells `cells` of tensor `t` hold now (`cells.len() x n_kv_head x

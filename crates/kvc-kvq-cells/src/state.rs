@@ -6,7 +6,7 @@
 
 use half::f16;
 
-use crate::{Cell, Error, KvqCells, Result, CODED, DETACHED, NONE, SCRATCH, SINK, WIN};
+use crate::{check_cells, Cell, Error, KvqCells, Result, CODED, DETACHED, SCRATCH, SINK, WIN};
 
 /// The first bytes of saved cells.
 pub const STATE_MAGIC: [u8; 8] = *b"KVCQCELS";
@@ -74,41 +74,7 @@ struct SavedWriter {
     centers: Vec<Vec<f32>>,
 }
 
-fn check_cells(cells: &[u32], n_cells: u32) -> Result<()> {
-    if let Some(&c) = cells.iter().find(|&&c| c >= n_cells) {
-        return Err(Error::invalid(
-            "cells",
-            format!("cell {c} is not below n_cells {n_cells}"),
-        ));
-    }
-    let mut seen = cells.to_vec();
-    seen.sort_unstable();
-    if let Some(w) = seen.windows(2).find(|w| w[0] == w[1]) {
-        return Err(Error::invalid(
-            "cells",
-            format!("cell {} is given twice", w[0]),
-        ));
-    }
-    Ok(())
-}
-
 impl KvqCells {
-    fn check_between_ubatches(&self, what: &str) -> Result<()> {
-        match self
-            .tensors
-            .iter()
-            .position(|t| t.written() != self.ubatch.serial)
-        {
-            Some(t) => Err(Error::State {
-                why: format!(
-                    "{what} between ubatches only: tensor {t} was not written in ubatch {}",
-                    self.ubatch.serial
-                ),
-            }),
-            None => Ok(()),
-        }
-    }
-
     /// Saves cells `cells` (in the engine's order) of sequence `seq` (-1: the engine saves
     /// every sequence): each cell's position, writer and format, its sink or window rows in
     /// every tensor, and its writers' centers, in the `KVCQCELS` format. The engine saves
@@ -122,17 +88,11 @@ impl KvqCells {
                 format!("{seq} (a sequence, or -1 for all)"),
             ));
         }
-        check_cells(cells, self.cfg.n_cells)?;
+        self.check_written_cells(cells)?;
         let mut writers: Vec<u32> = Vec::new();
         let mut meta = Vec::with_capacity(cells.len());
         for &c in cells {
             let cell = self.cells[c as usize];
-            if cell.pos < 0 || cell.seq == NONE {
-                return Err(Error::invalid(
-                    "cells",
-                    format!("cell {c} holds nothing these cells wrote"),
-                ));
-            }
             let w = match writers.iter().position(|&s| s == cell.seq) {
                 Some(w) => w,
                 None => {

@@ -513,10 +513,10 @@ impl TensorRows {
         Ok(())
     }
 
-    /// The weighted sum of a run of window cells (as [`window_scores_run`](Self::window_scores_run);
-    /// the cells call it one row at a time, see `KvqCells::accumulate`).
+    /// Adds window cell `i`'s row (slot `slot`) weighted by its `g` weights to the sums: one
+    /// row per call, in cell order (see `KvqCells::accumulate`).
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn window_accumulate_run(
+    pub(crate) fn window_accumulate(
         &self,
         slot: (u32, bool),
         kv_head: u32,
@@ -525,20 +525,13 @@ impl TensorRows {
         acc: &mut [f32],
         n: usize,
         i: usize,
-        len: usize,
     ) -> Result<()> {
         let win = self.win.as_ref().expect("a window codec with window rows");
-        let (mut s64, mut s256, mut s1024, mut large): (
-            [f32; 64],
-            [f32; 256],
-            [f32; 1024],
-            Vec<f32>,
-        );
-        let tmp = scratch_f32!(g * len, s64, s256, s1024, large);
-        for j in 0..g {
-            tmp[j * len..(j + 1) * len].copy_from_slice(&w[j * n + i..j * n + i + len]);
+        let mut wi = [0f32; MAX_QUERIES];
+        for (j, v) in wi[..g].iter_mut().enumerate() {
+            *v = w[j * n + i];
         }
-        win.accumulate_rows_multi(tmp, self.window_run(slot, kv_head, len)?, len, acc)?;
+        win.accumulate_rows_multi(&wi[..g], self.window_run(slot, kv_head, 1)?, 1, acc)?;
         Ok(())
     }
 
