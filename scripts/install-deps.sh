@@ -16,6 +16,9 @@ command -v valgrind >/dev/null 2>&1 || need_apt+=(valgrind)
 # patch: fetch-and-build.sh applies kvc's patch series to llama.cpp
 command -v patch >/dev/null 2>&1 || need_apt+=(patch)
 command -v python3 >/dev/null 2>&1 || need_apt+=(python3 python3-pip)
+# virtual environments (the MNN step installs PyPI's MNN converter into one); Debian's python3
+# lacks ensurepip without python3-venv
+python3 -c 'import ensurepip' >/dev/null 2>&1 || need_apt+=(python3-venv)
 # kvc-store-tiers' tests start their own Redis servers and cluster on 127.0.0.1.
 command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
 command -v redis-cli >/dev/null 2>&1 || need_apt+=(redis-tools)
