@@ -17,7 +17,8 @@
 #      into the graph llmexport.py made for this model (integrations/mnn/model/, made by
 #      export-graph.sh with torch, which this script never installs); needs only numpy and
 #      PyPI's MNN converter (mnn==3.6.1, in a virtual environment in the cache);
-#   6. the kvc_mnn_eval client (integrations/mnn/CMakeLists.txt).
+#   6. the kvc_mnn_eval client and a kvc library that fails on purpose for CI's mid-run error
+#      check (integrations/mnn/CMakeLists.txt).
 # With --fork it does the same for the research fork the specification describes, to measure it
 # beside kvc (evaluate.sh): MNN_FORK_SOURCE_DIR or the fork's tarball, the series in
 # integrations/mnn/fork-patches/ (gguf2mnn's fix and the same bytes-held report; no kvc), the
@@ -179,5 +180,6 @@ echo "MNN_CONFIG=$mdir/config.json"
 echo "GGUF=$gguf"
 echo "KVC_LIBRARY=$kvc_so"
 echo "EVAL=$cbuild/kvc_mnn_eval"
+echo "FAULT_SHIM=$cbuild/libkvc_fault_shim.so"
 echo "TEXT_A=$texts/gpl-3.txt"
 echo "TEXT_B=$texts/debian-constitution.txt"

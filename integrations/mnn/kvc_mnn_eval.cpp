@@ -217,6 +217,7 @@ Result runMode(const Options& o, const Mode& mode, const std::vector<int>& ids, 
         ++scored;
     }
     auto ctx = llm->getContext();
+    r.compression = ctx->kv_compression;  // after the run (the fork puts its own ratios there)
     r.ppl = std::exp(nll / scored);
     r.kl = isRef ? 0.0 : kl / scored;
     r.tokens_held = ctx->kv_tokens_held;
