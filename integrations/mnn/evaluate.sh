@@ -20,15 +20,15 @@ eval "$("$here/fetch-and-build.sh" | grep -E '^[A-Z_]+=')"
 # Both engines get llama.cpp's token ids (MNN's tokenizer.txt splits runs of spaces
 # differently): llama-tokenize from the llama.cpp build, when there is one.
 tokenize="${LLAMA_TOKENIZE:-${KVC_LLAMA_CACHE:-$repo/.cache/llama}/build-llama/bin/llama-tokenize}"
-declare -A source
+declare -A ids_arg  # per text: --tokens FILE or --text FILE
 for t in A B; do
     text_var="TEXT_$t"
     if [ -x "$tokenize" ]; then
         "$tokenize" -m "$GGUF" -f "${!text_var}" --ids --log-disable >"$out/mnn-eval-text$t.ids"
-        source[$t]="--tokens $out/mnn-eval-text$t.ids"
+        ids_arg[$t]="--tokens $out/mnn-eval-text$t.ids"
     else
         echo "evaluate.sh: no llama-tokenize ($tokenize): MNN's own tokenizer makes the ids" >&2
-        source[$t]="--text ${!text_var}"
+        ids_arg[$t]="--text ${!text_var}"
     fi
 done
 
@@ -59,7 +59,7 @@ run_tree() {
     shift 3
     for t in A B; do
         # shellcheck disable=SC2086
-        "$eval_bin" --config "$config" ${source[$t]} --n-tokens "$n" --ppl-from "$ppl_from" --threads 1 \
+        "$eval_bin" --config "$config" ${ids_arg[$t]} --n-tokens "$n" --ppl-from "$ppl_from" --threads 1 \
             "$@" --json "$out/$name-text$t.json" >"$out/$name-text$t.txt" 2>"$out/$name-text$t.err" &
         pids+=($!)
     done
