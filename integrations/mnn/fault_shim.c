@@ -2,9 +2,10 @@
  * middle of a run ends MNN's request with a clear error instead of decoding on.
  *
  * It is what MNN loads as kvc_library: kvc_get_api loads the real library (environment
- * KVC_FAULT_REAL, its path), copies its function table and replaces two entries. The
- * KVC_FAULT_AFTER-th call of h2o_end_call (default 100) and every later one return
- * KVC_INVALID_STATE; last_error_message then says the fault was injected. Everything else is
+ * KVC_FAULT_REAL, its path), copies its function table and replaces three entries. The
+ * KVC_FAULT_AFTER-th call (default 100) of h2o_end_call or of kvq_cells_write (H2O or kvq
+ * rows) and every later one return KVC_INVALID_STATE; last_error_message then says the
+ * fault was injected. Everything else is
  * the real kvc. Test code: never ship it. */
 #include <dlfcn.h>
 #include <stdio.h>
@@ -24,6 +25,16 @@ static enum kvc_status failing_end_call(struct kvc_h2o *h2o, size_t layer, struc
         return KVC_INVALID_STATE;
     }
     return real->h2o_end_call(h2o, layer, decision);
+}
+
+static enum kvc_status failing_cells_write(struct kvc_kvq_cells *cells, uint32_t tensor, const float *rows,
+                                          size_t n_values, const int64_t *cell_idx, size_t n_rows, uint8_t *main,
+                                          size_t main_len) {
+    if (++calls >= fail_after) {
+        failed = 1;
+        return KVC_INVALID_STATE;
+    }
+    return real->kvq_cells_write(cells, tensor, rows, n_values, cell_idx, n_rows, main, main_len);
 }
 
 static enum kvc_status injected_message(char *buf, size_t capacity, size_t *needed) {
@@ -51,6 +62,9 @@ const kvc_api *kvc_get_api(uint32_t abi_version) {
     if (after) fail_after = atol(after);
     table = *real;
     table.h2o_end_call = failing_end_call;
+    if (abi_version >= ((KVC_ABI_VERSION_MAJOR << 16) | 14)) {
+        table.kvq_cells_write = failing_cells_write;
+    }
     table.last_error_message = injected_message;
     return &table;
 }

@@ -28,7 +28,8 @@ extra=()
 [ -x "$tokenize" ] && extra=(--llama-tokenize "$tokenize" --gguf "$GGUF")
 t1=$SECONDS
 python3 integrations/mnn/ci_check_mnn.py --eval "$EVAL" --config "$MNN_CONFIG" --kvc-library "$KVC_LIBRARY" \
-    --text "$TEXT_A" --out "$out" --fault-shim "$FAULT_SHIM" "${extra[@]}"
+    --text "$TEXT_A" --out "$out" --fault-shim "$FAULT_SHIM" \
+    --kvq-plan data/kvq-plans/smollm2-135m-k4v4-s4w64.json "${extra[@]}"
 echo "57-mnn: the kvc-in-MNN check took $((SECONDS - t1)) s"
 
 # kvc's gear-v1 against the fork's own lossless encoder, cut out of the fork's source at run
