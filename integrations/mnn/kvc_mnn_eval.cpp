@@ -13,9 +13,12 @@
 //                --n-tokens 2048 --ppl-from 513 --threads 1
 //                --mode full='{}' --mode h2o='{"kvc_h2o_enable":true}' ... [--json out.json]
 //                [--write-tokens ids.txt]  (the n-tokens ids it fed, to compare tokenizers)
+//                [--speed-rounds R --speed-steps D]  (decode speed with the modes interleaved:
+//                 every mode's model loaded, R rounds of D steps each in turn; medians)
 
 #include <llm/llm.hpp>
 
+#include <algorithm>
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -47,6 +50,8 @@ struct Options {
     std::vector<Mode> modes;
     std::string json_out;
     std::string write_tokens;
+    int speed_rounds = 0;   // interleaved decode-speed rounds after the quality runs (0: none)
+    int speed_steps = 64;   // decode steps per mode and round
 };
 
 struct Result {
@@ -59,6 +64,7 @@ struct Result {
     size_t bytes_held = 0;
     size_t logical_tokens = 0;
     double tok_s = 0;
+    std::vector<double> round_tok_s;  // the interleaved rounds' decode tok/s
 };
 
 [[noreturn]] void fail(const std::string& what) {
@@ -121,6 +127,8 @@ Options parseArgs(int argc, char** argv) {
         else if (a == "--threads") o.threads = nextInt();
         else if (a == "--json") o.json_out = next();
         else if (a == "--write-tokens") o.write_tokens = next();
+        else if (a == "--speed-rounds") o.speed_rounds = nextInt();
+        else if (a == "--speed-steps") o.speed_steps = nextInt();
         else if (a == "--mode") {
             std::string v = next();
             auto eq = v.find('=');
@@ -133,6 +141,9 @@ Options parseArgs(int argc, char** argv) {
     if (o.modes.empty()) fail("give at least one --mode (the first is the reference)");
     if (o.ppl_from < 1 || o.ppl_from >= o.n_tokens) fail("--ppl-from must be in 1..n-tokens-1");
     if (o.threads < 1) fail("--threads must be at least 1");
+    if (o.speed_rounds > 0 && (o.speed_steps < 1 || o.ppl_from + (long)o.speed_rounds * o.speed_steps > o.n_tokens)) {
+        fail("--speed-rounds x --speed-steps must fit after the prompt, within --n-tokens");
+    }
     return o;
 }
 
@@ -162,10 +173,7 @@ struct Reference {
     std::vector<float> logp;  // [scored positions][vocab]
 };
 
-Result runMode(const Options& o, const Mode& mode, const std::vector<int>& ids, Reference& ref, bool isRef) {
-    Result r;
-    r.name = mode.name;
-    r.json = mode.json;
+std::unique_ptr<Llm> loadMode(const Options& o, const Mode& mode) {
     std::unique_ptr<Llm> llm(Llm::createLLM(o.config));
     if (!llm) fail("cannot create the LLM from " + o.config);
     std::string base = "{\"thread_num\":" + std::to_string(o.threads) +
@@ -174,6 +182,50 @@ Result runMode(const Options& o, const Mode& mode, const std::vector<int>& ids, 
     if (!llm->set_config(base)) fail("set_config refused " + base);
     if (!llm->set_config(mode.json)) fail(mode.name + ": set_config refused " + mode.json);
     if (!llm->load()) fail(mode.name + ": the model did not load");
+    return llm;
+}
+// Decode speed with the modes interleaved: every mode's model is loaded and given the prompt,
+// then each round runs --speed-steps teacher-forced decode steps of every mode in turn (the
+// order rotating by round), so machine drift reaches every mode alike; each mode's rounds see
+// the same context lengths. Writes each round's tok/s into the results.
+void speedRounds(const Options& o, const std::vector<int>& ids, std::vector<Result>& results) {
+    std::vector<std::unique_ptr<Llm>> llms;
+    const int first = o.ppl_from - 1;
+    for (auto& mode : o.modes) {
+        llms.push_back(loadMode(o, mode));
+        auto logits = llms.back()->forward(std::vector<int>(ids.begin(), ids.begin() + first + 1));
+        if (logits.get() == nullptr) fail(mode.name + ": the speed run's prompt failed");
+    }
+    const size_t m = llms.size();
+    for (int round = 0; round < o.speed_rounds; ++round) {
+        const int pos = first + 1 + round * o.speed_steps;
+        for (size_t k = 0; k < m; ++k) {
+            size_t i = (k + (size_t)round) % m;
+            auto t0 = std::chrono::steady_clock::now();
+            for (int s = 0; s < o.speed_steps; ++s) {
+                auto logits = llms[i]->forward(std::vector<int>{ids[pos + s]});
+                if (logits.get() == nullptr || logits->readMap<float>() == nullptr) {
+                    fail(o.modes[i].name + ": the speed run failed at position " + std::to_string(pos + s));
+                }
+            }
+            double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+            results[i].round_tok_s.push_back(o.speed_steps / sec);
+        }
+        std::fprintf(stderr, "kvc_mnn_eval: speed round %d of %d (positions %d..%d)\n", round + 1, o.speed_rounds,
+                     pos, pos + o.speed_steps - 1);
+    }
+}
+double median(std::vector<double> v) {
+    if (v.empty()) return 0;
+    std::sort(v.begin(), v.end());
+    size_t h = v.size() / 2;
+    return v.size() % 2 ? v[h] : (v[h - 1] + v[h]) / 2;
+}
+Result runMode(const Options& o, const Mode& mode, const std::vector<int>& ids, Reference& ref, bool isRef) {
+    Result r;
+    r.name = mode.name;
+    r.json = mode.json;
+    auto llm = loadMode(o, mode);
     r.compression = llm->getContext()->kv_compression;
     std::fprintf(stderr, "kvc_mnn_eval: %s: %s\n", mode.name.c_str(), r.compression.c_str());
 
@@ -258,10 +310,14 @@ int main(int argc, char** argv) {
         for (size_t m = 0; m < o.modes.size(); ++m) {
             results.push_back(runMode(o, o.modes[m], ids, ref, m == 0));
         }
-        std::printf("%-16s %10s %9s %12s %14s %9s\n", "mode", "PPL", "KL", "tokens held", "bytes held", "tok/s");
+        if (o.speed_rounds > 0) {
+            speedRounds(o, ids, results);
+        }
+        std::printf("%-16s %10s %9s %12s %14s %9s %12s\n", "mode", "PPL", "KL", "tokens held", "bytes held", "tok/s",
+                    "median tok/s");
         for (auto& r : results) {
-            std::printf("%-16s %10.4f %9.5f %12zu %14zu %9.1f\n", r.name.c_str(), r.ppl, r.kl, r.tokens_held,
-                        r.bytes_held, r.tok_s);
+            std::printf("%-16s %10.4f %9.5f %12zu %14zu %9.1f %12.1f\n", r.name.c_str(), r.ppl, r.kl, r.tokens_held,
+                        r.bytes_held, r.tok_s, median(r.round_tok_s));
         }
         if (!o.json_out.empty()) {
             std::ofstream f(o.json_out);
@@ -277,7 +333,12 @@ int main(int argc, char** argv) {
                               r.ppl, r.kl, r.tokens_held, r.bytes_held, r.logical_tokens, r.tok_s);
                 f << (i ? "," : "") << "{\"name\":\"" << jsonEscape(r.name) << "\",\"config\":\""
                   << jsonEscape(r.json) << "\",\"compression\":\"" << jsonEscape(r.compression) << "\"," << num
-                  << "}";
+                  << ",\"round_tok_s\":[";
+                for (size_t k = 0; k < r.round_tok_s.size(); ++k) {
+                    std::snprintf(num, sizeof num, "%s%.3f", k ? "," : "", r.round_tok_s[k]);
+                    f << num;
+                }
+                f << "]}";
             }
             f << "]}\n";
         }
