@@ -90,22 +90,31 @@ def main():
         with open(ids_file, "w") as f:
             f.write(" ".join(map(str, llama_ids)) + "\n")
     source = ["--tokens", ids_file] if ids_file else ["--text", a.text]
-    cmd = [a.eval, "--config", a.config, *source, "--n-tokens", str(a.n_tokens),
-           "--ppl-from", str(a.ppl_from), "--threads", "1", "--json", a.out + "/mnn-check.json"]
-    for name, cfg in modes:
-        cmd += ["--mode", name + "=" + json.dumps(cfg)]
-    run = subprocess.run(cmd, capture_output=True, text=True)
-    sys.stdout.write(run.stdout)
-    if run.returncode != 0:
-        sys.stderr.write(run.stderr)
-        sys.exit("ci_check_mnn: kvc_mnn_eval failed")
-    res = {m["name"]: m for m in json.load(open(a.out + "/mnn-check.json"))["modes"]}
+
+    def run_eval(modes, json_out):
+        """One kvc_mnn_eval run of `modes` (name, llm_config keys): its results by name."""
+        cmd = [a.eval, "--config", a.config, *source, "--n-tokens", str(a.n_tokens),
+               "--ppl-from", str(a.ppl_from), "--threads", "1", "--json", json_out]
+        for name, cfg in modes:
+            cmd += ["--mode", name + "=" + json.dumps(cfg)]
+        run = subprocess.run(cmd, capture_output=True, text=True)
+        sys.stdout.write(run.stdout)
+        if run.returncode != 0:
+            sys.stderr.write(run.stderr)
+            sys.exit("ci_check_mnn: kvc_mnn_eval failed")
+        return {m["name"]: m for m in json.load(open(json_out))["modes"]}
+
+    res = run_eval(modes, a.out + "/mnn-check.json")
     failures = []
 
     def check(ok, what):
         print(("ok   " if ok else "FAIL ") + what)
         if not ok:
             failures.append(what)
+
+    def check_ppl(name, m, bound):
+        rel = m["ppl"] / full["ppl"] - 1
+        check(rel <= bound, f"{name} PPL {m['ppl']:.4f} within {bound:.0%} of full {full['ppl']:.4f} ({rel:+.2%})")
 
     if ids_file:
         own = subprocess.run([a.eval, "--config", a.config, "--text", a.text, "--n-tokens", str(a.n_tokens),
@@ -128,9 +137,7 @@ def main():
     check(ratio >= a.min_bytes_ratio,
           f"h2o holds {ratio:.3f}x fewer KV bytes than full ({h['bytes_held']} vs {full['bytes_held']}),"
           f" at least {a.min_bytes_ratio}")
-    rel = h["ppl"] / full["ppl"] - 1
-    check(rel <= a.max_ppl_increase,
-          f"h2o PPL {h['ppl']:.4f} within {a.max_ppl_increase:.0%} of full {full['ppl']:.4f} ({rel:+.2%})")
+    check_ppl("h2o", h, a.max_ppl_increase)
     check(h["kl"] <= a.max_kl, f"h2o KL {h['kl']:.5f} <= {a.max_kl}")
     q = res["kvq"]
     check(q["compression"].startswith("kvc ") and "kvq rows as the stored K/V" in q["compression"],
@@ -140,9 +147,7 @@ def main():
     check(ratio >= a.min_kvq_ratio,
           f"kvq holds {ratio:.3f}x fewer KV bytes than full's f16 bytes ({q['bytes_held']} vs "
           f"{full['bytes_held'] // 2}), at least {a.min_kvq_ratio}")
-    rel = q["ppl"] / full["ppl"] - 1
-    check(rel <= a.max_kvq_ppl_increase,
-          f"kvq PPL {q['ppl']:.4f} within {a.max_kvq_ppl_increase:.0%} of full {full['ppl']:.4f} ({rel:+.2%})")
+    check_ppl("kvq", q, a.max_kvq_ppl_increase)
     check(q["kl"] <= a.max_kvq_kl, f"kvq KL {q['kl']:.5f} <= {a.max_kvq_kl}")
     b = res["h2o+kvq"]
     check("kvq rows as the stored K/V" in b["compression"] and "H2O on layers 2-" in b["compression"],
@@ -150,19 +155,9 @@ def main():
     check(b["tokens_held"] == h["tokens_held"] and b["bytes_held"] < min(q["bytes_held"], h["bytes_held"]),
           f"h2o+kvq holds h2o's {h['tokens_held']} tokens ({b['tokens_held']}) in fewer bytes than kvq and h2o "
           f"({b['bytes_held']} vs {q['bytes_held']}, {h['bytes_held']})")
-    rel = b["ppl"] / full["ppl"] - 1
-    check(rel <= a.max_ppl_increase,
-          f"h2o+kvq PPL {b['ppl']:.4f} within {a.max_ppl_increase:.0%} of full {full['ppl']:.4f} ({rel:+.2%})")
-    cmd = [a.eval, "--config", a.config, *source, "--n-tokens", str(a.n_tokens), "--ppl-from", str(a.ppl_from),
-           "--threads", "1", "--json", a.out + "/mnn-check-float.json",
-           "--mode", "float=" + json.dumps({"memory": "normal"}),
-           "--mode", "kvq-float=" + json.dumps(dict(kvq, memory="normal"))]
-    run = subprocess.run(cmd, capture_output=True, text=True)
-    sys.stdout.write(run.stdout)
-    if run.returncode != 0:
-        sys.stderr.write(run.stderr)
-        sys.exit("ci_check_mnn: kvc_mnn_eval failed (float matmuls)")
-    fl = {m["name"]: m for m in json.load(open(a.out + "/mnn-check-float.json"))["modes"]}["kvq-float"]
+    check_ppl("h2o+kvq", b, a.max_ppl_increase)
+    fl = run_eval([("float", {"memory": "normal"}), ("kvq-float", dict(kvq, memory="normal"))],
+                  a.out + "/mnn-check-float.json")["kvq-float"]
     check("kvq rows" in fl["compression"] and fl["kl"] <= a.max_kvq_float_kl,
           f"kvq-float KL {fl['kl']:.5f} <= {a.max_kvq_float_kl} against MNN's float run (float matmuls), "
           f"PPL {fl['ppl']:.4f}")

@@ -99,6 +99,16 @@ run_tree() {
     for p in "${pids[@]}"; do wait "$p" || rc=1; done
     [ "$rc" -eq 0 ] || { cat "$out/$name"-text*.err >&2; exit 1; }
     rm -f "$out/$name"-text*.err
+    for t in A B; do collapse_log "$out/$name-text$t.txt"; done
+}
+# collapse_log FILE: a line repeated more than 20 times with only its numbers changing (the
+# fork logs every plan it drops) is kept once, with its count.
+collapse_log() {
+    awk '{ k = $0; gsub(/[0-9]+/, "#", k); key[NR] = k; line[NR] = $0; n[k]++ }
+         END { for (i = 1; i <= NR; i++) { k = key[i]
+                   if (n[k] <= 20) print line[i]
+                   else if (!(k in shown)) { shown[k] = 1; print line[i] "  [" n[k] " lines like this]" } } }' \
+        "$1" >"$1.tmp" && mv "$1.tmp" "$1"
 }
 trees=" ${TREES:-main kvq fork} "
 if [[ "$trees" == *" main "* ]]; then
