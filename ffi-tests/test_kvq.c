@@ -3,7 +3,8 @@
  * against attention on the dequantized rows computed here in double, and the error paths
  * (bad config, bad plan, NULL, wrong layer or tensor, short buffers, NaN input, every
  * truncation of the packed cache); the handle-free block calls (ABI 0.8, 0.9) and the
- * channel-group calls (ABI 0.10); kvq cells: rows, saved cells, positions (ABI 0.14, 0.15). */
+ * channel-group calls (ABI 0.10); kvq cells: rows, saved cells, positions (ABI 0.14, 0.15), a dropped
+ * ubatch (ABI 0.16). */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -567,6 +568,60 @@ int main(void) {
         const uint32_t unwritten = 0;
         CHECK_STATUS(kvc_kvq_cells_get_rows(back, 0, mains[0], NC * mb[0], &unwritten, 1, got, CHV * D),
                      KVC_INVALID_ARGUMENT);
+        /* a ubatch stopped after its K write (an aborted compute) and dropped: the next ubatch
+         * begins, and the cells read as those of cells that never began it (ABI 0.16). The
+         * stopped ubatch's 8 positions push the first cells out of the window (4); they read
+         * their window rows again once it is dropped. */
+        {
+            kvc_kvq_cells* fresh = NULL;
+            CHECK_STATUS(kvc_kvq_cells_new(&cfg, ts, 2, &fresh), KVC_OK);
+            unsigned char* fm[2] = {calloc(NC, mb[0]), calloc(NC, mb[1])};
+            CHECK_STATUS(kvc_kvq_cells_clear(cells), KVC_OK);
+            enum { A = 6, B = 8 };
+            int32_t apos[A], aseq[A] = {0}, bpos[B], bseq[B] = {0};
+            int64_t aidx[A], bidx[B];
+            for (int i = 0; i < A; i++) {
+                apos[i] = i;
+                aidx[i] = i;
+            }
+            for (int i = 0; i < B; i++) {
+                bpos[i] = A + i;
+                bidx[i] = A + i;
+            }
+            kvc_kvq_cells* both[2] = {cells, fresh};
+            unsigned char** bm[2] = {mains, fm};
+            for (int w = 0; w < 2; w++) {
+                CHECK_STATUS(kvc_kvq_cells_begin_ubatch(both[w], apos, aseq, aidx, A), KVC_OK);
+                for (uint32_t t = 0; t < 2; t++)
+                    CHECK_STATUS(kvc_kvq_cells_write(both[w], t, crow, A * CHV * D, aidx, A, bm[w][t], NC * mb[t]),
+                                 KVC_OK);
+            }
+            int dropped = -1;
+            CHECK_STATUS(kvc_kvq_cells_begin_ubatch(cells, bpos, bseq, bidx, B), KVC_OK);
+            CHECK_STATUS(kvc_kvq_cells_write(cells, 0, crow, B * CHV * D, bidx, B, mains[0], NC * mb[0]), KVC_OK);
+            /* without the drop, the next ubatch is refused (tensor 1 missed its write) */
+            CHECK_STATUS(kvc_kvq_cells_begin_ubatch(cells, bpos, bseq, bidx, 1), KVC_INVALID_STATE);
+            CHECK_STATUS(kvc_kvq_cells_drop_ubatch(cells, &dropped), KVC_OK);
+            CHECK(dropped == 1);
+            CHECK_STATUS(kvc_kvq_cells_drop_ubatch(cells, &dropped), KVC_OK);
+            CHECK(dropped == 0);
+            CHECK_STATUS(kvc_kvq_cells_drop_ubatch(NULL, NULL), KVC_NULL_ARGUMENT);
+            /* the next ubatch: one token at position A, in both */
+            float scs[2][A + 1];
+            for (int w = 0; w < 2; w++) {
+                CHECK_STATUS(kvc_kvq_cells_begin_ubatch(both[w], bpos, bseq, bidx, 1), KVC_OK);
+                for (uint32_t t = 0; t < 2; t++)
+                    CHECK_STATUS(kvc_kvq_cells_write(both[w], t, crow, CHV * D, bidx, 1, bm[w][t], NC * mb[t]),
+                                 KVC_OK);
+                CHECK_STATUS(kvc_kvq_cells_scores(both[w], 0, bm[w][0], NC * mb[0], 1, 0, A + 1, 0, crow, 1, scs[w],
+                                                  A + 1),
+                             KVC_OK);
+            }
+            CHECK(memcmp(scs[0], scs[1], sizeof scs[0]) == 0);
+            free(fm[0]);
+            free(fm[1]);
+            kvc_kvq_cells_free(fresh);
+        }
         free(saved);
         free(mains[0]);
         free(mains[1]);

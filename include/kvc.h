@@ -143,7 +143,7 @@
  * fields are added (only ever appended). A program built against minor `m` runs on any
  * library with the same major and a minor `>= m`.
  */
-#define KVC_ABI_VERSION_MINOR 15
+#define KVC_ABI_VERSION_MINOR 16
 
 /**
  * The ABI version this header describes, `(major << 16) | minor`. Pass it to
@@ -2109,6 +2109,10 @@ typedef struct kvc_api {
                                                const uint32_t *cell_ids,
                                                const int32_t *pos,
                                                size_t n);
+    /**
+     * See `kvc_kvq_cells_drop_ubatch` (ABI 0.16).
+     */
+    enum kvc_status (*kvq_cells_drop_ubatch)(struct kvc_kvq_cells *cells, int *dropped);
 } kvc_api;
 
 /**
@@ -3205,6 +3209,22 @@ enum kvc_status kvc_kvq_cells_accumulate(const struct kvc_kvq_cells *cells,
  * `cells` a live handle used by no other call.
  */
 KVC_NODISCARD enum kvc_status kvc_kvq_cells_release(struct kvc_kvq_cells *cells, uint32_t cell);
+
+/**
+ * Drops the last ubatch, complete or not (the engine's compute for it was aborted or
+ * failed, or it took the ubatch's tokens back): every cell the ubatch wrote is released
+ * and every other cell reads as before its `kvc_kvq_cells_begin_ubatch` (main rows it
+ * coded, window rows it dropped and centers it fixed are undone), so the next ubatch
+ * starts clean. `*dropped` (when not NULL) is 1, or 0 when there was none to drop: after
+ * another call changed the cells (a later begin_ubatch, clear, copy, load, a shift) the
+ * ubatch is committed. Releasing every cell the ubatch wrote for a sequence
+ * (`kvc_kvq_cells_release`, an engine's own rollback) undoes the ubatch for that sequence
+ * in the same way. (ABI 0.16)
+ *
+ * # Safety
+ * `cells` a live handle used by no other call; `dropped` NULL or writable.
+ */
+KVC_NODISCARD enum kvc_status kvc_kvq_cells_drop_ubatch(struct kvc_kvq_cells *cells, int *dropped);
 
 /**
  * Forgets every cell, sequence and center (the engine cleared its cache).

@@ -778,6 +778,11 @@ llama_context_params ctx_params(const Options & o, ggml_type tk, ggml_type tv, T
     cp.type_k = tk;
     cp.type_v = tv;
     cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_ENABLED;
+    // plain kvq unless a run asks for the protections (llama.cpp's default gives kvq by bits them)
+    cp.kvc_sink = 0;
+    cp.kvc_window = 0;
+    cp.kvc_window_bits = 0;
+    cp.kvc_k_center = 0;
     cp.cb_eval = eval_cb;
     cp.cb_eval_user_data = tap;
     cp.no_perf = true;
@@ -990,6 +995,96 @@ static ProtectedRun protected_once(llama_model * model, const ModelFacts & mf, c
     return r;
 }
 
+// An abort callback that stops the graph at its `at`-th call (ggml's CPU backend asks it before
+// each node), counting calls; `at` 0: never.
+struct AbortAt {
+    long calls = 0;
+    long at = 0;
+};
+
+static bool abort_at_cb(void * data) {
+    auto * a = (AbortAt *) data;
+    return ++a->calls == a->at;
+}
+
+static int decode_status(llama_context * ctx, const std::vector<llama_token> & toks, int pos0) {
+    llama_batch b = llama_batch_init((int32_t) toks.size(), 0, 1);
+    for (size_t i = 0; i < toks.size(); ++i) {
+        b.token[i] = toks[i];
+        b.pos[i] = pos0 + (int) i;
+        b.n_seq_id[i] = 1;
+        b.seq_id[i][0] = 0;
+        b.logits[i] = i + 1 == toks.size();
+    }
+    b.n_tokens = (int32_t) toks.size();
+    const int rc = llama_decode(ctx, b);
+    llama_batch_free(b);
+    return rc;
+}
+
+// Interrupted batches (issue 47): with the protections, a prefill of four ubatches stopped by the
+// abort callback midway through its third ubatch (llama_decode returns 2 and keeps the ubatches
+// before), then the rest of the prompt and decode steps, one of them stopped midway and decoded
+// again. Every logit must equal a fresh context's that decoded the kept tokens, the rest and the
+// steps in the same batches. Returns "identical" or what differed.
+static std::string aborted_matches_fresh(llama_model * model, const ModelFacts & mf, const Options & o, ggml_type tk,
+                                         ggml_type tv, const std::vector<llama_token> & toks) {
+    llama_context_params cp = ctx_params(o, tk, tv, nullptr);
+    cp.cb_eval = nullptr;
+    cp.cb_eval_user_data = nullptr;
+    cp.kvc_sink = o.sink;
+    cp.kvc_window = o.window;
+    cp.kvc_window_bits = o.window_bits;
+    cp.kvc_k_center = o.center;
+    cp.n_ubatch = (uint32_t) std::max(1, o.prefill / 4);
+    AbortAt ab;
+    cp.abort_callback = abort_at_cb;
+    cp.abort_callback_data = &ab;
+    const std::vector<llama_token> pre(toks.begin(), toks.begin() + o.prefill);
+    // the calls one prefill and one step make (a throwaway context)
+    long prefill_calls = 0, step_calls = 0;
+    {
+        CtxPtr c = make_ctx(model, cp);
+        if (decode_status(c.get(), pre, 0) != 0) return "the counting prefill failed";
+        prefill_calls = ab.calls;
+        if (decode_status(c.get(), {toks[(size_t) o.prefill]}, o.prefill) != 0) return "the counting step failed";
+        step_calls = ab.calls - prefill_calls;
+    }
+    CtxPtr a = make_ctx(model, cp);
+    ab = AbortAt{0, prefill_calls * 5 / 8};
+    const int rc = decode_status(a.get(), pre, 0);
+    if (rc != 2) return "the stopped prefill returned " + std::to_string(rc) + ", not 2";
+    ab.at = 0;
+    const int kept = (int) llama_memory_seq_pos_max(llama_get_memory(a.get()), 0) + 1;
+    if (kept <= 0 || kept >= o.prefill) return "the stopped prefill kept " + std::to_string(kept) + " tokens";
+    cp.abort_callback = nullptr;
+    cp.abort_callback_data = nullptr;
+    CtxPtr f = make_ctx(model, cp);
+    if (kept > 0 && decode_status(f.get(), std::vector<llama_token>(pre.begin(), pre.begin() + kept), 0) != 0)
+        return "the fresh context's first part failed";
+    const std::vector<llama_token> rest(pre.begin() + kept, pre.end());
+    std::vector<std::vector<float>> got, want;
+    got.push_back(decode_tokens(a.get(), rest, kept, mf.n_vocab));
+    want.push_back(decode_tokens(f.get(), rest, kept, mf.n_vocab));
+    int pos = o.prefill;
+    for (int j = 0; j < o.decode; ++j, ++pos) {
+        if (j == 1) {
+            ab = AbortAt{0, std::max<long>(1, step_calls / 2)};
+            const int r = decode_status(a.get(), {toks[(size_t) pos]}, pos);
+            ab.at = 0;
+            if (r != 2) return "the stopped step returned " + std::to_string(r) + ", not 2";
+        }
+        got.push_back(decode_tokens(a.get(), {toks[(size_t) pos]}, pos, mf.n_vocab));
+        want.push_back(decode_tokens(f.get(), {toks[(size_t) pos]}, pos, mf.n_vocab));
+    }
+    for (size_t s = 0; s < got.size(); ++s) {
+        double d = 0;
+        for (size_t i = 0; i < got[s].size(); ++i) d = std::max(d, (double) std::fabs(got[s][i] - want[s][i]));
+        if (d != 0) return "logits of step " + std::to_string(s) + " differ by up to " + json_num(d);
+    }
+    return "identical";
+}
+
 static double mean_kl(const std::vector<std::vector<float>> & ref, const std::vector<std::vector<float>> & got) {
     double kl = 0;
     for (size_t s = 0; s < ref.size(); ++s) {
@@ -1021,7 +1116,9 @@ static int run_protected(llama_model * model, const ModelFacts & mf, const Optio
     const ProtectedRun prot = protected_once(model, mf, o, tk, tv, true, toks);
     const double kl_plain = mean_kl(ref.before, plain.before), kl_prot = mean_kl(ref.before, prot.before);
     const double kl_plain_s = mean_kl(ref.after, plain.after), kl_prot_s = mean_kl(ref.after, prot.after);
+    const std::string aborted = aborted_matches_fresh(model, mf, o, tk, tv, toks);
     std::vector<std::string> failures;
+    if (aborted != "identical") failures.push_back("after an interrupted batch: " + aborted);
     if (!(kl_prot < kl_plain)) failures.push_back("protected KL " + json_num(kl_prot) + " not below plain " + json_num(kl_plain));
     if (!(kl_prot_s < kl_plain_s))
         failures.push_back("after the shift, protected KL " + json_num(kl_prot_s) + " not below plain " + json_num(kl_plain_s));
@@ -1038,7 +1135,8 @@ static int run_protected(llama_model * model, const ModelFacts & mf, const Optio
       << ",\"center\":" << (o.center ? "true" : "false") << "},\"sliding_window\":" << (swa ? "true" : "false")
       << ",\"kl_plain\":" << json_num(kl_plain) << ",\"kl_protected\":" << json_num(kl_prot)
       << ",\"kl_plain_after_shift\":" << json_num(kl_plain_s) << ",\"kl_protected_after_shift\":" << json_num(kl_prot_s)
-      << ",\"state\":" << json_str(prot.state) << ",\"kv_bytes_plain\":" << plain.api_bytes
+      << ",\"state\":" << json_str(prot.state) << ",\"aborted_batches\":" << json_str(aborted)
+      << ",\"kv_bytes_plain\":" << plain.api_bytes
       << ",\"kv_bytes_protected\":" << prot.api_bytes << ",\"pass\":" << (failures.empty() ? "true" : "false")
       << ",\"failures\":[";
     for (size_t i = 0; i < failures.size(); ++i) j << (i ? "," : "") << json_str(failures[i]);

@@ -22,6 +22,7 @@ Every check can fail; the first failure ends the run with status 1 and says what
     ci_tools.py --bin-dir DIR --model GGUF --text TEXT --plan PLAN.json --out DIR
 """
 import argparse
+import http.client as http_client
 import json
 import os
 import re
@@ -130,7 +131,11 @@ def protect_flags(plan_path):
     p = json.load(open(plan_path))
     flags = ["--kvc-sink", str(p.get("sink_tokens", 0)), "--kvc-window", str(p.get("recent_tokens", 0)),
              "--kvc-window-bits", str(p.get("recent_bits", 8))]
-    return flags + (["--kvc-center"] if p.get("k_center") else [])
+    return flags + ["--kvc-center", "on" if p.get("k_center") else "off"]
+
+
+# kvq by bits without the protections llama.cpp's kvq types get by default (the opt-out)
+PLAIN = ["--kvc-sink", "0", "--kvc-window", "0", "--kvc-center", "off"]
 
 
 def main():
@@ -149,16 +154,28 @@ def main():
     results = {}
 
     # ---- llama-bench -----------------------------------------------------------------
-    _, text = run([b("llama-bench"), "-m", a.model, "-ctk", "kvq4", "-ctv", "kvq4", "-p", "32", "-n", "8",
-                   "-r", "1", "-o", "json"] + t, f"{a.out}/bench.json.log")
-    rows = json.loads(text[text.index("["):text.rindex("]") + 1])
-    if len(rows) != 2 or any(r["type_k"] != "kvq4" or r["type_v"] != "kvq4" or not r["avg_ts"] > 0 for r in rows):
-        fail(f"llama-bench rows: {rows}")
-    results["bench_tok_s"] = {("pp" if r["n_prompt"] else "tg"): r["avg_ts"] for r in rows}
-    rc, text = run([b("llama-bench"), "-m", a.model, "-ctk", "kvq9", "-p", "8", "-n", "0", "-r", "1"],
-                   f"{a.out}/bench-bad.log", expect_ok=False)
-    if rc == 0:
-        fail("llama-bench took -ctk kvq9")
+    # (the default: the protections; the same flags as the other tools turn them off)
+    for name, extra in [("bench", []), ("bench-plain", PLAIN)]:
+        cmd = [b("llama-bench"), "-m", a.model, "-ctk", "kvq4", "-ctv", "kvq4", "-p", "32", "-n", "8", "-r", "1",
+               "-o", "json", "-v"] + extra + t
+        with open(f"{a.out}/{name}.log", "w") as log:  # -v's log apart from the JSON on stdout
+            p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=log, text=True, timeout=300)
+        text = open(f"{a.out}/{name}.log", errors="replace").read()
+        if p.returncode != 0:
+            fail(f"{' '.join(cmd)} exited {p.returncode}:\n{text[-3000:]}")
+        rows = json.loads(p.stdout)
+        if len(rows) != 2 or any(r["type_k"] != "kvq4" or r["type_v"] != "kvq4" or not r["avg_ts"] > 0 for r in rows):
+            fail(f"llama-bench rows: {rows}")
+        cells_on = "kvc kvq cells on 30 layers: sink 4 f16, window 64 at 8 bits, K center on" in text
+        if cells_on != (name == "bench"):
+            fail(f"llama-bench {' '.join(extra) or '(no kvc flags)'}: kvq cells {'on' if cells_on else 'off'}")
+        results[name + "_tok_s"] = {("pp" if r["n_prompt"] else "tg"): r["avg_ts"] for r in rows}
+    for args in (["-ctk", "kvq9"], ["-ctk", "kvq4", "-ctv", "kvq4", "--kvc-window-bits", "9"],
+                 ["-ctk", "kvq4", "-ctv", "kvq4", "--kvc-center", "maybe"]):
+        rc, text = run([b("llama-bench"), "-m", a.model, "-p", "8", "-n", "0", "-r", "1"] + args,
+                       f"{a.out}/bench-bad.log", expect_ok=False)
+        if rc == 0:
+            fail(f"llama-bench took {' '.join(args)}")
 
     # ---- llama-perplexity --kl-divergence ---------------------------------------------
     ppl = [b("llama-perplexity"), "-m", a.model, "-f", a.text, "-c", "256", "--chunks", "3", "-v"] + t
@@ -166,7 +183,10 @@ def main():
     _, text = run(ppl + ["--kl-divergence-base", base], f"{a.out}/ppl-f16.log")
     f16_k, f16_v = kv_bytes(text)
     kl = {}
-    for name, args in [("kvq8", ["-ctk", "kvq8", "-ctv", "kvq8"]), ("kvq4", ["-ctk", "kvq4", "-ctv", "kvq4"]),
+    for name, args in [("kvq8", ["-ctk", "kvq8", "-ctv", "kvq8"] + PLAIN),
+                       ("kvq4", ["-ctk", "kvq4", "-ctv", "kvq4"] + PLAIN),
+                       # what a user gets with no kvc flag: the protections
+                       ("default", ["-ctk", "kvq4", "-ctv", "kvq4"]),
                        ("plan", ["--kvc-plan", a.plan]), ("q4_0", ["-ctk", "q4_0", "-ctv", "q4_0", "-fa", "on"]),
                        ("protected", ["--kvc-plan", a.protect_plan]),
                        # the same protections as flags on kvq by bits
@@ -197,10 +217,21 @@ def main():
     if (kl["flags"]["kld"], kl["flags"]["k_mib"], kl["flags"]["v_mib"]) != \
             (kl["protected"]["kld"], kl["protected"]["k_mib"], kl["protected"]["v_mib"]):
         fail(f"kvq4 with the plan's protections as flags {kl['flags']} differs from the plan {kl['protected']}")
-    # protections without kvq types, or beside a plan that sets its own, are refused
+    # the default is the protected cache: bare -ctk kvq4 -ctv kvq4 runs the k4v4-s4w64 plan bit for bit
+    if (kl["default"]["kld"], kl["default"]["k_mib"], kl["default"]["v_mib"]) != \
+            (kl["protected"]["kld"], kl["protected"]["k_mib"], kl["protected"]["v_mib"]):
+        fail(f"bare -ctk kvq4 -ctv kvq4 {kl['default']} is not the protected plan {kl['protected']}")
+    # protections without kvq types, or beside a plan that sets its own, are refused; bad values
+    # are refused before the model loads, naming the flag and the range
     for name, args, want in [("flags-f16", ["--kvc-sink", "4"], "need kvq cache types"),
                              ("flags-plan", ["--kvc-plan", a.protect_plan, "--kvc-window", "32"],
-                              "the plan sets its own sink")]:
+                              "the plan sets its own sink"),
+                             ("flags-sink-abc", ["-ctk", "kvq4", "--kvc-sink", "abc"],
+                              "--kvc-sink takes a whole number in 0..1048576, not 'abc'"),
+                             ("flags-bits-9", ["-ctk", "kvq4", "--kvc-window-bits", "9"],
+                              "--kvc-window-bits 9 is not in 2..8"),
+                             ("flags-center", ["-ctk", "kvq4", "--kvc-center", "yes"],
+                              "--kvc-center takes on, off or auto, not 'yes'")]:
         rc, text = run(ppl + args, f"{a.out}/ppl-{name}.log", expect_ok=False)
         if rc == 0 or want not in text:
             fail(f"llama-perplexity {' '.join(args)}: status {rc}, want a refusal naming '{want}':\n{text[-1500:]}")
@@ -213,7 +244,8 @@ def main():
     os.makedirs(slots)
     common = ["-m", a.model, "-c", "1024", "-np", "2", "--slot-save-path", slots, "-v"] + t
     q = "Name three colours."
-    with Server(b("llama-server"), common + ["-ctk", "kvq4", "-ctv", "kvq4"], f"{a.out}/server-kvq4.log") as s:
+    with Server(b("llama-server"), common + ["-ctk", "kvq4", "-ctv", "kvq4"] + PLAIN,
+                f"{a.out}/server-kvq4.log") as s:
         r1 = s.chat(q, id_slot=0)
         r2 = s.chat(q, id_slot=0)
         cached = r2["usage"].get("prompt_tokens_details", {}).get("cached_tokens", 0)
@@ -254,7 +286,7 @@ def main():
         fail("llama-server's log reports no kvq4 cache size")
     # context shift: a 256-token context, 400 tokens asked for
     with Server(b("llama-server"), ["-m", a.model, "-c", "256", "-np", "1", "--context-shift", "-ctk", "kvq4",
-                                    "-ctv", "kvq4"] + t, f"{a.out}/server-shift.log") as s:
+                                    "-ctv", "kvq4"] + PLAIN + t, f"{a.out}/server-shift.log") as s:
         r = http(s.port, "/completion", {"prompt": "Once upon a time", "n_predict": 400, "temperature": 0,
                                          "ignore_eos": True})
         if r.get("tokens_predicted", 0) < 300 or not r.get("content", "").strip():
@@ -336,6 +368,39 @@ def main():
         if "kvc kvq cells:" in open(s.log, errors="replace").read():
             fail("the protected context shift logged a kvc kvq cells error")
         results["server_protected_shift"] = {"tokens": r["tokens_predicted"], "shifts": shifts}
+
+    # a streamed completion cancelled midway through its prompt (the client goes away), then the
+    # same request again: the cache keeps the prompt's processed part and serves on (issue 47),
+    # and the answer equals a fresh server's. The default kvq4 cache (the protections); the
+    # prompt in 32-token batches, so that the cancel lands between them
+    long_prompt = " ".join(open(a.text, errors="replace").read().split()[:700])
+    dflt = ["-m", a.model, "-c", "2048", "-np", "1", "-b", "32", "-ub", "32", "-ctk", "kvq4", "-ctv", "kvq4",
+            "-v"] + t
+    req = {"prompt": long_prompt, "n_predict": 24, "temperature": 0, "cache_prompt": True}
+    with Server(b("llama-server"), dflt, f"{a.out}/server-cancel.log") as s:
+        conn = http_client.HTTPConnection("127.0.0.1", s.port, timeout=60)
+        conn.request("POST", "/completion", json.dumps(dict(req, stream=True)),
+                     {"Content-Type": "application/json"})
+        time.sleep(1.0)
+        conn.sock.close()  # gone before the prompt is through
+        conn.close()
+        time.sleep(1.0)
+        again = http(s.port, "/completion", req)
+        log = open(s.log, errors="replace").read()
+        if "kvc kvq cells on 30 layers: sink 4 f16, window 64 at 8 bits, K center on" not in log:
+            fail("llama-server with -ctk kvq4 -ctv kvq4 does not say the default protections are on")
+        if "kvc kvq cells:" in log:
+            fail("the cancelled request logged a kvc kvq cells error: " +
+                 next(line for line in log.splitlines() if "kvc kvq cells:" in line))
+        cancelled_cached = again.get("tokens_cached", 0)
+        timings = again.get("timings", {})
+    with Server(b("llama-server"), dflt, f"{a.out}/server-cancel-fresh.log") as s:
+        fresh = http(s.port, "/completion", req)
+    if again["content"] != fresh["content"] or not fresh["content"].strip():
+        fail(f"after a cancelled request the answer {again['content']!r} differs from a fresh server's "
+             f"{fresh['content']!r}")
+    results["server_cancelled"] = {"answer": again["content"][:60], "prompt_cached_after_cancel":
+                                   timings.get("cache_n", cancelled_cached), "prompt_n": timings.get("prompt_n")}
 
     # ---- bad input: refused with a message ---------------------------------------------
     bad_plan = f"{a.out}/plan-24-layers.json"

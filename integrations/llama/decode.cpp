@@ -40,6 +40,12 @@ CtxPtr make_context(llama_model * model, const Options & o, const CtxConfig & c)
     p.type_k = c.type_k;
     p.type_v = c.type_v;
     p.kvc_kvq_plan = c.kvc_plan.empty() ? nullptr : c.kvc_plan.c_str();
+    // each mode says its cache exactly: kvq by bits plain, a plan's protections only from the plan
+    // (llama.cpp's default gives kvq by bits the protections)
+    p.kvc_sink = 0;
+    p.kvc_window = 0;
+    p.kvc_window_bits = 0;
+    p.kvc_k_center = 0;
     p.no_perf = true;
     if (c.tap) {
         p.cb_eval = eval_callback;

@@ -35,10 +35,10 @@ use crate::kvq_block::{
 use crate::kvq_block::{kvc_kvq_block_accumulate_rows_multi, kvc_kvq_block_dot_rows_multi};
 use crate::kvq_cells::{
     kvc_kvq_cells_accumulate, kvc_kvq_cells_begin_ubatch, kvc_kvq_cells_bytes_held,
-    kvc_kvq_cells_clear, kvc_kvq_cells_copy, kvc_kvq_cells_free, kvc_kvq_cells_get_rows,
-    kvc_kvq_cells_load, kvc_kvq_cells_main_cell_bytes, kvc_kvq_cells_new, kvc_kvq_cells_release,
-    kvc_kvq_cells_save, kvc_kvq_cells_scores, kvc_kvq_cells_set_positions, kvc_kvq_cells_set_rows,
-    kvc_kvq_cells_write, KvcKvqCells, KvcKvqCellsConfig, KvcKvqCellsTensor,
+    kvc_kvq_cells_clear, kvc_kvq_cells_copy, kvc_kvq_cells_drop_ubatch, kvc_kvq_cells_free,
+    kvc_kvq_cells_get_rows, kvc_kvq_cells_load, kvc_kvq_cells_main_cell_bytes, kvc_kvq_cells_new,
+    kvc_kvq_cells_release, kvc_kvq_cells_save, kvc_kvq_cells_scores, kvc_kvq_cells_set_positions,
+    kvc_kvq_cells_set_rows, kvc_kvq_cells_write, KvcKvqCells, KvcKvqCellsConfig, KvcKvqCellsTensor,
 };
 // ABI 0.12: symmetric, checkable kvq row calls (typed rows, checked dequantize, strided attend).
 use crate::kvq_rows::{
@@ -912,6 +912,9 @@ pub struct KvcApi {
         pos: *const i32,
         n: usize,
     ) -> KvcStatus,
+    /// See `kvc_kvq_cells_drop_ubatch` (ABI 0.16).
+    pub kvq_cells_drop_ubatch:
+        unsafe extern "C" fn(cells: *mut KvcKvqCells, dropped: *mut c_int) -> KvcStatus,
 }
 
 static API: KvcApi = KvcApi {
@@ -1042,6 +1045,7 @@ static API: KvcApi = KvcApi {
     kvq_cells_get_rows: kvc_kvq_cells_get_rows,
     kvq_cells_set_rows: kvc_kvq_cells_set_rows,
     kvq_cells_set_positions: kvc_kvq_cells_set_positions,
+    kvq_cells_drop_ubatch: kvc_kvq_cells_drop_ubatch,
 };
 
 /// Whether a program built against ABI version `requested` can use this library.

@@ -6,6 +6,8 @@
 //! tensor of a cache (a layer's K and V are two tensors), so the per-cell bookkeeping is
 //! held once.
 
+use std::ffi::c_int;
+
 use kvc_kvq_cells::{CellsConfig, KvqCells, TensorSpec};
 
 use crate::boundary::{check_disjoint, in_ref, in_slice, out_ref, out_slice, status_boundary};
@@ -385,6 +387,41 @@ pub unsafe extern "C" fn kvc_kvq_cells_release(cells: *mut KvcKvqCells, cell: u3
         // SAFETY: caller contract.
         let h = unsafe { handle_mut(cells, "cells") }?;
         h.0.release(cell).map_err(Error::from)
+    })
+}
+
+/// Drops the last ubatch, complete or not (the engine's compute for it was aborted or
+/// failed, or it took the ubatch's tokens back): every cell the ubatch wrote is released
+/// and every other cell reads as before its `kvc_kvq_cells_begin_ubatch` (main rows it
+/// coded, window rows it dropped and centers it fixed are undone), so the next ubatch
+/// starts clean. `*dropped` (when not NULL) is 1, or 0 when there was none to drop: after
+/// another call changed the cells (a later begin_ubatch, clear, copy, load, a shift) the
+/// ubatch is committed. Releasing every cell the ubatch wrote for a sequence
+/// (`kvc_kvq_cells_release`, an engine's own rollback) undoes the ubatch for that sequence
+/// in the same way. (ABI 0.16)
+///
+/// # Safety
+/// `cells` a live handle used by no other call; `dropped` NULL or writable.
+#[no_mangle]
+#[must_use = "a kvc_status reports failure"]
+pub unsafe extern "C" fn kvc_kvq_cells_drop_ubatch(
+    cells: *mut KvcKvqCells,
+    dropped: *mut c_int,
+) -> KvcStatus {
+    status_boundary("kvc_kvq_cells_drop_ubatch", || {
+        // SAFETY: caller contract.
+        let h = unsafe { handle_mut(cells, "cells") }?;
+        let out = if dropped.is_null() {
+            None
+        } else {
+            // SAFETY: caller contract.
+            Some(unsafe { out_ref(dropped, "dropped") }?)
+        };
+        let d = h.0.drop_ubatch();
+        if let Some(o) = out {
+            *o = c_int::from(d);
+        }
+        Ok(())
     })
 }
 

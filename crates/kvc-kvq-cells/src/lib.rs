@@ -28,6 +28,13 @@
 //! sequences, cells), then one [`write`](KvqCells::write) per tensor, each tensor read
 //! before the next tensor of its side (`t + 2`) is written.
 //!
+//! A ubatch that did not complete (an engine's compute aborted or failed, some tensors
+//! written and some not) is dropped: [`drop_ubatch`](KvqCells::drop_ubatch), or the engine's
+//! own rollback, [`release`](KvqCells::release) of every cell the ubatch wrote for a
+//! sequence, before any other call that changes the cells. Either undoes what the ubatch
+//! did to the sequence's other cells (main rows coded, window rows dropped, centers fixed):
+//! the cells then read as if the ubatch had never begun, and the next ubatch starts clean.
+//!
 //! Saving: [`save`](KvqCells::save) writes what the cells hold beside the engine's tensors
 //! for some cells (formats, sink and window rows, centers) in the versioned `KVCQCELS`
 //! format, [`load`](KvqCells::load) puts it back into the cells an engine restores them to.
@@ -104,6 +111,8 @@ const CODED: u8 = 4;
 /// The window row is in the ubatch's scratch (slot = token index): its position leaves the
 /// window within the ubatch, so the row is coded and dropped by the next ubatch.
 const SCRATCH: u8 = 8;
+/// Written by the last ubatch, which can still be undone (never saved: formats are derived).
+const UBATCH: u8 = 16;
 
 /// The bookkeeping of one cell, shared by every tensor.
 #[derive(Clone, Copy, Debug)]
@@ -149,6 +158,25 @@ struct Ubatch {
     centers: Vec<(u32, Vec<u32>)>,
     /// Cells whose window rows are in the scratch.
     scratch: Vec<u32>,
+    /// Per sequence of the ubatch, what undoes it, until the ubatch is committed (the next
+    /// begin_ubatch or another call that changes the cells).
+    undo: Vec<SeqUndo>,
+    /// A sequence's part was undone: the ubatch takes no more writes.
+    undone: bool,
+}
+
+/// What one sequence's part of the last ubatch changed outside its own cells.
+#[derive(Debug, Default)]
+struct SeqUndo {
+    seq: u32,
+    /// The sequence's held cells before the ubatch.
+    held: Vec<u32>,
+    /// Whether its centers were fixed before the ubatch.
+    centered: bool,
+    /// Earlier cells of the sequence whose formats the ubatch changed, as they were.
+    cells: Vec<(u32, Cell)>,
+    /// Cells the ubatch wrote for the sequence and the engine has not released yet.
+    live: usize,
 }
 
 /// Window cells of a tile gathered into runs: consecutive tile positions whose rows are
@@ -448,6 +476,7 @@ impl KvqCells {
                 ),
             });
         }
+        self.commit_ubatch();
         // the previous ubatch's scratch rows are coded and gone; its dropped window slots
         // are free from now on
         for c in std::mem::take(&mut self.ubatch.scratch) {
@@ -462,6 +491,7 @@ impl KvqCells {
         }
         self.compact_window_slots();
         self.ubatch.serial += 1;
+        self.ubatch.undone = false;
         self.ubatch.tokens.clear();
         self.ubatch.code.clear();
         self.ubatch.centers.clear();
@@ -489,6 +519,19 @@ impl KvqCells {
                 seq: si,
                 ..Cell::EMPTY
             };
+            match self.ubatch.undo.iter_mut().find(|u| u.seq == si) {
+                Some(u) => u.live += 1,
+                None => {
+                    let s = &self.seqs[si as usize];
+                    self.ubatch.undo.push(SeqUndo {
+                        seq: si,
+                        held: s.held.clone(),
+                        centered: s.centered,
+                        cells: Vec::new(),
+                        live: 1,
+                    });
+                }
+            }
             if p < sink {
                 cell.slot = self.sink_slots.alloc();
                 cell.flags = SINK;
@@ -507,6 +550,7 @@ impl KvqCells {
             } else {
                 cell.flags = CODED;
             }
+            cell.flags |= UBATCH;
             self.cells[c] = cell;
             self.ubatch.tokens.push((pos[i], si, c as u32));
         }
@@ -547,8 +591,15 @@ impl KvqCells {
                 self.seqs[si as usize].centered = true;
             }
             let mut keep = Vec::with_capacity(live.len());
+            let undo = self
+                .ubatch
+                .undo
+                .iter_mut()
+                .find(|u| u.seq == si)
+                .expect("every sequence of the ubatch has its undo");
             for c in live {
                 let cell = &mut self.cells[c as usize];
+                let before = *cell;
                 let p = i64::from(cell.pos);
                 if cell.flags & CODED == 0 && p <= last - w {
                     cell.flags |= CODED;
@@ -562,10 +613,102 @@ impl KvqCells {
                 } else {
                     keep.push(c);
                 }
+                if cell.flags != before.flags && before.flags & UBATCH == 0 {
+                    undo.cells.push((c, before));
+                }
             }
             self.seqs[si as usize].held = keep;
         }
         Ok(())
+    }
+
+    /// The last ubatch can no longer be undone: its cells are like any other.
+    fn commit_ubatch(&mut self) {
+        if self.ubatch.undo.is_empty() {
+            return;
+        }
+        for &(_, _, c) in &self.ubatch.tokens {
+            self.cells[c as usize].flags &= !UBATCH;
+        }
+        self.ubatch.undo.clear();
+    }
+
+    /// Undoes what the last ubatch did to sequence entry `u`'s earlier cells: formats,
+    /// dropped window rows, held cells and centers as before it. Its own cells are released.
+    fn undo_seq(&mut self, u: usize) {
+        let undo = self.ubatch.undo.swap_remove(u);
+        for (c, before) in undo.cells {
+            let cell = &mut self.cells[c as usize];
+            // released (or written again) since: nothing of the sequence's to restore there;
+            // a window slot it dropped is still released by the next begin_ubatch
+            if cell.pos != before.pos || cell.seq != before.seq || cell.flags & SINK != 0 {
+                continue;
+            }
+            if before.flags & WIN != 0 && cell.flags & WIN == 0 {
+                if let Some(i) = self.dropped.iter().position(|&s| s == before.slot) {
+                    self.dropped.swap_remove(i);
+                }
+            }
+            *cell = before;
+        }
+        let seq = &mut self.seqs[undo.seq as usize];
+        seq.held = undo.held;
+        if seq.centered && !undo.centered {
+            seq.centered = false;
+            for t in &mut self.tensors {
+                t.set_center(undo.seq, None);
+            }
+        }
+        self.ubatch.undone = true;
+        if self.ubatch.undo.is_empty() {
+            // every sequence undone: the ubatch is over, whatever its writes reached
+            self.ubatch.tokens.clear();
+            self.ubatch.code.clear();
+            self.ubatch.centers.clear();
+            self.ubatch.scratch.clear();
+            let serial = self.ubatch.serial;
+            for t in &mut self.tensors {
+                t.set_written(serial);
+            }
+        }
+    }
+
+    /// Drops the last ubatch, complete or not (the engine's compute for it was aborted or
+    /// failed, or the engine took its tokens back): every cell it wrote is released and the
+    /// rest read as before its [`begin_ubatch`](Self::begin_ubatch); the next ubatch starts
+    /// clean. Returns whether there was a ubatch to drop: none after another call changed
+    /// the cells (a later begin_ubatch, clear, copy, load, shift), when it is committed.
+    pub fn drop_ubatch(&mut self) -> bool {
+        if self.ubatch.undo.is_empty() {
+            return false;
+        }
+        let cells: Vec<u32> = self
+            .ubatch
+            .tokens
+            .iter()
+            .map(|&(_, _, c)| c)
+            .filter(|&c| self.cells[c as usize].flags & UBATCH != 0)
+            .collect();
+        for c in cells {
+            self.release_written(c as usize);
+        }
+        true
+    }
+
+    /// Releases cell `c`; the last of a sequence's cells of an undoable ubatch undoes the
+    /// sequence's part of it.
+    fn release_written(&mut self, c: usize) {
+        let cell = self.cells[c];
+        self.release_cell(c);
+        if cell.flags & UBATCH == 0 {
+            return;
+        }
+        if let Some(u) = self.ubatch.undo.iter().position(|u| u.seq == cell.seq) {
+            self.ubatch.undo[u].live -= 1;
+            if self.ubatch.undo[u].live == 0 {
+                self.undo_seq(u);
+            }
+        }
     }
 
     /// Renumbers the lasting window slots 0..used and shrinks every tensor's window rows to
@@ -615,6 +758,14 @@ impl KvqCells {
                     "tensor {t}: a write of {} rows whose cells are not the {} of begin_ubatch",
                     cells.len(),
                     ub.tokens.len()
+                ),
+            });
+        }
+        if ub.undone {
+            return Err(Error::State {
+                why: format!(
+                    "tensor {t}: ubatch {} was dropped (its cells were released)",
+                    ub.serial
                 ),
             });
         }
@@ -805,8 +956,11 @@ impl KvqCells {
         // most tiles hold only coded main rows of one writer: their centers' q . c added in
         // one pass (the loop below gives the same sums, cell by cell)
         if center {
-            if let Some(first) = tile.first().filter(|c| c.flags == CODED) {
-                if tile.iter().all(|c| c.flags == CODED && c.seq == first.seq) {
+            if let Some(first) = tile.first().filter(|c| c.flags & !UBATCH == CODED) {
+                if tile
+                    .iter()
+                    .all(|c| c.flags & !UBATCH == CODED && c.seq == first.seq)
+                {
                     let dots = tensor.center_dots(&mut qc, first.seq, kv_head, q_rot, g)?;
                     for (j, &dj) in dots.iter().enumerate() {
                         for s in &mut scores[j * n..(j + 1) * n] {
@@ -1005,6 +1159,7 @@ impl KvqCells {
         rows: &[f32],
     ) -> Result<()> {
         self.check_cell_rows(t, main.len(), cells, rows.len())?;
+        self.commit_ubatch();
         let width = self.tensors[t as usize].width();
         for (&c, x) in cells.iter().zip(rows.chunks_exact(width)) {
             let cell = self.cells[c as usize];
@@ -1054,6 +1209,7 @@ impl KvqCells {
                 _ => {}
             }
         }
+        self.commit_ubatch();
         for (&c, &p) in cells.iter().zip(pos) {
             self.cells[c as usize].pos = p;
         }
@@ -1061,6 +1217,10 @@ impl KvqCells {
     }
 
     /// Forgets cell `cell` (the engine freed it): its sink or window rows are released.
+    /// Releasing the last cell the last ubatch wrote for a sequence, before any other call
+    /// that changes the cells, also undoes what that ubatch did to the sequence's earlier
+    /// cells (an engine's rollback of a failed or taken-back ubatch; see
+    /// [`drop_ubatch`](Self::drop_ubatch)).
     pub fn release(&mut self, cell: u32) -> Result<()> {
         if cell >= self.cfg.n_cells {
             return Err(Error::invalid(
@@ -1068,12 +1228,12 @@ impl KvqCells {
                 format!("{cell} is not below n_cells {}", self.cfg.n_cells),
             ));
         }
-        self.release_cell(cell as usize);
+        self.release_written(cell as usize);
         Ok(())
     }
 
     /// Forgets every cell, sequence and center (the engine cleared its cache). The next
-    /// ubatch starts afresh.
+    /// ubatch starts afresh, whether or not the last one was complete.
     pub fn clear(&mut self) {
         self.cells.fill(Cell::EMPTY);
         self.seqs.clear();
@@ -1084,9 +1244,13 @@ impl KvqCells {
         self.ubatch.code.clear();
         self.ubatch.centers.clear();
         self.ubatch.scratch.clear();
+        self.ubatch.undo.clear();
+        self.ubatch.undone = false;
         self.scratch_owner = [None, None];
+        let serial = self.ubatch.serial;
         for t in &mut self.tensors {
             t.clear();
+            t.set_written(serial);
         }
     }
 
@@ -1103,6 +1267,7 @@ impl KvqCells {
                 format!("cells {s}+{n} onto {d}+{n} of {total}, sequence {dst_seq}"),
             ));
         }
+        self.commit_ubatch();
         let di = self.seq_index(dst_seq);
         let mut centers_from: Vec<u32> = Vec::new();
         for k in 0..n as usize {

@@ -352,6 +352,7 @@ impl KvqCells {
             )));
         }
         // everything checked: nothing below fails
+        self.commit_ubatch();
         let mut created: Vec<u32> = Vec::with_capacity(writers.len());
         for wr in &writers {
             let id = if dest_seq < 0 {

@@ -305,8 +305,13 @@ fn rows_held_follow_the_window() {
         base < decoding && decoding < after_prefill,
         "{base} {decoding} {after_prefill}"
     );
+    // releasing an older cell gives its window row back; releasing the last ubatch's cell
+    // undoes that ubatch: position 103's window row, which it dropped, is read again
+    cells.release(cell_of(110) as u32).unwrap();
+    assert_eq!(cells.window_rows(), 15);
     cells.release(cell_of(119) as u32).unwrap();
     assert_eq!(cells.window_rows(), 15);
+    assert_eq!(cells.read_of(cell_of(103) as u32, 119), CellRead::Window);
     cells.clear();
     assert_eq!((cells.window_rows(), cells.sink_rows()), (0, 0));
     assert!(cells.center_of(0, 0).is_none());
@@ -600,3 +605,132 @@ fn two_scratch_buffers_serve_every_layer_in_order() {
 mod state;
 
 mod shift;
+
+/// Begins a ubatch of positions `first..first + n` of sequence 0 whose rows are another
+/// text's (`salt`), and writes only the first `written` tensors (an engine that stopped).
+fn begin_span_partly(
+    cells: &mut KvqCells,
+    mains: &mut [Vec<u8>],
+    first: usize,
+    n: usize,
+    written: u32,
+) {
+    let pos: Vec<i32> = (first..first + n).map(|p| p as i32).collect();
+    let seq = vec![0; n];
+    let idx: Vec<i64> = (first..first + n).map(cell_of).collect();
+    let k: Vec<f32> = (first..first + n)
+        .flat_map(|p| token_rows(p + 777))
+        .collect();
+    let v: Vec<f32> = (first..first + n).flat_map(|p| v_rows(p + 777)).collect();
+    cells.begin_ubatch(&pos, &seq, &idx).unwrap();
+    for t in 0..written {
+        let rows = if t == 0 { &k } else { &v };
+        cells.write(t, rows, &idx, &mut mains[t as usize]).unwrap();
+    }
+}
+
+/// Every read of a run of one-token writes after `p0`, and of one batched write first.
+fn reads_from(
+    cells: &mut KvqCells,
+    mains: &mut [Vec<u8>],
+    p0: usize,
+    batch: usize,
+) -> Vec<(Vec<f32>, Vec<f32>)> {
+    let mut out = Vec::new();
+    write_span(cells, mains, p0, batch);
+    for t in 0..batch {
+        out.push((
+            visible_scores(cells, mains, t as u32, p0 + t, 1),
+            visible_values(cells, mains, t as u32, p0 + t, 1),
+        ));
+    }
+    for p in p0 + batch..140 {
+        write_span(cells, mains, p, 1);
+        out.push((
+            visible_scores(cells, mains, 0, p, 0),
+            visible_values(cells, mains, 0, p, 1),
+        ));
+    }
+    out
+}
+
+#[test]
+fn a_dropped_ubatch_reads_as_never_begun() {
+    // (tensors written before the stop, how it is dropped: drop_ubatch or the engine
+    // releasing the ubatch's cells, the dropped ubatch's first position and length)
+    let cases: &[(u32, bool, usize, usize)] = &[
+        (0, true, 38, 64),
+        (1, true, 38, 64),
+        (2, false, 38, 64),
+        (1, false, 60, 1),
+        (2, true, 90, 1),
+        (2, false, 90, 30),
+    ];
+    for &(sink, window, center) in &[(4, 16, true), (0, 16, false), (2, 1, false), (4, 0, false)] {
+        for &(written, explicit, first, n) in cases {
+            let what = format!("sink {sink} window {window} center {center}: {written} tensors written, ubatch {first}+{n}, drop_ubatch {explicit}");
+            let (mut fresh, mut main_f) = new_cells(sink, window, center);
+            let (mut cells, mut mains) = new_cells(sink, window, center);
+            for (c, m) in [(&mut fresh, &mut main_f), (&mut cells, &mut mains)] {
+                write_span(c, m, 0, 37);
+                for p in 37..first {
+                    write_span(c, m, p, 1);
+                }
+            }
+            begin_span_partly(&mut cells, &mut mains, first, n, written);
+            if explicit {
+                assert!(cells.drop_ubatch(), "{what}");
+                assert!(!cells.drop_ubatch(), "{what}: dropped twice");
+            } else {
+                // the engine's rollback: it frees every cell of the ubatch (any order)
+                for p in (first..first + n).rev() {
+                    cells.release(cell_of(p) as u32).unwrap();
+                }
+            }
+            assert_eq!(cells.ubatch_len(), 0, "{what}");
+            // another batch shape after the drop than the one dropped
+            let batch = if n > 1 { 5 } else { 1 };
+            let want = reads_from(&mut fresh, &mut main_f, first, batch);
+            let got = reads_from(&mut cells, &mut mains, first, batch);
+            assert_eq!(got.len(), want.len());
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert_eq!(g, w, "{what}: read {i}");
+            }
+            // the same rows held (storage the dropped ubatch grew may stay reserved)
+            assert_eq!(
+                (cells.window_rows(), cells.sink_rows()),
+                (fresh.window_rows(), fresh.sink_rows()),
+                "{what}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_committed_ubatch_is_not_undone() {
+    let (mut cells, mut mains) = new_cells(4, 16, true);
+    write_span(&mut cells, &mut mains, 0, 40);
+    write_span(&mut cells, &mut mains, 40, 1);
+    // a later ubatch commits the one before: only the last can be dropped
+    assert!(cells.drop_ubatch());
+    assert!(!cells.drop_ubatch());
+    // a rollback that releases an older ubatch's cells releases them, nothing more
+    write_span(&mut cells, &mut mains, 40, 1);
+    write_span(&mut cells, &mut mains, 41, 1);
+    cells.release(cell_of(40) as u32).unwrap();
+    assert_eq!(cells.read_of(cell_of(41) as u32, 41), CellRead::Window);
+    // clear starts afresh, even in the middle of a ubatch
+    begin_span_partly(&mut cells, &mut mains, 42, 3, 1);
+    cells.clear();
+    write_span(&mut cells, &mut mains, 0, 3);
+    // a write after a drop is refused, and the next ubatch begins
+    begin_span_partly(&mut cells, &mut mains, 3, 2, 1);
+    assert!(cells.drop_ubatch());
+    let idx: Vec<i64> = (3..5).map(cell_of).collect();
+    let v: Vec<f32> = (3..5).flat_map(v_rows).collect();
+    assert!(matches!(
+        cells.write(1, &v, &idx, &mut mains[1]),
+        Err(Error::State { .. })
+    ));
+    write_span(&mut cells, &mut mains, 3, 2);
+}

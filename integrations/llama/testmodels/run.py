@@ -121,7 +121,8 @@ def main() -> int:
                 rows.append([s.name, label, "FAIL", "", "", "", "", "", "", "", "", "", f"{what}: {err}"[:300]])
         # kvc's kvq cells (f16 sink 4, 8-bit window 32, K center) on kvq4, every cache of the
         # model through them (both of a sliding-window model's): below plain kvq4's KL before and
-        # after a context shift (K roped through the cells), the state round trip, bytes beside
+        # after a context shift (K roped through the cells), the state round trip, bytes beside,
+        # batches stopped by the abort callback then decoded on with a fresh context's logits
         # (a sliding-window model also past its sliding-window cache's cells, reused as a ring)
         prot_runs = [(common, "kvq4 + cells")]
         if s.swa:
@@ -132,7 +133,8 @@ def main() -> int:
             bad += not ok
             note = (f"KL plain {j['kl_plain']:.2e} protected {j['kl_protected']:.2e}; after a shift "
                     f"{j['kl_plain_after_shift']:.2e} / {j['kl_protected_after_shift']:.2e}; bytes "
-                    f"{j['kv_bytes_plain']} / {j['kv_bytes_protected']}; " + "; ".join(j["failures"])) if j else err
+                    f"{j['kv_bytes_plain']} / {j['kv_bytes_protected']}; interrupted batches: "
+                    f"{j['aborted_batches']}; " + "; ".join(j["failures"])) if j else err
             rows.append([s.name, label, "pass" if ok else "FAIL",
                          f"{j['kl_protected']:.2e}" if j else "", "", "", "", "", "", "", "",
                          j["state"][:80] if j else "", note[:300]])
