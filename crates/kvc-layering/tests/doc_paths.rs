@@ -1,0 +1,98 @@
+//! Every repository path that `README.md` and `docs/*.md` name exists, so the docs cannot
+//! point at a file that moved or went away (`docs/results/` holds dated records of runs
+//! and is left as written).
+//!
+//! A path is a backquoted word with a `/` whose first part is a top-level directory of the
+//! repository or a crate (`kvc-cache/src/paged.rs` is `crates/kvc-cache/src/paged.rs`);
+//! `{a,b}` stands for both; `fuzz/NAME` may name the fuzz target
+//! `fuzz/fuzz_targets/NAME.rs`. Words with `*`, `<`, `>` or `$` are patterns, not paths,
+//! and paths relative to a crate (`tests/kvq.rs`) or outside the tree (`.cache/llama`,
+//! `target/asan`) are not checked here.
+
+use std::fs;
+
+use kvc_layering::{expand_braces, repo_root};
+
+const TOP: [&str; 9] = [
+    "crates",
+    "docs",
+    "scripts",
+    "fuzz",
+    "ffi-tests",
+    "integrations",
+    "data",
+    "include",
+    "cmake",
+];
+
+/// The paths `text` names, as written (braces expanded).
+fn named_paths(text: &str) -> Vec<String> {
+    let mut paths = Vec::new();
+    for token in text.split('`').skip(1).step_by(2) {
+        if !token.contains('/')
+            || token.contains(char::is_whitespace)
+            || token.contains(['*', '<', '>', '$'])
+        {
+            continue;
+        }
+        let first = token.split('/').next().unwrap_or_default();
+        if TOP.contains(&first) || first.starts_with("kvc-") {
+            paths.extend(expand_braces(token));
+        }
+    }
+    paths
+}
+
+fn exists(path: &str) -> bool {
+    let root = repo_root();
+    let fuzz_target = path
+        .strip_prefix("fuzz/")
+        .map(|t| root.join(format!("fuzz/fuzz_targets/{t}.rs")));
+    root.join(path).exists()
+        || root.join("crates").join(path).exists()
+        || fuzz_target.is_some_and(|p| p.is_file())
+}
+
+#[test]
+fn every_path_the_docs_name_exists() {
+    let root = repo_root();
+    let mut docs = vec![root.join("README.md")];
+    for e in fs::read_dir(root.join("docs")).expect("docs/") {
+        let p = e.expect("docs entry").path();
+        if p.extension().is_some_and(|x| x == "md") {
+            docs.push(p);
+        }
+    }
+    let mut wrong = Vec::new();
+    let mut checked = 0;
+    for doc in &docs {
+        let text = fs::read_to_string(doc).expect("doc");
+        for p in named_paths(&text) {
+            checked += 1;
+            if !exists(&p) {
+                let name = doc.strip_prefix(&root).unwrap_or(doc).display().to_string();
+                wrong.push(format!("{name} names {p}, which does not exist"));
+            }
+        }
+    }
+    assert!(
+        checked > 100,
+        "only {checked} paths found: the scan is broken"
+    );
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+#[test]
+fn a_missing_path_is_found() {
+    let text = "see `kvc-quant/src/c8.rs` and `crates/kvc-types/src/{dtype,tensor}.rs`";
+    let paths = named_paths(text);
+    assert_eq!(
+        paths,
+        [
+            "kvc-quant/src/c8.rs",
+            "crates/kvc-types/src/dtype.rs",
+            "crates/kvc-types/src/tensor.rs"
+        ]
+    );
+    assert!(!exists(&paths[0]) && exists(&paths[1]) && exists(&paths[2]));
+}
