@@ -22,7 +22,6 @@
 
 pub mod cells;
 pub mod compact;
-pub mod dtype;
 pub mod error;
 pub mod layout;
 pub mod mlp;
@@ -35,7 +34,6 @@ pub use compact::{
     compact_heads, compact_layer, compact_layers, compact_shared, compact_tensor, move_head_tokens,
     move_tokens, zero_layer_tokens, zero_tokens,
 };
-pub use dtype::DType;
 pub use error::{Error, ErrorKind, Result};
 pub use layout::{Addressing, KvLayout, LayerMut, TensorLayout};
 pub use mlp::{mlp_compress_infinilm, mlp_compress_llama, SeqCompression};

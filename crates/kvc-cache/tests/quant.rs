@@ -10,27 +10,28 @@ use kvc_cache::quant::{
     calibrate, dequantize, dequantize_rows, quant_error, quantize, quantize_rows, roundtrip_rows,
     C8Params, ChannelQuant, ChannelStats, LayerQuant,
 };
-use kvc_cache::{Addressing, DType, Error, ErrorKind, TensorLayout};
+use kvc_cache::{Addressing, Error, ErrorKind, TensorLayout};
+use kvc_types::Dtype;
 
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/c8")
 }
 
-fn to_f32(dt: DType, b: &[u8]) -> f32 {
+fn to_f32(dt: Dtype, b: &[u8]) -> f32 {
     match dt {
-        DType::F16 => half::f16::from_le_bytes([b[0], b[1]]).to_f32(),
-        DType::Bf16 => half::bf16::from_le_bytes([b[0], b[1]]).to_f32(),
-        DType::F32 => f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
-        DType::I8 => f32::from(b[0] as i8),
+        Dtype::F16 => half::f16::from_le_bytes([b[0], b[1]]).to_f32(),
+        Dtype::Bf16 => half::bf16::from_le_bytes([b[0], b[1]]).to_f32(),
+        Dtype::F32 => f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
+        Dtype::I8 => f32::from(b[0] as i8),
     }
 }
 
-fn from_f32(dt: DType, x: f32) -> Vec<u8> {
+fn from_f32(dt: Dtype, x: f32) -> Vec<u8> {
     match dt {
-        DType::F16 => half::f16::from_f32(x).to_le_bytes().to_vec(),
-        DType::Bf16 => half::bf16::from_f32(x).to_le_bytes().to_vec(),
-        DType::F32 => x.to_le_bytes().to_vec(),
-        DType::I8 => vec![x as i8 as u8],
+        Dtype::F16 => half::f16::from_f32(x).to_le_bytes().to_vec(),
+        Dtype::Bf16 => half::bf16::from_f32(x).to_le_bytes().to_vec(),
+        Dtype::F32 => x.to_le_bytes().to_vec(),
+        Dtype::I8 => vec![x as i8 as u8],
     }
 }
 
@@ -64,9 +65,9 @@ fn layouts() -> Vec<Addressing> {
 fn quantize_and_dequantize_follow_the_formula_in_every_layout_and_dtype() {
     let (heads, dim, cap) = (2, 6, 13);
     for a in layouts() {
-        for dt in [DType::F16, DType::Bf16, DType::F32] {
+        for dt in [Dtype::F16, Dtype::Bf16, Dtype::F32] {
             let l = TensorLayout::new(a, dt, heads, dim, cap).unwrap();
-            let li = l.with_dtype(DType::I8).unwrap();
+            let li = l.with_dtype(Dtype::I8).unwrap();
             let vals = rand_f32(cap * l.channels(), 7);
             let mut src = vec![0u8; l.byte_len()];
             let es = dt.size();
@@ -111,7 +112,7 @@ fn quantize_and_dequantize_follow_the_formula_in_every_layout_and_dtype() {
 #[test]
 fn calibration_matches_msmodelslim() {
     // Two channels, values [-1, 3] and [0.5, 2].
-    let l = TensorLayout::new(Addressing::CellRows, DType::F32, 1, 2, 2).unwrap();
+    let l = TensorLayout::new(Addressing::CellRows, Dtype::F32, 1, 2, 2).unwrap();
     let src: Vec<u8> = [-1.0f32, 0.5, 3.0, 2.0]
         .iter()
         .flat_map(|x| x.to_le_bytes())
@@ -143,15 +144,15 @@ fn calibration_matches_msmodelslim() {
 
 #[test]
 fn kernel_errors_are_typed() {
-    let l = TensorLayout::new(Addressing::HeadMajor, DType::F16, 2, 4, 8).unwrap();
-    let li = l.with_dtype(DType::I8).unwrap();
+    let l = TensorLayout::new(Addressing::HeadMajor, Dtype::F16, 2, 4, 8).unwrap();
+    let li = l.with_dtype(Dtype::I8).unwrap();
     let q = ChannelQuant::new(vec![0.1; 8], vec![0.0; 8]).unwrap();
     let src = vec![0u8; l.byte_len()];
     let mut dst = vec![0u8; li.byte_len()];
     assert!(quantize(&src, &l, &mut dst, &li, 0..9, &q).is_err());
     assert!(quantize(&src[1..], &l, &mut dst, &li, 0..8, &q).is_err());
     assert!(quantize(&src, &l, &mut dst, &l, 0..8, &q).is_err());
-    let other = TensorLayout::new(Addressing::CellRows, DType::I8, 2, 4, 8).unwrap();
+    let other = TensorLayout::new(Addressing::CellRows, Dtype::I8, 2, 4, 8).unwrap();
     assert!(quantize(&src, &l, &mut dst, &other, 0..8, &q).is_err());
     let q7 = ChannelQuant::new(vec![0.1; 7], vec![0.0; 7]).unwrap();
     assert!(quantize(&src, &l, &mut dst, &li, 0..8, &q7).is_err());
@@ -410,7 +411,7 @@ fn c8_on_real_kv_keeps_snr() {
         let (layers, tokens, heads, dim) = (shape[0], shape[1].min(512), shape[2], shape[3]);
         let raw = std::fs::read(dir.join(format!("textA.{t}.f16.bin"))).unwrap();
         let per_layer = shape[1] * heads * dim * 2;
-        let l = TensorLayout::new(Addressing::CellRows, DType::F16, heads, dim, tokens).unwrap();
+        let l = TensorLayout::new(Addressing::CellRows, Dtype::F16, heads, dim, tokens).unwrap();
         for layer in 0..layers.min(4) {
             let src = &raw[layer * per_layer..layer * per_layer + l.byte_len()];
             for sym in [true, false] {
@@ -431,7 +432,7 @@ fn c8_on_real_kv_keeps_snr() {
     }
 }
 
-fn rows_bytes(dt: DType, vals: &[f32]) -> Vec<u8> {
+fn rows_bytes(dt: Dtype, vals: &[f32]) -> Vec<u8> {
     vals.iter().flat_map(|&x| from_f32(dt, x)).collect()
 }
 
@@ -439,9 +440,9 @@ fn rows_bytes(dt: DType, vals: &[f32]) -> Vec<u8> {
 fn row_batches_quantize_like_a_llama_layer() {
     // 3 KV heads x 64 (SmolLM2), 9 rows: the rows of tokens 4..13 of a llama.cpp K tensor.
     let (channels, cap, rows) = (192usize, 16usize, 9usize);
-    for dt in [DType::F16, DType::Bf16, DType::F32] {
+    for dt in [Dtype::F16, Dtype::Bf16, Dtype::F32] {
         let l = TensorLayout::new(Addressing::CellRows, dt, 3, 64, cap).unwrap();
-        let li = l.with_dtype(DType::I8).unwrap();
+        let li = l.with_dtype(Dtype::I8).unwrap();
         let cache = rows_bytes(dt, &rand_f32(cap * channels, 11));
         let q = calibrate(&cache, &l, 0..cap, false).unwrap();
         let es = dt.size();
@@ -484,13 +485,13 @@ fn row_batch_errors_are_typed_and_write_nothing() {
     let kind = |e: Error| e.kind();
     // Source one byte short / long, one row more than it holds.
     for bad in [&src[1..], &[src.as_slice(), &[0]].concat()[..]] {
-        let e = quantize_rows(bad, DType::F16, 2, &q, &mut dst).unwrap_err();
+        let e = quantize_rows(bad, Dtype::F16, 2, &q, &mut dst).unwrap_err();
         assert!(matches!(e, Error::LayoutMismatch { .. }), "{e}");
         assert_eq!(kind(e), ErrorKind::InvalidArgument);
     }
-    assert!(quantize_rows(&src, DType::F16, 3, &q, &mut dst).is_err());
+    assert!(quantize_rows(&src, Dtype::F16, 3, &q, &mut dst).is_err());
     // Destination too small.
-    let e = quantize_rows(&src, DType::F16, 2, &q, &mut dst[..15]).unwrap_err();
+    let e = quantize_rows(&src, Dtype::F16, 2, &q, &mut dst[..15]).unwrap_err();
     assert!(
         matches!(
             e,
@@ -504,41 +505,41 @@ fn row_batch_errors_are_typed_and_write_nothing() {
     );
     assert_eq!(kind(e), ErrorKind::BufferTooSmall);
     // int8 is not a float source; overflowing row counts.
-    let e = quantize_rows(&src, DType::I8, 2, &q, &mut dst).unwrap_err();
+    let e = quantize_rows(&src, Dtype::I8, 2, &q, &mut dst).unwrap_err();
     assert_eq!(kind(e), ErrorKind::Unsupported);
-    let e = quantize_rows(&src, DType::F16, usize::MAX / 4, &q, &mut dst).unwrap_err();
+    let e = quantize_rows(&src, Dtype::F16, usize::MAX / 4, &q, &mut dst).unwrap_err();
     assert!(matches!(e, Error::SizeOverflow { .. }), "{e}");
-    let e = quantize_rows(&src, DType::F16, usize::MAX, &q, &mut dst).unwrap_err();
+    let e = quantize_rows(&src, Dtype::F16, usize::MAX, &q, &mut dst).unwrap_err();
     assert!(matches!(e, Error::SizeOverflow { .. }), "{e}");
     assert_eq!(dst, vec![7u8; 16], "nothing written on error");
 
     let i8s = vec![1u8; 16];
     let mut out = vec![9u8; 32];
     assert!(matches!(
-        dequantize_rows(&i8s[1..], 2, &q, &mut out, DType::F16),
+        dequantize_rows(&i8s[1..], 2, &q, &mut out, Dtype::F16),
         Err(Error::LayoutMismatch { .. })
     ));
     assert!(matches!(
-        dequantize_rows(&i8s, 2, &q, &mut out[..31], DType::F16),
+        dequantize_rows(&i8s, 2, &q, &mut out[..31], Dtype::F16),
         Err(Error::BufferTooSmall { .. })
     ));
     assert!(matches!(
-        dequantize_rows(&i8s, 2, &q, &mut out, DType::I8),
+        dequantize_rows(&i8s, 2, &q, &mut out, Dtype::I8),
         Err(Error::UnsupportedDType { .. })
     ));
     assert_eq!(out, vec![9u8; 32]);
 
     let mut data = src.clone();
-    assert!(roundtrip_rows(&mut data[..31], DType::F16, 2, &q).is_err());
-    assert!(roundtrip_rows(&mut data, DType::F32, 2, &q).is_err()); // 32 bytes = 1 f32 row
-    assert!(roundtrip_rows(&mut data, DType::I8, 4, &q).is_err());
+    assert!(roundtrip_rows(&mut data[..31], Dtype::F16, 2, &q).is_err());
+    assert!(roundtrip_rows(&mut data, Dtype::F32, 2, &q).is_err()); // 32 bytes = 1 f32 row
+    assert!(roundtrip_rows(&mut data, Dtype::I8, 4, &q).is_err());
     assert_eq!(data, src);
 }
 
 #[test]
 fn row_calibration_equals_layout_calibration() {
     let (channels, cap) = (24usize, 20usize);
-    for dt in [DType::F16, DType::Bf16, DType::F32] {
+    for dt in [Dtype::F16, Dtype::Bf16, Dtype::F32] {
         let l = TensorLayout::new(Addressing::CellRows, dt, 2, 12, cap).unwrap();
         let cache = rows_bytes(dt, &rand_f32(cap * channels, 5));
         let es = dt.size();
@@ -573,7 +574,7 @@ fn row_calibration_equals_layout_calibration() {
         );
         assert!(by_rows.observe_rows(&cache[..es], dt, 1).is_err());
         assert!(by_rows
-            .observe_rows(&cache[..channels], DType::I8, 1)
+            .observe_rows(&cache[..channels], Dtype::I8, 1)
             .is_err());
         assert_eq!(by_rows, before);
     }

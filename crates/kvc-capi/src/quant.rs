@@ -16,7 +16,7 @@ use kvc_cache::quant::{
     dequantize_rows, quantize_rows, roundtrip_rows, C8Params, ChannelQuant, ChannelStats,
     LayerQuant, RopeStats, RopeStyle,
 };
-use kvc_cache::DType;
+use kvc_types::Dtype;
 
 use crate::boundary::{
     check_disjoint, in_ref, in_slice, out_ref, out_slice, status_boundary, value_boundary,
@@ -162,7 +162,7 @@ impl KvcQuant {
         dtype: KvcDtype,
         (rows_null, argument): (bool, &'static str),
         n_rows: usize,
-    ) -> Result<(usize, usize, DType, usize), Error> {
+    ) -> Result<(usize, usize, Dtype, usize), Error> {
         if rows_null && n_rows > 0 {
             return Err(Error::NullArgument { argument });
         }
@@ -442,7 +442,7 @@ pub unsafe extern "C" fn kvc_quant_observe_rows(
         let channels = q.channels(t);
         // SAFETY: caller contract.
         let src = unsafe { in_bytes(src, elems, dt, "src") }?;
-        if dt == DType::I8 {
+        if dt == Dtype::I8 {
             return Err(Error::Wrapped {
                 status: KvcStatus::KVC_UNSUPPORTED,
                 message: "calibration needs float rows; KVC_DTYPE_I8 is not supported".into(),
@@ -803,7 +803,7 @@ pub unsafe extern "C" fn kvc_quant_dequantize_rows(
         let (l, t, dt, elems) =
             q.row_batch(layer, tensor, dtype, (src.is_null(), "src"), n_rows)?;
         // SAFETY: caller contract.
-        let src_bytes = unsafe { in_bytes(src.cast(), elems, DType::I8, "src") }?;
+        let src_bytes = unsafe { in_bytes(src.cast(), elems, Dtype::I8, "src") }?;
         if dst.is_null() && dst_capacity == 0 {
             *dst_len = elems;
             return Ok(());

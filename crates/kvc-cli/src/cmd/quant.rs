@@ -12,7 +12,8 @@ use kvc_cache::quant::msmodelslim::{read_checkpoint, write_checkpoint, ScaleDTyp
 use kvc_cache::quant::{
     dequantize, quant_error, quantize, C8Params, ChannelStats, ErrorStats, LayerQuant,
 };
-use kvc_cache::{Addressing, DType, ErrorKind, TensorLayout};
+use kvc_cache::{Addressing, ErrorKind, TensorLayout};
+use kvc_types::{Dtype, FloatDtype};
 
 use crate::cli_error::CliError;
 
@@ -129,7 +130,7 @@ struct KvqApplyArgs {
 struct KvqDequantArgs {
     /// Element type of the written caches.
     #[arg(long, value_parser = super::codec::float_dtype())]
-    dtype: DType,
+    dtype: Dtype,
     /// Layers (checked against the headers when given).
     #[arg(long)]
     layers: Option<usize>,
@@ -178,22 +179,17 @@ enum QuantCmd {
 }
 
 /// The kvq file writer's element type of a float cache (`--dtype` only parses floats).
-fn elem(dtype: DType) -> Result<super::kvq_apply::Elem, CliError> {
-    match dtype {
-        DType::F16 => Ok(super::kvq_apply::Elem::F16),
-        DType::Bf16 => Ok(super::kvq_apply::Elem::Bf16),
-        DType::F32 => Ok(super::kvq_apply::Elem::F32),
-        d => Err(CliError::input(format!(
-            "--dtype {d}: the caches are f16, bf16 or f32"
-        ))),
-    }
+fn elem(dtype: Dtype) -> Result<FloatDtype, CliError> {
+    dtype
+        .float()
+        .ok_or_else(|| CliError::input(format!("--dtype {dtype}: the caches are f16, bf16 or f32")))
 }
 
 #[derive(Args)]
 struct Shape {
     /// Element type of the float caches.
     #[arg(long, value_parser = super::codec::float_dtype())]
-    dtype: DType,
+    dtype: Dtype,
     /// Layers in each file.
     #[arg(long)]
     layers: usize,
@@ -223,7 +219,7 @@ struct CalibrateArgs {
     out: PathBuf,
     /// Element type of the written scales and offsets.
     #[arg(long = "scale-dtype", value_parser = super::codec::float_dtype(), default_value = "f32")]
-    scale_dtype: DType,
+    scale_dtype: Dtype,
 }
 
 #[derive(Args)]
@@ -269,7 +265,7 @@ struct DequantArgs {
     kvq: bool,
     /// Element type of the written caches.
     #[arg(long, value_parser = super::codec::float_dtype())]
-    dtype: DType,
+    dtype: Dtype,
     /// Layers in each file.
     #[arg(long, required_unless_present = "kvq")]
     layers: Option<usize>,
@@ -311,7 +307,7 @@ fn write(path: &Path, bytes: &[u8]) -> Result<(), CliError> {
 /// The per-layer layout of a raw file of `len` bytes: `(layout, tokens)`.
 fn layer_layout(
     shape: &Shape,
-    dtype: DType,
+    dtype: Dtype,
     len: usize,
     path: &Path,
 ) -> Result<TensorLayout, CliError> {
@@ -454,9 +450,9 @@ fn calibrate(a: CalibrateArgs) -> Result<(), CliError> {
             .map_err(|e| lib_err(e.into()))?;
     }
     let sd = match a.scale_dtype {
-        DType::F16 => ScaleDType::F16,
-        DType::Bf16 => ScaleDType::BF16,
-        DType::F32 => ScaleDType::F32,
+        Dtype::F16 => ScaleDType::F16,
+        Dtype::Bf16 => ScaleDType::BF16,
+        Dtype::F32 => ScaleDType::F32,
         d => {
             return Err(CliError::input(format!(
                 "--scale-dtype {d}: scales are f16, bf16 or f32"
@@ -508,8 +504,8 @@ fn apply(a: ApplyArgs) -> Result<(), CliError> {
     let lv = layer_layout(&a.shape, dt, v.len(), &a.v)?;
     check_params(&params, a.shape.layers, lk.channels())?;
     let (ik, iv) = (
-        lk.with_dtype(DType::I8).map_err(lib_err)?,
-        lv.with_dtype(DType::I8).map_err(lib_err)?,
+        lk.with_dtype(Dtype::I8).map_err(lib_err)?,
+        lv.with_dtype(Dtype::I8).map_err(lib_err)?,
     );
     let mut out_k = vec![0u8; ik.byte_len() * a.shape.layers];
     let mut out_v = vec![0u8; iv.byte_len() * a.shape.layers];
@@ -582,8 +578,8 @@ fn dequant(a: DequantArgs) -> Result<(), CliError> {
     let dt = shape.dtype;
     let params = read_checkpoint(scales).map_err(lib_err)?;
     let (k, v) = (read(&a.k)?, read(&a.v)?);
-    let ik = layer_layout(&shape, DType::I8, k.len(), &a.k)?;
-    let iv = layer_layout(&shape, DType::I8, v.len(), &a.v)?;
+    let ik = layer_layout(&shape, Dtype::I8, k.len(), &a.k)?;
+    let iv = layer_layout(&shape, Dtype::I8, v.len(), &a.v)?;
     check_params(&params, shape.layers, ik.channels())?;
     let (lk, lv) = (
         ik.with_dtype(dt).map_err(lib_err)?,
