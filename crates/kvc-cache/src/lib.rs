@@ -2,9 +2,9 @@
 //!
 //! `kvc-cache` describes how llama.cpp, InfiniLM and MNN lay out a layer's K and V, and
 //! works in place on that memory: compaction by reserve pairs, zeroing and releasing token
-//! ranges, MLP compression of a cache, and int8 "C8" per-channel quantization with
-//! msmodelslim scale files. It decides nothing (policies live in `kvc-h2o`) and codes
-//! nothing losslessly (that is `kvc-codec`).
+//! ranges, and MLP compression of a cache. It decides nothing (policies live in
+//! `kvc-h2o`), codes nothing losslessly (that is `kvc-codec`) and quantizes nothing (int8
+//! C8, which walks these layouts, is `kvc-int8`; kvq is `kvc-kvq`).
 //!
 //! - [`layout`]: [`TensorLayout`] / [`KvLayout`] value types for each engine, and
 //!   [`LayerMut`], a layer borrowed from whoever owns the memory.
@@ -16,9 +16,6 @@
 //!   a llama.cpp cache through the cell table.
 //! - [`paged`]: kvc-owned storage whose released token ranges return their pages to the
 //!   operating system.
-//! - [`quant`]: int8 C8 quantization (layout-based and no-allocation row batches),
-//!   calibration (per channel, or per RoPE channel pair for rotary K) and msmodelslim
-//!   checkpoints.
 
 pub mod cells;
 pub mod compact;
@@ -27,7 +24,6 @@ pub mod layout;
 pub mod mlp;
 pub mod paged;
 pub mod plan;
-pub mod quant;
 
 pub use cells::{Cell, CellTable};
 pub use compact::{

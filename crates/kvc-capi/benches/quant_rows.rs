@@ -2,7 +2,7 @@
 //! (`kvc_quant_roundtrip_rows`, called through `kvc_get_api` as a C program does), f16
 //! rows of 576 channels (9 KV heads x 64) and 192 channels (SmolLM2-135M: 3 x 64), one
 //! row per call (decode) and 512 rows per call (prefill); and the Rust kernel
-//! (`kvc_cache::quant::roundtrip_rows`) on the same rows for the boundary's share.
+//! (`kvc_int8::roundtrip_rows`) on the same rows for the boundary's share.
 //! Throughput is in rows: ns per row = time per iteration / rows.
 //!
 //! `cargo bench -p kvc-capi --bench quant_rows`
@@ -16,7 +16,7 @@ use kvc::codec::KVC_TENSOR_K;
 use kvc::convert::KVC_DTYPE_F16;
 use kvc::quant::{KvcQuant, KvcQuantConfig};
 use kvc::{kvc_get_api, KvcStatus, KVC_ABI_VERSION};
-use kvc_cache::quant::{roundtrip_rows, ChannelStats};
+use kvc_int8::{roundtrip_rows, ChannelStats};
 use kvc_types::Dtype;
 
 fn rows_f16(n: usize, channels: usize) -> Vec<f16> {

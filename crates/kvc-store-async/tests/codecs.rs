@@ -5,8 +5,8 @@ mod common;
 use std::sync::Arc;
 
 use common::Rng;
-use kvc_cache::quant::{calibrate, C8Params, LayerQuant};
 use kvc_cache::KvLayout;
+use kvc_int8::{calibrate, C8Params, LayerQuant};
 use kvc_store_async::{
     C8Codec, ChunkInfo, ErrorKind, GearV1Codec, GearV2Codec, Store, StoreCodec, StoreConfig, Tensor,
 };

@@ -326,7 +326,7 @@ fn probe_and_full_modes_never_release() {
 
 #[test]
 fn c8_codec_restores_the_dequantized_values() {
-    use kvc_cache::quant::{calibrate, C8Params, LayerQuant};
+    use kvc_int8::{calibrate, C8Params, LayerQuant};
     let l = layout(false);
     let mut rng = Rng(21);
     let tokens = 1000;

@@ -7,8 +7,8 @@
 
 use parking_lot::Mutex;
 
-use kvc_cache::quant::{dequantize, quantize, C8Params, ChannelQuant};
 use kvc_cache::{Addressing, TensorLayout};
+use kvc_int8::{dequantize, quantize, C8Params, ChannelQuant};
 use kvc_types::Dtype;
 use std::sync::Arc;
 
@@ -247,7 +247,7 @@ impl StoreCodec for GearV2Codec {
     }
 }
 
-/// C8 (int8 per channel, msmodelslim's scheme, via `kvc-cache`), then a lossless codec
+/// C8 (int8 per channel, msmodelslim's scheme, via `kvc-int8`), then a lossless codec
 /// on the int8 bytes (gear-v1 or gear-v2). Lossy: restores give the dequantized values,
 /// rounded to the cache dtype.
 pub struct C8Codec {
@@ -273,10 +273,7 @@ impl C8Codec {
     }
 
     fn quant(&self, info: &ChunkInfo) -> Result<&ChannelQuant> {
-        let l = self
-            .params
-            .require(info.layer)
-            .map_err(kvc_cache::Error::from)?;
+        let l = self.params.require(info.layer)?;
         Ok(match info.tensor {
             Tensor::K => &l.k,
             Tensor::V => &l.v,

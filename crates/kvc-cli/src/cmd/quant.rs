@@ -8,11 +8,10 @@
 use std::path::{Path, PathBuf};
 
 use clap::{Args, Subcommand};
-use kvc_cache::quant::msmodelslim::{read_checkpoint, write_checkpoint, ScaleDType};
-use kvc_cache::quant::{
-    dequantize, quant_error, quantize, C8Params, ChannelStats, ErrorStats, LayerQuant,
-};
-use kvc_cache::{Addressing, ErrorKind, TensorLayout};
+use kvc_cache::{Addressing, TensorLayout};
+use kvc_int8::msmodelslim::{read_checkpoint, write_checkpoint};
+use kvc_int8::ErrorKind;
+use kvc_int8::{dequantize, quant_error, quantize, C8Params, ChannelStats, ErrorStats, LayerQuant};
 use kvc_types::{Dtype, FloatDtype};
 
 use crate::cli_error::CliError;
@@ -289,7 +288,9 @@ struct DequantArgs {
     out_v: PathBuf,
 }
 
-fn lib_err(e: kvc_cache::Error) -> CliError {
+/// A C8 error (or a layout error on the way there) as the command reports it.
+fn lib_err(e: impl Into<kvc_int8::Error>) -> CliError {
+    let e = e.into();
     match e.kind() {
         ErrorKind::Io => CliError::Io(e.to_string()),
         _ => CliError::input(e),
@@ -344,7 +345,7 @@ fn layer_layout(
 
 fn check_params(p: &C8Params, layers: usize, channels: usize) -> Result<(), CliError> {
     for i in 0..layers {
-        let l = p.require(i).map_err(|e| lib_err(e.into()))?;
+        let l = p.require(i).map_err(lib_err)?;
         if l.k.channels() != channels || l.v.channels() != channels {
             return Err(CliError::input(format!(
                 "checkpoint layer {i} has {} K / {} V channels, the cache has {channels} (kv-heads x head-dim)",
@@ -445,20 +446,14 @@ fn calibrate(a: CalibrateArgs) -> Result<(), CliError> {
         }
         let v = q.pop().ok_or_else(|| CliError::input("internal: no V"))?;
         let k = q.pop().ok_or_else(|| CliError::input("internal: no K"))?;
-        params
-            .insert(i, LayerQuant { k, v })
-            .map_err(|e| lib_err(e.into()))?;
+        params.insert(i, LayerQuant { k, v }).map_err(lib_err)?;
     }
-    let sd = match a.scale_dtype {
-        Dtype::F16 => ScaleDType::F16,
-        Dtype::Bf16 => ScaleDType::BF16,
-        Dtype::F32 => ScaleDType::F32,
-        d => {
-            return Err(CliError::input(format!(
-                "--scale-dtype {d}: scales are f16, bf16 or f32"
-            )))
-        }
-    };
+    let sd = a.scale_dtype.float().ok_or_else(|| {
+        CliError::input(format!(
+            "--scale-dtype {}: scales are f16, bf16 or f32",
+            a.scale_dtype
+        ))
+    })?;
     write_checkpoint(&a.out, &params, sd).map_err(lib_err)?;
     println!(
         "calibrated {} layers ({}, {} tokens K, {} tokens V) -> {}",
@@ -512,7 +507,7 @@ fn apply(a: ApplyArgs) -> Result<(), CliError> {
     println!("layer  K max_abs   K rms       K SNR dB  V max_abs   V rms       V SNR dB");
     let (mut tk, mut tv) = (ErrorStats::default(), ErrorStats::default());
     for i in 0..a.shape.layers {
-        let p = params.require(i).map_err(|e| lib_err(e.into()))?;
+        let p = params.require(i).map_err(lib_err)?;
         let mut row = Vec::new();
         for (src, l, il, out, q, tot) in [
             (&k, &lk, &ik, &mut out_k, &p.k, &mut tk),
@@ -588,7 +583,7 @@ fn dequant(a: DequantArgs) -> Result<(), CliError> {
     let mut out_k = vec![0u8; lk.byte_len() * shape.layers];
     let mut out_v = vec![0u8; lv.byte_len() * shape.layers];
     for i in 0..shape.layers {
-        let p = params.require(i).map_err(|e| lib_err(e.into()))?;
+        let p = params.require(i).map_err(lib_err)?;
         for (src, il, l, out, q) in [
             (&k, &ik, &lk, &mut out_k, &p.k),
             (&v, &iv, &lv, &mut out_v, &p.v),

@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use clap::Args;
-use kvc_cache::quant::{calibrate, dequantize, quant_error, quantize};
 use kvc_cache::{compact_shared, Addressing, KvLayout, OwnedCache, ReservePlan, TensorLayout};
+use kvc_int8::{calibrate, dequantize, quant_error, quantize};
 use kvc_types::Dtype;
 use serde_json::{json, Value};
 
@@ -42,7 +42,8 @@ pub struct BenchCacheArgs {
     pub json: Option<PathBuf>,
 }
 
-fn lib(e: kvc_cache::Error) -> CliError {
+/// A layout (`kvc-cache`) or C8 (`kvc-int8`) error as the bench reports it.
+fn lib(e: impl std::fmt::Display) -> CliError {
     CliError::input(e)
 }
 

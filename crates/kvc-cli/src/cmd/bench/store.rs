@@ -18,9 +18,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use clap::Args;
-use kvc_cache::quant::{calibrate, C8Params, LayerQuant};
 use kvc_cache::{KvLayout, OwnedCache};
 use kvc_codec::gear_v1::EncodeOptions;
+use kvc_int8::{calibrate, C8Params, LayerQuant};
 use kvc_store_async::{
     C8Codec, ChunkStatus, GearV1Codec, GearV2Codec, Store, StoreCodec, StoreConfig, StoreMetrics,
 };
@@ -159,7 +159,7 @@ fn c8_params(k: &Dump, v: &Dump, layout: &KvLayout) -> Result<C8Params, CliError
                 v: calibrate(&vb, &layout.v, 0..n, false).map_err(lib)?,
             },
         )
-        .map_err(|e| lib(kvc_cache::Error::from(e)))?;
+        .map_err(lib)?;
     }
     Ok(p)
 }

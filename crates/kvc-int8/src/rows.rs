@@ -4,16 +4,16 @@
 //! batch is `rows` rows back to back: llama.cpp's `Kcur` / `Vcur` rows of one layer, as
 //! they go into the cache. Nothing here allocates: each row is converted in blocks of
 //! [`BLOCK`] channels through stack scratch, by the same kernels as the layout-based
-//! [`quantize`](super::quantize) / [`dequantize`](super::dequantize), so the results are
+//! [`quantize`](crate::quantize) / [`dequantize`](crate::dequantize), so the results are
 //! bit-identical to those on a `CellRows` layout.
 //!
 //! Lengths are checked exactly: a source must hold `rows * channels` elements, a
 //! destination at least that many (only those are written).
 
-use kvc_int8::Isa;
+use crate::Isa;
 
-use super::ChannelQuant;
 use crate::error::{Error, Result};
+use crate::ChannelQuant;
 use kvc_types::{load_f32, store_f32, Dtype};
 
 /// Channels converted per step (the stack scratch holds this many `f32` and `i8`).
@@ -288,8 +288,8 @@ pub(crate) fn check_observe_rows(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::layout::{Addressing, TensorLayout};
-    use crate::quant::kernel::{dequantize_with, quantize_with};
+    use crate::kernel::{dequantize_with, quantize_with};
+    use kvc_cache::{Addressing, TensorLayout};
 
     fn rng(seed: u64) -> impl FnMut() -> f32 {
         let mut x = seed | 1;

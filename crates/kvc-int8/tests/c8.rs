@@ -3,15 +3,15 @@
 
 use std::path::{Path, PathBuf};
 
-use kvc_cache::quant::msmodelslim::{
-    check_description, parse_weights, read_checkpoint, weights_bytes, write_checkpoint, ScaleDType,
+use kvc_cache::{Addressing, TensorLayout};
+use kvc_int8::msmodelslim::{
+    check_description, parse_weights, read_checkpoint, weights_bytes, write_checkpoint,
 };
-use kvc_cache::quant::{
+use kvc_int8::{
     calibrate, dequantize, dequantize_rows, quant_error, quantize, quantize_rows, roundtrip_rows,
-    C8Params, ChannelQuant, ChannelStats, LayerQuant,
+    C8Params, ChannelQuant, ChannelStats, Error, ErrorKind, LayerQuant,
 };
-use kvc_cache::{Addressing, Error, ErrorKind, TensorLayout};
-use kvc_types::Dtype;
+use kvc_types::{Dtype, FloatDtype};
 
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/c8")
@@ -216,7 +216,7 @@ fn sample_params(channels: usize, layers: usize, sym: bool) -> C8Params {
 #[test]
 fn written_checkpoints_read_back() {
     let dir = std::env::temp_dir().join(format!("kvc-c8-rt-{}", std::process::id()));
-    for dt in [ScaleDType::F32, ScaleDType::F16, ScaleDType::BF16] {
+    for dt in [FloatDtype::F32, FloatDtype::F16, FloatDtype::Bf16] {
         let p = sample_params(24, 3, false);
         write_checkpoint(&dir, &p, dt).unwrap();
         let r = read_checkpoint(&dir).unwrap();
@@ -224,7 +224,7 @@ fn written_checkpoints_read_back() {
         for (i, l) in p.layers() {
             let g = r.layer(i).unwrap();
             for (a, b) in l.k.scale().iter().zip(g.k.scale()) {
-                let tol = if dt == ScaleDType::F32 { 0.0 } else { a * 4e-3 };
+                let tol = if dt == FloatDtype::F32 { 0.0 } else { a * 4e-3 };
                 assert!((a - b).abs() <= tol, "{dt:?} {a} {b}");
             }
             assert_eq!(l.v.offset(), g.v.offset());
@@ -259,7 +259,7 @@ fn malformed_files_give_typed_errors() {
     ));
     assert!(check_description(b"{\"kv_quant_type\": \"C8\"}", "d").is_ok());
 
-    let good = weights_bytes(&sample_params(8, 2, true), ScaleDType::F16).unwrap();
+    let good = weights_bytes(&sample_params(8, 2, true), FloatDtype::F16).unwrap();
     assert!(parse_weights(&good, "w").is_ok());
     // Truncations at every length fail cleanly.
     for n in 0..good.len() {

@@ -8,11 +8,11 @@
 
 use std::ops::Range;
 
-use super::kernel::observe;
-use super::rows::{check_observe_rows, min_max_rows, BLOCK};
-use super::ChannelQuant;
 use crate::error::Result;
-use crate::layout::TensorLayout;
+use crate::kernel::observe;
+use crate::rows::{check_observe_rows, min_max_rows, BLOCK};
+use crate::ChannelQuant;
+use kvc_cache::TensorLayout;
 use kvc_types::{load_f32, Dtype};
 
 /// Running per-channel min / max (calibration may see a cache in several pieces, or an
@@ -103,7 +103,7 @@ impl ChannelStats {
                 offset.push((-lo / s).round_ties_even() - 128.0);
             }
         }
-        Ok(ChannelQuant::new(scale, offset)?)
+        ChannelQuant::new(scale, offset)
     }
 }
 
@@ -322,15 +322,15 @@ impl RopeStats {
             scale[a] = s;
             scale[b] = s;
         }
-        Ok(ChannelQuant::new(scale, vec![0.0; channels])?)
+        ChannelQuant::new(scale, vec![0.0; channels])
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::layout::Addressing;
-    use crate::quant::{dequantize_rows, quantize_rows};
+    use crate::{dequantize_rows, quantize_rows};
+    use kvc_cache::Addressing;
 
     fn rng(seed: u64) -> impl FnMut() -> f32 {
         let mut x = seed | 1;

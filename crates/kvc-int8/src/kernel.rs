@@ -2,11 +2,11 @@
 
 use std::ops::Range;
 
-use kvc_int8::{q_fast, Isa};
+use crate::{q_fast, Isa};
 
-use super::ChannelQuant;
 use crate::error::{Error, Result};
-use crate::layout::{Addressing, TensorLayout};
+use crate::ChannelQuant;
+use kvc_cache::{Addressing, TensorLayout};
 use kvc_types::{load_f32, store_f32, Dtype};
 
 /// A contiguous run of elements: first element, count, first channel, channel step
@@ -269,7 +269,7 @@ pub(crate) fn observe(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kvc_int8::q1;
+    use crate::q1;
 
     fn rng(seed: u64) -> impl FnMut() -> f32 {
         let mut x = seed | 1;
