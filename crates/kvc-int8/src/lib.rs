@@ -12,7 +12,7 @@
 //! - [`kernel`]: quantize / dequantize a token range of a cache tensor laid out as any
 //!   engine lays it out (`kvc_cache::TensorLayout`), and the round trip's error.
 //! - [`rows`]: the same on row batches (llama.cpp's `Kcur` / `Vcur`), without allocating.
-//! - [`calibrate`]: parameters from a cache's own values.
+//! - [`calibrate`](mod@calibrate): parameters from a cache's own values.
 //! - [`msmodelslim`]: reading and writing msmodelslim checkpoints.
 //!
 //! This crate is int8 C8 only: not kvq's 2-8-bit rotated rows (`kvc-kvq`), not engine
