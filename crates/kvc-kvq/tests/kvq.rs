@@ -3,10 +3,11 @@
 
 mod common;
 
-use common::{fnv1a, Rng};
+use common::Rng;
 use kvc_kvq::attention::{attend_head, attend_heads, HeadRows};
 use kvc_kvq::{ErrorKind, Isa};
 use kvc_kvq::{KvqConfig, LayerCodec, Method, RowCodec};
+use kvc_types::fnv1a64;
 use proptest::prelude::*;
 
 const METHODS: [Method; 3] = [
@@ -655,7 +656,7 @@ fn golden_packed_rows() {
                     "{d} {} {b} {} {:016x}",
                     m.tag(),
                     p.len(),
-                    fnv1a(&p)
+                    fnv1a64(&p)
                 ));
             }
         }
