@@ -8,8 +8,8 @@
 //! - `tests/unsafe_code.rs` fails when a crate with `unsafe` in its `src/` is missing from
 //!   `scripts/asan-tests.sh`'s default run, or a file with `unsafe` from
 //!   `docs/DEVELOPING.md`'s unsafe-code table, or that table names a file that is not there.
-//! - `tests/doc_paths.rs` fails when `docs/DEVELOPING.md` or `README.md` names a path that
-//!   does not exist.
+//! - `tests/doc_paths.rs` fails when `README.md` or `docs/*.md` names a path that does not
+//!   exist, or README's Layout table lacks a row for a crate.
 //!
 //! Nothing depends on it. To allow a dependency, or to add a crate, edit its row in
 //! `crates/layering.toml` and the same row in `docs/DEVELOPING.md`.

@@ -1,6 +1,6 @@
 //! Every repository path that `README.md` and `docs/*.md` name exists, so the docs cannot
 //! point at a file that moved or went away (`docs/results/` holds dated records of runs
-//! and is left as written).
+//! and is left as written), and README's Layout table has a row for every crate.
 //!
 //! A path is a backquoted word with a `/` whose first part is a top-level directory of the
 //! repository or a crate (`kvc-cache/src/paged.rs` is `crates/kvc-cache/src/paged.rs`);
@@ -9,6 +9,7 @@
 //! and paths relative to a crate (`tests/kvq.rs`) or outside the tree (`.cache/llama`,
 //! `target/asan`) are not checked here.
 
+use std::collections::BTreeSet;
 use std::fs;
 
 use kvc_layering::{expand_braces, repo_root};
@@ -80,6 +81,43 @@ fn every_path_the_docs_name_exists() {
         "only {checked} paths found: the scan is broken"
     );
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+/// The crates README's "Layout" table names in its first column (`crates/NAME`).
+fn readme_layout_crates() -> BTreeSet<String> {
+    let readme = fs::read_to_string(repo_root().join("README.md")).expect("README.md");
+    let section = readme
+        .split("\n## ")
+        .find(|s| s.starts_with("Layout"))
+        .expect("README.md: a section \"Layout\"");
+    let mut names = BTreeSet::new();
+    for line in section.lines().filter(|l| l.starts_with("| `")) {
+        let first = line.trim_matches('|').split('|').next().unwrap_or_default();
+        for token in first.split('`').skip(1).step_by(2) {
+            if let Some(name) = token.strip_prefix("crates/") {
+                names.insert(name.trim_end_matches('/').to_string());
+            }
+        }
+    }
+    names
+}
+
+#[test]
+fn the_readme_layout_has_a_row_for_every_crate() {
+    let mut crates = BTreeSet::new();
+    for e in fs::read_dir(repo_root().join("crates")).expect("crates/") {
+        let p = e.expect("crates entry").path();
+        if p.join("Cargo.toml").is_file() {
+            crates.insert(p.file_name().unwrap().to_string_lossy().into_owned());
+        }
+    }
+    let named = readme_layout_crates();
+    let missing: Vec<_> = crates.difference(&named).collect();
+    let extra: Vec<_> = named.difference(&crates).collect();
+    assert!(
+        missing.is_empty() && extra.is_empty(),
+        "README.md's Layout table: no row for {missing:?}; rows for crates that are not there: {extra:?}"
+    );
 }
 
 #[test]
