@@ -36,6 +36,34 @@ pub fn expand_braces(token: &str) -> Vec<String> {
     }
 }
 
+/// The backquoted words in the first cell of each table row of one section of a Markdown
+/// document, row by row: the section of `doc` (a path below the repository root) whose
+/// heading, `heading` (`"## "`, `"### "`) then text, starts with `title`.
+///
+/// # Panics
+/// When the document cannot be read or has no such section (the tests calling it fail).
+pub fn first_cells(doc: &str, heading: &str, title: &str) -> Vec<Vec<String>> {
+    let text =
+        std::fs::read_to_string(repo_root().join(doc)).unwrap_or_else(|e| panic!("{doc}: {e}"));
+    let section = text
+        .split(&format!("\n{heading}"))
+        .find(|s| s.starts_with(title))
+        .unwrap_or_else(|| panic!("{doc}: no section \"{title}\""));
+    section
+        .lines()
+        .filter(|l| l.starts_with("| `"))
+        .map(|line| {
+            let first = line.trim_matches('|').split('|').next().unwrap_or_default();
+            first
+                .split('`')
+                .skip(1)
+                .step_by(2)
+                .map(str::to_string)
+                .collect()
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

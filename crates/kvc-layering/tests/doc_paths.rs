@@ -12,7 +12,7 @@
 use std::collections::BTreeSet;
 use std::fs;
 
-use kvc_layering::{expand_braces, repo_root};
+use kvc_layering::{expand_braces, first_cells, repo_root};
 
 const TOP: [&str; 9] = [
     "crates",
@@ -85,21 +85,14 @@ fn every_path_the_docs_name_exists() {
 
 /// The crates README's "Layout" table names in its first column (`crates/NAME`).
 fn readme_layout_crates() -> BTreeSet<String> {
-    let readme = fs::read_to_string(repo_root().join("README.md")).expect("README.md");
-    let section = readme
-        .split("\n## ")
-        .find(|s| s.starts_with("Layout"))
-        .expect("README.md: a section \"Layout\"");
-    let mut names = BTreeSet::new();
-    for line in section.lines().filter(|l| l.starts_with("| `")) {
-        let first = line.trim_matches('|').split('|').next().unwrap_or_default();
-        for token in first.split('`').skip(1).step_by(2) {
-            if let Some(name) = token.strip_prefix("crates/") {
-                names.insert(name.trim_end_matches('/').to_string());
-            }
-        }
-    }
-    names
+    first_cells("README.md", "## ", "Layout")
+        .into_iter()
+        .flatten()
+        .filter_map(|token| {
+            let name = token.strip_prefix("crates/")?;
+            Some(name.trim_end_matches('/').to_string())
+        })
+        .collect()
 }
 
 #[test]

@@ -94,17 +94,11 @@ fn every_crate_with_unsafe_code_is_in_the_sanitizer_run() {
 /// `crates/`: `{a,b}` expanded, a bare file name taken in the directory of the path before
 /// it (`kvc-capi/src/boundary.rs`, `handle.rs`).
 fn unsafe_table_paths() -> Vec<String> {
-    let doc = fs::read_to_string(root().join("docs/DEVELOPING.md")).expect("DEVELOPING.md");
-    let section = doc
-        .split("\n### ")
-        .find(|s| s.starts_with("Unsafe code"))
-        .expect("DEVELOPING.md: a section \"Unsafe code: ...\"");
     let mut paths = Vec::new();
-    for line in section.lines().filter(|l| l.starts_with("| `")) {
-        let first = line.trim_matches('|').split('|').next().unwrap_or_default();
+    for row in kvc_layering::first_cells("docs/DEVELOPING.md", "### ", "Unsafe code") {
         let mut dir = String::new();
-        for token in first.split('`').skip(1).step_by(2) {
-            for p in kvc_layering::expand_braces(token) {
+        for token in row {
+            for p in kvc_layering::expand_braces(&token) {
                 let p = if p.contains('/') {
                     p
                 } else {
