@@ -62,7 +62,7 @@ seed kvq_file seeds/kvq_file/*
 # c8_checkpoint: u16 LE description length, the description, the safetensors file (the
 # fixtures scripts/make_c8_fixtures.py wrote).
 mkdir -p corpus/c8_checkpoint
-for d in ../crates/kvc-cache/tests/fixtures/c8/*/; do
+for d in ../crates/kvc-int8/tests/fixtures/c8/*/; do
     desc="$d/quant_model_description.json"
     n=$(stat -c %s "$desc")
     {

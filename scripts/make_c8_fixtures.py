@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Writes msmodelslim C8 checkpoints with the Python `safetensors` package, for
-kvc-cache's tests (crates/kvc-cache/tests/fixtures/c8/<case>/).
+kvc-int8's tests (crates/kvc-int8/tests/fixtures/c8/<case>/).
 
 Each case directory holds quant_model_description.json, the .safetensors weight file and
 expected.json (the values the file must read back as, in float64 text, exact for the
@@ -90,7 +90,7 @@ def write_case(out, name, *, dtype, layers, channels, names, desc_key, symmetric
 
 def main():
     here = os.path.dirname(os.path.abspath(__file__))
-    out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(here, "..", "crates", "kvc-cache", "tests", "fixtures", "c8")
+    out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(here, "..", "crates", "kvc-int8", "tests", "fixtures", "c8")
     norm = np.arange(8, dtype="<f4").tobytes()
     write_case(out, "llama_f16_sym", dtype="f16", layers=[0, 1, 2], channels=192,
                names="model.layers.{i}.self_attn.", desc_key="kv_cache_type", symmetric=True,

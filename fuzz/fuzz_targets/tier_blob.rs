@@ -19,7 +19,7 @@
 
 use std::sync::{Arc, OnceLock};
 
-use kvc_cache::DType;
+use kvc_types::Dtype;
 use kvc_store_tiers::blob::{CHECKSUM_LEN, HEADER_LEN};
 use kvc_store_tiers::{
     verify, ChunkCodec, ChunkKey, ChunkShape, MemoryTier, Tier, Tiers, TiersConfig,
@@ -32,7 +32,7 @@ const SHAPE: ChunkShape = ChunkShape {
     n_layer: 2,
     n_kv_head: 3,
     head_dim: 64,
-    dtype: DType::F16,
+    dtype: Dtype::F16,
     chunk_tokens: 4,
 };
 const TOKENS: [u32; 4] = [17, 4242, 9, 31337];

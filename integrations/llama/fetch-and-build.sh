@@ -40,6 +40,15 @@ cache="$(cd "$cache" && pwd)"
 
 log() { echo "fetch-and-build: $*" >&2; }
 
+# cmake and ninja build llama.cpp (step 3); say so before fetching 77 MB and leaving a
+# half-made cache behind
+for tool in cmake ninja; do
+    command -v "$tool" >/dev/null 2>&1 || {
+        log "$tool not found: install cmake (3.16+) and ninja (apt-get install cmake ninja-build, or scripts/install-deps.sh), then run this again"
+        exit 1
+    }
+done
+
 # ---- 1. llama.cpp source -------------------------------------------------------------
 src="$cache/llama.cpp-$LLAMA_CPP_COMMIT"
 if [ ! -f "$src/include/llama.h" ]; then
@@ -47,7 +56,12 @@ if [ ! -f "$src/include/llama.h" ]; then
     dl="$cache/sdist-download"
     rm -rf "$dl"
     mkdir -p "$dl"
-    python3 -m pip download --quiet --no-deps --no-binary :all: -d "$dl" "llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION" \
+    # --no-binary for this one package only: pip still prepares the sdist's metadata in an
+    # isolated environment, and `--no-binary :all:` would make it compile that
+    # environment's build requirements from source too (the PyPI cmake: 30+ minutes).
+    # Scoped like this it installs scikit-build-core's pure-Python wheels (and, were no
+    # cmake on PATH, the cmake wheel) and compiles nothing; the sha256 below pins the file.
+    python3 -m pip download --quiet --no-deps --no-binary llama-cpp-python -d "$dl" "llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION" \
         || { log "pip download of llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION failed"; exit 1; }
     sdist="$dl/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION.tar.gz"
     [ -f "$sdist" ] || { log "no $sdist after pip download"; exit 1; }

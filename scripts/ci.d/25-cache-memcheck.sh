@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# kvc-cache's unsafe code (PagedBuffer's mmap / madvise / mincore / munmap, the AVX2 kernel
-# dispatch) under valgrind memcheck: the crate's unit-test binary, which 10-rust.sh has
+# kvc-cache's unsafe code (PagedBuffer's mmap / madvise / mincore / munmap) under valgrind
+# memcheck: the crate's unit-test binary, which 10-rust.sh has
 # already built, so this step compiles nothing new (about 20 s).
 #
 # Why not AddressSanitizer: `RUSTC_BOOTSTRAP=1 RUSTFLAGS=-Zsanitizer=address cargo test

@@ -6,7 +6,7 @@
 set -euo pipefail
 root=$(pwd)
 out="$root/build/ffi"
-rm -rf "$out/install" "$out/consumer" "$out/pkgconfig"
+rm -rf "$out/install" "$out/consumer" "$out/pkgconfig" "$out/tree"
 gen=()
 command -v ninja >/dev/null 2>&1 && gen=(-G Ninja)
 
@@ -15,6 +15,15 @@ command -v ninja >/dev/null 2>&1 && gen=(-G Ninja)
 cmake -S . -B "$out/package" "${gen[@]}" -DKVC_CARGO_TARGET_DIR="$root/target" >/dev/null
 cmake --build "$out/package"
 sh ffi-tests/check_exports.sh target/release/libkvc.so libkvc.so.0
+# 1b. The cargo build tree as it stands (README, Install): scripts/link-soname.sh puts
+#     libkvc.so.0 beside target/release/libkvc.so, and a program linked with
+#     -L target/release -lkvc then starts.
+scripts/link-soname.sh target/release
+mkdir -p "$out/tree"
+printf '#include "kvc.h"\nint main(void) { return kvc_abi_version() >> 16 == KVC_ABI_VERSION_MAJOR ? 0 : 1; }\n' \
+    >"$out/tree/tree.c"
+cc -Iinclude "$out/tree/tree.c" -Ltarget/release -lkvc -Wl,-rpath,"$root/target/release" -o "$out/tree/tree"
+"$out/tree/tree"
 cmake --install "$out/package" --prefix "$out/install" >/dev/null
 test -L "$out/install/lib/libkvc.so" && test -L "$out/install/lib/libkvc.so.0"
 test -f "$out/install/lib/libkvc.a" && test -f "$out/install/include/kvc.h" \

@@ -78,55 +78,6 @@ pub enum Error {
         /// The dtype's name.
         dtype: String,
     },
-    /// `quant_model_description.json` is not valid JSON or not an object.
-    BadDescription {
-        /// The file.
-        path: String,
-        /// Why.
-        reason: String,
-    },
-    /// The description does not declare C8 KV quantization.
-    NotC8 {
-        /// The file.
-        path: String,
-        /// What `kv_cache_type` / `kv_quant_type` holds (or `missing`).
-        found: String,
-    },
-    /// The safetensors file is malformed.
-    BadSafetensors {
-        /// The file.
-        path: String,
-        /// The parser's reason.
-        reason: String,
-    },
-    /// A C8 tensor is unusable: bad shape, bad values, duplicate, no layer number.
-    BadTensor {
-        /// The tensor name.
-        name: String,
-        /// Why.
-        reason: String,
-    },
-    /// A C8 tensor that must exist is missing.
-    MissingTensor {
-        /// Layer number.
-        layer: usize,
-        /// Which one (`k_proj.kv_cache_scale`, ...).
-        which: &'static str,
-    },
-    /// A value that quantization cannot use (NaN or infinity in a cache).
-    NonFinite {
-        /// Where.
-        what: &'static str,
-        /// Element index.
-        index: usize,
-    },
-    /// A file could not be read or written.
-    Io {
-        /// The path.
-        path: String,
-        /// The OS error.
-        source: std::io::Error,
-    },
     /// A borrowed buffer is not aligned for its element type (the MLP works on typed
     /// slices).
     Misaligned {
@@ -156,8 +107,6 @@ pub enum Error {
         /// Groups in the plan.
         groups: usize,
     },
-    /// A `kvc-int8` error with no `kvc-cache` counterpart.
-    Quant(kvc_int8::Error),
     /// The MLP compressor refused (layer out of range, factor or head_dim mismatch).
     Mlp(kvc_mlp::Error),
     /// mmap / madvise failed.
@@ -182,7 +131,6 @@ impl Error {
             | Error::Misaligned { .. }
             | Error::DuplicatePosition { .. } => ErrorKind::InvalidArgument,
             Error::SharedCell { .. } | Error::GroupedPlan { .. } => ErrorKind::Unsupported,
-            Error::Quant(e) => e.kind(),
             Error::Mlp(e) => match e.kind() {
                 kvc_mlp::ErrorKind::InvalidArgument => ErrorKind::InvalidArgument,
                 kvc_mlp::ErrorKind::BufferTooSmall => ErrorKind::BufferTooSmall,
@@ -191,13 +139,8 @@ impl Error {
                 _ => ErrorKind::CorruptData,
             },
             Error::BufferTooSmall { .. } => ErrorKind::BufferTooSmall,
-            Error::UnsupportedDType { .. } | Error::NotC8 { .. } => ErrorKind::Unsupported,
-            Error::BadDescription { .. }
-            | Error::BadSafetensors { .. }
-            | Error::BadTensor { .. }
-            | Error::MissingTensor { .. }
-            | Error::NonFinite { .. } => ErrorKind::CorruptData,
-            Error::Io { .. } | Error::Os { .. } => ErrorKind::Io,
+            Error::UnsupportedDType { .. } => ErrorKind::Unsupported,
+            Error::Os { .. } => ErrorKind::Io,
         }
     }
 }
@@ -251,24 +194,6 @@ impl fmt::Display for Error {
             Error::UnsupportedDType { what, dtype } => {
                 write!(f, "unsupported dtype {dtype} for {what}")
             }
-            Error::BadDescription { path, reason } => {
-                write!(f, "{path}: bad description: {reason}")
-            }
-            Error::NotC8 { path, found } => write!(
-                f,
-                "{path}: not a C8 KV-cache checkpoint (kv_cache_type/kv_quant_type is {found})"
-            ),
-            Error::BadSafetensors { path, reason } => {
-                write!(f, "{path}: bad safetensors: {reason}")
-            }
-            Error::BadTensor { name, reason } => write!(f, "tensor {name}: {reason}"),
-            Error::MissingTensor { layer, which } => {
-                write!(f, "layer {layer}: missing tensor {which}")
-            }
-            Error::NonFinite { what, index } => {
-                write!(f, "{what}: non-finite value at element {index}")
-            }
-            Error::Io { path, source } => write!(f, "{path}: {source}"),
             Error::Misaligned { what, align } => {
                 write!(f, "{what} buffer is not aligned to {align} bytes")
             }
@@ -283,7 +208,6 @@ impl fmt::Display for Error {
                 f,
                 "the kvc-h2o plan has {groups} groups (one per KV head); convert one group at a time"
             ),
-            Error::Quant(e) => write!(f, "quantization: {e}"),
             Error::Mlp(e) => write!(f, "MLP compression: {e}"),
             Error::Os { call, errno } => write!(f, "{call} failed: errno {errno}"),
         }
@@ -293,9 +217,7 @@ impl fmt::Display for Error {
 impl std::error::Error for Error {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            Error::Io { source, .. } => Some(source),
             Error::Mlp(e) => Some(e),
-            Error::Quant(e) => Some(e),
             _ => None,
         }
     }
@@ -304,27 +226,6 @@ impl std::error::Error for Error {
 impl From<kvc_mlp::Error> for Error {
     fn from(e: kvc_mlp::Error) -> Error {
         Error::Mlp(e)
-    }
-}
-
-/// The `kvc-int8` errors C8 can give map onto the `kvc-cache` variants they were before
-/// C8 moved (callers match on those); any other is kept whole in [`Error::Quant`].
-impl From<kvc_int8::Error> for Error {
-    fn from(e: kvc_int8::Error) -> Error {
-        match e {
-            kvc_int8::Error::LayoutMismatch {
-                what,
-                expected,
-                found,
-            } => Error::LayoutMismatch {
-                what,
-                expected,
-                found,
-            },
-            kvc_int8::Error::NonFinite { what, index } => Error::NonFinite { what, index },
-            kvc_int8::Error::MissingLayer { layer, which } => Error::MissingTensor { layer, which },
-            other => Error::Quant(other),
-        }
     }
 }
 

@@ -5,8 +5,8 @@
 //! this crate rely on that, and on a layout's elements for distinct `(t, c)` being
 //! distinct and below [`TensorLayout::elem_count`].
 
-use crate::dtype::DType;
 use crate::error::{Error, Result};
+use kvc_types::Dtype;
 
 /// How token and channel indices map to element indices.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -45,7 +45,7 @@ pub enum Addressing {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct TensorLayout {
     addressing: Addressing,
-    dtype: DType,
+    dtype: Dtype,
     n_heads: usize,
     head_dim: usize,
     capacity: usize,
@@ -79,7 +79,7 @@ impl TensorLayout {
     /// Rejects zero dimensions and sizes (in bytes) that overflow `usize` or `isize`.
     pub fn new(
         addressing: Addressing,
-        dtype: DType,
+        dtype: Dtype,
         n_heads: usize,
         head_dim: usize,
         capacity: usize,
@@ -135,7 +135,7 @@ impl TensorLayout {
         self.addressing
     }
     /// The element type.
-    pub fn dtype(&self) -> DType {
+    pub fn dtype(&self) -> Dtype {
         self.dtype
     }
     /// KV heads.
@@ -169,7 +169,7 @@ impl TensorLayout {
     }
 
     /// The same layout with another element type (e.g. `I8` for the quantized copy).
-    pub fn with_dtype(&self, dtype: DType) -> Result<TensorLayout> {
+    pub fn with_dtype(&self, dtype: Dtype) -> Result<TensorLayout> {
         TensorLayout::new(
             self.addressing,
             dtype,
@@ -275,7 +275,7 @@ impl KvLayout {
     /// cache with `n_stream > 1`, stream `s` starts `s * n_embd * kv_size` elements into
     /// each tensor: pass that sub-slice.
     pub fn llama(
-        dtype: DType,
+        dtype: Dtype,
         n_head_kv: usize,
         head_dim_k: usize,
         head_dim_v: usize,
@@ -294,7 +294,7 @@ impl KvLayout {
 
     /// InfiniLM StaticKVCache: K and V each `[H, S_max, D]`, contiguous.
     pub fn infinilm(
-        dtype: DType,
+        dtype: Dtype,
         n_heads: usize,
         head_dim: usize,
         s_max: usize,
@@ -308,7 +308,7 @@ impl KvLayout {
     /// `mFlashAttentionUpperKv` (`None` when flash attention is off, meaning the whole
     /// `max_length`).
     pub fn mnn(
-        dtype: DType,
+        dtype: Dtype,
         kv_num_head: usize,
         head_dim: usize,
         max_length: usize,
@@ -340,7 +340,7 @@ impl KvLayout {
     }
 
     /// Both tensors with another element type.
-    pub fn with_dtype(&self, dtype: DType) -> Result<KvLayout> {
+    pub fn with_dtype(&self, dtype: Dtype) -> Result<KvLayout> {
         KvLayout::new(self.k.with_dtype(dtype)?, self.v.with_dtype(dtype)?)
     }
 }
@@ -421,7 +421,7 @@ mod tests {
         ];
         for a in addrs {
             for (h, d, cap) in [(1, 1, 1), (3, 5, 13), (2, 8, 37), (3, 64, 20)] {
-                injective(&TensorLayout::new(a, DType::F16, h, d, cap).unwrap());
+                injective(&TensorLayout::new(a, Dtype::F16, h, d, cap).unwrap());
             }
         }
     }
@@ -430,10 +430,10 @@ mod tests {
     fn mnn_matches_the_manager_formulas() {
         // keyIndex(seq, dim) and valueIndex(seq, dim) from MNN's CPUKVCacheManager.cpp.
         let (hp, lp, d_, b) = (8usize, 2usize, 10usize, 6usize);
-        let k = TensorLayout::new(Addressing::MnnKey { hp, lp }, DType::F32, 2, d_, 19).unwrap();
+        let k = TensorLayout::new(Addressing::MnnKey { hp, lp }, Dtype::F32, 2, d_, 19).unwrap();
         let v = TensorLayout::new(
             Addressing::MnnValue { hp, lp, block: b },
-            DType::F32,
+            Dtype::F32,
             2,
             d_,
             19,
@@ -468,20 +468,20 @@ mod tests {
 
     #[test]
     fn rejects_bad_shapes() {
-        assert!(TensorLayout::new(Addressing::CellRows, DType::F16, 0, 4, 4).is_err());
+        assert!(TensorLayout::new(Addressing::CellRows, Dtype::F16, 0, 4, 4).is_err());
         assert!(
-            TensorLayout::new(Addressing::MnnKey { hp: 0, lp: 1 }, DType::F16, 1, 4, 4).is_err()
+            TensorLayout::new(Addressing::MnnKey { hp: 0, lp: 1 }, Dtype::F16, 1, 4, 4).is_err()
         );
         let e =
-            TensorLayout::new(Addressing::CellRows, DType::F32, usize::MAX / 2, 4, 4).unwrap_err();
+            TensorLayout::new(Addressing::CellRows, Dtype::F32, usize::MAX / 2, 4, 4).unwrap_err();
         assert!(matches!(e, Error::SizeOverflow { .. }));
         let e = KvLayout::new(
-            TensorLayout::new(Addressing::CellRows, DType::F16, 1, 4, 4).unwrap(),
-            TensorLayout::new(Addressing::CellRows, DType::F16, 1, 4, 5).unwrap(),
+            TensorLayout::new(Addressing::CellRows, Dtype::F16, 1, 4, 4).unwrap(),
+            TensorLayout::new(Addressing::CellRows, Dtype::F16, 1, 4, 5).unwrap(),
         )
         .unwrap_err();
         assert!(matches!(e, Error::LayoutMismatch { .. }));
-        let l = KvLayout::infinilm(DType::F16, 2, 4, 8).unwrap();
+        let l = KvLayout::infinilm(Dtype::F16, 2, 4, 8).unwrap();
         let (mut k, mut v) = (vec![0u8; l.k.byte_len() - 1], vec![0u8; l.v.byte_len()]);
         assert!(matches!(
             LayerMut::new(l, &mut k, &mut v),

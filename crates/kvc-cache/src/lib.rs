@@ -2,9 +2,9 @@
 //!
 //! `kvc-cache` describes how llama.cpp, InfiniLM and MNN lay out a layer's K and V, and
 //! works in place on that memory: compaction by reserve pairs, zeroing and releasing token
-//! ranges, MLP compression of a cache, and int8 "C8" per-channel quantization with
-//! msmodelslim scale files. It decides nothing (policies live in `kvc-h2o`) and codes
-//! nothing losslessly (that is `kvc-codec`).
+//! ranges, and MLP compression of a cache. It decides nothing (policies live in
+//! `kvc-h2o`), codes nothing losslessly (that is `kvc-codec`) and quantizes nothing (int8
+//! C8, which walks these layouts, is `kvc-int8`; kvq is `kvc-kvq`).
 //!
 //! - [`layout`]: [`TensorLayout`] / [`KvLayout`] value types for each engine, and
 //!   [`LayerMut`], a layer borrowed from whoever owns the memory.
@@ -16,26 +16,20 @@
 //!   a llama.cpp cache through the cell table.
 //! - [`paged`]: kvc-owned storage whose released token ranges return their pages to the
 //!   operating system.
-//! - [`quant`]: int8 C8 quantization (layout-based and no-allocation row batches),
-//!   calibration (per channel, or per RoPE channel pair for rotary K) and msmodelslim
-//!   checkpoints.
 
 pub mod cells;
 pub mod compact;
-pub mod dtype;
 pub mod error;
 pub mod layout;
 pub mod mlp;
 pub mod paged;
 pub mod plan;
-pub mod quant;
 
 pub use cells::{Cell, CellTable};
 pub use compact::{
     compact_heads, compact_layer, compact_layers, compact_shared, compact_tensor, move_head_tokens,
     move_tokens, zero_layer_tokens, zero_tokens,
 };
-pub use dtype::DType;
 pub use error::{Error, ErrorKind, Result};
 pub use layout::{Addressing, KvLayout, LayerMut, TensorLayout};
 pub use mlp::{mlp_compress_infinilm, mlp_compress_llama, SeqCompression};

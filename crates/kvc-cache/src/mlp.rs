@@ -17,9 +17,9 @@ use kvc_mlp::{
 };
 
 use crate::cells::{Cell, CellTable};
-use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::layout::{Addressing, LayerMut, TensorLayout};
+use kvc_types::Dtype;
 
 fn typed<'a, T: KvElement>(what: &'static str, buf: &'a mut [u8]) -> Result<&'a mut [T]> {
     bytemuck::try_cast_slice_mut(buf).map_err(|_| Error::Misaligned {
@@ -28,7 +28,7 @@ fn typed<'a, T: KvElement>(what: &'static str, buf: &'a mut [u8]) -> Result<&'a 
     })
 }
 
-fn float_dtype(what: &'static str, dtype: DType) -> Result<()> {
+fn float_dtype(what: &'static str, dtype: Dtype) -> Result<()> {
     if dtype.is_float() {
         Ok(())
     } else {
@@ -117,10 +117,10 @@ pub fn mlp_compress_infinilm(
         head_dim: layout.k.head_dim(),
     };
     match layout.k.dtype() {
-        DType::F16 => infinilm_typed::<half::f16>(compressor, layers, first_layer, shape, params),
-        DType::Bf16 => infinilm_typed::<half::bf16>(compressor, layers, first_layer, shape, params),
-        DType::F32 => infinilm_typed::<f32>(compressor, layers, first_layer, shape, params),
-        DType::I8 => unreachable!("checked by float_dtype"),
+        Dtype::F16 => infinilm_typed::<half::f16>(compressor, layers, first_layer, shape, params),
+        Dtype::Bf16 => infinilm_typed::<half::bf16>(compressor, layers, first_layer, shape, params),
+        Dtype::F32 => infinilm_typed::<f32>(compressor, layers, first_layer, shape, params),
+        Dtype::I8 => unreachable!("checked by float_dtype"),
     }
 }
 
@@ -338,14 +338,14 @@ pub fn mlp_compress_llama(
     for (i, l) in layers.iter_mut().enumerate() {
         let layer = weights_layer(first_layer, i)?;
         match l.layout().k.dtype() {
-            DType::F16 => {
+            Dtype::F16 => {
                 llama_layer::<half::f16>(compressor, l, layer, &src_cells, &dst_cells, params)?
             }
-            DType::Bf16 => {
+            Dtype::Bf16 => {
                 llama_layer::<half::bf16>(compressor, l, layer, &src_cells, &dst_cells, params)?
             }
-            DType::F32 => llama_layer::<f32>(compressor, l, layer, &src_cells, &dst_cells, params)?,
-            DType::I8 => unreachable!("checked by float_dtype"),
+            Dtype::F32 => llama_layer::<f32>(compressor, l, layer, &src_cells, &dst_cells, params)?,
+            Dtype::I8 => unreachable!("checked by float_dtype"),
         }
     }
 

@@ -282,7 +282,7 @@ fn release(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dtype::DType;
+    use kvc_types::Dtype;
 
     #[test]
     fn release_returns_pages_and_zeroes() {
@@ -307,7 +307,7 @@ mod tests {
 
     #[test]
     fn owned_cache_release_tokens() {
-        let l = KvLayout::llama(DType::F16, 4, 64, 64, 4096, false).unwrap();
+        let l = KvLayout::llama(Dtype::F16, 4, 64, 64, 4096, false).unwrap();
         let mut c = OwnedCache::uniform(l, 2).unwrap();
         for mut layer in c.layers_mut().unwrap() {
             let (k, v) = layer.kv_mut();

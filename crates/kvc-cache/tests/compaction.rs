@@ -1,12 +1,13 @@
 //! Compaction and zeroing equal a naive reference, for every layout and dtype.
 
 use kvc_cache::{
-    compact_layers, compact_shared, compact_tensor, zero_tokens, Addressing, CellTable, DType,
-    IndexMap, KvLayout, LayerMut, ReservePlan, TensorLayout,
+    compact_layers, compact_shared, compact_tensor, zero_tokens, Addressing, CellTable, IndexMap,
+    KvLayout, LayerMut, ReservePlan, TensorLayout,
 };
+use kvc_types::Dtype;
 use proptest::prelude::*;
 
-const DTYPES: [DType; 4] = [DType::F16, DType::Bf16, DType::F32, DType::I8];
+const DTYPES: [Dtype; 4] = [Dtype::F16, Dtype::Bf16, Dtype::F32, Dtype::I8];
 
 fn addressing(i: usize, cap: usize) -> Addressing {
     match i {
@@ -170,7 +171,7 @@ proptest! {
 
 #[test]
 fn shared_cells_move_every_layer_and_the_table() {
-    let layout = KvLayout::llama(DType::F16, 2, 4, 4, 16, true).unwrap();
+    let layout = KvLayout::llama(Dtype::F16, 2, 4, 4, 16, true).unwrap();
     let mut data: Vec<(Vec<u8>, Vec<u8>)> = (0..3)
         .map(|i| {
             (
@@ -210,7 +211,7 @@ fn shared_cells_move_every_layer_and_the_table() {
 
 #[test]
 fn per_layer_plans_and_errors() {
-    let layout = KvLayout::infinilm(DType::Bf16, 2, 8, 10).unwrap();
+    let layout = KvLayout::infinilm(Dtype::Bf16, 2, 8, 10).unwrap();
     let mut a = (bytes(layout.k.byte_len(), 1), bytes(layout.v.byte_len(), 2));
     let mut b = (bytes(layout.k.byte_len(), 3), bytes(layout.v.byte_len(), 4));
     let mut layers = vec![

@@ -2,10 +2,11 @@
 //! get a plan, compact a cache) keeps exactly the plan's tokens, in order.
 
 use kvc_cache::{
-    compact_heads, compact_layer, compact_shared, Addressing, DType, Error, KvLayout, LayerMut,
+    compact_heads, compact_layer, compact_shared, Addressing, Error, KvLayout, LayerMut,
     ReservePlan, TensorLayout,
 };
 use kvc_h2o::{CallShape, H2oConfig, H2oPolicy, ReservePair, ScoreGranularity};
+use kvc_types::Dtype;
 
 const KV_LEN: usize = 1500;
 const CAP: usize = 1536;
@@ -79,9 +80,9 @@ fn tag(buf: &[u8], l: &TensorLayout, t: usize, c: usize) -> usize {
 
 fn layouts() -> Vec<KvLayout> {
     vec![
-        KvLayout::llama(DType::F32, 2, 4, 4, CAP, true).unwrap(),
-        KvLayout::infinilm(DType::F32, 2, 4, CAP).unwrap(),
-        KvLayout::mnn(DType::F32, 2, 4, CAP, 8, 2, Some(128)).unwrap(),
+        KvLayout::llama(Dtype::F32, 2, 4, 4, CAP, true).unwrap(),
+        KvLayout::infinilm(Dtype::F32, 2, 4, CAP).unwrap(),
+        KvLayout::mnn(Dtype::F32, 2, 4, CAP, 8, 2, Some(128)).unwrap(),
     ]
 }
 
@@ -168,7 +169,7 @@ fn bad_h2o_pairs_and_head_plans_are_refused() {
             Err(Error::InvalidPlan { .. })
         ));
     }
-    let t = TensorLayout::new(Addressing::HeadMajor, DType::F16, 2, 4, 16).unwrap();
+    let t = TensorLayout::new(Addressing::HeadMajor, Dtype::F16, 2, 4, 16).unwrap();
     let mut buf = vec![0u8; t.byte_len()];
     let a = ReservePlan::new(&[(0, 4)], 16).unwrap();
     let b = ReservePlan::new(&[(2, 3)], 16).unwrap();

@@ -1,11 +1,10 @@
 //! MLP compression of caches in place equals kvc-mlp's own out-of-place result, bit for bit.
 
-use kvc_cache::{
-    mlp_compress_infinilm, mlp_compress_llama, CellTable, DType, Error, KvLayout, LayerMut,
-};
+use kvc_cache::{mlp_compress_infinilm, mlp_compress_llama, CellTable, Error, KvLayout, LayerMut};
 use kvc_mlp::{
     CompressParams, Compressor, CompressorWeights, KvElement, KvShape, LayerMlps, Linear, Mlp,
 };
+use kvc_types::Dtype;
 
 const D: usize = 8;
 const FACTOR: usize = 4;
@@ -71,7 +70,7 @@ fn bits<T: KvElement>(x: &[T]) -> &[u8] {
     bytemuck::cast_slice(x)
 }
 
-fn infinilm_case<T: KvElement>(dtype: DType, image_kv_len: usize) {
+fn infinilm_case<T: KvElement>(dtype: Dtype, image_kv_len: usize) {
     let (h, cap, seq_len, n_layers) = (3usize, 45usize, 42usize, 3usize);
     let comp = compressor(n_layers, 2, None);
     let layout = KvLayout::infinilm(dtype, h, D, cap).unwrap();
@@ -153,10 +152,10 @@ fn infinilm_case<T: KvElement>(dtype: DType, image_kv_len: usize) {
 
 #[test]
 fn infinilm_in_place_equals_out_of_place() {
-    infinilm_case::<half::f16>(DType::F16, 0);
-    infinilm_case::<half::bf16>(DType::Bf16, 9);
-    infinilm_case::<f32>(DType::F32, 0);
-    infinilm_case::<f32>(DType::F32, 13);
+    infinilm_case::<half::f16>(Dtype::F16, 0);
+    infinilm_case::<half::bf16>(Dtype::Bf16, 9);
+    infinilm_case::<f32>(Dtype::F32, 0);
+    infinilm_case::<f32>(Dtype::F32, 13);
 }
 
 #[test]
@@ -164,7 +163,7 @@ fn infinilm_errors() {
     let comp = compressor(2, 2, None);
     let p = params(0);
     // Misaligned f16 buffers.
-    let layout = KvLayout::infinilm(DType::F16, 2, D, 16).unwrap();
+    let layout = KvLayout::infinilm(Dtype::F16, 2, D, 16).unwrap();
     let n = layout.k.byte_len();
     let (mut k, mut v) = (vec![0u16; n / 2 + 1], vec![0u16; n / 2 + 1]);
     let kb: &mut [u8] = bytemuck::cast_slice_mut(&mut k);
@@ -174,10 +173,10 @@ fn infinilm_errors() {
     assert!(matches!(e, Error::Misaligned { align: 2, .. }), "{e}");
     // Wrong layout, int8, wrong head_dim, seq_len past the capacity.
     for (layout, seq_len) in [
-        (KvLayout::llama(DType::F32, 2, D, D, 16, false).unwrap(), 16),
-        (KvLayout::infinilm(DType::I8, 2, D, 16).unwrap(), 16),
-        (KvLayout::infinilm(DType::F32, 2, D / 2, 16).unwrap(), 16),
-        (KvLayout::infinilm(DType::F32, 2, D, 16).unwrap(), 17),
+        (KvLayout::llama(Dtype::F32, 2, D, D, 16, false).unwrap(), 16),
+        (KvLayout::infinilm(Dtype::I8, 2, D, 16).unwrap(), 16),
+        (KvLayout::infinilm(Dtype::F32, 2, D / 2, 16).unwrap(), 16),
+        (KvLayout::infinilm(Dtype::F32, 2, D, 16).unwrap(), 17),
     ] {
         let (mut k, mut v) = (
             vec![0f32; layout.k.byte_len() / 4 + 1],
@@ -221,7 +220,7 @@ fn llama_cells() -> CellTable {
     cells
 }
 
-fn llama_case<T: KvElement>(dtype: DType, v_trans: bool, image_kv_len: usize) {
+fn llama_case<T: KvElement>(dtype: Dtype, v_trans: bool, image_kv_len: usize) {
     let h = 2usize;
     let comp = compressor(2, 2, None);
     let layout = KvLayout::llama(dtype, h, D, D, 64, v_trans).unwrap();
@@ -350,16 +349,16 @@ fn llama_case<T: KvElement>(dtype: DType, v_trans: bool, image_kv_len: usize) {
 
 #[test]
 fn llama_sequence_in_place_equals_out_of_place() {
-    llama_case::<half::f16>(DType::F16, false, 0);
-    llama_case::<half::f16>(DType::F16, true, 0);
-    llama_case::<half::bf16>(DType::Bf16, true, 6);
-    llama_case::<f32>(DType::F32, false, 9);
+    llama_case::<half::f16>(Dtype::F16, false, 0);
+    llama_case::<half::f16>(Dtype::F16, true, 0);
+    llama_case::<half::bf16>(Dtype::Bf16, true, 6);
+    llama_case::<f32>(Dtype::F32, false, 9);
 }
 
 #[test]
 fn llama_short_sequence_is_unchanged() {
     let comp = compressor(1, 100, None);
-    let layout = KvLayout::llama(DType::F32, 2, D, D, 64, true).unwrap();
+    let layout = KvLayout::llama(Dtype::F32, 2, D, D, 64, true).unwrap();
     let (mut k, mut v) = (
         vec![1f32; layout.k.elem_count()],
         vec![2f32; layout.v.elem_count()],
@@ -385,7 +384,7 @@ fn llama_short_sequence_is_unchanged() {
 
 #[test]
 fn llama_errors_change_nothing() {
-    let layout = KvLayout::llama(DType::F16, 2, D, D, 64, false).unwrap();
+    let layout = KvLayout::llama(Dtype::F16, 2, D, D, 64, false).unwrap();
     let mut rng = Rng(3);
     let mut a: (Vec<half::f16>, Vec<half::f16>) = (
         random(&mut rng, layout.k.elem_count()),

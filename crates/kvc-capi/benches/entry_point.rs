@@ -11,7 +11,8 @@ use std::ptr;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use half::f16;
 use kvc::convert::{KVC_DTYPE_F16, KVC_DTYPE_F32};
-use kvc::{convert_row, kvc_get_api, Dtype, Row, RowMut, KVC_ABI_VERSION};
+use kvc::{convert_row, kvc_get_api, Row, RowMut, KVC_ABI_VERSION};
+use kvc_types::FloatDtype;
 
 fn api() -> &'static kvc::KvcApi {
     let api = kvc_get_api(KVC_ABI_VERSION);
@@ -29,7 +30,7 @@ fn trivial(c: &mut Criterion) {
         b.iter(|| dtype_size(black_box(KVC_DTYPE_F32)))
     });
     g.bench_function("rust/dtype_size", |b| {
-        b.iter(|| Dtype::from_code(black_box(KVC_DTYPE_F32)).map_or(0, Dtype::size))
+        b.iter(|| FloatDtype::from_code(black_box(KVC_DTYPE_F32)).map_or(0, FloatDtype::size))
     });
     // A status-returning entry point doing no work: pointer checks, catch_unwind,
     // clearing the thread's last error.

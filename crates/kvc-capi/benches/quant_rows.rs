@@ -2,7 +2,7 @@
 //! (`kvc_quant_roundtrip_rows`, called through `kvc_get_api` as a C program does), f16
 //! rows of 576 channels (9 KV heads x 64) and 192 channels (SmolLM2-135M: 3 x 64), one
 //! row per call (decode) and 512 rows per call (prefill); and the Rust kernel
-//! (`kvc_cache::quant::roundtrip_rows`) on the same rows for the boundary's share.
+//! (`kvc_int8::roundtrip_rows`) on the same rows for the boundary's share.
 //! Throughput is in rows: ns per row = time per iteration / rows.
 //!
 //! `cargo bench -p kvc-capi --bench quant_rows`
@@ -16,8 +16,8 @@ use kvc::codec::KVC_TENSOR_K;
 use kvc::convert::KVC_DTYPE_F16;
 use kvc::quant::{KvcQuant, KvcQuantConfig};
 use kvc::{kvc_get_api, KvcStatus, KVC_ABI_VERSION};
-use kvc_cache::quant::{roundtrip_rows, ChannelStats};
-use kvc_cache::DType;
+use kvc_int8::{roundtrip_rows, ChannelStats};
+use kvc_types::Dtype;
 
 fn rows_f16(n: usize, channels: usize) -> Vec<f16> {
     let mut x = 0x2545_f491_4f6c_dd1du64;
@@ -60,7 +60,7 @@ fn roundtrip(c: &mut Criterion) {
         }
         let mut stats = ChannelStats::new(channels);
         stats
-            .observe_rows(f16_bytes(&calib), DType::F16, 256)
+            .observe_rows(f16_bytes(&calib), Dtype::F16, 256)
             .unwrap();
         let params = stats.finish(false).unwrap();
         let roundtrip_rows_c = black_box(api.quant_roundtrip_rows);
@@ -85,7 +85,7 @@ fn roundtrip(c: &mut Criterion) {
             });
             g.bench_function(format!("rust/{channels}ch/{rows}rows"), |b| {
                 b.iter(|| {
-                    roundtrip_rows(f16_bytes_mut(&mut data), DType::F16, rows, &params).unwrap()
+                    roundtrip_rows(f16_bytes_mut(&mut data), Dtype::F16, rows, &params).unwrap()
                 })
             });
         }

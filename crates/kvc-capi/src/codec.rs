@@ -9,7 +9,7 @@ use std::ffi::c_void;
 use kvc_codec::gear_v1::{
     self, EncodeOptions, GearV1Decoder, GearV1Encoder, Predictor, PredictorSet,
 };
-use kvc_codec::Dtype as CodecDtype;
+use kvc_types::Dtype;
 
 use crate::boundary::{
     check_disjoint, in_ref, in_slice, out_ref, out_slice, status_boundary, value_boundary,
@@ -65,7 +65,7 @@ impl Default for KvcCodecConfig {
 
 /// A gear-v1 codec: opaque; create with `kvc_codec_new`, free with `kvc_codec_free`.
 pub struct KvcCodec {
-    dtype: CodecDtype,
+    dtype: Dtype,
     k: GearV1Encoder,
     v: GearV1Encoder,
     decoder: GearV1Decoder,

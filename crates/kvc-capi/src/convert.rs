@@ -5,6 +5,7 @@ use std::ffi::c_void;
 
 use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
 use half::{bf16, f16};
+use kvc_types::FloatDtype;
 
 use crate::boundary::{
     check_disjoint, in_slice, out_ref, out_slice, status_boundary, value_boundary,
@@ -35,54 +36,18 @@ const _: () = {
     assert!(KVC_DTYPE_I8 == kvc_types::Dtype::I8.code());
 };
 
-/// The element types kvc converts between: the float subset of kvc's shared
-/// [`kvc_types::Dtype`] (`kvc_convert` refuses `KVC_DTYPE_I8`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Dtype {
-    /// IEEE binary16.
-    F16,
-    /// bfloat16.
-    Bf16,
-    /// IEEE binary32.
-    F32,
-}
-
-impl Dtype {
-    /// The dtype for a C `kvc_dtype` value.
-    pub fn from_code(code: KvcDtype) -> Option<Dtype> {
-        match kvc_types::Dtype::from_code(code)? {
-            kvc_types::Dtype::F16 => Some(Dtype::F16),
-            kvc_types::Dtype::Bf16 => Some(Dtype::Bf16),
-            kvc_types::Dtype::F32 => Some(Dtype::F32),
-            kvc_types::Dtype::I8 => None,
-        }
-    }
-
-    /// kvc's shared element type of this one.
-    pub fn shared(self) -> kvc_types::Dtype {
-        match self {
-            Dtype::F16 => kvc_types::Dtype::F16,
-            Dtype::Bf16 => kvc_types::Dtype::Bf16,
-            Dtype::F32 => kvc_types::Dtype::F32,
-        }
-    }
-
-    /// Bytes per element.
-    pub fn size(self) -> usize {
-        self.shared().size()
-    }
-
-    fn parse(code: KvcDtype, argument: &'static str) -> Result<Dtype, Error> {
-        Dtype::from_code(code).ok_or_else(|| {
-            Error::invalid(
-                argument,
-                format!(
-                    "{code} is not a kvc_dtype (KVC_DTYPE_F16 = 0, KVC_DTYPE_BF16 = 1, \
-                     KVC_DTYPE_F32 = 2)"
-                ),
-            )
-        })
-    }
+/// The float dtype of a C `kvc_dtype` value for `argument`: `KVC_INVALID_ARGUMENT` for
+/// `KVC_DTYPE_I8` (nothing here converts int8) and for a value that is no dtype.
+fn float_dtype(code: KvcDtype, argument: &'static str) -> Result<FloatDtype, Error> {
+    FloatDtype::from_code(code).ok_or_else(|| {
+        Error::invalid(
+            argument,
+            format!(
+                "{code} is not a kvc_dtype (KVC_DTYPE_F16 = 0, KVC_DTYPE_BF16 = 1, \
+                 KVC_DTYPE_F32 = 2)"
+            ),
+        )
+    })
 }
 
 /// A row of elements to convert from.
@@ -177,11 +142,7 @@ pub fn convert_row(src: Row<'_>, dst: RowMut<'_>) -> Result<(), Error> {
 #[no_mangle]
 pub extern "C" fn kvc_dtype_size(dtype: KvcDtype) -> usize {
     value_boundary(0, || {
-        if dtype == KVC_DTYPE_I8 {
-            1
-        } else {
-            Dtype::from_code(dtype).map_or(0, Dtype::size)
-        }
+        kvc_types::Dtype::from_code(dtype).map_or(0, kvc_types::Dtype::size)
     })
 }
 
@@ -189,18 +150,22 @@ pub extern "C" fn kvc_dtype_size(dtype: KvcDtype) -> usize {
 ///
 /// # Safety
 /// `src` must point to `count` readable elements of `dtype` (when non-NULL and aligned).
-unsafe fn input_row<'a>(dtype: Dtype, src: *const c_void, count: usize) -> Result<Row<'a>, Error> {
+unsafe fn input_row<'a>(
+    dtype: FloatDtype,
+    src: *const c_void,
+    count: usize,
+) -> Result<Row<'a>, Error> {
     Ok(match dtype {
-        Dtype::F16 | Dtype::Bf16 => {
+        FloatDtype::F16 | FloatDtype::Bf16 => {
             // SAFETY: forwarded contract; `in_slice` checks NULL, alignment and size.
             let bits = unsafe { in_slice(src.cast::<u16>(), count, "src") }?;
-            if dtype == Dtype::F16 {
+            if dtype == FloatDtype::F16 {
                 Row::F16(bits.reinterpret_cast())
             } else {
                 Row::Bf16(bits.reinterpret_cast())
             }
         }
-        Dtype::F32 => {
+        FloatDtype::F32 => {
             // SAFETY: forwarded contract; `in_slice` checks NULL, alignment and size.
             Row::F32(unsafe { in_slice(src.cast::<f32>(), count, "src") }?)
         }
@@ -212,21 +177,21 @@ unsafe fn input_row<'a>(dtype: Dtype, src: *const c_void, count: usize) -> Resul
 /// # Safety
 /// `dst` must point to `count` writable elements of `dtype` (when non-NULL and aligned).
 unsafe fn output_row<'a>(
-    dtype: Dtype,
+    dtype: FloatDtype,
     dst: *mut c_void,
     count: usize,
 ) -> Result<RowMut<'a>, Error> {
     Ok(match dtype {
-        Dtype::F16 | Dtype::Bf16 => {
+        FloatDtype::F16 | FloatDtype::Bf16 => {
             // SAFETY: forwarded contract; `out_slice` checks NULL, alignment and size.
             let bits = unsafe { out_slice(dst.cast::<u16>(), count, "dst") }?;
-            if dtype == Dtype::F16 {
+            if dtype == FloatDtype::F16 {
                 RowMut::F16(bits.reinterpret_cast_mut())
             } else {
                 RowMut::Bf16(bits.reinterpret_cast_mut())
             }
         }
-        Dtype::F32 => {
+        FloatDtype::F32 => {
             // SAFETY: forwarded contract; `out_slice` checks NULL, alignment and size.
             RowMut::F32(unsafe { out_slice(dst.cast::<f32>(), count, "dst") }?)
         }
@@ -272,8 +237,8 @@ pub unsafe extern "C" fn kvc_convert(
     status_boundary("kvc_convert", || {
         // SAFETY: `dst_len` is valid for writing (contract); `out_ref` checks NULL.
         let dst_len = unsafe { out_ref(dst_len, "dst_len") }?;
-        let src_type = Dtype::parse(src_dtype, "src_dtype")?;
-        let dst_type = Dtype::parse(dst_dtype, "dst_dtype")?;
+        let src_type = float_dtype(src_dtype, "src_dtype")?;
+        let dst_type = float_dtype(dst_dtype, "dst_dtype")?;
         // SAFETY: `src` is readable for `count` elements (contract).
         let src_row = unsafe { input_row(src_type, src, count) }?;
         if dst.is_null() && dst_capacity == 0 {

@@ -1,10 +1,10 @@
-//! Engine element buffers for `kvc-cache`: a `kvc_dtype` as kvc-cache's [`DType`], and a C
+//! Engine element buffers for `kvc-cache`: a `kvc_dtype` as kvc-cache's [`Dtype`], and a C
 //! pointer plus an element count as a checked byte slice (NULL, alignment to the element
 //! type, a size that can exist). Used by the cache view and the quantizer.
 
 use std::ffi::c_void;
 
-use kvc_cache::DType;
+use kvc_types::Dtype;
 
 use crate::boundary::{in_slice, out_slice};
 use crate::convert::KvcDtype;
@@ -12,8 +12,8 @@ use crate::error::Error;
 
 /// The kvc-cache element type of a C `kvc_dtype` (all four are accepted; operations that
 /// need a float type say so themselves).
-pub(crate) fn cache_dtype(code: KvcDtype, argument: &'static str) -> Result<DType, Error> {
-    DType::from_code(code).ok_or_else(|| {
+pub(crate) fn cache_dtype(code: KvcDtype, argument: &'static str) -> Result<Dtype, Error> {
+    Dtype::from_code(code).ok_or_else(|| {
         Error::invalid(
             argument,
             format!(
@@ -25,7 +25,7 @@ pub(crate) fn cache_dtype(code: KvcDtype, argument: &'static str) -> Result<DTyp
 }
 
 /// The C `kvc_dtype` of a kvc-cache element type.
-pub(crate) fn c_dtype(dtype: DType) -> KvcDtype {
+pub(crate) fn c_dtype(dtype: Dtype) -> KvcDtype {
     dtype.code()
 }
 
@@ -38,7 +38,7 @@ pub(crate) fn mul(a: usize, b: usize, argument: &'static str) -> Result<usize, E
 fn check_aligned(
     ptr: *const c_void,
     elems: usize,
-    dtype: DType,
+    dtype: Dtype,
     argument: &'static str,
 ) -> Result<(), Error> {
     if elems > 0 && !ptr.is_null() && !(ptr as usize).is_multiple_of(dtype.size()) {
@@ -62,7 +62,7 @@ fn check_aligned(
 pub(crate) unsafe fn in_bytes<'a>(
     ptr: *const c_void,
     elems: usize,
-    dtype: DType,
+    dtype: Dtype,
     argument: &'static str,
 ) -> Result<&'a [u8], Error> {
     let bytes = mul(elems, dtype.size(), argument)?;
@@ -80,7 +80,7 @@ pub(crate) unsafe fn in_bytes<'a>(
 pub(crate) unsafe fn out_bytes<'a>(
     ptr: *mut c_void,
     elems: usize,
-    dtype: DType,
+    dtype: Dtype,
     argument: &'static str,
 ) -> Result<&'a mut [u8], Error> {
     let bytes = mul(elems, dtype.size(), argument)?;

@@ -140,6 +140,7 @@ wrap_shared_kind_error!(
     kvc_kvq_cells,
     kvc_h2o,
     kvc_mlp,
+    kvc_int8,
     kvc_cache,
     kvc_store_codec,
     kvc_store_async,

@@ -11,9 +11,11 @@ use kvc_kvq::attention::{attend_heads_strided, CacheRows};
 use kvc_kvq::Isa;
 use kvc_kvq::RowCodec;
 
+use kvc_types::FloatDtype;
+
 use crate::boundary::{in_slice, out_slice, status_boundary};
 use crate::codec::KvcTensor;
-use crate::convert::{Dtype, KvcDtype, KVC_DTYPE_I8};
+use crate::convert::{KvcDtype, KVC_DTYPE_I8};
 use crate::error::Error;
 use crate::handle::handle_ref;
 use crate::kvq::{row_sizes, KvcKvq};
@@ -24,8 +26,8 @@ const MAX_D: usize = 256;
 
 /// The row element type of a typed call: f32, f16 or bf16; `KVC_DTYPE_I8` is a dtype kvq
 /// rows do not take (`KVC_UNSUPPORTED`), any other value not a dtype.
-fn row_dtype(code: KvcDtype) -> Result<Dtype, Error> {
-    match Dtype::from_code(code) {
+fn row_dtype(code: KvcDtype) -> Result<FloatDtype, Error> {
+    match FloatDtype::from_code(code) {
         Some(d) => Ok(d),
         None if code == KVC_DTYPE_I8 => Err(Error::Wrapped {
             status: KvcStatus::KVC_UNSUPPORTED,
@@ -133,9 +135,9 @@ pub unsafe extern "C" fn kvc_kvq_quantize_rows_typed(
         // SAFETY: caller contract; NULL, alignment and size are checked by `in_slice`.
         let x = unsafe {
             match dt {
-                Dtype::F32 => Rows::F32(in_slice(src.cast::<f32>(), n, "src")?),
-                Dtype::F16 => Rows::F16(in_slice(src.cast::<f16>(), n, "src")?),
-                Dtype::Bf16 => Rows::Bf16(in_slice(src.cast::<bf16>(), n, "src")?),
+                FloatDtype::F32 => Rows::F32(in_slice(src.cast::<f32>(), n, "src")?),
+                FloatDtype::F16 => Rows::F16(in_slice(src.cast::<f16>(), n, "src")?),
+                FloatDtype::Bf16 => Rows::Bf16(in_slice(src.cast::<bf16>(), n, "src")?),
             }
         };
         // SAFETY: as above; disjoint from `src` (checked).
@@ -157,7 +159,7 @@ unsafe fn dequantize_typed(
     src: *const u8,
     src_len: usize,
     n_rows: usize,
-    dt: Dtype,
+    dt: FloatDtype,
     dst: *mut c_void,
     dst_len: usize,
 ) -> Result<(), Error> {
@@ -195,12 +197,12 @@ unsafe fn dequantize_typed(
     let mut buf = [0f32; MAX_D];
     let buf = &mut buf[..d];
     match dt {
-        Dtype::F32 => {
+        FloatDtype::F32 => {
             // SAFETY: as above; disjoint from `src` (checked).
             let y = unsafe { out_slice(dst.cast::<f32>(), n, "dst") }?;
             Ok(c.dequantize_rows(p, y)?)
         }
-        Dtype::F16 => {
+        FloatDtype::F16 => {
             // A decoded value beyond f16's range would become an infinity: refused, found
             // before anything is written.
             for (r, row) in p.chunks_exact(c.row_bytes()).enumerate() {
@@ -230,7 +232,7 @@ unsafe fn dequantize_typed(
             }
             Ok(())
         }
-        Dtype::Bf16 => {
+        FloatDtype::Bf16 => {
             // SAFETY: as above; disjoint from `src` (checked).
             let y = unsafe { out_slice(dst.cast::<bf16>(), n, "dst") }?;
             for (r, (row, o)) in p
@@ -284,7 +286,7 @@ pub unsafe extern "C" fn kvc_kvq_dequantize_rows_checked(
                 src,
                 src_len,
                 n_rows,
-                Dtype::F32,
+                FloatDtype::F32,
                 dst.cast(),
                 dst_len,
             )

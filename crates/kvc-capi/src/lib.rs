@@ -48,7 +48,7 @@ pub mod test_hooks;
 pub mod version;
 
 pub use api::{kvc_get_api, KvcApi};
-pub use convert::{convert_row, kvc_convert, kvc_dtype_size, Dtype, KvcDtype, Row, RowMut};
+pub use convert::{convert_row, kvc_convert, kvc_dtype_size, KvcDtype, Row, RowMut};
 pub use error::Error;
 pub use last_error::kvc_last_error_message;
 pub use status::{kvc_status_name, KvcStatus};

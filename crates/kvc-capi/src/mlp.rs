@@ -8,10 +8,12 @@ use kvc_mlp::{
     CacheShape, CompressParams, CompressedLen, Compressor, CompressorWeights, KvElement,
 };
 
+use kvc_types::FloatDtype;
+
 use crate::boundary::{
     check_disjoint, in_ref, in_slice, out_ref, out_slice, status_boundary, value_boundary,
 };
-use crate::convert::{Dtype, KvcDtype, KVC_DTYPE_I8};
+use crate::convert::{KvcDtype, KVC_DTYPE_I8};
 use crate::error::Error;
 use crate::handle::{free_handle, handle_ref, store_handle};
 use crate::status::KvcStatus;
@@ -239,10 +241,16 @@ pub unsafe extern "C" fn kvc_mlp_compress_inplace(
                         .into(),
                 })
             }
-            d => match Dtype::from_code(d) {
-                Some(Dtype::F16) => mlp.compress::<f16>(layer, shape, k, v, n, image_kv_len)?,
-                Some(Dtype::Bf16) => mlp.compress::<bf16>(layer, shape, k, v, n, image_kv_len)?,
-                Some(Dtype::F32) => mlp.compress::<f32>(layer, shape, k, v, n, image_kv_len)?,
+            d => match FloatDtype::from_code(d) {
+                Some(FloatDtype::F16) => {
+                    mlp.compress::<f16>(layer, shape, k, v, n, image_kv_len)?
+                }
+                Some(FloatDtype::Bf16) => {
+                    mlp.compress::<bf16>(layer, shape, k, v, n, image_kv_len)?
+                }
+                Some(FloatDtype::F32) => {
+                    mlp.compress::<f32>(layer, shape, k, v, n, image_kv_len)?
+                }
                 None => {
                     return Err(Error::invalid(
                         "dtype",

@@ -1,4 +1,4 @@
-//! `kvc_quant`: int8 "C8" KV-cache quantization (`kvc-cache`, msmodelslim's per-channel
+//! `kvc_quant`: int8 "C8" KV-cache quantization (`kvc-int8`, msmodelslim's per-channel
 //! scheme) behind an opaque handle.
 //!
 //! A handle holds, per layer and tensor (K, V), one scale and one offset per channel:
@@ -11,12 +11,12 @@
 use std::ffi::{c_char, c_void, CStr};
 use std::path::Path;
 
-use kvc_cache::quant::msmodelslim::{read_checkpoint, write_checkpoint, ScaleDType};
-use kvc_cache::quant::{
+use kvc_int8::msmodelslim::{read_checkpoint, write_checkpoint};
+use kvc_int8::{
     dequantize_rows, quantize_rows, roundtrip_rows, C8Params, ChannelQuant, ChannelStats,
     LayerQuant, RopeStats, RopeStyle,
 };
-use kvc_cache::DType;
+use kvc_types::{Dtype, FloatDtype};
 
 use crate::boundary::{
     check_disjoint, in_ref, in_slice, out_ref, out_slice, status_boundary, value_boundary,
@@ -162,7 +162,7 @@ impl KvcQuant {
         dtype: KvcDtype,
         (rows_null, argument): (bool, &'static str),
         n_rows: usize,
-    ) -> Result<(usize, usize, DType, usize), Error> {
+    ) -> Result<(usize, usize, Dtype, usize), Error> {
         if rows_null && n_rows > 0 {
             return Err(Error::NullArgument { argument });
         }
@@ -223,15 +223,13 @@ impl KvcQuant {
         let mut out = C8Params::new();
         for (i, [k, v]) in self.params.iter().enumerate() {
             match (k, v) {
-                (Some(k), Some(v)) => out
-                    .insert(
-                        i,
-                        LayerQuant {
-                            k: k.clone(),
-                            v: v.clone(),
-                        },
-                    )
-                    .map_err(kvc_cache::Error::from)?,
+                (Some(k), Some(v)) => out.insert(
+                    i,
+                    LayerQuant {
+                        k: k.clone(),
+                        v: v.clone(),
+                    },
+                )?,
                 (None, None) => {}
                 (Some(_), None) | (None, Some(_)) => {
                     return Err(invalid_state(format!(
@@ -368,9 +366,9 @@ pub unsafe extern "C" fn kvc_quant_save_msmodelslim(
         // SAFETY: caller contract.
         let dir = unsafe { path_arg(dir, "dir") }?;
         let sd = match scale_dtype {
-            KVC_DTYPE_F16 => ScaleDType::F16,
-            KVC_DTYPE_BF16 => ScaleDType::BF16,
-            KVC_DTYPE_F32 => ScaleDType::F32,
+            KVC_DTYPE_F16 => FloatDtype::F16,
+            KVC_DTYPE_BF16 => FloatDtype::Bf16,
+            KVC_DTYPE_F32 => FloatDtype::F32,
             d => {
                 return Err(Error::invalid(
                     "scale_dtype",
@@ -442,7 +440,7 @@ pub unsafe extern "C" fn kvc_quant_observe_rows(
         let channels = q.channels(t);
         // SAFETY: caller contract.
         let src = unsafe { in_bytes(src, elems, dt, "src") }?;
-        if dt == DType::I8 {
+        if dt == Dtype::I8 {
             return Err(Error::Wrapped {
                 status: KvcStatus::KVC_UNSUPPORTED,
                 message: "calibration needs float rows; KVC_DTYPE_I8 is not supported".into(),
@@ -608,9 +606,7 @@ pub unsafe extern "C" fn kvc_quant_set_params(
                 format!("element {i} is {}; offsets must be finite", offset[i]),
             ));
         }
-        q.params[l][t] = Some(
-            ChannelQuant::new(scale.to_vec(), offset.to_vec()).map_err(kvc_cache::Error::from)?,
-        );
+        q.params[l][t] = Some(ChannelQuant::new(scale.to_vec(), offset.to_vec())?);
         Ok(())
     })
 }
@@ -803,7 +799,7 @@ pub unsafe extern "C" fn kvc_quant_dequantize_rows(
         let (l, t, dt, elems) =
             q.row_batch(layer, tensor, dtype, (src.is_null(), "src"), n_rows)?;
         // SAFETY: caller contract.
-        let src_bytes = unsafe { in_bytes(src.cast(), elems, DType::I8, "src") }?;
+        let src_bytes = unsafe { in_bytes(src.cast(), elems, Dtype::I8, "src") }?;
         if dst.is_null() && dst_capacity == 0 {
             *dst_len = elems;
             return Ok(());

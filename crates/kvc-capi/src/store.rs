@@ -8,11 +8,12 @@
 
 use std::sync::Arc;
 
-use kvc_cache::{DType, KvLayout};
+use kvc_cache::KvLayout;
 use kvc_codec::gear_v1::EncodeOptions;
 use kvc_store_async::{
     GearV1Codec, GearV2Codec, Mode, Scope, Store, StoreCodec, StoreConfig, StoreMetrics,
 };
+use kvc_types::Dtype;
 
 use crate::boundary::{
     check_disjoint, in_ref, in_slice, out_ref, out_slice, status_boundary, value_boundary,
@@ -216,7 +217,7 @@ pub struct KvcStoreLayer {
 
 impl KvcStoreLayer {
     fn layout(&self, i: usize) -> Result<KvLayout, Error> {
-        let dtype = DType::from_code(self.dtype).ok_or_else(|| {
+        let dtype = Dtype::from_code(self.dtype).ok_or_else(|| {
             Error::invalid(
                 "layers",
                 format!("layer {i}: dtype {} is not a kvc_dtype", self.dtype),

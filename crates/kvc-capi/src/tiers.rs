@@ -10,11 +10,11 @@
 use std::ffi::{c_char, c_void, CStr};
 use std::time::Duration;
 
-use kvc_cache::DType;
 use kvc_store_tiers::{
     ChunkCodec, ChunkShape, DiskTier, MemoryTier, RedisConfig, RedisTier, Tier, Tiers, TiersConfig,
     TiersMetrics,
 };
+use kvc_types::Dtype;
 
 use crate::boundary::{
     check_disjoint, in_ref, in_slice, out_ref, out_slice, status_boundary, value_boundary,
@@ -327,7 +327,7 @@ unsafe fn new_tiers(
     c: &KvcTiersConfig,
     tc: Option<std::sync::Arc<kvc_store_tiers::TransformCodec>>,
 ) -> Result<KvcTiers, Error> {
-    let dtype = DType::from_code(c.dtype)
+    let dtype = Dtype::from_code(c.dtype)
         .filter(|d| d.is_float())
         .ok_or_else(|| {
             Error::invalid(

@@ -118,7 +118,7 @@ fn train_writes_weights_and_sidecar_that_inspect_shows() {
     assert!(side["layers"][1]["val_rel_err"].as_f64().unwrap() > 0.0);
     let w = kvc_mlp::CompressorWeights::load(&out).unwrap();
     assert_eq!((w.num_layers(), w.factor(), w.head_dim()), (2, 2, D));
-    assert_eq!(w.header().unwrap().dtype, kvc_mlp::WeightDtype::F16);
+    assert_eq!(w.header().unwrap().dtype, kvc_types::FloatDtype::F16);
     let o = kvc(&["mlp", "inspect", s(&out)]);
     assert!(o.status.success(), "{o:?}");
     let text = String::from_utf8(o.stdout).unwrap();

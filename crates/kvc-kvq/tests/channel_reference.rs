@@ -10,6 +10,7 @@
 //! of `sum_c |q_c| (|min_c| + code * step_c)`).
 
 use kvc_kvq::ChannelGroupCodec;
+use kvc_types::fnv1a64;
 use serde_json::Value;
 
 const FIXTURE: &str = include_str!("fixtures/kvq_channel_reference.json");
@@ -28,12 +29,6 @@ fn unhex(s: &str) -> Vec<u8> {
         .step_by(2)
         .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
         .collect()
-}
-
-fn fnv1a64(bytes: impl Iterator<Item = u8>) -> u64 {
-    bytes.fold(0xcbf2_9ce4_8422_2325, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
-    })
 }
 
 fn f16_bits(b: &[u8], at: usize) -> f64 {
@@ -91,7 +86,7 @@ fn blocks_and_decoded_rows_match_the_reference_bit_for_bit() {
                 "{what}: decoded value {i}: {a} vs {b}"
             );
         }
-        let h = fnv1a64(y.iter().flat_map(|v| v.to_le_bytes()));
+        let h = fnv1a64(&y.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>());
         assert_eq!(
             format!("{h:016x}"),
             case["decoded_fnv1a64"].as_str().unwrap(),

@@ -58,7 +58,7 @@ fn shipped_weights_load_and_match_the_trainers_forward_pass() {
             serde_json::from_str(&std::fs::read_to_string(bin.with_extension("json")).unwrap())
                 .unwrap();
         assert_eq!((w.factor(), w.head_dim(), w.num_layers()), (f, 64, 30));
-        assert_eq!(w.header().unwrap().dtype, kvc_mlp::WeightDtype::F16);
+        assert_eq!(w.header().unwrap().dtype, kvc_types::FloatDtype::F16);
         assert_eq!(side["factor"], f);
         assert_eq!(side["model"]["n_layer"], 30);
         assert_eq!(side["layers"].as_array().unwrap().len(), 30);
@@ -145,7 +145,7 @@ fn distilled_weights_load_and_their_sidecars_hold() {
         let bin = repo().join(format!("data/mlp-weights/smollm2-135m-distill-f{f}.bin"));
         let w = CompressorWeights::load(&bin).unwrap_or_else(|e| panic!("{}: {e}", bin.display()));
         assert_eq!((w.factor(), w.head_dim(), w.num_layers()), (f, 64, 30));
-        assert_eq!(w.header().unwrap().dtype, kvc_mlp::WeightDtype::F16);
+        assert_eq!(w.header().unwrap().dtype, kvc_types::FloatDtype::F16);
         let side: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(bin.with_extension("json")).unwrap())
                 .unwrap();

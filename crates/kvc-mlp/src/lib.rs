@@ -31,7 +31,7 @@ mod plan;
 mod weights;
 
 pub use compressor::{CacheShape, Compressor, KvShape, LayerKv};
-pub use dtype::{KvElement, WeightDtype};
+pub use dtype::KvElement;
 pub use error::{Error, ErrorKind, Result};
 pub use plan::{CompressParams, CompressedLen, SegmentPlan, SequencePlan};
 pub use weights::{

@@ -8,8 +8,8 @@
 
 use std::path::Path;
 
-use crate::dtype::WeightDtype;
 use crate::error::{Error, Result};
+use kvc_types::{extend_f32, load_f32, FloatDtype};
 
 /// The magic number at byte 0 (`"MCVK"` read as a little-endian u32).
 pub const MAGIC: u32 = 0x4B56_434D;
@@ -26,7 +26,7 @@ pub const PREFIXES: [&str; 4] = ["compress_tk", "compress_tv", "compress_ik", "c
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WeightsHeader {
     /// Element type of every weight and bias.
-    pub dtype: WeightDtype,
+    pub dtype: FloatDtype,
     /// Number of layers.
     pub num_layers: u32,
     /// Number of heads (optional, often 0).
@@ -51,7 +51,7 @@ impl WeightsHeader {
         let mut b = [0u8; HEADER_SIZE];
         b[0..4].copy_from_slice(&MAGIC.to_le_bytes());
         b[4..8].copy_from_slice(&VERSION.to_le_bytes());
-        b[8..10].copy_from_slice(&self.dtype.code().to_le_bytes());
+        b[8..10].copy_from_slice(&(self.dtype.code() as u16).to_le_bytes());
         let fields = [
             self.num_layers,
             self.num_heads,
@@ -326,7 +326,7 @@ pub fn parse_header(bytes: &[u8]) -> Result<WeightsHeader> {
         return Err(Error::UnsupportedVersion { found: version });
     }
     let code = r.u16("dtype_code")?;
-    let dtype = WeightDtype::from_code(code).ok_or_else(|| {
+    let dtype = FloatDtype::from_code(code.into()).ok_or_else(|| {
         bad_header(
             "dtype_code",
             8,
@@ -485,10 +485,10 @@ impl CompressorWeights {
                 });
                 let (rows, cols) = (rows as usize, cols as usize);
                 scratch.resize(rows * cols, 0.0);
-                header.dtype.decode_into(data, &mut scratch);
+                load_f32(header.dtype.dtype(), data, &mut scratch);
                 let bias = bias.map(|b| {
                     let mut v = vec![0f32; rows];
-                    header.dtype.decode_into(b, &mut v);
+                    load_f32(header.dtype.dtype(), b, &mut v);
                     v
                 });
                 linears.push(Linear::new(rows, cols, &scratch, bias.as_deref())?);
@@ -570,7 +570,7 @@ impl CompressorWeights {
     ///
     /// The format holds a fixed number of blocks per layer, so every layer needs both text
     /// MLPs, and the image MLPs are either in every layer (12 blocks) or in none (6).
-    pub fn to_bytes(&self, dtype: WeightDtype, num_heads: u32) -> Result<Vec<u8>> {
+    pub fn to_bytes(&self, dtype: FloatDtype, num_heads: u32) -> Result<Vec<u8>> {
         let has_image = self.layers.first().is_some_and(|l| l.image().is_some());
         let mut blocks: Vec<&Mlp> = Vec::with_capacity(self.layers.len() * 4);
         for (i, l) in self.layers.iter().enumerate() {
@@ -631,9 +631,9 @@ impl CompressorWeights {
                         row_major[o * cols + i] = w;
                     }
                 }
-                dtype.encode_into(&row_major, &mut out);
+                extend_f32(dtype.dtype(), &row_major, &mut out);
                 if let Some(b) = lin.bias() {
-                    dtype.encode_into(b, &mut out);
+                    extend_f32(dtype.dtype(), b, &mut out);
                 }
             }
         }

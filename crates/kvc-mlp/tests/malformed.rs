@@ -3,14 +3,15 @@
 
 use kvc_mlp::{
     CompressParams, Compressor, CompressorWeights, Error, ErrorKind, KvShape, LayerMlps, Linear,
-    Mlp, WeightDtype, WeightsHeader, HEADER_SIZE,
+    Mlp, WeightsHeader, HEADER_SIZE,
 };
+use kvc_types::FloatDtype;
 use proptest::prelude::*;
 
 const D: u32 = 2;
 const F: u32 = 2;
 
-fn header(dtype: WeightDtype, layers: u32, count: u32) -> WeightsHeader {
+fn header(dtype: FloatDtype, layers: u32, count: u32) -> WeightsHeader {
     WeightsHeader {
         dtype,
         num_layers: layers,
@@ -24,14 +25,14 @@ fn header(dtype: WeightDtype, layers: u32, count: u32) -> WeightsHeader {
     }
 }
 
-fn push_elems(out: &mut Vec<u8>, dtype: WeightDtype, vals: impl Iterator<Item = f32>) {
+fn push_elems(out: &mut Vec<u8>, dtype: FloatDtype, vals: impl Iterator<Item = f32>) {
     for v in vals {
         match dtype {
-            WeightDtype::F32 => out.extend_from_slice(&v.to_le_bytes()),
-            WeightDtype::F16 => {
+            FloatDtype::F32 => out.extend_from_slice(&v.to_le_bytes()),
+            FloatDtype::F16 => {
                 out.extend_from_slice(&half::f16::from_f32(v).to_bits().to_le_bytes())
             }
-            WeightDtype::Bf16 => {
+            FloatDtype::Bf16 => {
                 out.extend_from_slice(&half::bf16::from_f32(v).to_bits().to_le_bytes())
             }
         }
@@ -64,7 +65,7 @@ fn file(h: WeightsHeader, metadata: &[u8]) -> Vec<u8> {
 }
 
 fn valid() -> Vec<u8> {
-    file(header(WeightDtype::F32, 1, 6), &[])
+    file(header(FloatDtype::F32, 1, 6), &[])
 }
 
 fn put_u32(b: &mut [u8], off: usize, v: u32) {
@@ -77,7 +78,7 @@ fn err(bytes: &[u8]) -> Error {
 
 #[test]
 fn valid_files_load_in_every_dtype_and_count() {
-    for dtype in [WeightDtype::F16, WeightDtype::Bf16, WeightDtype::F32] {
+    for dtype in [FloatDtype::F16, FloatDtype::Bf16, FloatDtype::F32] {
         for count in [6, 12] {
             let w = CompressorWeights::from_bytes(&file(header(dtype, 3, count), &[])).unwrap();
             assert_eq!(w.num_layers(), 3);
@@ -100,7 +101,7 @@ fn valid_files_load_in_every_dtype_and_count() {
 
 #[test]
 fn every_truncation_is_a_typed_error() {
-    let mut with_meta = header(WeightDtype::F16, 2, 12);
+    let mut with_meta = header(FloatDtype::F16, 2, 12);
     with_meta.metadata_size_bytes = 3;
     for bytes in [valid(), file(with_meta, &[7, 7, 7])] {
         CompressorWeights::from_bytes(&bytes).unwrap();
@@ -224,7 +225,7 @@ fn trailing_bytes_and_metadata() {
         Error::TrailingBytes { offset, count: 1 } if offset == n as u64
     ));
     // Metadata is skipped; the weights are the same.
-    let mut h = header(WeightDtype::F32, 1, 6);
+    let mut h = header(FloatDtype::F32, 1, 6);
     h.metadata_size_bytes = 9;
     let with_meta = CompressorWeights::from_bytes(&file(h, b"{\"a\": 1}\n")).unwrap();
     let plain = CompressorWeights::from_bytes(&valid()).unwrap();
@@ -268,7 +269,7 @@ fn overflowing_sizes_do_not_allocate_or_panic() {
     put_u32(&mut b, 36, 12);
     assert!(matches!(err(&b), Error::Truncated { .. }));
     // head_dim = rows = cols = u32::MAX, factor 1: rows * cols * 4 overflows u64.
-    let mut h = header(WeightDtype::F32, 1, 6);
+    let mut h = header(FloatDtype::F32, 1, 6);
     h.head_dim = u32::MAX;
     h.hidden_size = u32::MAX;
     h.compression_factor = 1;
@@ -285,7 +286,7 @@ fn overflowing_sizes_do_not_allocate_or_panic() {
         }
     ));
     // A huge but non-overflowing block: Truncated, no allocation of its size.
-    let mut h = header(WeightDtype::F16, 1, 6);
+    let mut h = header(FloatDtype::F16, 1, 6);
     h.head_dim = 1 << 20;
     h.hidden_size = 1 << 21;
     let mut b = h.to_bytes().to_vec();
@@ -300,7 +301,7 @@ fn overflowing_sizes_do_not_allocate_or_panic() {
         }
     ));
     // head_dim * factor beyond u32 in the header: no hidden_size can match.
-    let mut h = header(WeightDtype::F32, 1, 6);
+    let mut h = header(FloatDtype::F32, 1, 6);
     h.head_dim = u32::MAX;
     h.compression_factor = u32::MAX;
     h.hidden_size = 1;
@@ -327,7 +328,7 @@ proptest! {
         edits in proptest::collection::vec((0usize..400, any::<u8>()), 1..6),
         cut in 0usize..400,
     ) {
-        let mut b = file(header(WeightDtype::Bf16, 2, 6), &[]);
+        let mut b = file(header(FloatDtype::Bf16, 2, 6), &[]);
         for (pos, val) in edits {
             let n = b.len();
             b[pos % n] = val;
@@ -522,7 +523,7 @@ fn a_bad_layer_changes_no_layer() {
 
 #[test]
 fn to_bytes_writes_back_the_file_it_read() {
-    for dtype in [WeightDtype::F16, WeightDtype::Bf16, WeightDtype::F32] {
+    for dtype in [FloatDtype::F16, FloatDtype::Bf16, FloatDtype::F32] {
         for count in [6, 12] {
             let bytes = file(header(dtype, 3, count), &[]);
             let w = CompressorWeights::from_bytes(&bytes).unwrap();
@@ -573,9 +574,7 @@ fn to_bytes_refuses_what_the_format_cannot_hold() {
         vec![text_only, no_text],
     ] {
         let w = CompressorWeights::from_layers(2, 2, 1, layers).unwrap();
-        let e = w
-            .to_bytes(WeightDtype::F32, 0)
-            .expect_err("must be refused");
+        let e = w.to_bytes(FloatDtype::F32, 0).expect_err("must be refused");
         assert_eq!(e.kind(), kvc_mlp::ErrorKind::InvalidArgument);
     }
 }

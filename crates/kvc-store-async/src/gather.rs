@@ -94,7 +94,7 @@ pub(crate) fn equals(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kvc_cache::DType;
+    use kvc_types::Dtype;
 
     #[test]
     fn gather_scatter_round_trip_every_addressing() {
@@ -109,7 +109,7 @@ mod tests {
                 block: 16,
             },
         ] {
-            let l = TensorLayout::new(a, DType::F16, 3, 8, 40).unwrap();
+            let l = TensorLayout::new(a, Dtype::F16, 3, 8, 40).unwrap();
             let mut buf = vec![0u8; l.byte_len()];
             let src: Vec<u8> = (0..10 * 24 * 2).map(|i| (i * 7 % 251) as u8).collect();
             scatter(&mut buf, &l, 13, 10, &src);

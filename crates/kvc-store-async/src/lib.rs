@@ -11,11 +11,12 @@
 //!
 //! ```
 //! use std::sync::Arc;
-//! use kvc_cache::{DType, KvLayout};
+//! use kvc_cache::KvLayout;
+//! use kvc_types::Dtype;
 //! use kvc_codec::gear_v1::EncodeOptions;
 //! use kvc_store_async::{GearV1Codec, Store, StoreConfig};
 //!
-//! let layout = KvLayout::llama(DType::F16, 2, 8, 8, 1024, false)?;
+//! let layout = KvLayout::llama(Dtype::F16, 2, 8, 8, 1024, false)?;
 //! let codec = Arc::new(GearV1Codec::new(EncodeOptions::default())?);
 //! let store = Store::new(StoreConfig::default(), &[layout], codec)?;
 //! let row = vec![0x3cu8; 2 * 8 * 2];

@@ -5,11 +5,12 @@ mod common;
 use std::sync::Arc;
 
 use common::Rng;
-use kvc_cache::quant::{calibrate, C8Params, LayerQuant};
-use kvc_cache::{DType, KvLayout};
+use kvc_cache::KvLayout;
+use kvc_int8::{calibrate, C8Params, LayerQuant};
 use kvc_store_async::{
     C8Codec, ChunkInfo, ErrorKind, GearV1Codec, GearV2Codec, Store, StoreCodec, StoreConfig, Tensor,
 };
+use kvc_types::Dtype;
 
 const HEADS: usize = 3;
 const DIM: usize = 64;
@@ -59,7 +60,7 @@ fn run(codec: Arc<dyn StoreCodec>, l: KvLayout, k: &[u8], v: &[u8]) -> (Vec<u8>,
 fn gear_v2_restores_bit_exact_in_every_layout() {
     let (k, v) = data(21);
     for v_trans in [false, true] {
-        let l = KvLayout::llama(DType::F16, HEADS, DIM, DIM, 2048, v_trans).unwrap();
+        let l = KvLayout::llama(Dtype::F16, HEADS, DIM, DIM, 2048, v_trans).unwrap();
         let (rk, rv, ratio) = run(Arc::new(GearV2Codec::default()), l, &k, &v);
         assert!(rk == k && rv == v, "v_trans {v_trans}");
         assert!(ratio > 1.0, "{ratio}");
@@ -73,7 +74,7 @@ fn gear_v2_restores_bit_exact_in_every_layout() {
 #[test]
 fn c8_before_either_codec_gives_the_dequantized_values() {
     let (k, v) = data(22);
-    let l = KvLayout::llama(DType::F16, HEADS, DIM, DIM, 2048, false).unwrap();
+    let l = KvLayout::llama(Dtype::F16, HEADS, DIM, DIM, 2048, false).unwrap();
     let p = c8(&l, &k, &v);
     let v1: Arc<dyn StoreCodec> =
         Arc::new(C8Codec::gear_v1(p.clone(), Default::default()).unwrap());
@@ -93,7 +94,7 @@ fn c8_before_either_codec_gives_the_dequantized_values() {
     let info = ChunkInfo {
         layer: 0,
         tensor: Tensor::K,
-        dtype: DType::F16,
+        dtype: Dtype::F16,
         n_heads: HEADS,
         head_dim: DIM,
         start: 32,
@@ -112,7 +113,7 @@ fn a_blob_decoded_for_another_chunk_is_refused() {
     let info = ChunkInfo {
         layer: 0,
         tensor: Tensor::K,
-        dtype: DType::F16,
+        dtype: Dtype::F16,
         n_heads: HEADS,
         head_dim: DIM,
         start: 0,
@@ -142,7 +143,7 @@ fn a_blob_decoded_for_another_chunk_is_refused() {
             let e = codec.decode(&other, &blob, &mut out).unwrap_err();
             assert_eq!(e.kind(), ErrorKind::CorruptData, "{e}");
             let bf = ChunkInfo {
-                dtype: DType::Bf16,
+                dtype: Dtype::Bf16,
                 ..info
             };
             assert!(codec.decode(&bf, &blob, &mut out).is_err());

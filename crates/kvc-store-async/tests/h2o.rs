@@ -6,9 +6,10 @@ mod common;
 use std::sync::Arc;
 
 use common::Rng;
-use kvc_cache::{DType, KvLayout};
+use kvc_cache::KvLayout;
 use kvc_h2o::{CallShape, H2oConfig, H2oPolicy, ReservePlan, ScoreGranularity};
 use kvc_store_async::{ChunkStatus, GearV1Codec, Scope, Store, StoreConfig};
+use kvc_types::Dtype;
 
 const HEADS: usize = 3;
 const DIM: usize = 64;
@@ -68,7 +69,7 @@ fn run(scope: Scope, granularity: ScoreGranularity) {
         ..StoreConfig::default()
     }
     .with_h2o_layers(&h2o_cfg);
-    let layout = KvLayout::llama(DType::F16, HEADS, DIM, DIM, 2048, false).unwrap();
+    let layout = KvLayout::llama(Dtype::F16, HEADS, DIM, DIM, 2048, false).unwrap();
     let codec = Arc::new(GearV1Codec::new(Default::default()).unwrap());
     let store = Store::new(cfg, &[layout; LAYERS], codec).unwrap();
     let mut rng = Rng(31);
@@ -177,7 +178,7 @@ fn a_plan_for_another_length_is_refused_and_changes_nothing() {
         ..H2oConfig::default()
     };
     let mut policy = H2oPolicy::new(h2o_cfg.clone(), 1).unwrap();
-    let layout = KvLayout::llama(DType::F16, HEADS, DIM, DIM, 2048, false).unwrap();
+    let layout = KvLayout::llama(Dtype::F16, HEADS, DIM, DIM, 2048, false).unwrap();
     let codec = Arc::new(GearV1Codec::new(Default::default()).unwrap());
     let store = Store::new(StoreConfig::default(), &[layout], codec).unwrap();
     let row = vec![0x3cu8; ROW];

@@ -5,10 +5,11 @@ mod common;
 use std::sync::Arc;
 
 use common::{quiet_injected_panics, Faults, FaultyCodec, Rng};
-use kvc_cache::{DType, KvLayout, ReservePlan};
+use kvc_cache::{KvLayout, ReservePlan};
 use kvc_store_async::{
     C8Codec, ChunkStatus, ErrorKind, GearV1Codec, Mode, Scope, Store, StoreCodec, StoreConfig,
 };
+use kvc_types::Dtype;
 
 const HEADS: usize = 3;
 const DIM: usize = 64;
@@ -36,7 +37,7 @@ fn fill(store: &Store, layer: usize, tokens: usize, rng: &mut Rng) -> (Vec<u8>, 
 }
 
 fn layout(v_trans: bool) -> KvLayout {
-    KvLayout::llama(DType::F16, HEADS, DIM, DIM, 2048, v_trans).unwrap()
+    KvLayout::llama(Dtype::F16, HEADS, DIM, DIM, 2048, v_trans).unwrap()
 }
 
 #[test]
@@ -325,13 +326,13 @@ fn probe_and_full_modes_never_release() {
 
 #[test]
 fn c8_codec_restores_the_dequantized_values() {
-    use kvc_cache::quant::{calibrate, C8Params, LayerQuant};
+    use kvc_int8::{calibrate, C8Params, LayerQuant};
     let l = layout(false);
     let mut rng = Rng(21);
     let tokens = 1000;
     let k = rng.f16_bytes(tokens * HEADS * DIM);
     let v = rng.f16_bytes(tokens * HEADS * DIM);
-    let cal = l.k.with_dtype(DType::F16).unwrap();
+    let cal = l.k.with_dtype(Dtype::F16).unwrap();
     let mut kb = vec![0u8; cal.byte_len()];
     kb[..k.len()].copy_from_slice(&k);
     let mut vb = vec![0u8; cal.byte_len()];
@@ -361,7 +362,7 @@ fn c8_codec_restores_the_dequantized_values() {
     let info = kvc_store_async::ChunkInfo {
         layer: 0,
         tensor: kvc_store_async::Tensor::K,
-        dtype: DType::F16,
+        dtype: Dtype::F16,
         n_heads: HEADS,
         head_dim: DIM,
         start: 32,

@@ -11,8 +11,9 @@ mod common;
 use std::sync::Arc;
 
 use common::{quiet_injected_panics, Faults, FaultyCodec, Rng};
-use kvc_cache::{DType, KvLayout};
+use kvc_cache::KvLayout;
 use kvc_store_async::{ChunkStatus, ErrorKind, Store, StoreConfig};
+use kvc_types::Dtype;
 use parking_lot::Mutex;
 
 const THREADS: usize = 8;
@@ -39,7 +40,7 @@ fn eight_threads_mixed_operations_lose_nothing_with_a_decode_cache() {
 
 fn stress(evict_after_attention: bool) {
     quiet_injected_panics();
-    let layout = KvLayout::llama(DType::F16, 2, 8, 8, CAP, false).unwrap();
+    let layout = KvLayout::llama(Dtype::F16, 2, 8, 8, CAP, false).unwrap();
     let cfg = StoreConfig {
         hot_sink_tokens: 4,
         hot_recent_tokens: 16,

@@ -7,8 +7,9 @@
 
 use parking_lot::Mutex;
 
-use kvc_cache::quant::{dequantize, quantize, C8Params, ChannelQuant};
-use kvc_cache::{Addressing, DType, TensorLayout};
+use kvc_cache::{Addressing, TensorLayout};
+use kvc_int8::{dequantize, quantize, C8Params, ChannelQuant};
+use kvc_types::Dtype;
 use std::sync::Arc;
 
 use kvc_codec::gear_v1::{EncodeOptions, GearV1Decoder, GearV1Encoder};
@@ -25,7 +26,7 @@ pub struct ChunkInfo {
     /// K or V.
     pub tensor: Tensor,
     /// The cache's element type.
-    pub dtype: DType,
+    pub dtype: Dtype,
     /// KV heads.
     pub n_heads: usize,
     /// Values per head.
@@ -43,7 +44,7 @@ impl ChunkInfo {
     }
 
     /// The chunk's canonical layout: `count` rows of channels.
-    pub fn layout(&self, dtype: DType) -> Result<TensorLayout> {
+    pub fn layout(&self, dtype: Dtype) -> Result<TensorLayout> {
         Ok(TensorLayout::new(
             Addressing::CellRows,
             dtype,
@@ -97,7 +98,7 @@ impl GearV1Codec {
         })
     }
 
-    fn encode_dtype(&self, dtype: DType, raw: &[u8], blob: &mut Vec<u8>) -> Result<()> {
+    fn encode_dtype(&self, dtype: Dtype, raw: &[u8], blob: &mut Vec<u8>) -> Result<()> {
         let popped = self.encoders.lock().pop();
         let mut enc = match popped {
             Some(e) => e,
@@ -108,7 +109,7 @@ impl GearV1Codec {
         Ok(r?)
     }
 
-    fn decode_dtype(&self, dtype: DType, blob: &[u8], out: &mut [u8]) -> Result<()> {
+    fn decode_dtype(&self, dtype: Dtype, blob: &[u8], out: &mut [u8]) -> Result<()> {
         let popped = self.decoders.lock().pop();
         let mut dec = match popped {
             Some(d) => d,
@@ -246,7 +247,7 @@ impl StoreCodec for GearV2Codec {
     }
 }
 
-/// C8 (int8 per channel, msmodelslim's scheme, via `kvc-cache`), then a lossless codec
+/// C8 (int8 per channel, msmodelslim's scheme, via `kvc-int8`), then a lossless codec
 /// on the int8 bytes (gear-v1 or gear-v2). Lossy: restores give the dequantized values,
 /// rounded to the cache dtype.
 pub struct C8Codec {
@@ -256,7 +257,7 @@ pub struct C8Codec {
 
 impl C8Codec {
     /// With per-layer C8 parameters and the lossless codec of the int8 bytes (it is handed
-    /// chunks whose dtype is [`DType::I8`]).
+    /// chunks whose dtype is [`Dtype::I8`]).
     pub fn new(params: C8Params, inner: Arc<dyn StoreCodec>) -> C8Codec {
         C8Codec { params, inner }
     }
@@ -272,10 +273,7 @@ impl C8Codec {
     }
 
     fn quant(&self, info: &ChunkInfo) -> Result<&ChannelQuant> {
-        let l = self
-            .params
-            .require(info.layer)
-            .map_err(kvc_cache::Error::from)?;
+        let l = self.params.require(info.layer)?;
         Ok(match info.tensor {
             Tensor::K => &l.k,
             Tensor::V => &l.v,
@@ -284,14 +282,14 @@ impl C8Codec {
 
     fn int8_info(info: &ChunkInfo) -> ChunkInfo {
         ChunkInfo {
-            dtype: DType::I8,
+            dtype: Dtype::I8,
             ..*info
         }
     }
 
     fn quantize(&self, info: &ChunkInfo, raw: &[u8]) -> Result<Vec<u8>> {
         let src = info.layout(info.dtype)?;
-        let dst = info.layout(DType::I8)?;
+        let dst = info.layout(Dtype::I8)?;
         let mut q = vec![0u8; info.count * info.n_heads * info.head_dim];
         if info.count > 0 {
             quantize(raw, &src, &mut q, &dst, 0..info.count, self.quant(info)?)?;
@@ -303,7 +301,7 @@ impl C8Codec {
         if info.count == 0 {
             return Ok(());
         }
-        let src = info.layout(DType::I8)?;
+        let src = info.layout(Dtype::I8)?;
         let dst = info.layout(info.dtype)?;
         dequantize(q, &src, out, &dst, 0..info.count, self.quant(info)?)?;
         Ok(())

@@ -29,8 +29,10 @@ pub enum Error {
         /// What the blob says.
         found: usize,
     },
-    /// A layout or C8 error from `kvc-cache`.
+    /// A layout error from `kvc-cache`.
     Cache(kvc_cache::Error),
+    /// A C8 error from `kvc-int8` (a missing layer, a layout C8 refuses).
+    Int8(kvc_int8::Error),
     /// An encode or decode error from `kvc-codec`.
     Codec(kvc_codec::Error),
     /// A [`crate::StoreCodec`] implemented outside this crate failed in a way valid input
@@ -50,6 +52,11 @@ impl Error {
             Error::InvalidConfig { .. } => ErrorKind::InvalidArgument,
             Error::BlobMismatch { .. } => ErrorKind::CorruptData,
             Error::Cache(e) => match e.kind() {
+                ErrorKind::Io => ErrorKind::Io,
+                ErrorKind::CorruptData => ErrorKind::CorruptData,
+                _ => ErrorKind::InvalidArgument,
+            },
+            Error::Int8(e) => match e.kind() {
                 ErrorKind::Io => ErrorKind::Io,
                 ErrorKind::CorruptData => ErrorKind::CorruptData,
                 _ => ErrorKind::InvalidArgument,
@@ -78,6 +85,7 @@ impl fmt::Display for Error {
                 found,
             } => write!(f, "blob header {what} is {found}, the chunk has {expected}"),
             Error::Cache(e) => write!(f, "cache: {e}"),
+            Error::Int8(e) => write!(f, "C8: {e}"),
             Error::Codec(e) => write!(f, "codec: {e}"),
             Error::Failed { codec, reason } => write!(f, "codec {codec}: {reason}"),
         }
@@ -88,6 +96,7 @@ impl std::error::Error for Error {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             Error::Cache(e) => Some(e),
+            Error::Int8(e) => Some(e),
             Error::Codec(e) => Some(e),
             _ => None,
         }
@@ -97,6 +106,12 @@ impl std::error::Error for Error {
 impl From<kvc_cache::Error> for Error {
     fn from(e: kvc_cache::Error) -> Self {
         Error::Cache(e)
+    }
+}
+
+impl From<kvc_int8::Error> for Error {
+    fn from(e: kvc_int8::Error) -> Self {
+        Error::Int8(e)
     }
 }
 

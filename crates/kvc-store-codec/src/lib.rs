@@ -6,7 +6,7 @@
 //! Both stores use it: `kvc-store-async` (compress cold ranges, restore on demand) and
 //! `kvc-store-tiers` (shared prefix chunks). It is not a store: no worker pool, no cache,
 //! no keys or tiers, and it defines no format of its own (the blobs are `kvc-codec`'s, the
-//! quantization is `kvc-cache`'s C8).
+//! quantization is `kvc-int8`'s C8).
 
 pub mod codec;
 pub mod error;

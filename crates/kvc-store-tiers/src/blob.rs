@@ -2,8 +2,8 @@
 //! The exact bytes are specified in docs/formats/kv-chunk.md; this module is the one
 //! writer and the one reader, and the reader validates every field before it trusts it.
 
-use kvc_cache::DType;
 use kvc_store_codec::Tensor;
+use kvc_types::Dtype;
 use rayon::prelude::*;
 
 use crate::codec::{ChunkCodec, SectionCoder};
@@ -334,11 +334,11 @@ pub fn verify(blob: &[u8]) -> Result<BlobHeader> {
 }
 
 /// The dtype of a stored dtype id.
-pub fn dtype_of_id(id: u8) -> Option<DType> {
+pub fn dtype_of_id(id: u8) -> Option<Dtype> {
     match id {
-        1 => Some(DType::F16),
-        2 => Some(DType::Bf16),
-        3 => Some(DType::F32),
+        1 => Some(Dtype::F16),
+        2 => Some(Dtype::Bf16),
+        3 => Some(Dtype::F32),
         _ => None,
     }
 }

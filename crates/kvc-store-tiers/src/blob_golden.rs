@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use half::f16;
-use kvc_cache::DType;
+use kvc_types::Dtype;
 
 use crate::blob::{check_chunk, decode_checked, encode_chunk, verify, BlobHeader, VERSION};
 use crate::codec::{ChunkCodec, SectionCoder};
@@ -24,7 +24,7 @@ const SHAPE: ChunkShape = ChunkShape {
     n_layer: 2,
     n_kv_head: 2,
     head_dim: 64,
-    dtype: DType::F16,
+    dtype: Dtype::F16,
     chunk_tokens: 4,
 };
 

@@ -6,11 +6,10 @@
 
 use std::sync::Arc;
 
-use half::{bf16, f16};
-use kvc_cache::DType;
 use kvc_kvq::{config::DEFAULT_SEED, Method, RowCodec};
 use kvc_store_codec::{ChunkInfo, GearV1Codec, GearV2Codec, StoreCodec, Tensor};
 use kvc_transform_coder::TransformCodec;
+use kvc_types::{load_f32, store_f32, Dtype};
 
 use crate::error::{Error, Result};
 
@@ -183,25 +182,6 @@ fn tc_error(layer: usize, tensor: Tensor, e: kvc_transform_coder::Error) -> Erro
 /// Values per row (one token of one KV head): the largest head_dim kvq takes.
 const MAX_ROW: usize = 256;
 
-/// Reads element `i` of `raw` (in `dtype`) as f32.
-fn load(dtype: DType, raw: &[u8], i: usize) -> f32 {
-    match dtype {
-        DType::F16 => f16::from_le_bytes([raw[2 * i], raw[2 * i + 1]]).to_f32(),
-        DType::Bf16 => bf16::from_le_bytes([raw[2 * i], raw[2 * i + 1]]).to_f32(),
-        // Tiers never hold int8 (ChunkShape::validate), f32 is the only other case.
-        _ => f32::from_le_bytes([raw[4 * i], raw[4 * i + 1], raw[4 * i + 2], raw[4 * i + 3]]),
-    }
-}
-
-/// Writes `x` as element `i` of `out` (in `dtype`).
-fn put(dtype: DType, out: &mut [u8], i: usize, x: f32) {
-    match dtype {
-        DType::F16 => out[2 * i..2 * i + 2].copy_from_slice(&f16::from_f32(x).to_le_bytes()),
-        DType::Bf16 => out[2 * i..2 * i + 2].copy_from_slice(&bf16::from_f32(x).to_le_bytes()),
-        _ => out[4 * i..4 * i + 4].copy_from_slice(&x.to_le_bytes()),
-    }
-}
-
 /// A codec ready to encode and decode sections, shared by threads.
 #[derive(Clone)]
 pub(crate) struct SectionCoder {
@@ -275,7 +255,7 @@ impl SectionCoder {
         rows: &KvqRows,
         layer: usize,
         tensor: Tensor,
-        dtype: DType,
+        dtype: Dtype,
         dim: usize,
         raw: &[u8],
         out: &mut Vec<u8>,
@@ -288,9 +268,7 @@ impl SectionCoder {
         let start = out.len();
         out.resize(start + n_rows * rb, 0);
         for (r, src) in raw.chunks_exact(dim * es).enumerate() {
-            for (i, xi) in x.iter_mut().enumerate() {
-                *xi = load(dtype, src, i);
-            }
+            load_f32(dtype, src, x);
             if let Some(i) = x.iter().position(|v| !v.is_finite()) {
                 out.truncate(start);
                 return Err(Error::NonFinite {
@@ -318,7 +296,7 @@ impl SectionCoder {
         rows: &KvqRows,
         layer: usize,
         tensor: Tensor,
-        dtype: DType,
+        dtype: Dtype,
         dim: usize,
         blob: &[u8],
         out: &mut [u8],
@@ -341,9 +319,7 @@ impl SectionCoder {
                 tensor: tensor.name(),
                 reason: e.to_string(),
             })?;
-            for (i, &xi) in x.iter().enumerate() {
-                put(dtype, dst, i, xi);
-            }
+            store_f32(dtype, x, dst);
         }
         Ok(())
     }
@@ -351,7 +327,7 @@ impl SectionCoder {
     fn info(
         layer: usize,
         tensor: Tensor,
-        dtype: DType,
+        dtype: Dtype,
         heads: usize,
         dim: usize,
         n: usize,
@@ -375,7 +351,7 @@ impl SectionCoder {
         pos0: u64,
         layer: usize,
         tensor: Tensor,
-        dtype: DType,
+        dtype: Dtype,
         heads: usize,
         dim: usize,
         n: usize,
@@ -414,7 +390,7 @@ impl SectionCoder {
         pos0: u64,
         layer: usize,
         tensor: Tensor,
-        dtype: DType,
+        dtype: Dtype,
         heads: usize,
         dim: usize,
         n: usize,

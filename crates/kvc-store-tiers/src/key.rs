@@ -11,7 +11,7 @@ use std::fmt;
 use std::io::Read;
 use std::path::Path;
 
-use kvc_cache::DType;
+use kvc_types::Dtype;
 
 use crate::codec::ChunkCodec;
 use crate::error::{Error, Result};
@@ -26,7 +26,7 @@ pub struct ChunkShape {
     /// Values per head.
     pub head_dim: usize,
     /// The cache's element type (f16, bf16 or f32).
-    pub dtype: DType,
+    pub dtype: Dtype,
     /// Tokens per chunk (256 by default in engines).
     pub chunk_tokens: usize,
 }
@@ -52,7 +52,7 @@ impl ChunkShape {
                 ));
             }
         }
-        if self.dtype == DType::I8 {
+        if self.dtype == Dtype::I8 {
             return Err(Error::invalid(
                 "dtype",
                 "int8 caches are not stored in tiers",
@@ -85,12 +85,12 @@ impl ChunkShape {
     }
 }
 
-pub(crate) fn dtype_id(d: DType) -> u8 {
+pub(crate) fn dtype_id(d: Dtype) -> u8 {
     match d {
-        DType::F16 => 1,
-        DType::Bf16 => 2,
-        DType::F32 => 3,
-        DType::I8 => 4,
+        Dtype::F16 => 1,
+        Dtype::Bf16 => 2,
+        Dtype::F32 => 3,
+        Dtype::I8 => 4,
     }
 }
 
@@ -238,7 +238,7 @@ mod tests {
             n_layer: 2,
             n_kv_head: 2,
             head_dim: 4,
-            dtype: DType::F16,
+            dtype: Dtype::F16,
             chunk_tokens: 4,
         }
     }
@@ -287,7 +287,7 @@ mod tests {
             Fingerprint::new(
                 &[1; 32],
                 &ChunkShape {
-                    dtype: DType::Bf16,
+                    dtype: Dtype::Bf16,
                     ..shape()
                 },
                 &ChunkCodec::GearV2,

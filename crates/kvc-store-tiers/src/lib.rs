@@ -17,10 +17,10 @@
 //! the engine calls `store` after prefill and `lookup`/`restore` before it.
 //!
 //! ```
-//! use kvc_cache::DType;
+//! use kvc_types::Dtype;
 //! use kvc_store_tiers::{ChunkCodec, ChunkShape, MemoryTier, Tiers, TiersConfig};
 //!
-//! let shape = ChunkShape { n_layer: 2, n_kv_head: 2, head_dim: 8, dtype: DType::F16, chunk_tokens: 16 };
+//! let shape = ChunkShape { n_layer: 2, n_kv_head: 2, head_dim: 8, dtype: Dtype::F16, chunk_tokens: 16 };
 //! let cfg = TiersConfig { shape, codec: ChunkCodec::GearV2, model_hash: [7; 32] };
 //! let tiers = Tiers::new(cfg, vec![Box::new(MemoryTier::new(1 << 20))])?;
 //! let tokens: Vec<u32> = (0..40).collect();

@@ -369,7 +369,7 @@ fn bad_arguments_are_errors() {
     })
     .is_err());
     assert!(mk(kvc_store_tiers::ChunkShape {
-        dtype: kvc_cache::DType::I8,
+        dtype: kvc_types::Dtype::I8,
         ..shape()
     })
     .is_err());
@@ -474,7 +474,7 @@ fn kvq_wire_bytes_per_token_are_under_f16_over_3_5() {
         n_layer: 30,
         n_kv_head: 3,
         head_dim: 64,
-        dtype: kvc_cache::DType::F16,
+        dtype: kvc_types::Dtype::F16,
         chunk_tokens: 256,
     };
     // Synthetic finite f16 KV (the size of a kvq blob does not depend on the values).

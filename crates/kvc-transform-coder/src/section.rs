@@ -18,8 +18,7 @@
 
 use std::sync::Arc;
 
-use half::{bf16, f16};
-use kvc_types::{Dtype, Tensor};
+use kvc_types::{load_f32, store_f32, Dtype, Tensor};
 
 use crate::calibration::{slot, Calibration, HeadBasis, Target};
 use crate::combine;
@@ -35,22 +34,6 @@ pub struct TransformCodec {
     cal: Arc<Calibration>,
     target: usize,
     fingerprint: [u8; 32],
-}
-
-fn load(dtype: Dtype, raw: &[u8], i: usize) -> f32 {
-    match dtype {
-        Dtype::F16 => f16::from_le_bytes([raw[2 * i], raw[2 * i + 1]]).to_f32(),
-        Dtype::Bf16 => bf16::from_le_bytes([raw[2 * i], raw[2 * i + 1]]).to_f32(),
-        _ => f32::from_le_bytes(raw[4 * i..4 * i + 4].try_into().expect("4 bytes")),
-    }
-}
-
-fn put(dtype: Dtype, out: &mut [u8], i: usize, x: f32) {
-    match dtype {
-        Dtype::F16 => out[2 * i..2 * i + 2].copy_from_slice(&f16::from_f32(x).to_le_bytes()),
-        Dtype::Bf16 => out[2 * i..2 * i + 2].copy_from_slice(&bf16::from_f32(x).to_le_bytes()),
-        _ => out[4 * i..4 * i + 4].copy_from_slice(&x.to_le_bytes()),
-    }
 }
 
 /// The layout of one section call.
@@ -106,9 +89,7 @@ impl Geometry<'_> {
         if self.is_k() {
             self.cal.rope.rotate(cs, acc, false);
         }
-        for (j, &x) in acc.iter().enumerate() {
-            put(self.dtype, dst, j, x);
-        }
+        store_f32(self.dtype, acc, dst);
     }
 }
 
@@ -250,11 +231,9 @@ impl TransformCodec {
             for h in 0..h_n {
                 let r = t * h_n + h;
                 let src = &raw[r * rb..(r + 1) * rb];
-                for (j, xj) in x.iter_mut().enumerate() {
-                    *xj = load(dtype, src, j);
-                    if !xj.is_finite() {
-                        return Err(Error::NonFinite { row: r, index: j });
-                    }
+                load_f32(dtype, src, &mut x);
+                if let Some(j) = x.iter().position(|v| !v.is_finite()) {
+                    return Err(Error::NonFinite { row: r, index: j });
                 }
                 if g.is_k() {
                     g.cal.rope.rotate(&cs, &mut x, true);

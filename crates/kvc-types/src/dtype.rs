@@ -35,7 +35,17 @@ impl Dtype {
 
     /// Whether this is a floating-point type (what C8 quantizes from).
     pub const fn is_float(self) -> bool {
-        !matches!(self, Dtype::I8)
+        self.float().is_some()
+    }
+
+    /// This type as a member of the float subset, `None` for [`Dtype::I8`].
+    pub const fn float(self) -> Option<FloatDtype> {
+        match self {
+            Dtype::F16 => Some(FloatDtype::F16),
+            Dtype::Bf16 => Some(FloatDtype::Bf16),
+            Dtype::F32 => Some(FloatDtype::F32),
+            Dtype::I8 => None,
+        }
     }
 
     /// The short name used on command lines and in file names: `f16`, `bf16`, `f32`, `i8`.
@@ -67,6 +77,71 @@ impl Dtype {
     /// The dtype whose [`Dtype::code`] is `code`.
     pub fn from_code(code: u32) -> Option<Dtype> {
         Dtype::ALL.into_iter().find(|d| d.code() == code)
+    }
+}
+
+/// The float subset of [`Dtype`] (every value but `I8`): what converts to and from `f32`
+/// without a scale, so what a float-only place takes (`kvc_convert`, the `.bin` v1 weight
+/// file, a raw cache the CLI reads). Its names and codes are [`Dtype`]'s.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FloatDtype {
+    /// IEEE binary16 ([`Dtype::F16`]).
+    F16,
+    /// bfloat16 ([`Dtype::Bf16`]).
+    Bf16,
+    /// IEEE binary32 ([`Dtype::F32`]).
+    F32,
+}
+
+impl FloatDtype {
+    /// Every float dtype, in code order.
+    pub const ALL: [FloatDtype; 3] = [FloatDtype::F16, FloatDtype::Bf16, FloatDtype::F32];
+
+    /// The same type as a [`Dtype`].
+    pub const fn dtype(self) -> Dtype {
+        match self {
+            FloatDtype::F16 => Dtype::F16,
+            FloatDtype::Bf16 => Dtype::Bf16,
+            FloatDtype::F32 => Dtype::F32,
+        }
+    }
+
+    /// Bytes per element ([`Dtype::size`]).
+    pub const fn size(self) -> usize {
+        self.dtype().size()
+    }
+
+    /// `f16`, `bf16` or `f32` ([`Dtype::name`]).
+    pub const fn name(self) -> &'static str {
+        self.dtype().name()
+    }
+
+    /// [`Dtype::code`].
+    pub const fn code(self) -> u32 {
+        self.dtype().code()
+    }
+
+    /// The float dtype whose [`Dtype::code`] is `code`; `None` for an unknown code and
+    /// for `i8`'s.
+    pub const fn from_code(code: u32) -> Option<FloatDtype> {
+        match code {
+            0 => Some(FloatDtype::F16),
+            1 => Some(FloatDtype::Bf16),
+            2 => Some(FloatDtype::F32),
+            _ => None,
+        }
+    }
+}
+
+impl From<FloatDtype> for Dtype {
+    fn from(d: FloatDtype) -> Dtype {
+        d.dtype()
+    }
+}
+
+impl fmt::Display for FloatDtype {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
     }
 }
 
@@ -124,5 +199,16 @@ mod tests {
             [2, 2, 4, 1]
         );
         assert!(Dtype::Bf16.is_float() && !Dtype::I8.is_float());
+        for code in 0..5 {
+            let float = Dtype::from_code(code).and_then(Dtype::float);
+            assert_eq!(FloatDtype::from_code(code), float, "code {code}");
+        }
+        for f in FloatDtype::ALL {
+            assert_eq!(f.dtype().float(), Some(f));
+            assert_eq!((f.name(), f.size(), f.code()), {
+                let d = Dtype::from(f);
+                (d.name(), d.size(), d.code())
+            });
+        }
     }
 }

@@ -6,78 +6,18 @@
 
 use std::path::Path;
 
-use half::{bf16, f16};
 use kvc_kvq::file::{self, Codecs, Header, Spec, Tensor};
 use kvc_kvq::{KvqConfig, KvqPlan};
+use kvc_types::{extend_f32, load_f32, FloatDtype};
 use serde::Serialize;
 
 use crate::cli_error::CliError;
-
-/// Element type of a raw cache (as `kvc quant`'s `--dtype`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Elem {
-    /// IEEE half.
-    F16,
-    /// bfloat16.
-    Bf16,
-    /// f32.
-    F32,
-}
-
-impl Elem {
-    /// `f16`, `bf16` or `f32`.
-    pub fn name(self) -> &'static str {
-        match self {
-            Elem::F16 => "f16",
-            Elem::Bf16 => "bf16",
-            Elem::F32 => "f32",
-        }
-    }
-
-    /// Bytes per element.
-    pub fn size(self) -> usize {
-        match self {
-            Elem::F16 | Elem::Bf16 => 2,
-            Elem::F32 => 4,
-        }
-    }
-
-    fn read(self, b: &[u8], out: &mut [f32]) {
-        match self {
-            Elem::F16 => {
-                for (o, c) in out.iter_mut().zip(b.chunks_exact(2)) {
-                    *o = f16::from_le_bytes([c[0], c[1]]).to_f32();
-                }
-            }
-            Elem::Bf16 => {
-                for (o, c) in out.iter_mut().zip(b.chunks_exact(2)) {
-                    *o = bf16::from_le_bytes([c[0], c[1]]).to_f32();
-                }
-            }
-            Elem::F32 => {
-                for (o, c) in out.iter_mut().zip(b.chunks_exact(4)) {
-                    *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-                }
-            }
-        }
-    }
-
-    fn write(self, x: &[f32], out: &mut Vec<u8>) {
-        for &v in x {
-            match self {
-                Elem::F16 => out.extend_from_slice(&f16::from_f32(v).to_le_bytes()),
-                Elem::Bf16 => out.extend_from_slice(&bf16::from_f32(v).to_le_bytes()),
-                Elem::F32 => out.extend_from_slice(&v.to_le_bytes()),
-            }
-        }
-    }
-}
 
 /// The shape flags of `kvc quant`.
 #[derive(Clone, Copy, Debug)]
 pub struct CacheShape {
     /// Element type of the raw caches.
-    pub elem: Elem,
+    pub elem: FloatDtype,
     /// Layers.
     pub layers: usize,
     /// KV heads.
@@ -281,8 +221,11 @@ pub fn apply(job: ApplyJob<'_>) -> Result<(), CliError> {
         let mut rows = Vec::new();
         let mut total = Err2::default();
         for i in 0..s.layers {
-            s.elem
-                .read(&raw[i * layer_raw..(i + 1) * layer_raw], &mut x);
+            load_f32(
+                s.elem.dtype(),
+                &raw[i * layer_raw..(i + 1) * layer_raw],
+                &mut x,
+            );
             let before = out.len();
             file::encode_layer(h, i, &mut codecs, &x, &mut out, &mut back)
                 .map_err(|e| CliError::input(format!("{what}: {e}")))?;
@@ -413,7 +356,7 @@ fn print_report(r: &Report) {
 /// What `kvc quant dequant --kvq` was asked to do.
 pub struct DequantJob<'a> {
     /// Output element type.
-    pub elem: Elem,
+    pub elem: FloatDtype,
     /// Shape flags given on the command line, each checked against the headers.
     pub layers: Option<usize>,
     /// KV heads flag.
@@ -435,11 +378,13 @@ fn decode_file(
     bytes: &[u8],
     tensor: Tensor,
     path: &Path,
-    elem: Elem,
+    elem: FloatDtype,
 ) -> Result<(Header, Vec<u8>), CliError> {
     let mut out = Vec::new();
-    let h = file::decode_with(bytes, tensor, |_, back| elem.write(back, &mut out))
-        .map_err(|e| CliError::input(format!("{}: {e}", path.display())))?;
+    let h = file::decode_with(bytes, tensor, |_, back| {
+        extend_f32(elem.dtype(), back, &mut out)
+    })
+    .map_err(|e| CliError::input(format!("{}: {e}", path.display())))?;
     Ok((h, out))
 }
 

@@ -5,11 +5,11 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use clap::{Args, ValueEnum};
-use kvc_mlp::WeightDtype;
 use kvc_mlp_train::{
     evaluate, train_layer, Compression, Dump, Geometry, Init, LayerData, LayerResult, MlpParams,
     TrainConfig,
 };
+use kvc_types::FloatDtype;
 use rayon::prelude::*;
 use serde_json::{json, Value};
 
@@ -148,10 +148,10 @@ fn texts_info(dir: &Path, dumps: &[Dump]) -> Value {
     )
 }
 
-fn round_to(dtype: WeightDtype, x: f32) -> f32 {
+fn round_to(dtype: FloatDtype, x: f32) -> f32 {
     match dtype {
-        WeightDtype::F16 => half::f16::from_f32(x).to_f32(),
-        WeightDtype::Bf16 => half::bf16::from_f32(x).to_f32(),
+        FloatDtype::F16 => half::f16::from_f32(x).to_f32(),
+        FloatDtype::Bf16 => half::bf16::from_f32(x).to_f32(),
         _ => x,
     }
 }
@@ -160,7 +160,7 @@ fn round_to(dtype: WeightDtype, x: f32) -> f32 {
 fn as_stored(
     p: &MlpParams<f32>,
     scale: f32,
-    dtype: WeightDtype,
+    dtype: FloatDtype,
 ) -> Result<MlpParams<f32>, CliError> {
     let mut m = MlpParams::from_kvc(&p.to_kvc(scale).map_err(train_error)?);
     for t in m.tensors_mut() {
@@ -208,7 +208,7 @@ pub fn run(a: TrainArgs) -> Result<(), CliError> {
         }
     }
     let layers = parse_layers(a.layers.as_deref(), first.n_layer)?;
-    let dtype = WeightDtype::from_dtype(a.dtype).ok_or_else(|| {
+    let dtype = a.dtype.float().ok_or_else(|| {
         CliError::input(format!(
             "--dtype {}: weights are stored as f16, bf16 or f32",
             a.dtype

@@ -8,11 +8,11 @@
 use std::path::{Path, PathBuf};
 
 use clap::{Args, Subcommand};
-use kvc_cache::quant::msmodelslim::{read_checkpoint, write_checkpoint, ScaleDType};
-use kvc_cache::quant::{
-    dequantize, quant_error, quantize, C8Params, ChannelStats, ErrorStats, LayerQuant,
-};
-use kvc_cache::{Addressing, DType, ErrorKind, TensorLayout};
+use kvc_cache::{Addressing, TensorLayout};
+use kvc_int8::msmodelslim::{read_checkpoint, write_checkpoint};
+use kvc_int8::ErrorKind;
+use kvc_int8::{dequantize, quant_error, quantize, C8Params, ChannelStats, ErrorStats, LayerQuant};
+use kvc_types::{Dtype, FloatDtype};
 
 use crate::cli_error::CliError;
 
@@ -129,7 +129,7 @@ struct KvqApplyArgs {
 struct KvqDequantArgs {
     /// Element type of the written caches.
     #[arg(long, value_parser = super::codec::float_dtype())]
-    dtype: DType,
+    dtype: Dtype,
     /// Layers (checked against the headers when given).
     #[arg(long)]
     layers: Option<usize>,
@@ -178,22 +178,17 @@ enum QuantCmd {
 }
 
 /// The kvq file writer's element type of a float cache (`--dtype` only parses floats).
-fn elem(dtype: DType) -> Result<super::kvq_apply::Elem, CliError> {
-    match dtype {
-        DType::F16 => Ok(super::kvq_apply::Elem::F16),
-        DType::Bf16 => Ok(super::kvq_apply::Elem::Bf16),
-        DType::F32 => Ok(super::kvq_apply::Elem::F32),
-        d => Err(CliError::input(format!(
-            "--dtype {d}: the caches are f16, bf16 or f32"
-        ))),
-    }
+fn elem(dtype: Dtype) -> Result<FloatDtype, CliError> {
+    dtype
+        .float()
+        .ok_or_else(|| CliError::input(format!("--dtype {dtype}: the caches are f16, bf16 or f32")))
 }
 
 #[derive(Args)]
 struct Shape {
     /// Element type of the float caches.
     #[arg(long, value_parser = super::codec::float_dtype())]
-    dtype: DType,
+    dtype: Dtype,
     /// Layers in each file.
     #[arg(long)]
     layers: usize,
@@ -223,7 +218,7 @@ struct CalibrateArgs {
     out: PathBuf,
     /// Element type of the written scales and offsets.
     #[arg(long = "scale-dtype", value_parser = super::codec::float_dtype(), default_value = "f32")]
-    scale_dtype: DType,
+    scale_dtype: Dtype,
 }
 
 #[derive(Args)]
@@ -269,7 +264,7 @@ struct DequantArgs {
     kvq: bool,
     /// Element type of the written caches.
     #[arg(long, value_parser = super::codec::float_dtype())]
-    dtype: DType,
+    dtype: Dtype,
     /// Layers in each file.
     #[arg(long, required_unless_present = "kvq")]
     layers: Option<usize>,
@@ -293,7 +288,9 @@ struct DequantArgs {
     out_v: PathBuf,
 }
 
-fn lib_err(e: kvc_cache::Error) -> CliError {
+/// A C8 error (or a layout error on the way there) as the command reports it.
+fn lib_err(e: impl Into<kvc_int8::Error>) -> CliError {
+    let e = e.into();
     match e.kind() {
         ErrorKind::Io => CliError::Io(e.to_string()),
         _ => CliError::input(e),
@@ -311,7 +308,7 @@ fn write(path: &Path, bytes: &[u8]) -> Result<(), CliError> {
 /// The per-layer layout of a raw file of `len` bytes: `(layout, tokens)`.
 fn layer_layout(
     shape: &Shape,
-    dtype: DType,
+    dtype: Dtype,
     len: usize,
     path: &Path,
 ) -> Result<TensorLayout, CliError> {
@@ -348,7 +345,7 @@ fn layer_layout(
 
 fn check_params(p: &C8Params, layers: usize, channels: usize) -> Result<(), CliError> {
     for i in 0..layers {
-        let l = p.require(i).map_err(|e| lib_err(e.into()))?;
+        let l = p.require(i).map_err(lib_err)?;
         if l.k.channels() != channels || l.v.channels() != channels {
             return Err(CliError::input(format!(
                 "checkpoint layer {i} has {} K / {} V channels, the cache has {channels} (kv-heads x head-dim)",
@@ -449,20 +446,14 @@ fn calibrate(a: CalibrateArgs) -> Result<(), CliError> {
         }
         let v = q.pop().ok_or_else(|| CliError::input("internal: no V"))?;
         let k = q.pop().ok_or_else(|| CliError::input("internal: no K"))?;
-        params
-            .insert(i, LayerQuant { k, v })
-            .map_err(|e| lib_err(e.into()))?;
+        params.insert(i, LayerQuant { k, v }).map_err(lib_err)?;
     }
-    let sd = match a.scale_dtype {
-        DType::F16 => ScaleDType::F16,
-        DType::Bf16 => ScaleDType::BF16,
-        DType::F32 => ScaleDType::F32,
-        d => {
-            return Err(CliError::input(format!(
-                "--scale-dtype {d}: scales are f16, bf16 or f32"
-            )))
-        }
-    };
+    let sd = a.scale_dtype.float().ok_or_else(|| {
+        CliError::input(format!(
+            "--scale-dtype {}: scales are f16, bf16 or f32",
+            a.scale_dtype
+        ))
+    })?;
     write_checkpoint(&a.out, &params, sd).map_err(lib_err)?;
     println!(
         "calibrated {} layers ({}, {} tokens K, {} tokens V) -> {}",
@@ -508,15 +499,15 @@ fn apply(a: ApplyArgs) -> Result<(), CliError> {
     let lv = layer_layout(&a.shape, dt, v.len(), &a.v)?;
     check_params(&params, a.shape.layers, lk.channels())?;
     let (ik, iv) = (
-        lk.with_dtype(DType::I8).map_err(lib_err)?,
-        lv.with_dtype(DType::I8).map_err(lib_err)?,
+        lk.with_dtype(Dtype::I8).map_err(lib_err)?,
+        lv.with_dtype(Dtype::I8).map_err(lib_err)?,
     );
     let mut out_k = vec![0u8; ik.byte_len() * a.shape.layers];
     let mut out_v = vec![0u8; iv.byte_len() * a.shape.layers];
     println!("layer  K max_abs   K rms       K SNR dB  V max_abs   V rms       V SNR dB");
     let (mut tk, mut tv) = (ErrorStats::default(), ErrorStats::default());
     for i in 0..a.shape.layers {
-        let p = params.require(i).map_err(|e| lib_err(e.into()))?;
+        let p = params.require(i).map_err(lib_err)?;
         let mut row = Vec::new();
         for (src, l, il, out, q, tot) in [
             (&k, &lk, &ik, &mut out_k, &p.k, &mut tk),
@@ -582,8 +573,8 @@ fn dequant(a: DequantArgs) -> Result<(), CliError> {
     let dt = shape.dtype;
     let params = read_checkpoint(scales).map_err(lib_err)?;
     let (k, v) = (read(&a.k)?, read(&a.v)?);
-    let ik = layer_layout(&shape, DType::I8, k.len(), &a.k)?;
-    let iv = layer_layout(&shape, DType::I8, v.len(), &a.v)?;
+    let ik = layer_layout(&shape, Dtype::I8, k.len(), &a.k)?;
+    let iv = layer_layout(&shape, Dtype::I8, v.len(), &a.v)?;
     check_params(&params, shape.layers, ik.channels())?;
     let (lk, lv) = (
         ik.with_dtype(dt).map_err(lib_err)?,
@@ -592,7 +583,7 @@ fn dequant(a: DequantArgs) -> Result<(), CliError> {
     let mut out_k = vec![0u8; lk.byte_len() * shape.layers];
     let mut out_v = vec![0u8; lv.byte_len() * shape.layers];
     for i in 0..shape.layers {
-        let p = params.require(i).map_err(|e| lib_err(e.into()))?;
+        let p = params.require(i).map_err(lib_err)?;
         for (src, il, l, out, q) in [
             (&k, &ik, &lk, &mut out_k, &p.k),
             (&v, &iv, &lv, &mut out_v, &p.v),

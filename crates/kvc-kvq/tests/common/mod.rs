@@ -34,13 +34,3 @@ impl Rng {
         v
     }
 }
-
-/// FNV-1a 64 of bytes (golden-vector fingerprint).
-pub fn fnv1a(b: &[u8]) -> u64 {
-    let mut h = 0xcbf2_9ce4_8422_2325u64;
-    for &x in b {
-        h ^= u64::from(x);
-        h = h.wrapping_mul(0x100_0000_01b3);
-    }
-    h
-}

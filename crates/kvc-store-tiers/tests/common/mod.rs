@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use kvc_cache::DType;
+use kvc_types::Dtype;
 use std::sync::{Arc, OnceLock};
 
 use kvc_store_tiers::{ChunkCodec, ChunkShape, Tier, Tiers, TiersConfig, TransformCodec};
@@ -25,7 +25,7 @@ pub fn shape() -> ChunkShape {
         n_layer: 4,
         n_kv_head: 3,
         head_dim: 64,
-        dtype: DType::F16,
+        dtype: Dtype::F16,
         chunk_tokens: 64,
     }
 }

@@ -8,10 +8,9 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use clap::Args;
-use kvc_cache::quant::{calibrate, dequantize, quant_error, quantize};
-use kvc_cache::{
-    compact_shared, Addressing, DType, KvLayout, OwnedCache, ReservePlan, TensorLayout,
-};
+use kvc_cache::{compact_shared, Addressing, KvLayout, OwnedCache, ReservePlan, TensorLayout};
+use kvc_int8::{calibrate, dequantize, quant_error, quantize};
+use kvc_types::Dtype;
 use serde_json::{json, Value};
 
 use crate::cli_error::CliError;
@@ -43,7 +42,8 @@ pub struct BenchCacheArgs {
     pub json: Option<PathBuf>,
 }
 
-fn lib(e: kvc_cache::Error) -> CliError {
+/// A layout (`kvc-cache`) or C8 (`kvc-int8`) error as the bench reports it.
+fn lib(e: impl std::fmt::Display) -> CliError {
     CliError::input(e)
 }
 
@@ -93,23 +93,23 @@ fn compaction(a: &BenchCacheArgs) -> Result<Vec<Value>, CliError> {
     let cases: Vec<(&str, KvLayout, usize)> = vec![
         (
             "llama.cpp (V transposed)",
-            KvLayout::llama(DType::F16, h, d, d, n, true).map_err(lib)?,
+            KvLayout::llama(Dtype::F16, h, d, d, n, true).map_err(lib)?,
             a.layers,
         ),
         (
             "llama.cpp (V rows, flash attn)",
-            KvLayout::llama(DType::F16, h, d, d, n, false).map_err(lib)?,
+            KvLayout::llama(Dtype::F16, h, d, d, n, false).map_err(lib)?,
             a.layers,
         ),
         (
             "InfiniLM [H,S,D]",
-            KvLayout::infinilm(DType::F16, h, d, n).map_err(lib)?,
+            KvLayout::infinilm(Dtype::F16, h, d, n).map_err(lib)?,
             a.layers,
         ),
         // MNN's packed layout moves token by token (as MNN's moveKV): fewer layers.
         (
             "MNN packed (hP 16, lP 1, block 64)",
-            KvLayout::mnn(DType::F16, h, d, n, 16, 1, Some(64)).map_err(lib)?,
+            KvLayout::mnn(Dtype::F16, h, d, n, 16, 1, Some(64)).map_err(lib)?,
             a.layers.min(2),
         ),
     ];
@@ -148,17 +148,17 @@ fn quant_speed(a: &BenchCacheArgs) -> Result<Vec<Value>, CliError> {
         ("rows (llama.cpp K)", Addressing::CellRows),
         ("columns (llama V transposed)", Addressing::CellColumns),
     ] {
-        for dt in [DType::F16, DType::Bf16, DType::F32] {
+        for dt in [Dtype::F16, Dtype::Bf16, Dtype::F32] {
             let l = TensorLayout::new(addr, dt, a.kv_heads, a.head_dim, a.tokens).map_err(lib)?;
-            let li = l.with_dtype(DType::I8).map_err(lib)?;
+            let li = l.with_dtype(Dtype::I8).map_err(lib)?;
             let mut src = vec![0u8; l.byte_len()];
             let mut x = 1u32;
             for c in src.chunks_exact_mut(dt.size()) {
                 x = x.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
                 let v = ((x >> 8) as f32 / (1 << 24) as f32 - 0.5) * 4.0;
                 match dt {
-                    DType::F16 => c.copy_from_slice(&half::f16::from_f32(v).to_le_bytes()),
-                    DType::Bf16 => c.copy_from_slice(&half::bf16::from_f32(v).to_le_bytes()),
+                    Dtype::F16 => c.copy_from_slice(&half::f16::from_f32(v).to_le_bytes()),
+                    Dtype::Bf16 => c.copy_from_slice(&half::bf16::from_f32(v).to_le_bytes()),
                     _ => c.copy_from_slice(&v.to_le_bytes()),
                 }
             }
@@ -231,9 +231,9 @@ fn c8_error(dir: &Path) -> Result<Vec<Value>, CliError> {
     let mut out = Vec::new();
     for dtn in ["f16", "bf16"] {
         let dt = if dtn == "f16" {
-            DType::F16
+            Dtype::F16
         } else {
-            DType::Bf16
+            Dtype::Bf16
         };
         for t in ["K", "V"] {
             let Some((raw, [layers, tokens, heads, dim])) = read_dump(dir, t, dtn)? else {

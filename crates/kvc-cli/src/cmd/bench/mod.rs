@@ -31,7 +31,7 @@ pub struct BenchArgs {
 enum BenchCommand {
     /// gear-v1 and gear-v2 against plain zstd on KV dumps, per layer and tensor.
     Codec(codec::CodecBenchArgs),
-    /// kvc-cache: compaction and C8 quantize/dequantize GB/s, C8 error per layer.
+    /// kvc-cache's compaction and kvc-int8's C8 quantize/dequantize GB/s, C8 error per layer.
     Cache(cache::BenchCacheArgs),
     /// kvc-store-async: simulated decode, bytes released, restore latency, C8 option.
     Store(store::BenchStoreArgs),

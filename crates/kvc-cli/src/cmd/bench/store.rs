@@ -18,13 +18,13 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use clap::Args;
-use kvc_cache::quant::{calibrate, C8Params, LayerQuant};
-use kvc_cache::{DType, KvLayout, OwnedCache};
+use kvc_cache::{KvLayout, OwnedCache};
 use kvc_codec::gear_v1::EncodeOptions;
-use kvc_codec::Dtype;
+use kvc_int8::{calibrate, C8Params, LayerQuant};
 use kvc_store_async::{
     C8Codec, ChunkStatus, GearV1Codec, GearV2Codec, Store, StoreCodec, StoreConfig, StoreMetrics,
 };
+use kvc_types::Dtype;
 use serde_json::{json, Value};
 
 use super::dataset::{self, Dataset, Dump};
@@ -80,17 +80,17 @@ fn load(a: &BenchStoreArgs) -> Result<Dataset, CliError> {
     }
 }
 
-fn to_f32(dtype: DType, b: &[u8]) -> f32 {
+fn to_f32(dtype: Dtype, b: &[u8]) -> f32 {
     let bits = u16::from_le_bytes([b[0], b[1]]);
     match dtype {
-        DType::Bf16 => half::bf16::from_bits(bits).to_f32(),
+        Dtype::Bf16 => half::bf16::from_bits(bits).to_f32(),
         _ => half::f16::from_bits(bits).to_f32(),
     }
 }
 
 /// The stand-in attention over `len` tokens of a row-major layer; returns a checksum.
 fn attend(
-    dtype: DType,
+    dtype: Dtype,
     heads: usize,
     dim: usize,
     k: &[u8],
@@ -159,7 +159,7 @@ fn c8_params(k: &Dump, v: &Dump, layout: &KvLayout) -> Result<C8Params, CliError
                 v: calibrate(&vb, &layout.v, 0..n, false).map_err(lib)?,
             },
         )
-        .map_err(|e| lib(kvc_cache::Error::from(e)))?;
+        .map_err(lib)?;
     }
     Ok(p)
 }
@@ -193,9 +193,9 @@ pub fn measure(a: &BenchStoreArgs) -> Result<Value, CliError> {
     }
     let (layers, heads, dim) = (kd.n_layer, kd.n_kv_head, kd.head_dim);
     let cdt = if dtype == Dtype::Bf16 {
-        DType::Bf16
+        Dtype::Bf16
     } else {
-        DType::F16
+        Dtype::F16
     };
     let layout = KvLayout::llama(cdt, heads, dim, dim, a.steps, false).map_err(lib)?;
     let layouts = vec![layout; layers];

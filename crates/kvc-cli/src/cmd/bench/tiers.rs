@@ -20,12 +20,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use kvc_cache::DType;
-use kvc_codec::Dtype;
 use kvc_store_tiers::{
     load_transform, Blob, ChunkCodec, ChunkKey, ChunkShape, DiskTier, MemoryTier, RedisConfig,
     RedisTier, Tier, Tiers, TiersConfig, TransformCodec,
 };
+use kvc_types::Dtype;
 use serde_json::{json, Value};
 
 use super::dataset::{self, Dataset, Dump};
@@ -446,7 +445,7 @@ pub fn run(a: &BenchTiersArgs) -> Result<(), CliError> {
         n_layer: kd.n_layer,
         n_kv_head: kd.n_kv_head,
         head_dim: kd.head_dim,
-        dtype: DType::F16,
+        dtype: Dtype::F16,
         chunk_tokens: a.chunk_tokens,
     };
     shape.validate().map_err(lib)?;

@@ -11,35 +11,24 @@ use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 
+use kvc_types::{extend_f32, FloatDtype};
 use safetensors::tensor::{Dtype, TensorView};
 use safetensors::SafeTensors;
 
-use super::{C8Params, ChannelQuant, LayerQuant};
 use crate::error::{Error, Result};
+use crate::{C8Params, ChannelQuant, LayerQuant};
 
 /// The description file's name.
 pub const DESCRIPTION_FILE: &str = "quant_model_description.json";
 /// The weight file's name.
 pub const WEIGHT_FILE: &str = "quant_model_weight.safetensors";
 
-/// The element type of scale / offset tensors.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ScaleDType {
-    /// torch.float16.
-    F16,
-    /// torch.bfloat16.
-    BF16,
-    /// torch.float32.
-    F32,
-}
-
-impl ScaleDType {
-    fn st(self) -> Dtype {
-        match self {
-            ScaleDType::F16 => Dtype::F16,
-            ScaleDType::BF16 => Dtype::BF16,
-            ScaleDType::F32 => Dtype::F32,
-        }
+/// The safetensors element type that stores scales and offsets of `dtype`.
+fn safetensors_dtype(dtype: FloatDtype) -> Dtype {
+    match dtype {
+        FloatDtype::F16 => Dtype::F16,
+        FloatDtype::Bf16 => Dtype::BF16,
+        FloatDtype::F32 => Dtype::F32,
     }
 }
 
@@ -179,7 +168,7 @@ fn assemble(acc: Partial) -> Result<C8Params> {
         let (_, ko) = take(ko, 1)?;
         let (vsn, vs) = take(vs, 2)?;
         let (_, vo) = take(vo, 3)?;
-        let wrap = |name: &str, r: kvc_int8::Result<ChannelQuant>| {
+        let wrap = |name: &str, r: crate::Result<ChannelQuant>| {
             r.map_err(|e| Error::BadTensor {
                 name: name.into(),
                 reason: e.to_string(),
@@ -275,22 +264,8 @@ pub fn description_json(params: &C8Params) -> String {
     s
 }
 
-fn encode(vals: &[f32], dt: ScaleDType) -> Vec<u8> {
-    match dt {
-        ScaleDType::F16 => vals
-            .iter()
-            .flat_map(|&x| half::f16::from_f32(x).to_le_bytes())
-            .collect(),
-        ScaleDType::BF16 => vals
-            .iter()
-            .flat_map(|&x| half::bf16::from_f32(x).to_le_bytes())
-            .collect(),
-        ScaleDType::F32 => vals.iter().flat_map(|&x| x.to_le_bytes()).collect(),
-    }
-}
-
 /// The safetensors image for `params`, scales and offsets stored as `dtype`.
-pub fn weights_bytes(params: &C8Params, dtype: ScaleDType) -> Result<Vec<u8>> {
+pub fn weights_bytes(params: &C8Params, dtype: FloatDtype) -> Result<Vec<u8>> {
     let mut bufs: Vec<(String, Vec<u8>, usize)> = Vec::new();
     for (i, l) in params.layers() {
         for (s, q, sc) in [
@@ -300,16 +275,20 @@ pub fn weights_bytes(params: &C8Params, dtype: ScaleDType) -> Result<Vec<u8>> {
             (3, &l.v, false),
         ] {
             let vals = if sc { q.scale() } else { q.offset() };
+            let mut bytes = Vec::with_capacity(vals.len() * dtype.size());
+            extend_f32(dtype.dtype(), vals, &mut bytes);
             bufs.push((
                 format!("{}{}", layer_prefix(i), SUFFIXES[s]),
-                encode(vals, dtype),
+                bytes,
                 vals.len(),
             ));
         }
     }
     let views = bufs
         .iter()
-        .map(|(n, b, len)| TensorView::new(dtype.st(), vec![*len], b).map(|v| (n.as_str(), v)))
+        .map(|(n, b, len)| {
+            TensorView::new(safetensors_dtype(dtype), vec![*len], b).map(|v| (n.as_str(), v))
+        })
         .collect::<std::result::Result<Vec<_>, _>>()
         .map_err(|e| Error::BadSafetensors {
             path: "(writing)".into(),
@@ -322,7 +301,7 @@ pub fn weights_bytes(params: &C8Params, dtype: ScaleDType) -> Result<Vec<u8>> {
 }
 
 /// Writes `DIR/quant_model_description.json` and `DIR/quant_model_weight.safetensors`.
-pub fn write_checkpoint(dir: &Path, params: &C8Params, dtype: ScaleDType) -> Result<()> {
+pub fn write_checkpoint(dir: &Path, params: &C8Params, dtype: FloatDtype) -> Result<()> {
     fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
     let w = weights_bytes(params, dtype)?;
     let d = dir.join(DESCRIPTION_FILE);

@@ -4,23 +4,23 @@
 //! batch is `rows` rows back to back: llama.cpp's `Kcur` / `Vcur` rows of one layer, as
 //! they go into the cache. Nothing here allocates: each row is converted in blocks of
 //! [`BLOCK`] channels through stack scratch, by the same kernels as the layout-based
-//! [`quantize`](super::quantize) / [`dequantize`](super::dequantize), so the results are
+//! [`quantize`](crate::quantize) / [`dequantize`](crate::dequantize), so the results are
 //! bit-identical to those on a `CellRows` layout.
 //!
 //! Lengths are checked exactly: a source must hold `rows * channels` elements, a
 //! destination at least that many (only those are written).
 
-use kvc_int8::Isa;
+use crate::Isa;
 
-use super::ChannelQuant;
-use crate::dtype::{load_f32, store_f32, DType};
 use crate::error::{Error, Result};
+use crate::ChannelQuant;
+use kvc_types::{load_f32, store_f32, Dtype};
 
 /// Channels converted per step (the stack scratch holds this many `f32` and `i8`).
 pub const BLOCK: usize = 256;
 
 /// Elements in `rows` rows of `channels`, and their bytes as `dtype`.
-fn batch_size(rows: usize, channels: usize, dtype: DType) -> Result<(usize, usize)> {
+fn batch_size(rows: usize, channels: usize, dtype: Dtype) -> Result<(usize, usize)> {
     let elems = rows.checked_mul(channels).ok_or(Error::SizeOverflow {
         what: "rows x channels",
     })?;
@@ -33,7 +33,7 @@ fn batch_size(rows: usize, channels: usize, dtype: DType) -> Result<(usize, usiz
     Ok((elems, bytes))
 }
 
-fn float_dtype(what: &'static str, dtype: DType) -> Result<()> {
+fn float_dtype(what: &'static str, dtype: Dtype) -> Result<()> {
     if dtype.is_float() {
         Ok(())
     } else {
@@ -91,7 +91,7 @@ fn blocks(rows: usize, channels: usize, mut f: impl FnMut(usize, usize, usize)) 
 /// overflow are [`Error::SizeOverflow`]. Nothing is written on error.
 pub fn quantize_rows(
     src: &[u8],
-    src_dtype: DType,
+    src_dtype: Dtype,
     rows: usize,
     q: &ChannelQuant,
     dst: &mut [u8],
@@ -102,7 +102,7 @@ pub fn quantize_rows(
 pub(crate) fn quantize_rows_with(
     isa: Isa,
     src: &[u8],
-    src_dtype: DType,
+    src_dtype: Dtype,
     rows: usize,
     q: &ChannelQuant,
     dst: &mut [u8],
@@ -142,7 +142,7 @@ pub fn dequantize_rows(
     rows: usize,
     q: &ChannelQuant,
     dst: &mut [u8],
-    dst_dtype: DType,
+    dst_dtype: Dtype,
 ) -> Result<()> {
     dequantize_rows_with(Isa::detect(), src, rows, q, dst, dst_dtype)
 }
@@ -153,7 +153,7 @@ pub(crate) fn dequantize_rows_with(
     rows: usize,
     q: &ChannelQuant,
     dst: &mut [u8],
-    dst_dtype: DType,
+    dst_dtype: Dtype,
 ) -> Result<()> {
     float_dtype("row dequantization destination", dst_dtype)?;
     let channels = q.channels();
@@ -177,14 +177,14 @@ pub(crate) fn dequantize_rows_with(
 /// engine). Equal to [`quantize_rows`] followed by [`dequantize_rows`].
 ///
 /// Errors as [`quantize_rows`]; nothing is written on error.
-pub fn roundtrip_rows(data: &mut [u8], dtype: DType, rows: usize, q: &ChannelQuant) -> Result<()> {
+pub fn roundtrip_rows(data: &mut [u8], dtype: Dtype, rows: usize, q: &ChannelQuant) -> Result<()> {
     roundtrip_rows_with(Isa::detect(), data, dtype, rows, q)
 }
 
 pub(crate) fn roundtrip_rows_with(
     isa: Isa,
     data: &mut [u8],
-    dtype: DType,
+    dtype: Dtype,
     rows: usize,
     q: &ChannelQuant,
 ) -> Result<()> {
@@ -216,7 +216,7 @@ pub(crate) fn roundtrip_rows_with(
 /// that is not.
 pub(crate) fn first_non_finite(
     src: &[u8],
-    dtype: DType,
+    dtype: Dtype,
     rows: usize,
     channels: usize,
 ) -> Option<usize> {
@@ -240,7 +240,7 @@ pub(crate) fn first_non_finite(
 /// checked before by [`first_non_finite`]).
 pub(crate) fn min_max_rows(
     src: &[u8],
-    dtype: DType,
+    dtype: Dtype,
     rows: usize,
     min: &mut [f32],
     max: &mut [f32],
@@ -265,7 +265,7 @@ pub(crate) fn min_max_rows(
 /// Validates a float row batch for calibration: dtype, exact length, finite values.
 pub(crate) fn check_observe_rows(
     src: &[u8],
-    dtype: DType,
+    dtype: Dtype,
     rows: usize,
     channels: usize,
 ) -> Result<()> {
@@ -288,8 +288,8 @@ pub(crate) fn check_observe_rows(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::layout::{Addressing, TensorLayout};
-    use crate::quant::kernel::{dequantize_with, quantize_with};
+    use crate::kernel::{dequantize_with, quantize_with};
+    use kvc_cache::{Addressing, TensorLayout};
 
     fn rng(seed: u64) -> impl FnMut() -> f32 {
         let mut x = seed | 1;
@@ -315,9 +315,9 @@ mod tests {
         for channels in [1usize, 7, 64, 192, BLOCK, BLOCK + 1, 576, 1000] {
             let rows = 5;
             let q = params(channels, &mut r);
-            for dt in [DType::F16, DType::Bf16, DType::F32] {
+            for dt in [Dtype::F16, Dtype::Bf16, Dtype::F32] {
                 let l = TensorLayout::new(Addressing::CellRows, dt, 1, channels, rows).unwrap();
-                let li = l.with_dtype(DType::I8).unwrap();
+                let li = l.with_dtype(Dtype::I8).unwrap();
                 let xs: Vec<f32> = (0..l.elem_count()).map(|_| r()).collect();
                 let mut src = vec![0u8; l.byte_len()];
                 store_f32(dt, &xs, &mut src);

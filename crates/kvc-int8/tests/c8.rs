@@ -3,34 +3,35 @@
 
 use std::path::{Path, PathBuf};
 
-use kvc_cache::quant::msmodelslim::{
-    check_description, parse_weights, read_checkpoint, weights_bytes, write_checkpoint, ScaleDType,
+use kvc_cache::{Addressing, TensorLayout};
+use kvc_int8::msmodelslim::{
+    check_description, parse_weights, read_checkpoint, weights_bytes, write_checkpoint,
 };
-use kvc_cache::quant::{
+use kvc_int8::{
     calibrate, dequantize, dequantize_rows, quant_error, quantize, quantize_rows, roundtrip_rows,
-    C8Params, ChannelQuant, ChannelStats, LayerQuant,
+    C8Params, ChannelQuant, ChannelStats, Error, ErrorKind, LayerQuant,
 };
-use kvc_cache::{Addressing, DType, Error, ErrorKind, TensorLayout};
+use kvc_types::{Dtype, FloatDtype};
 
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/c8")
 }
 
-fn to_f32(dt: DType, b: &[u8]) -> f32 {
+fn to_f32(dt: Dtype, b: &[u8]) -> f32 {
     match dt {
-        DType::F16 => half::f16::from_le_bytes([b[0], b[1]]).to_f32(),
-        DType::Bf16 => half::bf16::from_le_bytes([b[0], b[1]]).to_f32(),
-        DType::F32 => f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
-        DType::I8 => f32::from(b[0] as i8),
+        Dtype::F16 => half::f16::from_le_bytes([b[0], b[1]]).to_f32(),
+        Dtype::Bf16 => half::bf16::from_le_bytes([b[0], b[1]]).to_f32(),
+        Dtype::F32 => f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
+        Dtype::I8 => f32::from(b[0] as i8),
     }
 }
 
-fn from_f32(dt: DType, x: f32) -> Vec<u8> {
+fn from_f32(dt: Dtype, x: f32) -> Vec<u8> {
     match dt {
-        DType::F16 => half::f16::from_f32(x).to_le_bytes().to_vec(),
-        DType::Bf16 => half::bf16::from_f32(x).to_le_bytes().to_vec(),
-        DType::F32 => x.to_le_bytes().to_vec(),
-        DType::I8 => vec![x as i8 as u8],
+        Dtype::F16 => half::f16::from_f32(x).to_le_bytes().to_vec(),
+        Dtype::Bf16 => half::bf16::from_f32(x).to_le_bytes().to_vec(),
+        Dtype::F32 => x.to_le_bytes().to_vec(),
+        Dtype::I8 => vec![x as i8 as u8],
     }
 }
 
@@ -64,9 +65,9 @@ fn layouts() -> Vec<Addressing> {
 fn quantize_and_dequantize_follow_the_formula_in_every_layout_and_dtype() {
     let (heads, dim, cap) = (2, 6, 13);
     for a in layouts() {
-        for dt in [DType::F16, DType::Bf16, DType::F32] {
+        for dt in [Dtype::F16, Dtype::Bf16, Dtype::F32] {
             let l = TensorLayout::new(a, dt, heads, dim, cap).unwrap();
-            let li = l.with_dtype(DType::I8).unwrap();
+            let li = l.with_dtype(Dtype::I8).unwrap();
             let vals = rand_f32(cap * l.channels(), 7);
             let mut src = vec![0u8; l.byte_len()];
             let es = dt.size();
@@ -111,7 +112,7 @@ fn quantize_and_dequantize_follow_the_formula_in_every_layout_and_dtype() {
 #[test]
 fn calibration_matches_msmodelslim() {
     // Two channels, values [-1, 3] and [0.5, 2].
-    let l = TensorLayout::new(Addressing::CellRows, DType::F32, 1, 2, 2).unwrap();
+    let l = TensorLayout::new(Addressing::CellRows, Dtype::F32, 1, 2, 2).unwrap();
     let src: Vec<u8> = [-1.0f32, 0.5, 3.0, 2.0]
         .iter()
         .flat_map(|x| x.to_le_bytes())
@@ -143,15 +144,15 @@ fn calibration_matches_msmodelslim() {
 
 #[test]
 fn kernel_errors_are_typed() {
-    let l = TensorLayout::new(Addressing::HeadMajor, DType::F16, 2, 4, 8).unwrap();
-    let li = l.with_dtype(DType::I8).unwrap();
+    let l = TensorLayout::new(Addressing::HeadMajor, Dtype::F16, 2, 4, 8).unwrap();
+    let li = l.with_dtype(Dtype::I8).unwrap();
     let q = ChannelQuant::new(vec![0.1; 8], vec![0.0; 8]).unwrap();
     let src = vec![0u8; l.byte_len()];
     let mut dst = vec![0u8; li.byte_len()];
     assert!(quantize(&src, &l, &mut dst, &li, 0..9, &q).is_err());
     assert!(quantize(&src[1..], &l, &mut dst, &li, 0..8, &q).is_err());
     assert!(quantize(&src, &l, &mut dst, &l, 0..8, &q).is_err());
-    let other = TensorLayout::new(Addressing::CellRows, DType::I8, 2, 4, 8).unwrap();
+    let other = TensorLayout::new(Addressing::CellRows, Dtype::I8, 2, 4, 8).unwrap();
     assert!(quantize(&src, &l, &mut dst, &other, 0..8, &q).is_err());
     let q7 = ChannelQuant::new(vec![0.1; 7], vec![0.0; 7]).unwrap();
     assert!(quantize(&src, &l, &mut dst, &li, 0..8, &q7).is_err());
@@ -215,7 +216,7 @@ fn sample_params(channels: usize, layers: usize, sym: bool) -> C8Params {
 #[test]
 fn written_checkpoints_read_back() {
     let dir = std::env::temp_dir().join(format!("kvc-c8-rt-{}", std::process::id()));
-    for dt in [ScaleDType::F32, ScaleDType::F16, ScaleDType::BF16] {
+    for dt in [FloatDtype::F32, FloatDtype::F16, FloatDtype::Bf16] {
         let p = sample_params(24, 3, false);
         write_checkpoint(&dir, &p, dt).unwrap();
         let r = read_checkpoint(&dir).unwrap();
@@ -223,7 +224,7 @@ fn written_checkpoints_read_back() {
         for (i, l) in p.layers() {
             let g = r.layer(i).unwrap();
             for (a, b) in l.k.scale().iter().zip(g.k.scale()) {
-                let tol = if dt == ScaleDType::F32 { 0.0 } else { a * 4e-3 };
+                let tol = if dt == FloatDtype::F32 { 0.0 } else { a * 4e-3 };
                 assert!((a - b).abs() <= tol, "{dt:?} {a} {b}");
             }
             assert_eq!(l.v.offset(), g.v.offset());
@@ -258,7 +259,7 @@ fn malformed_files_give_typed_errors() {
     ));
     assert!(check_description(b"{\"kv_quant_type\": \"C8\"}", "d").is_ok());
 
-    let good = weights_bytes(&sample_params(8, 2, true), ScaleDType::F16).unwrap();
+    let good = weights_bytes(&sample_params(8, 2, true), FloatDtype::F16).unwrap();
     assert!(parse_weights(&good, "w").is_ok());
     // Truncations at every length fail cleanly.
     for n in 0..good.len() {
@@ -410,7 +411,7 @@ fn c8_on_real_kv_keeps_snr() {
         let (layers, tokens, heads, dim) = (shape[0], shape[1].min(512), shape[2], shape[3]);
         let raw = std::fs::read(dir.join(format!("textA.{t}.f16.bin"))).unwrap();
         let per_layer = shape[1] * heads * dim * 2;
-        let l = TensorLayout::new(Addressing::CellRows, DType::F16, heads, dim, tokens).unwrap();
+        let l = TensorLayout::new(Addressing::CellRows, Dtype::F16, heads, dim, tokens).unwrap();
         for layer in 0..layers.min(4) {
             let src = &raw[layer * per_layer..layer * per_layer + l.byte_len()];
             for sym in [true, false] {
@@ -431,7 +432,7 @@ fn c8_on_real_kv_keeps_snr() {
     }
 }
 
-fn rows_bytes(dt: DType, vals: &[f32]) -> Vec<u8> {
+fn rows_bytes(dt: Dtype, vals: &[f32]) -> Vec<u8> {
     vals.iter().flat_map(|&x| from_f32(dt, x)).collect()
 }
 
@@ -439,9 +440,9 @@ fn rows_bytes(dt: DType, vals: &[f32]) -> Vec<u8> {
 fn row_batches_quantize_like_a_llama_layer() {
     // 3 KV heads x 64 (SmolLM2), 9 rows: the rows of tokens 4..13 of a llama.cpp K tensor.
     let (channels, cap, rows) = (192usize, 16usize, 9usize);
-    for dt in [DType::F16, DType::Bf16, DType::F32] {
+    for dt in [Dtype::F16, Dtype::Bf16, Dtype::F32] {
         let l = TensorLayout::new(Addressing::CellRows, dt, 3, 64, cap).unwrap();
-        let li = l.with_dtype(DType::I8).unwrap();
+        let li = l.with_dtype(Dtype::I8).unwrap();
         let cache = rows_bytes(dt, &rand_f32(cap * channels, 11));
         let q = calibrate(&cache, &l, 0..cap, false).unwrap();
         let es = dt.size();
@@ -484,13 +485,13 @@ fn row_batch_errors_are_typed_and_write_nothing() {
     let kind = |e: Error| e.kind();
     // Source one byte short / long, one row more than it holds.
     for bad in [&src[1..], &[src.as_slice(), &[0]].concat()[..]] {
-        let e = quantize_rows(bad, DType::F16, 2, &q, &mut dst).unwrap_err();
+        let e = quantize_rows(bad, Dtype::F16, 2, &q, &mut dst).unwrap_err();
         assert!(matches!(e, Error::LayoutMismatch { .. }), "{e}");
         assert_eq!(kind(e), ErrorKind::InvalidArgument);
     }
-    assert!(quantize_rows(&src, DType::F16, 3, &q, &mut dst).is_err());
+    assert!(quantize_rows(&src, Dtype::F16, 3, &q, &mut dst).is_err());
     // Destination too small.
-    let e = quantize_rows(&src, DType::F16, 2, &q, &mut dst[..15]).unwrap_err();
+    let e = quantize_rows(&src, Dtype::F16, 2, &q, &mut dst[..15]).unwrap_err();
     assert!(
         matches!(
             e,
@@ -504,41 +505,41 @@ fn row_batch_errors_are_typed_and_write_nothing() {
     );
     assert_eq!(kind(e), ErrorKind::BufferTooSmall);
     // int8 is not a float source; overflowing row counts.
-    let e = quantize_rows(&src, DType::I8, 2, &q, &mut dst).unwrap_err();
+    let e = quantize_rows(&src, Dtype::I8, 2, &q, &mut dst).unwrap_err();
     assert_eq!(kind(e), ErrorKind::Unsupported);
-    let e = quantize_rows(&src, DType::F16, usize::MAX / 4, &q, &mut dst).unwrap_err();
+    let e = quantize_rows(&src, Dtype::F16, usize::MAX / 4, &q, &mut dst).unwrap_err();
     assert!(matches!(e, Error::SizeOverflow { .. }), "{e}");
-    let e = quantize_rows(&src, DType::F16, usize::MAX, &q, &mut dst).unwrap_err();
+    let e = quantize_rows(&src, Dtype::F16, usize::MAX, &q, &mut dst).unwrap_err();
     assert!(matches!(e, Error::SizeOverflow { .. }), "{e}");
     assert_eq!(dst, vec![7u8; 16], "nothing written on error");
 
     let i8s = vec![1u8; 16];
     let mut out = vec![9u8; 32];
     assert!(matches!(
-        dequantize_rows(&i8s[1..], 2, &q, &mut out, DType::F16),
+        dequantize_rows(&i8s[1..], 2, &q, &mut out, Dtype::F16),
         Err(Error::LayoutMismatch { .. })
     ));
     assert!(matches!(
-        dequantize_rows(&i8s, 2, &q, &mut out[..31], DType::F16),
+        dequantize_rows(&i8s, 2, &q, &mut out[..31], Dtype::F16),
         Err(Error::BufferTooSmall { .. })
     ));
     assert!(matches!(
-        dequantize_rows(&i8s, 2, &q, &mut out, DType::I8),
+        dequantize_rows(&i8s, 2, &q, &mut out, Dtype::I8),
         Err(Error::UnsupportedDType { .. })
     ));
     assert_eq!(out, vec![9u8; 32]);
 
     let mut data = src.clone();
-    assert!(roundtrip_rows(&mut data[..31], DType::F16, 2, &q).is_err());
-    assert!(roundtrip_rows(&mut data, DType::F32, 2, &q).is_err()); // 32 bytes = 1 f32 row
-    assert!(roundtrip_rows(&mut data, DType::I8, 4, &q).is_err());
+    assert!(roundtrip_rows(&mut data[..31], Dtype::F16, 2, &q).is_err());
+    assert!(roundtrip_rows(&mut data, Dtype::F32, 2, &q).is_err()); // 32 bytes = 1 f32 row
+    assert!(roundtrip_rows(&mut data, Dtype::I8, 4, &q).is_err());
     assert_eq!(data, src);
 }
 
 #[test]
 fn row_calibration_equals_layout_calibration() {
     let (channels, cap) = (24usize, 20usize);
-    for dt in [DType::F16, DType::Bf16, DType::F32] {
+    for dt in [Dtype::F16, Dtype::Bf16, Dtype::F32] {
         let l = TensorLayout::new(Addressing::CellRows, dt, 2, 12, cap).unwrap();
         let cache = rows_bytes(dt, &rand_f32(cap * channels, 5));
         let es = dt.size();
@@ -573,7 +574,7 @@ fn row_calibration_equals_layout_calibration() {
         );
         assert!(by_rows.observe_rows(&cache[..es], dt, 1).is_err());
         assert!(by_rows
-            .observe_rows(&cache[..channels], DType::I8, 1)
+            .observe_rows(&cache[..channels], Dtype::I8, 1)
             .is_err());
         assert_eq!(by_rows, before);
     }

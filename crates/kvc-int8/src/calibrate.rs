@@ -8,12 +8,12 @@
 
 use std::ops::Range;
 
-use super::kernel::observe;
-use super::rows::{check_observe_rows, min_max_rows, BLOCK};
-use super::ChannelQuant;
-use crate::dtype::{load_f32, DType};
 use crate::error::Result;
-use crate::layout::TensorLayout;
+use crate::kernel::observe;
+use crate::rows::{check_observe_rows, min_max_rows, BLOCK};
+use crate::ChannelQuant;
+use kvc_cache::TensorLayout;
+use kvc_types::{load_f32, Dtype};
 
 /// Running per-channel min / max (calibration may see a cache in several pieces, or an
 /// engine's rows batch by batch).
@@ -69,7 +69,7 @@ impl ChannelStats {
     /// rows as it writes them). All or nothing: a NaN or infinity anywhere
     /// ([`Error::NonFinite`](crate::Error::NonFinite), with its element index), a wrong
     /// length or an int8 dtype leave the statistics unchanged. Allocates nothing.
-    pub fn observe_rows(&mut self, src: &[u8], dtype: DType, rows: usize) -> Result<()> {
+    pub fn observe_rows(&mut self, src: &[u8], dtype: Dtype, rows: usize) -> Result<()> {
         check_observe_rows(src, dtype, rows, self.min.len())?;
         min_max_rows(src, dtype, rows, &mut self.min, &mut self.max);
         self.tokens += rows as u64;
@@ -103,7 +103,7 @@ impl ChannelStats {
                 offset.push((-lo / s).round_ties_even() - 128.0);
             }
         }
-        Ok(ChannelQuant::new(scale, offset)?)
+        ChannelQuant::new(scale, offset)
     }
 }
 
@@ -233,7 +233,7 @@ impl RopeStats {
     /// Observes `rows` rows of `src` (f16 / bf16 / f32, exactly `rows * channels()`
     /// elements). All or nothing, with the errors of [`ChannelStats::observe_rows`].
     /// Allocates nothing.
-    pub fn observe_rows(&mut self, src: &[u8], dtype: DType, rows: usize) -> Result<()> {
+    pub fn observe_rows(&mut self, src: &[u8], dtype: Dtype, rows: usize) -> Result<()> {
         let channels = self.channels();
         check_observe_rows(src, dtype, rows, channels)?;
         let es = dtype.size();
@@ -322,15 +322,15 @@ impl RopeStats {
             scale[a] = s;
             scale[b] = s;
         }
-        Ok(ChannelQuant::new(scale, vec![0.0; channels])?)
+        ChannelQuant::new(scale, vec![0.0; channels])
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::layout::Addressing;
-    use crate::quant::{dequantize_rows, quantize_rows};
+    use crate::{dequantize_rows, quantize_rows};
+    use kvc_cache::Addressing;
 
     fn rng(seed: u64) -> impl FnMut() -> f32 {
         let mut x = seed | 1;
@@ -368,12 +368,12 @@ mod tests {
             let (heads, hd) = (3, 8);
             let row: Vec<f32> = (0..heads * hd).map(|_| r()).collect();
             let mut st = RopeStats::new(heads * hd, hd, style).unwrap();
-            st.observe_rows(&f32_bytes(&row), DType::F32, 1).unwrap();
+            st.observe_rows(&f32_bytes(&row), Dtype::F32, 1).unwrap();
             let q = st.finish().unwrap();
             assert!(q.is_symmetric());
             // Per-channel calibration on the same row clips the rotated rows.
             let mut cs = ChannelStats::new(heads * hd);
-            cs.observe_rows(&f32_bytes(&row), DType::F32, 1).unwrap();
+            cs.observe_rows(&f32_bytes(&row), Dtype::F32, 1).unwrap();
             let qc = cs.finish(true).unwrap();
             let mut channel_max_err = 0f32;
             for k in 0..64 {
@@ -381,9 +381,9 @@ mod tests {
                 let rot = rotate(&st, &row, angle);
                 let rt = |q: &ChannelQuant| {
                     let mut i8s = vec![0u8; rot.len()];
-                    quantize_rows(&f32_bytes(&rot), DType::F32, 1, q, &mut i8s).unwrap();
+                    quantize_rows(&f32_bytes(&rot), Dtype::F32, 1, q, &mut i8s).unwrap();
                     let mut back = vec![0u8; rot.len() * 4];
-                    dequantize_rows(&i8s, 1, q, &mut back, DType::F32).unwrap();
+                    dequantize_rows(&i8s, 1, q, &mut back, Dtype::F32).unwrap();
                     let back: Vec<f32> = back
                         .chunks_exact(4)
                         .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
@@ -421,9 +421,9 @@ mod tests {
         assert_eq!(p, [(0, 2), (1, 3), (4, 6), (5, 7)]);
         // Scales: the pair's radius / 127.
         let mut st = RopeStats::new(4, 4, RopeStyle::Neox).unwrap();
-        st.observe_rows(&f32_bytes(&[3.0, 0.0, 4.0, -1.0]), DType::F32, 1)
+        st.observe_rows(&f32_bytes(&[3.0, 0.0, 4.0, -1.0]), Dtype::F32, 1)
             .unwrap();
-        st.observe_rows(&f32_bytes(&[0.0, 2.0, 0.0, 0.0]), DType::F32, 1)
+        st.observe_rows(&f32_bytes(&[0.0, 2.0, 0.0, 0.0]), Dtype::F32, 1)
             .unwrap();
         let q = st.finish().unwrap();
         let s0 = 5.0 / 127.0;
@@ -456,21 +456,21 @@ mod tests {
     #[test]
     fn bad_rows_leave_the_stats_unchanged() {
         let mut st = RopeStats::new(4, 2, RopeStyle::Norm).unwrap();
-        st.observe_rows(&f32_bytes(&[1.0, 1.0, 2.0, 0.0]), DType::F32, 1)
+        st.observe_rows(&f32_bytes(&[1.0, 1.0, 2.0, 0.0]), Dtype::F32, 1)
             .unwrap();
         let before = st.clone();
         let nan = f32_bytes(&[9.0, 9.0, 9.0, f32::NAN]);
         assert!(matches!(
-            st.observe_rows(&nan, DType::F32, 1),
+            st.observe_rows(&nan, Dtype::F32, 1),
             Err(crate::Error::NonFinite { index: 3, .. })
         ));
-        assert!(st.observe_rows(&nan[..12], DType::F32, 1).is_err());
-        assert!(st.observe_rows(&[0u8; 4], DType::I8, 1).is_err());
-        assert!(st.observe_rows(&[], DType::F32, usize::MAX).is_err());
-        let l = TensorLayout::new(Addressing::CellRows, DType::F32, 1, 4, 1).unwrap();
+        assert!(st.observe_rows(&nan[..12], Dtype::F32, 1).is_err());
+        assert!(st.observe_rows(&[0u8; 4], Dtype::I8, 1).is_err());
+        assert!(st.observe_rows(&[], Dtype::F32, usize::MAX).is_err());
+        let l = TensorLayout::new(Addressing::CellRows, Dtype::F32, 1, 4, 1).unwrap();
         assert!(st.observe(&nan, &l, 0..1).is_err());
         assert!(st.observe(&nan[..8], &l, 0..1).is_err());
-        let l6 = TensorLayout::new(Addressing::CellRows, DType::F32, 1, 6, 1).unwrap();
+        let l6 = TensorLayout::new(Addressing::CellRows, Dtype::F32, 1, 6, 1).unwrap();
         assert!(st.observe(&[0u8; 24], &l6, 0..1).is_err());
         assert_eq!(st, before);
     }
@@ -488,14 +488,14 @@ mod tests {
             let channels = heads * hd;
             let rows: Vec<f32> = (0..tokens * channels).map(|_| r()).collect();
             let mut a = RopeStats::new(channels, hd, style).unwrap();
-            a.observe_rows(&f32_bytes(&rows), DType::F32, tokens)
+            a.observe_rows(&f32_bytes(&rows), Dtype::F32, tokens)
                 .unwrap();
             for addressing in [
                 Addressing::CellRows,
                 Addressing::CellColumns,
                 Addressing::HeadMajor,
             ] {
-                let l = TensorLayout::new(addressing, DType::F32, heads, hd, tokens).unwrap();
+                let l = TensorLayout::new(addressing, Dtype::F32, heads, hd, tokens).unwrap();
                 let mut buf = vec![0f32; l.elem_count()];
                 for t in 0..tokens {
                     for c in 0..channels {

@@ -2,12 +2,12 @@
 
 use std::ops::Range;
 
-use kvc_int8::{q_fast, Isa};
+use crate::{q_fast, Isa};
 
-use super::ChannelQuant;
-use crate::dtype::{load_f32, store_f32, DType};
 use crate::error::{Error, Result};
-use crate::layout::{Addressing, TensorLayout};
+use crate::ChannelQuant;
+use kvc_cache::{Addressing, TensorLayout};
+use kvc_types::{load_f32, store_f32, Dtype};
 
 /// A contiguous run of elements: first element, count, first channel, channel step
 /// (1: the run walks channels of one token; 0: it walks tokens of one channel).
@@ -56,13 +56,13 @@ fn check_pair(
             dtype: float.dtype().to_string(),
         });
     }
-    if int8.dtype() != DType::I8 {
+    if int8.dtype() != Dtype::I8 {
         return Err(Error::UnsupportedDType {
             what,
             dtype: int8.dtype().to_string(),
         });
     }
-    if float.with_dtype(DType::I8)? != *int8 {
+    if float.with_dtype(Dtype::I8)? != *int8 {
         return Err(Error::LayoutMismatch {
             what: "float and int8 layouts (shape/addressing)",
             expected: float.elem_count(),
@@ -207,7 +207,7 @@ pub fn quant_error(
     check_pair(
         "quant_error source",
         layout,
-        &layout.with_dtype(DType::I8)?,
+        &layout.with_dtype(Dtype::I8)?,
         q,
     )?;
     layout.check_buffer("source", src.len())?;
@@ -269,7 +269,7 @@ pub(crate) fn observe(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kvc_int8::q1;
+    use crate::q1;
 
     fn rng(seed: u64) -> impl FnMut() -> f32 {
         let mut x = seed | 1;
@@ -285,12 +285,12 @@ mod tests {
     fn every_isa_quantizes_and_dequantizes_identically() {
         let mut r = rng(42);
         for a in [Addressing::CellRows, Addressing::CellColumns] {
-            for dt in [DType::F16, DType::Bf16, DType::F32] {
+            for dt in [Dtype::F16, Dtype::Bf16, Dtype::F32] {
                 let l = TensorLayout::new(a, dt, 3, 20, 37).unwrap();
-                let li = l.with_dtype(DType::I8).unwrap();
+                let li = l.with_dtype(Dtype::I8).unwrap();
                 let xs: Vec<f32> = (0..l.elem_count()).map(|_| r()).collect();
                 let mut src = vec![0u8; l.byte_len()];
-                crate::dtype::store_f32(dt, &xs, &mut src);
+                kvc_types::store_f32(dt, &xs, &mut src);
                 let scale: Vec<f32> = (0..60).map(|_| r().abs() * 0.01 + 1e-3).collect();
                 let offset: Vec<f32> = (0..60).map(|_| (r() * 8.0).round()).collect();
                 let q = ChannelQuant::new(scale.clone(), offset.clone()).unwrap();
@@ -305,7 +305,7 @@ mod tests {
                 assert_eq!(outs[0], outs[1], "{a:?} {dt}");
                 // And both equal the scalar formula, element by element.
                 let mut x = vec![0f32; l.elem_count()];
-                crate::dtype::load_f32(dt, &src, &mut x);
+                kvc_types::load_f32(dt, &src, &mut x);
                 for t in 0..37 {
                     for c in 0..60 {
                         let o = l.token_offset(t) + l.channel_offset(c);
