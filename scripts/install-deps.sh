@@ -32,7 +32,7 @@ if ((${#need_apt[@]})); then
 fi
 
 need_py=()
-for mod in numpy safetensors; do
+for mod in numpy safetensors gguf; do
     python3 -c "import $mod" >/dev/null 2>&1 || need_py+=("$mod")
 done
 if ((${#need_py[@]})); then
