@@ -807,7 +807,8 @@ CtxPtr make_ctx(llama_model * model, const llama_context_params & cp) {
     return CtxPtr(c, llama_free);
 }
 
-std::vector<float> decode_tokens(llama_context * ctx, const std::vector<llama_token> & toks, int pos0, int n_vocab) {
+// llama_decode's status for `toks` at positions pos0.. of sequence 0, logits for the last one
+int decode_status(llama_context * ctx, const std::vector<llama_token> & toks, int pos0) {
     llama_batch b = llama_batch_init((int32_t) toks.size(), 0, 1);
     for (size_t i = 0; i < toks.size(); ++i) {
         b.token[i] = toks[i];
@@ -819,6 +820,11 @@ std::vector<float> decode_tokens(llama_context * ctx, const std::vector<llama_to
     b.n_tokens = (int32_t) toks.size();
     const int rc = llama_decode(ctx, b);
     llama_batch_free(b);
+    return rc;
+}
+
+std::vector<float> decode_tokens(llama_context * ctx, const std::vector<llama_token> & toks, int pos0, int n_vocab) {
+    const int rc = decode_status(ctx, toks, pos0);
     if (rc != 0) throw std::runtime_error("llama_decode failed (status " + std::to_string(rc) + ")");
     const float * lg = llama_get_logits_ith(ctx, -1);
     if (!lg) throw std::runtime_error("no logits after llama_decode");
@@ -1005,21 +1011,6 @@ struct AbortAt {
 static bool abort_at_cb(void * data) {
     auto * a = (AbortAt *) data;
     return ++a->calls == a->at;
-}
-
-static int decode_status(llama_context * ctx, const std::vector<llama_token> & toks, int pos0) {
-    llama_batch b = llama_batch_init((int32_t) toks.size(), 0, 1);
-    for (size_t i = 0; i < toks.size(); ++i) {
-        b.token[i] = toks[i];
-        b.pos[i] = pos0 + (int) i;
-        b.n_seq_id[i] = 1;
-        b.seq_id[i][0] = 0;
-        b.logits[i] = i + 1 == toks.size();
-    }
-    b.n_tokens = (int32_t) toks.size();
-    const int rc = llama_decode(ctx, b);
-    llama_batch_free(b);
-    return rc;
 }
 
 // Interrupted batches (issue 47): with the protections, a prefill of four ubatches stopped by the

@@ -169,8 +169,11 @@ struct Ubatch {
 #[derive(Debug, Default)]
 struct SeqUndo {
     seq: u32,
-    /// The sequence's held cells before the ubatch.
+    /// The sequence's held cells before the ubatch (its list, moved here once the ubatch
+    /// has read it; empty without a window, where nothing is held).
     held: Vec<u32>,
+    /// How many entries that list had before the ubatch appended its own cells.
+    held_len: usize,
     /// Whether its centers were fixed before the ubatch.
     centered: bool,
     /// Earlier cells of the sequence whose formats the ubatch changed, as they were.
@@ -525,7 +528,8 @@ impl KvqCells {
                     let s = &self.seqs[si as usize];
                     self.ubatch.undo.push(SeqUndo {
                         seq: si,
-                        held: s.held.clone(),
+                        held: Vec::new(),
+                        held_len: s.held.len(),
                         centered: s.centered,
                         cells: Vec::new(),
                         live: 1,
@@ -559,17 +563,27 @@ impl KvqCells {
         }
         let any_center = self.tensors.iter().any(|t| t.spec().center);
         for (si, first, last) in spans {
-            let held = std::mem::take(&mut self.seqs[si as usize].held);
+            let mut held = std::mem::take(&mut self.seqs[si as usize].held);
             // a held entry is live while its cell still holds a window row of this sequence;
             // a cell freed and written again by the sequence has a stale entry beside its new
             // one: each cell counts once (twice, its slot would be dropped twice)
             let mut live: Vec<u32> = held
-                .into_iter()
+                .iter()
+                .copied()
                 .filter(|&c| {
                     let cell = &self.cells[c as usize];
                     cell.seq == si && cell.flags & WIN != 0
                 })
                 .collect();
+            // the list as it was before this ubatch appended its own cells goes to the undo
+            let ui = self
+                .ubatch
+                .undo
+                .iter()
+                .position(|u| u.seq == si)
+                .expect("every sequence of the ubatch has its undo");
+            held.truncate(self.ubatch.undo[ui].held_len);
+            self.ubatch.undo[ui].held = held;
             let mut seen = std::collections::HashSet::with_capacity(live.len());
             live.retain(|&c| seen.insert(c));
             let due = |c: &u32| {
@@ -591,12 +605,7 @@ impl KvqCells {
                 self.seqs[si as usize].centered = true;
             }
             let mut keep = Vec::with_capacity(live.len());
-            let undo = self
-                .ubatch
-                .undo
-                .iter_mut()
-                .find(|u| u.seq == si)
-                .expect("every sequence of the ubatch has its undo");
+            let undo = &mut self.ubatch.undo[ui];
             for c in live {
                 let cell = &mut self.cells[c as usize];
                 let before = *cell;
