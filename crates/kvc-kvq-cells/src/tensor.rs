@@ -87,6 +87,13 @@ pub(crate) struct TensorRows {
     /// tensor holds one of the cache's two scratch buffers (K-side and V-side tensors take
     /// turns: the buffer moves to the next tensor of its side at its write).
     scratch_rows: SlotRows,
+    /// `scratch_rows` decoded (`decode_row_for_multi`, slot-major: slot, head, value) when the
+    /// window codec's multi-query kernels decode rows one at a time (8-bit windows): a
+    /// prefill reads each scratch row once per query of the ubatch, so it is decoded once
+    /// here, at its write, and the reads give the same sums bit for bit.
+    scratch_vals: Vec<f32>,
+    /// Whether the scratch keeps `scratch_vals`.
+    mirror: bool,
     /// Whether `scratch_rows` holds this ubatch's rows (false once the buffer moved on).
     scratch_valid: bool,
     centers: Vec<Option<Center>>,
@@ -113,6 +120,7 @@ impl TensorRows {
         };
         let main_row = main.row_bytes();
         let win_row = win.as_ref().map_or(0, RowCodec::row_bytes);
+        let mirror = win.as_ref().is_some_and(RowCodec::multi_decodes_rows);
         (cfg.n_cells as usize)
             .checked_mul(h)
             .and_then(|r| r.checked_mul(main_row))
@@ -128,6 +136,8 @@ impl TensorRows {
             sink_rows: SlotRows::new(h * d * 2),
             win_rows: SlotRows::new(h * win_row),
             scratch_rows: SlotRows::new(h * win_row),
+            scratch_vals: Vec::new(),
+            mirror,
             scratch_valid: false,
             centers: Vec::new(),
             written: 0,
@@ -159,6 +169,7 @@ impl TensorRows {
         self.sink_rows.bytes()
             + self.win_rows.bytes()
             + self.scratch_rows.bytes()
+            + 4 * self.scratch_vals.capacity()
             + self
                 .centers
                 .iter()
@@ -175,6 +186,7 @@ impl TensorRows {
         self.sink_rows.clear();
         self.win_rows.clear();
         self.scratch_rows.clear();
+        self.scratch_vals = Vec::new();
         self.scratch_valid = false;
         self.centers.clear();
     }
@@ -218,28 +230,42 @@ impl TensorRows {
             self.win_rows.reserve_slots(win_slots);
             if scratch > 0 {
                 self.scratch_rows.reserve_slots(scratch);
+                if self.mirror {
+                    let need = scratch * self.h * self.d;
+                    if self.scratch_vals.len() < need {
+                        self.scratch_vals
+                            .reserve_exact(need - self.scratch_vals.len());
+                        self.scratch_vals.resize(need, 0.0);
+                    }
+                }
                 self.scratch_valid = true;
             }
         }
     }
 
     /// Gives up the scratch buffer (to the next tensor of its side, or to be freed).
-    pub(crate) fn take_scratch(&mut self) -> SlotRows {
+    pub(crate) fn take_scratch(&mut self) -> (SlotRows, Vec<f32>) {
         self.scratch_valid = false;
         let row = self.h * self.win_row;
-        std::mem::replace(&mut self.scratch_rows, SlotRows::new(row))
+        (
+            std::mem::replace(&mut self.scratch_rows, SlotRows::new(row)),
+            std::mem::take(&mut self.scratch_vals),
+        )
     }
 
     /// Takes a scratch buffer for this ubatch's rows (its storage reused, rows re-laid).
-    pub(crate) fn give_scratch(&mut self, mut buf: SlotRows) {
+    pub(crate) fn give_scratch(&mut self, (mut buf, mut vals): (SlotRows, Vec<f32>)) {
         buf.retarget(self.h * self.win_row);
+        vals.clear();
         self.scratch_rows = buf;
+        self.scratch_vals = vals;
         self.scratch_valid = false;
     }
 
     /// Frees the scratch (a ubatch that needs none: decoding).
     pub(crate) fn free_scratch(&mut self) {
         self.scratch_rows.clear();
+        self.scratch_vals = Vec::new();
         self.scratch_valid = false;
     }
 
@@ -277,6 +303,28 @@ impl TensorRows {
                 poison(o);
             }
         }
+        if scratch && self.mirror {
+            let width = self.h * self.d;
+            let vals = &mut self.scratch_vals[slot as usize * width..(slot as usize + 1) * width];
+            for (o, v) in out
+                .chunks_exact(self.win_row)
+                .zip(vals.chunks_exact_mut(self.d))
+            {
+                if win.decode_row_for_multi(o, v).is_err() {
+                    v.fill(f32::NAN);
+                }
+            }
+        }
+    }
+
+    /// The decoded scratch rows of slots `slot ..`, head `kv_head` (stride `h * d`), when the
+    /// scratch keeps them.
+    fn scratch_decoded(&self, slot: u32, kv_head: u32) -> Option<&[f32]> {
+        if !self.mirror || !self.scratch_valid {
+            return None;
+        }
+        let start = (slot as usize * self.h + kv_head as usize) * self.d;
+        self.scratch_vals.get(start..)
     }
 
     pub(crate) fn store_main(&self, cell: u32, x: &[f32], main: &mut [u8]) {
@@ -506,7 +554,10 @@ impl TensorRows {
             Vec<f32>,
         );
         let tmp = scratch_f32!(g * len, s64, s256, s1024, large);
-        win.dot_rows_multi(q_rot, self.window_run(slot, kv_head, len)?, len, tmp)?;
+        match self.scratch_decoded(slot.0, kv_head).filter(|_| slot.1) {
+            Some(vals) => win.dot_decoded_multi(q_rot, vals, self.h * self.d, len, tmp)?,
+            None => win.dot_rows_multi(q_rot, self.window_run(slot, kv_head, len)?, len, tmp)?,
+        }
         for j in 0..g {
             scores[j * n + i..j * n + i + len].copy_from_slice(&tmp[j * len..(j + 1) * len]);
         }
@@ -531,7 +582,12 @@ impl TensorRows {
         for (j, v) in wi[..g].iter_mut().enumerate() {
             *v = w[j * n + i];
         }
-        win.accumulate_rows_multi(&wi[..g], self.window_run(slot, kv_head, 1)?, 1, acc)?;
+        match self.scratch_decoded(slot.0, kv_head).filter(|_| slot.1) {
+            Some(vals) => win.accumulate_decoded_multi(&wi[..g], vals, self.h * self.d, 1, acc)?,
+            None => {
+                win.accumulate_rows_multi(&wi[..g], self.window_run(slot, kv_head, 1)?, 1, acc)?
+            }
+        }
         Ok(())
     }
 

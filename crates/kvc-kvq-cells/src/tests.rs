@@ -439,6 +439,33 @@ fn non_finite_rows_read_nan() {
         "position 3 is read from its poisoned main row"
     );
     assert!(s[1..3].iter().chain(&s[4..]).all(|v| v.is_finite()));
+    // the query at position 4 reads position 3 from the ubatch's scratch (decoded once)
+    let q = query(4, 1);
+    let mut s = vec![0f32; 5];
+    cells.scores(0, &main[0], 0, 0, 5, 4, &q, &mut s).unwrap();
+    assert!(
+        s[3].is_nan(),
+        "position 3 is read from its poisoned window row"
+    );
+    assert!(s[1..3].iter().chain(&s[4..]).all(|v| v.is_finite()));
+    let w = [0.0, 0.25, 0.25, 0.25, 0.25];
+    let mut acc = vec![0f32; D];
+    cells
+        .accumulate(0, &main[0], 0, 0, 5, 4, &w, &mut acc)
+        .unwrap();
+    assert!(
+        acc.iter().any(|v| v.is_nan()),
+        "a poisoned window row of non-zero weight"
+    );
+    let w = [0.0, 0.5, 0.5, 0.0, 0.0];
+    let mut acc = vec![0f32; D];
+    cells
+        .accumulate(0, &main[0], 0, 0, 5, 4, &w, &mut acc)
+        .unwrap();
+    assert!(
+        acc.iter().all(|v| v.is_finite()),
+        "weight 0 skips the poisoned row"
+    );
 }
 
 #[test]

@@ -129,6 +129,144 @@ impl RowCodec {
     }
 }
 
+impl RowCodec {
+    /// Whether [`dot_rows_multi`](Self::dot_rows_multi) and
+    /// [`accumulate_rows_multi`](Self::accumulate_rows_multi) decode this codec's rows one at
+    /// a time (5-8 bits, groups under 8 values, or the portable loops): then rows decoded
+    /// once with [`decode_row_for_multi`](Self::decode_row_for_multi) and read with
+    /// [`dot_decoded_multi`](Self::dot_decoded_multi) and
+    /// [`accumulate_decoded_multi`](Self::accumulate_decoded_multi) give the same results bit
+    /// for bit.
+    pub fn multi_decodes_rows(&self) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            matches!(self.isa().0, crate::isa::IsaKind::Portable)
+                || self.block_rows(&[], 0).is_none()
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            true
+        }
+    }
+
+    /// Row `row`'s rotated values as the row-at-a-time kernels use them: those of
+    /// [`dequantize_row_rotated`](Self::dequantize_row_rotated), or NaN throughout for a row
+    /// with a non-finite scale (a poisoned row). For a caller that reads the same rows many
+    /// times (a prefill's window rows) and keeps them decoded.
+    ///
+    /// Errors: `out.len() != head_dim`, `row.len() < row_bytes`.
+    pub fn decode_row_for_multi(&self, row: &[u8], out: &mut [f32]) -> Result<()> {
+        if out.len() != self.dim() {
+            return Err(Error::LayoutMismatch {
+                what: "decoded row",
+                expected: self.dim(),
+                found: out.len(),
+            });
+        }
+        if row.len() < self.row_bytes() {
+            return Err(Error::BufferTooSmall {
+                what: "packed row",
+                needed: self.row_bytes(),
+                found: row.len(),
+            });
+        }
+        if !scales_finite(self, row) {
+            out.fill(f32::NAN);
+            return Ok(());
+        }
+        self.dequantize_row_rotated(row, out)
+    }
+
+    /// [`dot_rows_multi`](Self::dot_rows_multi) over rows already decoded by
+    /// [`decode_row_for_multi`](Self::decode_row_for_multi) (`vals`: row `i`'s head_dim
+    /// values at `i * stride`): `scores[g * n_rows + i]`, the same sums as the row-at-a-time
+    /// path (see [`multi_decodes_rows`](Self::multi_decodes_rows)). No allocation.
+    ///
+    /// Errors: shapes as in `dot_rows_multi`; rows beyond `vals`.
+    pub fn dot_decoded_multi(
+        &self,
+        q_rot: &[f32],
+        vals: &[f32],
+        stride: usize,
+        n_rows: usize,
+        scores: &mut [f32],
+    ) -> Result<()> {
+        let d = self.dim();
+        let g = n_queries("queries (G x head_dim)", q_rot.len(), d)?;
+        check_grid("scores (G x n_rows)", g, n_rows, scores.len())?;
+        check_decoded(vals, stride, n_rows, d)?;
+        for t in 0..n_rows {
+            let row = &vals[t * stride..t * stride + d];
+            for (qg, s) in q_rot
+                .chunks_exact(d)
+                .zip(scores.iter_mut().skip(t).step_by(n_rows))
+            {
+                *s = dot8(qg, row);
+            }
+        }
+        Ok(())
+    }
+
+    /// [`accumulate_rows_multi`](Self::accumulate_rows_multi) over rows already decoded by
+    /// [`decode_row_for_multi`](Self::decode_row_for_multi) (`vals` as in
+    /// [`dot_decoded_multi`](Self::dot_decoded_multi)): the same sums as the row-at-a-time
+    /// path, a row of weight 0 skipped for that query. No allocation.
+    ///
+    /// Errors: shapes as in `accumulate_rows_multi`; rows beyond `vals`.
+    pub fn accumulate_decoded_multi(
+        &self,
+        weights: &[f32],
+        vals: &[f32],
+        stride: usize,
+        n_rows: usize,
+        acc: &mut [f32],
+    ) -> Result<()> {
+        let d = self.dim();
+        let g = n_queries("sums (G x head_dim)", acc.len(), d)?;
+        check_grid("weights (G x n_rows)", g, n_rows, weights.len())?;
+        check_decoded(vals, stride, n_rows, d)?;
+        for t in 0..n_rows {
+            if weights.iter().skip(t).step_by(n_rows).all(|&x| x == 0.0) {
+                continue;
+            }
+            let row = &vals[t * stride..t * stride + d];
+            for (ag, &wg) in acc
+                .chunks_exact_mut(d)
+                .zip(weights.iter().skip(t).step_by(n_rows))
+            {
+                if wg == 0.0 {
+                    continue;
+                }
+                for (a, &v) in ag.iter_mut().zip(row.iter()) {
+                    *a += wg * v;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `n` decoded rows of `d` values at `stride` fit in `vals`.
+fn check_decoded(vals: &[f32], stride: usize, n: usize, d: usize) -> Result<()> {
+    if n == 0 {
+        return Ok(());
+    }
+    let need = (n - 1)
+        .checked_mul(stride)
+        .and_then(|x| x.checked_add(d))
+        .ok_or(Error::SizeOverflow {
+            what: "decoded rows",
+        })?;
+    if stride < d || vals.len() < need {
+        return Err(Error::BufferTooSmall {
+            what: "decoded rows",
+            needed: need.max(d),
+            found: vals.len(),
+        });
+    }
+    Ok(())
+}
+
 /// [`RowCodec::dot_rows_multi`] one row at a time: the row's rotated values, then a dot
 /// product per query (shapes checked by the caller).
 #[inline(always)]
@@ -648,6 +786,77 @@ mod tests {
         }
         packed[5 * stride..5 * stride + 2].copy_from_slice(&0x7e00u16.to_le_bytes());
         Case { packed, stride, n }
+    }
+
+    #[test]
+    fn decoded_rows_read_as_the_row_at_a_time_path_bit_for_bit() {
+        for method in [Method::LloydMax, Method::Uniform { group: 32 }] {
+            for d in [64usize, 128] {
+                for bits in 2u8..=8 {
+                    let Ok(base) = RowCodec::new(method, bits, d, DEFAULT_SEED) else {
+                        continue;
+                    };
+                    let cs = case(&base, 37);
+                    let rows = HeadRows {
+                        bytes: &cs.packed,
+                        stride: cs.stride,
+                    };
+                    let n = cs.n;
+                    for isa in isas() {
+                        let c = base.with_isa(isa);
+                        if !c.multi_decodes_rows() {
+                            assert!(
+                                isa.is_avx2() && (2..=4).contains(&bits),
+                                "only the block kernels decode in blocks"
+                            );
+                            continue;
+                        }
+                        // decoded once, laid out as a scratch of 2 heads a token
+                        let stride = 2 * d + 3;
+                        let mut vals = vec![0f32; (n - 1) * stride + d];
+                        for t in 0..n {
+                            let row = &cs.packed[t * cs.stride..];
+                            c.decode_row_for_multi(row, &mut vals[t * stride..t * stride + d])
+                                .unwrap();
+                        }
+                        for g in [1usize, 3] {
+                            let q = values(g * d, 3 + g as u64);
+                            let mut w = values(g * n, 11);
+                            w.iter_mut().step_by(4).for_each(|x| *x = 0.0);
+                            for gi in 0..g {
+                                w[gi * n + 5] = if gi == 0 { 1.0 } else { 0.0 };
+                            }
+                            let (mut s1, mut s2) = (vec![0f32; g * n], vec![0f32; g * n]);
+                            c.dot_rows_multi(&q, rows, n, &mut s1).unwrap();
+                            c.dot_decoded_multi(&q, &vals, stride, n, &mut s2).unwrap();
+                            let bits_of =
+                                |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                            assert_eq!(
+                                bits_of(&s1),
+                                bits_of(&s2),
+                                "scores, {bits} bits d {d} g {g}"
+                            );
+                            let (mut a1, mut a2) = (values(g * d, 5), values(g * d, 5));
+                            c.accumulate_rows_multi(&w, rows, n, &mut a1).unwrap();
+                            c.accumulate_decoded_multi(&w, &vals, stride, n, &mut a2)
+                                .unwrap();
+                            assert_eq!(bits_of(&a1), bits_of(&a2), "sums, {bits} bits d {d} g {g}");
+                        }
+                        // shapes are checked
+                        let mut s = vec![0f32; n];
+                        assert!(c
+                            .dot_decoded_multi(&values(d, 1), &vals[..stride], stride, n, &mut s)
+                            .is_err());
+                        assert!(c
+                            .decode_row_for_multi(
+                                &cs.packed[..c.row_bytes() - 1],
+                                &mut vec![0f32; d]
+                            )
+                            .is_err());
+                    }
+                }
+            }
+        }
     }
 
     #[test]
