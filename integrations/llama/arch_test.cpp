@@ -73,6 +73,7 @@
 #include <kvc.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cinttypes>
 #include <cmath>
 #include <cstdint>
@@ -312,6 +313,9 @@ struct Tap {
     int64_t cross_calls = 0;
     double cross_excess = 0, cross_err2 = 0, cross_ref2 = 0;
     std::vector<double> vs_f16_err2, vs_f16_ref2;
+    // flash-attention ops scheduled, and those the CPU kernel takes its grouped-query path for
+    // (ggml_kvc_fattn_grouped: the kernel's own test)
+    int64_t fa_ops = 0, fa_grouped = 0;
     std::vector<int64_t> vs_f16_calls;
     std::vector<int64_t> call_index;  // per layer, calls so far (to pair with the f16 run's)
 
@@ -736,6 +740,10 @@ void on_flash_attn_snapshot(ggml_tensor * t, Tap * tap) {
 
 bool eval_cb(ggml_tensor * t, bool ask, void * ud) {
     auto * tap = (Tap *) ud;
+    if (ask && t->op == GGML_OP_FLASH_ATTN_EXT) {
+        ++tap->fa_ops;
+        tap->fa_grouped += ggml_kvc_fattn_grouped(t) ? 1 : 0;
+    }
     if (tap->snapshot) {
         if (ask) return t->op == GGML_OP_FLASH_ATTN_EXT;
         if (t->op == GGML_OP_FLASH_ATTN_EXT) on_flash_attn_snapshot(t, tap);
@@ -1013,13 +1021,91 @@ static bool abort_at_cb(void * data) {
     return ++a->calls == a->at;
 }
 
-// Interrupted batches (issue 47): with the protections, a prefill of four ubatches stopped by the
-// abort callback midway through its third ubatch (llama_decode returns 2 and keeps the ubatches
-// before), then the rest of the prompt and decode steps, one of them stopped midway and decoded
-// again. Every logit must equal a fresh context's that decoded the kept tokens, the rest and the
-// steps in the same batches. Returns "identical" or what differed.
-static std::string aborted_matches_fresh(llama_model * model, const ModelFacts & mf, const Options & o, ggml_type tk,
-                                         ggml_type tv, const std::vector<llama_token> & toks) {
+#ifdef KVC_ARCH_FAULTS
+// kvc calls that fail on purpose: kvc_arch_test is linked with --wrap for kvc_kvq_cells_write
+// and kvc_kvq_cells_scores (CMakeLists.txt, GNU ld), so ggml's calls to them pass through here.
+// Call number `at` (counted over the process, from any thread) returns KVC_INVALID_STATE
+// instead of running; every other call is kvc's own.
+struct KvcFault {
+    std::atomic<long> calls{0};
+    std::atomic<long> at{0};
+    bool hit() { return ++calls == at.load(); }
+};
+static KvcFault g_write_fault, g_scores_fault;
+
+extern "C" {
+enum kvc_status __real_kvc_kvq_cells_write(struct kvc_kvq_cells * cells, uint32_t tensor, const float * rows,
+                                           size_t n_values, const int64_t * cell_idx, size_t n_rows, uint8_t * main,
+                                           size_t main_len);
+enum kvc_status __real_kvc_kvq_cells_scores(const struct kvc_kvq_cells * cells, uint32_t tensor, const uint8_t * main,
+                                            size_t main_len, uint32_t kv_head, uint32_t cell0, size_t n, uint32_t token,
+                                            const float * q_rot, size_t n_queries, float * scores, size_t scores_len);
+enum kvc_status __wrap_kvc_kvq_cells_write(struct kvc_kvq_cells * cells, uint32_t tensor, const float * rows,
+                                           size_t n_values, const int64_t * cell_idx, size_t n_rows, uint8_t * main,
+                                           size_t main_len) {
+    if (g_write_fault.hit()) return KVC_INVALID_STATE;
+    return __real_kvc_kvq_cells_write(cells, tensor, rows, n_values, cell_idx, n_rows, main, main_len);
+}
+enum kvc_status __wrap_kvc_kvq_cells_scores(const struct kvc_kvq_cells * cells, uint32_t tensor, const uint8_t * main,
+                                            size_t main_len, uint32_t kv_head, uint32_t cell0, size_t n, uint32_t token,
+                                            const float * q_rot, size_t n_queries, float * scores, size_t scores_len) {
+    if (g_scores_fault.hit()) return KVC_INVALID_STATE;
+    return __real_kvc_kvq_cells_scores(cells, tensor, main, main_len, kv_head, cell0, n, token, q_rot, n_queries, scores,
+                                       scores_len);
+}
+}
+#endif
+
+// How a batch is interrupted: llama.cpp's abort callback (llama_decode returns 2), or a kvc
+// call that fails inside the graph, writing rows or reading scores (llama_decode returns -3:
+// ggml keeps kvc's error on the cache tensor, llama.cpp takes it after the graph and fails the
+// batch; nothing aborts).
+enum class Interrupt { abort_callback, kvc_write, kvc_scores };
+
+struct Interrupter {
+    Interrupt kind;
+    AbortAt   ab;
+    long calls() const {
+        switch (kind) {
+#ifdef KVC_ARCH_FAULTS
+            case Interrupt::kvc_write:  return g_write_fault.calls.load();
+            case Interrupt::kvc_scores: return g_scores_fault.calls.load();
+#else
+            case Interrupt::kvc_write:
+            case Interrupt::kvc_scores: return 0;
+#endif
+            case Interrupt::abort_callback: break;
+        }
+        return ab.calls;
+    }
+    // the `k`-th call from now fails; k = 0 disarms
+    void arm(long k) {
+        const long at = k > 0 ? calls() + k : 0;
+        switch (kind) {
+#ifdef KVC_ARCH_FAULTS
+            case Interrupt::kvc_write:  g_write_fault.at = at; return;
+            case Interrupt::kvc_scores: g_scores_fault.at = at; return;
+#else
+            case Interrupt::kvc_write:
+            case Interrupt::kvc_scores: return;
+#endif
+            case Interrupt::abort_callback: break;
+        }
+        ab.at = at;
+    }
+    int expected_rc() const { return kind == Interrupt::abort_callback ? 2 : -3; }
+};
+
+// Interrupted batches (issue 47): with the protections, a prefill of four ubatches interrupted
+// midway through its third ubatch (llama_decode keeps the ubatches before), then the rest of the
+// prompt and decode steps, one of them interrupted midway and decoded again. Every logit must
+// equal a fresh context's that decoded the kept tokens, the rest and the steps in the same
+// batches. Returns "identical", "not built" (a fault the build cannot inject) or what differed.
+static std::string interrupted_matches_fresh(llama_model * model, const ModelFacts & mf, const Options & o, ggml_type tk,
+                                             ggml_type tv, const std::vector<llama_token> & toks, Interrupt kind) {
+#ifndef KVC_ARCH_FAULTS
+    if (kind != Interrupt::abort_callback) return "not built";
+#endif
     llama_context_params cp = ctx_params(o, tk, tv, nullptr);
     cp.cb_eval = nullptr;
     cp.cb_eval_user_data = nullptr;
@@ -1028,26 +1114,31 @@ static std::string aborted_matches_fresh(llama_model * model, const ModelFacts &
     cp.kvc_window_bits = o.window_bits;
     cp.kvc_k_center = o.center;
     cp.n_ubatch = (uint32_t) std::max(1, o.prefill / 4);
-    AbortAt ab;
-    cp.abort_callback = abort_at_cb;
-    cp.abort_callback_data = &ab;
+    Interrupter in{kind, {}};
+    if (kind == Interrupt::abort_callback) {
+        cp.abort_callback = abort_at_cb;
+        cp.abort_callback_data = &in.ab;
+    }
     const std::vector<llama_token> pre(toks.begin(), toks.begin() + o.prefill);
     // the calls one prefill and one step make (a throwaway context)
     long prefill_calls = 0, step_calls = 0;
     {
         CtxPtr c = make_ctx(model, cp);
+        const long c0 = in.calls();
         if (decode_status(c.get(), pre, 0) != 0) return "the counting prefill failed";
-        prefill_calls = ab.calls;
+        prefill_calls = in.calls() - c0;
         if (decode_status(c.get(), {toks[(size_t) o.prefill]}, o.prefill) != 0) return "the counting step failed";
-        step_calls = ab.calls - prefill_calls;
+        step_calls = in.calls() - c0 - prefill_calls;
     }
+    if (prefill_calls < 4 || step_calls < 2) return "too few calls to interrupt";
     CtxPtr a = make_ctx(model, cp);
-    ab = AbortAt{0, prefill_calls * 5 / 8};
+    in.arm(prefill_calls * 5 / 8);
     const int rc = decode_status(a.get(), pre, 0);
-    if (rc != 2) return "the stopped prefill returned " + std::to_string(rc) + ", not 2";
-    ab.at = 0;
+    in.arm(0);
+    if (rc != in.expected_rc())
+        return "the interrupted prefill returned " + std::to_string(rc) + ", not " + std::to_string(in.expected_rc());
     const int kept = (int) llama_memory_seq_pos_max(llama_get_memory(a.get()), 0) + 1;
-    if (kept <= 0 || kept >= o.prefill) return "the stopped prefill kept " + std::to_string(kept) + " tokens";
+    if (kept <= 0 || kept >= o.prefill) return "the interrupted prefill kept " + std::to_string(kept) + " tokens";
     cp.abort_callback = nullptr;
     cp.abort_callback_data = nullptr;
     CtxPtr f = make_ctx(model, cp);
@@ -1060,10 +1151,11 @@ static std::string aborted_matches_fresh(llama_model * model, const ModelFacts &
     int pos = o.prefill;
     for (int j = 0; j < o.decode; ++j, ++pos) {
         if (j == 1) {
-            ab = AbortAt{0, std::max<long>(1, step_calls / 2)};
+            in.arm(std::max<long>(1, step_calls / 2));
             const int r = decode_status(a.get(), {toks[(size_t) pos]}, pos);
-            ab.at = 0;
-            if (r != 2) return "the stopped step returned " + std::to_string(r) + ", not 2";
+            in.arm(0);
+            if (r != in.expected_rc())
+                return "the interrupted step returned " + std::to_string(r) + ", not " + std::to_string(in.expected_rc());
         }
         got.push_back(decode_tokens(a.get(), {toks[(size_t) pos]}, pos, mf.n_vocab));
         want.push_back(decode_tokens(f.get(), {toks[(size_t) pos]}, pos, mf.n_vocab));
@@ -1107,9 +1199,13 @@ static int run_protected(llama_model * model, const ModelFacts & mf, const Optio
     const ProtectedRun prot = protected_once(model, mf, o, tk, tv, true, toks);
     const double kl_plain = mean_kl(ref.before, plain.before), kl_prot = mean_kl(ref.before, prot.before);
     const double kl_plain_s = mean_kl(ref.after, plain.after), kl_prot_s = mean_kl(ref.after, prot.after);
-    const std::string aborted = aborted_matches_fresh(model, mf, o, tk, tv, toks);
+    const std::string aborted = interrupted_matches_fresh(model, mf, o, tk, tv, toks, Interrupt::abort_callback);
+    const std::string write_fault = interrupted_matches_fresh(model, mf, o, tk, tv, toks, Interrupt::kvc_write);
+    const std::string read_fault = interrupted_matches_fresh(model, mf, o, tk, tv, toks, Interrupt::kvc_scores);
     std::vector<std::string> failures;
     if (aborted != "identical") failures.push_back("after an interrupted batch: " + aborted);
+    if (write_fault != "identical") failures.push_back("after a failed kvc write: " + write_fault);
+    if (read_fault != "identical") failures.push_back("after a failed kvc read: " + read_fault);
     if (!(kl_prot < kl_plain)) failures.push_back("protected KL " + json_num(kl_prot) + " not below plain " + json_num(kl_plain));
     if (!(kl_prot_s < kl_plain_s))
         failures.push_back("after the shift, protected KL " + json_num(kl_prot_s) + " not below plain " + json_num(kl_plain_s));
@@ -1126,7 +1222,8 @@ static int run_protected(llama_model * model, const ModelFacts & mf, const Optio
       << ",\"center\":" << (o.center ? "true" : "false") << "},\"sliding_window\":" << (swa ? "true" : "false")
       << ",\"kl_plain\":" << json_num(kl_plain) << ",\"kl_protected\":" << json_num(kl_prot)
       << ",\"kl_plain_after_shift\":" << json_num(kl_plain_s) << ",\"kl_protected_after_shift\":" << json_num(kl_prot_s)
-      << ",\"state\":" << json_str(prot.state) << ",\"aborted_batches\":" << json_str(aborted)
+      << ",\"state\":" << json_str(prot.state) << ",\"aborted_batches\":" << json_str(aborted) << ",\"kvc_write_fault\":" << json_str(write_fault)
+      << ",\"kvc_read_fault\":" << json_str(read_fault)
       << ",\"kv_bytes_plain\":" << plain.api_bytes
       << ",\"kv_bytes_protected\":" << prot.api_bytes << ",\"pass\":" << (failures.empty() ? "true" : "false")
       << ",\"failures\":[";
@@ -1292,6 +1389,7 @@ int run(int argc, char ** argv) {
       << ",\"cache_bytes_api\":" << (run.bytes_api ? "{\"k\":" + std::to_string(run.api_k) + ",\"v\":" + std::to_string(run.api_v) +
                                                          ",\"buffers\":" + std::to_string(run.api_buf) + "}"
                                                    : std::string("null"))
+      << ",\"fattn_ops\":" << run.tap.fa_ops << ",\"fattn_grouped\":" << run.tap.fa_grouped
       << ",\"type_fallback\":" << (fallback ? "true" : "false") << ",\"layer_bytes_k\":" << sum_k << ",\"layer_bytes_v\":" << sum_v << ",\"f16_bytes_k\":" << [&] {
              size_t s = 0;
              for (const auto & L : ref.layers) s += L.bytes_k;

@@ -28,6 +28,7 @@ import os
 import re
 import shutil
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -399,6 +400,15 @@ def main():
         if saved.get("n_saved", 0) <= 0:
             fail(f"protected slot save: {saved}")
         blob = open(os.path.join(slots, "protected.bin"), "rb").read()
+        # the sequence-state version says the cache had kvq cells (LLAMA_KVC_STATE_CELLS), so a
+        # reader without them refuses the file by its version, not only by the type names
+        magic_version = struct.unpack("<II", blob[:8])
+        if magic_version != (0x67677371, 0x4b000003):
+            fail(f"the protected slot file starts with (magic, version) {magic_version[0]:08x}, {magic_version[1]:08x}; "
+                 "want 67677371, 4b000003")
+        plain_version = struct.unpack("<II", open(os.path.join(slots, "slot0.bin"), "rb").read(8))[1]
+        if plain_version != 3:
+            fail(f"the unprotected slot file has version {plain_version:08x}, want 3 (llama.cpp's own)")
         if blob.count(b"kvq4_64+cells\0") != 60 or blob.count(b"KVCQCELS") != 1:
             fail(f"the protected slot file names kvq4_64+cells {blob.count(b'kvq4_64+cells')} times (want 60) and "
                  f"holds {blob.count(b'KVCQCELS')} saved cells (want 1)")
@@ -418,7 +428,7 @@ def main():
             if e.code < 400:
                 fail(f"restoring an unprotected slot file: HTTP {e.code}")
         log = open(s.log, errors="replace").read()
-        for want in ("kvc kvq cells on 30 layers", "saved from a cache without kvc protections"):
+        for want in ("kvc kvq cells on 30 layers", "was saved from a cache without kvq cells; this context's cache has them"):
             if want not in log:
                 fail(f"llama-server's log does not say '{want}'")
         if "kvc kvq cells:" in log.replace("kvc kvq cells: a section", ""):

@@ -98,6 +98,19 @@ def main() -> int:
                 mx = lambda k: max((l[k] for l in L if l[k] is not None), default=float("nan"))  # noqa: E731
                 mn = lambda k: min((l[k] for l in L if l[k] is not None), default=float("nan"))  # noqa: E731
                 ok = rc == 0 and j["pass"]
+                # grouped-query attention over kvq K and V (2..16 query heads per KV head, head
+                # sizes up to 256, 256 included) takes the CPU kernel's grouped path in every
+                # attention op, and one query head per KV head never does
+                kvq_kv = all(l["type_k"].startswith("kvq") and l["type_v"].startswith("kvq") for l in L)
+                g = j["n_head"] // max(1, j["n_head_kv"])
+                want_grouped = kvq_kv and 1 < g <= 16 and max(j["head_k"], j["head_v"]) <= 256
+                grouped_ok = j["fattn_ops"] > 0 and (j["fattn_grouped"] == (j["fattn_ops"] if want_grouped else 0))
+                if not grouped_ok:
+                    ok = False
+                    j["failures"].append(f"grouped-query path in {j['fattn_grouped']} of {j['fattn_ops']} attention ops "
+                                         f"(want {'all' if want_grouped else 'none'})")
+                elif want_grouped:
+                    j["failures"].insert(0, f"grouped-query path: {j['fattn_grouped']}/{j['fattn_ops']} ops")
                 bad += not ok
                 api = j["cache_bytes_api"]
                 rows.append([s.name, label, "pass" if ok else "FAIL",
@@ -122,7 +135,8 @@ def main() -> int:
         # kvc's kvq cells (f16 sink 4, 8-bit window 32, K center) on kvq4, every cache of the
         # model through them (both of a sliding-window model's): below plain kvq4's KL before and
         # after a context shift (K roped through the cells), the state round trip, bytes beside,
-        # batches stopped by the abort callback then decoded on with a fresh context's logits
+        # batches stopped by the abort callback, or by a kvc call failing inside the graph, then
+        # decoded on with a fresh context's logits
         # (a sliding-window model also past its sliding-window cache's cells, reused as a ring)
         prot_runs = [(common, "kvq4 + cells")]
         if s.swa:
@@ -134,7 +148,8 @@ def main() -> int:
             note = (f"KL plain {j['kl_plain']:.2e} protected {j['kl_protected']:.2e}; after a shift "
                     f"{j['kl_plain_after_shift']:.2e} / {j['kl_protected_after_shift']:.2e}; bytes "
                     f"{j['kv_bytes_plain']} / {j['kv_bytes_protected']}; interrupted batches: "
-                    f"{j['aborted_batches']}; " + "; ".join(j["failures"])) if j else err
+                    f"{j['aborted_batches']}; failed kvc write / read: {j['kvc_write_fault']} / "
+                    f"{j['kvc_read_fault']}; " + "; ".join(j["failures"])) if j else err
             rows.append([s.name, label, "pass" if ok else "FAIL",
                          f"{j['kl_protected']:.2e}" if j else "", "", "", "", "", "", "", "",
                          j["state"][:80] if j else "", note[:300]])
