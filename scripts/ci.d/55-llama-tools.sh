@@ -7,7 +7,8 @@
 # small random-weight GGUFs of other architectures (llama at head 128 and GQA 1/16, qwen2,
 # qwen3, gemma3 with sliding-window layers at head 256 and 128, phi3 at head 96): attention
 # within a bound derived from each type's row error, rows and bytes as asked, the state round
-# trip, refusals (integrations/llama/testmodels/, docs/llama-cpp.md). The build is
+# trip, refusals (integrations/llama/testmodels/, docs/llama-cpp.md); every command on the
+# first page of docs/llama-cpp.md, as written (integrations/llama/ci_docs.py). The build is
 # fetch-and-build.sh's, cached with the rest of .cache/llama (50-llama.sh built it).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -23,6 +24,14 @@ python3 integrations/llama/ci_tools.py --bin-dir "$(dirname "$LLAMA_SERVER")" --
     --plan data/kvq-plans/smollm2-135m-r3.5-kw3.json --protect-plan data/kvq-plans/smollm2-135m-k4v4-s4w64.json \
     --out "$out"
 echo "55-llama-tools: the tools' checks took $((SECONDS - t1)) s"
+# the first page of docs/llama-cpp.md, every command as written on the test model (build
+# commands checked against fetch-and-build.sh and the patched tree); first the check's own
+# negative test: a synthetic page naming a flag that does not exist must fail on that line
+t3=$SECONDS
+docs=(--bin-dir "$(dirname "$LLAMA_SERVER")" --model "$MODEL" --text "$TEXT_A" --llama-src "$LLAMA_SRC")
+python3 integrations/llama/ci_docs.py --self-test "${docs[@]}" --out "$out/docs-self-test"
+python3 integrations/llama/ci_docs.py "${docs[@]}" --out "$out/docs"
+echo "55-llama-tools: the first page of docs/llama-cpp.md took $((SECONDS - t3)) s"
 t2=$SECONDS
 python3 integrations/llama/testmodels/run.py "$out/models" --bin "$ARCH_TEST" >"$out/arch.txt" 2>&1 \
     || { cat "$out/arch.txt" >&2; echo "55-llama-tools: kvc_arch_test failed" >&2; exit 1; }
