@@ -296,10 +296,17 @@ def main():
                              ("flags-bits-9", ["-ctk", "kvq4", "--kvc-window-bits", "9"],
                               "--kvc-window-bits 9 is not in 2..8"),
                              ("flags-center", ["-ctk", "kvq4", "--kvc-center", "yes"],
-                              "--kvc-center takes on, off or auto, not 'yes'")]:
+                              "--kvc-center takes on, off or auto, not 'yes'"),
+                             ("flags-center-no-sink", ["-ctk", "kvq4", "-ctv", "kvq4", "--kvc-center", "on",
+                                                       "--kvc-sink", "0"],
+                              "--kvc-center on needs a sink and a window (--kvc-sink 0 was given)")]:
         rc, text = run(ppl + args, f"{a.out}/ppl-{name}.log", expect_ok=False)
         if rc == 0 or want not in text:
             fail(f"llama-perplexity {' '.join(args)}: status {rc}, want a refusal naming '{want}':\n{text[-1500:]}")
+        # refused once, before the model loads, with no kvc-internal prefix
+        if text.count(want) != 1 or "tensor 0:" in text or "load_model" in text.replace("load_model_from", ""):
+            fail(f"llama-perplexity {' '.join(args)}: the refusal is not said once, before the model loads:\n"
+                 f"{text[-1500:]}")
     if not 3.3 < kl["plan"]["ratio_vs_f16"] < 3.8:
         fail(f"plan's cache ratio {kl['plan']['ratio_vs_f16']}")
 
