@@ -7,7 +7,8 @@
 #       are removed. Sets PATCHED_SRC and SERIES_HASH.
 #   build_kvc_library REPO
 #       cargo builds kvc's C ABI crate (release; static and shared library) into
-#       KVC_CARGO_TARGET_DIR (default REPO/target). Sets KVC_TARGET to that directory.
+#       KVC_CARGO_TARGET_DIR (default REPO/target), cargo's progress shown on stderr. Sets
+#       KVC_TARGET to that directory.
 
 apply_patch_series() {
     local src="$1" patches="$2" base="$3" label="$4" p
@@ -35,7 +36,10 @@ apply_patch_series() {
 build_kvc_library() {
     local repo="$1" t0=$SECONDS
     KVC_TARGET="${KVC_CARGO_TARGET_DIR:-$repo/target}"
-    (cd "$repo" && CARGO_TARGET_DIR="$KVC_TARGET" cargo build --quiet --release --locked -p kvc-capi) \
+    log "building kvc's library with cargo (release, the kvc-capi crate: about 3 minutes on 2 cores the first time, seconds when nothing changed)"
+    # cargo's own lines ("Compiling ...", one per crate), indented under this script's
+    (set -o pipefail; cd "$repo" && CARGO_TARGET_DIR="$KVC_TARGET" cargo build --release --locked -p kvc-capi 2>&1 \
+        | sed -u 's/^ */  cargo: /' >&2) \
         || { log "building kvc's library failed"; exit 1; }
     log "kvc library: $((SECONDS - t0)) s"
 }

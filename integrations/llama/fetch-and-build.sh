@@ -12,10 +12,13 @@
 #   3. llama.cpp built with CMake + ninja, CPU and RPC backends (ggml-rpc-server: a device whose
 #      memory is another process's, for checking offloaded layers), Release, GGML_NATIVE=OFF,
 #      AVX/AVX2/FMA/F16C on, AVX-512 where the CPU has it, AMX off (AMX instructions fault
-#      on these machines), static libraries, with llama-server, llama-cli, llama-perplexity
-#      and llama-bench (the server without its web UI: no prebuilt one is fetched);
+#      on these machines), static libraries, with llama.cpp's tools (the docs use llama-server,
+#      llama-cli, llama-completion, llama-perplexity and llama-bench; the server without its
+#      web UI: no prebuilt one is fetched);
 #   4. the kvc_llama_eval client (integrations/llama/CMakeLists.txt) against llama.h only.
-# Prints the paths it produced. Environment:
+# Says what each step does and how long it usually takes, and shows cargo's and ninja's progress
+# on stderr; prints the paths it produced on stdout, NAME=path, a line for every tool built.
+# Environment:
 #   KVC_LLAMA_CACHE  cache directory (default <repo>/.cache/llama)
 #   KVC_LLAMA_JOBS   parallel build jobs (default: nproc)
 #   KVC_LLAMA_ISA    auto (default: AVX-512 where this CPU has it) or avx2 (AVX-512 off even
@@ -157,12 +160,22 @@ if [ ! -f "$build/build.ninja" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$stamp_t
     echo "$stamp_text" >"$stamp"
 fi
 t0=$SECONDS
-ninja -C "$build" -j "$jobs" install >"$cache/build-llama.log" 2>&1 || { tail -n 50 "$cache/build-llama.log" >&2; exit 1; }
+log "building llama.cpp's libraries and tools (about 5 minutes on 2 cores the first time, seconds when nothing changed; every line in $cache/build-llama.log)"
+# ninja's progress in steps of a tenth (a build of 20 steps or more), the whole output in the log
+ninja -C "$build" -j "$jobs" install 2>&1 | tee "$cache/build-llama.log" | awk '
+    /^\[[0-9]+\/[0-9]+\]/ {
+        split(substr($1, 2), a, "/"); n = a[1] + 0; m = a[2] + 0
+        if (m >= 20 && int(n * 10 / m) > last) {
+            last = int(n * 10 / m)
+            printf "fetch-and-build:   llama.cpp: %d of %d steps\n", n, m > "/dev/stderr"; fflush("/dev/stderr")
+        }
+    }' || { tail -n 50 "$cache/build-llama.log" >&2; exit 1; }
 log "llama.cpp build step took $((SECONDS - t0)) s"
 
 # ---- 4. the client ----------------------------------------------------------------------
 cbuild="${KVC_LLAMA_CLIENT_BUILD:-$build/client}"
 mkdir -p "$cbuild"
+log "building kvc's llama.cpp client (kvc_llama_eval, kvc_arch_test, fattn_bound_test: about a minute the first time)"
 if [ ! -f "$cbuild/build.ninja" ]; then
     cmake -S "$here" -B "$cbuild" -G Ninja -DCMAKE_BUILD_TYPE=Release \
         -DCMAKE_PREFIX_PATH="$build/install" >"$cbuild/configure-client.log" 2>&1 \
@@ -182,5 +195,17 @@ echo "LLAMA_CLI=$build/bin/llama-cli"
 echo "LLAMA_PERPLEXITY=$build/bin/llama-perplexity"
 echo "LLAMA_BENCH=$build/bin/llama-bench"
 echo "RPC_SERVER=$build/bin/ggml-rpc-server"
+# a line for every other tool llama.cpp built (docs/llama-cpp.md uses the ones above and
+# llama-completion; the rest are llama.cpp's own, as upstream builds them)
+named=" llama-server llama-cli llama-perplexity llama-bench ggml-rpc-server "
+n_tools=0
+for t in "$build"/bin/*; do
+    [ -f "$t" ] && [ -x "$t" ] || continue
+    n_tools=$((n_tools + 1))
+    tool="$(basename "$t")"
+    [[ "$named" == *" $tool "* ]] && continue
+    echo "$(echo "$tool" | tr 'a-z-' 'A-Z_')=$t"
+done
+log "llama.cpp tools built: $n_tools, each printed above as NAME=path"
 echo "TEXT_A=$texts/gpl-3.txt"
 echo "TEXT_B=$texts/debian-constitution.txt"
