@@ -303,8 +303,10 @@ def main():
         rc, text = run(ppl + args, f"{a.out}/ppl-{name}.log", expect_ok=False)
         if rc == 0 or want not in text:
             fail(f"llama-perplexity {' '.join(args)}: status {rc}, want a refusal naming '{want}':\n{text[-1500:]}")
-        # refused once, before the model loads, with no kvc-internal prefix
-        if text.count(want) != 1 or "tensor 0:" in text or "load_model" in text.replace("load_model_from", ""):
+        # a bad value is refused once, before the model loads, with no kvc-internal prefix (the
+        # first two are refused by the library at context creation, after it)
+        if name.startswith(("flags-sink-", "flags-bits-", "flags-center")) and \
+                (text.count(want) != 1 or "tensor 0:" in text or "load_model" in text.replace("load_model_from", "")):
             fail(f"llama-perplexity {' '.join(args)}: the refusal is not said once, before the model loads:\n"
                  f"{text[-1500:]}")
     if not 3.3 < kl["plan"]["ratio_vs_f16"] < 3.8:
