@@ -838,6 +838,10 @@ impl KvqCells {
             let cell = &cells_meta[c as usize];
             tensor.code_main(c, (cell.slot, cell.flags & SCRATCH != 0), cell.seq, main)?;
         }
+        if scratch > 0 && self.sink_slots.len() > 0 {
+            // a prefill: each of its queries reads every sink row, rotated once here
+            self.tensors[t as usize].rotate_sinks(self.sink_slots.len());
+        }
         let serial = self.ubatch.serial;
         self.tensors[t as usize].set_written(serial);
         Ok(())

@@ -96,6 +96,10 @@ pub(crate) struct TensorRows {
     mirror: bool,
     /// Whether `scratch_rows` holds this ubatch's rows (false once the buffer moved on).
     scratch_valid: bool,
+    /// The sink rows rotated into the codes' basis (slot-major: slot, head, value), made at a
+    /// prefill's write (every query of the ubatch reads every sink row) and dropped with the
+    /// scratch or at any change of a sink row; empty when not made.
+    sink_vals: Vec<f32>,
     centers: Vec<Option<Center>>,
     written: u64,
 }
@@ -139,6 +143,7 @@ impl TensorRows {
             scratch_vals: Vec::new(),
             mirror,
             scratch_valid: false,
+            sink_vals: Vec::new(),
             centers: Vec::new(),
             written: 0,
         })
@@ -170,6 +175,7 @@ impl TensorRows {
             + self.win_rows.bytes()
             + self.scratch_rows.bytes()
             + 4 * self.scratch_vals.capacity()
+            + 4 * self.sink_vals.capacity()
             + self
                 .centers
                 .iter()
@@ -188,6 +194,7 @@ impl TensorRows {
         self.scratch_rows.clear();
         self.scratch_vals = Vec::new();
         self.scratch_valid = false;
+        self.sink_vals = Vec::new();
         self.centers.clear();
     }
 
@@ -216,6 +223,7 @@ impl TensorRows {
     }
 
     pub(crate) fn store_sink(&mut self, slot: u32, x: &[f32]) {
+        self.sink_vals.clear();
         let out = self.sink_rows.get_mut(slot);
         for (o, &v) in out.chunks_exact_mut(2).zip(x) {
             o.copy_from_slice(&f16::from_f32(v).to_le_bytes());
@@ -262,11 +270,38 @@ impl TensorRows {
         self.scratch_valid = false;
     }
 
-    /// Frees the scratch (a ubatch that needs none: decoding).
+    /// Frees the scratch (a ubatch that needs none: decoding), and the rotated sink rows.
     pub(crate) fn free_scratch(&mut self) {
         self.scratch_rows.clear();
         self.scratch_vals = Vec::new();
         self.scratch_valid = false;
+        self.sink_vals = Vec::new();
+    }
+
+    /// Rotates the sink rows of slots `0..n_slots` once for a prefill's reads (`sink_vals`).
+    pub(crate) fn rotate_sinks(&mut self, n_slots: usize) {
+        let width = self.h * self.d;
+        let mut vals = std::mem::take(&mut self.sink_vals);
+        vals.clear();
+        vals.resize(n_slots * width, 0.0);
+        for (slot, v) in vals.chunks_exact_mut(width).enumerate() {
+            for (hd, out) in v.chunks_exact_mut(self.d).enumerate() {
+                self.sink_rotated(slot as u32, hd as u32, out);
+            }
+        }
+        self.sink_vals = vals;
+    }
+
+    /// Sink row `slot`, head `kv_head`, rotated: from `sink_vals` when made, else computed.
+    fn sink_row<'a>(&'a self, slot: u32, kv_head: u32, buf: &'a mut [f32; MAX_DIM]) -> &'a [f32] {
+        let start = (slot as usize * self.h + kv_head as usize) * self.d;
+        match self.sink_vals.get(start..start + self.d) {
+            Some(v) => v,
+            None => {
+                self.sink_rotated(slot, kv_head, &mut buf[..self.d]);
+                &buf[..self.d]
+            }
+        }
     }
 
     pub(crate) fn compact_window(&mut self, moves: &[(u32, u32)]) {
@@ -612,10 +647,10 @@ impl TensorRows {
         n: usize,
         i: usize,
     ) {
-        let mut row = [0f32; MAX_DIM];
-        self.sink_rotated(slot, kv_head, &mut row[..self.d]);
+        let mut buf = [0f32; MAX_DIM];
+        let row = self.sink_row(slot, kv_head, &mut buf);
         for j in 0..g {
-            scores[j * n + i] = dot(&q_rot[j * self.d..(j + 1) * self.d], &row[..self.d]);
+            scores[j * n + i] = dot(&q_rot[j * self.d..(j + 1) * self.d], row);
         }
     }
 
@@ -695,17 +730,14 @@ impl TensorRows {
         n: usize,
         i: usize,
     ) {
-        let mut row = [0f32; MAX_DIM];
-        self.sink_rotated(slot, kv_head, &mut row[..self.d]);
+        let mut buf = [0f32; MAX_DIM];
+        let row = self.sink_row(slot, kv_head, &mut buf);
         for j in 0..g {
             let wj = w[j * n + i];
             if wj == 0.0 {
                 continue;
             }
-            for (a, &v) in acc[j * self.d..(j + 1) * self.d]
-                .iter_mut()
-                .zip(&row[..self.d])
-            {
+            for (a, &v) in acc[j * self.d..(j + 1) * self.d].iter_mut().zip(row) {
                 *a += wj * v;
             }
         }
@@ -807,6 +839,7 @@ impl TensorRows {
 
     /// Stores a cell's sink rows as saved (f16 bytes).
     pub(crate) fn put_sink(&mut self, slot: u32, bytes: &[u8]) {
+        self.sink_vals.clear();
         self.sink_rows.get_mut(slot).copy_from_slice(bytes);
     }
 
@@ -835,6 +868,7 @@ impl TensorRows {
     }
 
     pub(crate) fn copy_sink(&mut self, from: u32, to: u32) {
+        self.sink_vals.clear();
         self.sink_rows.copy(from, to);
     }
 

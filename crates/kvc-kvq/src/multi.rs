@@ -195,15 +195,11 @@ impl RowCodec {
         let g = n_queries("queries (G x head_dim)", q_rot.len(), d)?;
         check_grid("scores (G x n_rows)", g, n_rows, scores.len())?;
         check_decoded(vals, stride, n_rows, d)?;
-        for t in 0..n_rows {
-            let row = &vals[t * stride..t * stride + d];
-            for (qg, s) in q_rot
-                .chunks_exact(d)
-                .zip(scores.iter_mut().skip(t).step_by(n_rows))
-            {
-                *s = dot8(qg, row);
-            }
-        }
+        // The same loop on every path (the AVX2 build only widens the eight lanes' loads).
+        dispatch!(self.isa(),
+            portable => decoded_dot(d, q_rot, vals, stride, n_rows, scores),
+            avx2 => decoded_dot_avx2(d, q_rot, vals, stride, n_rows, scores),
+        );
         Ok(())
     }
 
@@ -244,6 +240,34 @@ impl RowCodec {
         }
         Ok(())
     }
+}
+
+/// [`RowCodec::dot_decoded_multi`]'s loop (shapes checked by the caller).
+#[inline(always)]
+fn decoded_dot(d: usize, q: &[f32], vals: &[f32], stride: usize, n: usize, scores: &mut [f32]) {
+    for t in 0..n {
+        let row = &vals[t * stride..t * stride + d];
+        for (qg, s) in q.chunks_exact(d).zip(scores.iter_mut().skip(t).step_by(n)) {
+            *s = dot8(qg, row);
+        }
+    }
+}
+
+/// [`decoded_dot`] compiled for AVX2 (the same operations in the same order).
+///
+/// # Safety
+/// The CPU must have AVX2 and FMA; shapes checked by the caller.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn decoded_dot_avx2(
+    d: usize,
+    q: &[f32],
+    vals: &[f32],
+    stride: usize,
+    n: usize,
+    scores: &mut [f32],
+) {
+    decoded_dot(d, q, vals, stride, n, scores)
 }
 
 /// `n` decoded rows of `d` values at `stride` fit in `vals`.
