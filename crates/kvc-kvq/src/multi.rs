@@ -225,18 +225,7 @@ impl RowCodec {
             if weights.iter().skip(t).step_by(n_rows).all(|&x| x == 0.0) {
                 continue;
             }
-            let row = &vals[t * stride..t * stride + d];
-            for (ag, &wg) in acc
-                .chunks_exact_mut(d)
-                .zip(weights.iter().skip(t).step_by(n_rows))
-            {
-                if wg == 0.0 {
-                    continue;
-                }
-                for (a, &v) in ag.iter_mut().zip(row.iter()) {
-                    *a += wg * v;
-                }
-            }
+            add_weighted_row(acc, weights, t, n_rows, &vals[t * stride..t * stride + d]);
         }
         Ok(())
     }
@@ -246,9 +235,35 @@ impl RowCodec {
 #[inline(always)]
 fn decoded_dot(d: usize, q: &[f32], vals: &[f32], stride: usize, n: usize, scores: &mut [f32]) {
     for t in 0..n {
-        let row = &vals[t * stride..t * stride + d];
-        for (qg, s) in q.chunks_exact(d).zip(scores.iter_mut().skip(t).step_by(n)) {
-            *s = dot8(qg, row);
+        score_row(q, scores, t, n, &vals[t * stride..t * stride + d]);
+    }
+}
+
+/// Row `t`'s score for each query (`scores[g * n + t]`): one `dot8` per query. The row-at-a-time
+/// kernels and the decoded rows' both go through here, so their scores agree bit for bit.
+#[inline(always)]
+fn score_row(q: &[f32], scores: &mut [f32], t: usize, n: usize, row: &[f32]) {
+    for (qg, s) in q
+        .chunks_exact(row.len())
+        .zip(scores.iter_mut().skip(t).step_by(n))
+    {
+        *s = dot8(qg, row);
+    }
+}
+
+/// `acc[g] += w[g * n + t] * row` for each query of non-zero weight: the one sum both the
+/// row-at-a-time kernels and the decoded rows' use.
+#[inline(always)]
+fn add_weighted_row(acc: &mut [f32], w: &[f32], t: usize, n: usize, row: &[f32]) {
+    for (ag, &wg) in acc
+        .chunks_exact_mut(row.len())
+        .zip(w.iter().skip(t).step_by(n))
+    {
+        if wg == 0.0 {
+            continue;
+        }
+        for (a, &v) in ag.iter_mut().zip(row.iter()) {
+            *a += wg * v;
         }
     }
 }
@@ -313,9 +328,7 @@ fn rowwise_dot(
             continue;
         }
         c.dequantize_row_rotated(row, vals)?;
-        for (qg, s) in q.chunks_exact(d).zip(scores.iter_mut().skip(t).step_by(n)) {
-            *s = dot8(qg, vals);
-        }
+        score_row(q, scores, t, n, vals);
     }
     Ok(())
 }
@@ -346,14 +359,7 @@ fn rowwise_accumulate(
             continue;
         }
         c.dequantize_row_rotated(row, vals)?;
-        for (ag, &wg) in acc.chunks_exact_mut(d).zip(w.iter().skip(t).step_by(n)) {
-            if wg == 0.0 {
-                continue;
-            }
-            for (a, &v) in ag.iter_mut().zip(vals.iter()) {
-                *a += wg * v;
-            }
-        }
+        add_weighted_row(acc, w, t, n, vals);
     }
     Ok(())
 }
