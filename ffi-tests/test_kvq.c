@@ -575,6 +575,20 @@ int main(void) {
         {
             kvc_kvq_cells* fresh = NULL;
             CHECK_STATUS(kvc_kvq_cells_new(&cfg, ts, 2, &fresh), KVC_OK);
+            /* the bytes at capacity (ABI 0.17): one sequence adds at least its sink (2 f16 rows)
+             * and window (4 rows of 8 bits) in both tensors and the K center (f32, twice), and
+             * not far above; the cells' bookkeeping comes with no sequence */
+            {
+                size_t cap0 = 0, cap1 = 0, cap2 = 0;
+                CHECK_STATUS(kvc_kvq_cells_capacity_bytes(fresh, 0, 8, &cap0), KVC_OK);
+                CHECK_STATUS(kvc_kvq_cells_capacity_bytes(fresh, 1, 8, &cap1), KVC_OK);
+                CHECK_STATUS(kvc_kvq_cells_capacity_bytes(fresh, 2, 8, &cap2), KVC_OK);
+                const size_t seq_rows = 2 * (2 * CHV * D * 2 + 4 * CHV * (2 + D)) + 2 * 4 * CHV * D;
+                CHECK(cap0 > 0 && cap1 - cap0 >= seq_rows && cap1 - cap0 < seq_rows + 1024);
+                CHECK(cap2 - cap1 == cap1 - cap0);
+                CHECK_STATUS(kvc_kvq_cells_capacity_bytes(fresh, 1, 8, NULL), KVC_NULL_ARGUMENT);
+                CHECK_STATUS(kvc_kvq_cells_capacity_bytes(NULL, 1, 8, &cap1), KVC_NULL_ARGUMENT);
+            }
             unsigned char* fm[2] = {calloc(NC, mb[0]), calloc(NC, mb[1])};
             CHECK_STATUS(kvc_kvq_cells_clear(cells), KVC_OK);
             enum { A = 6, B = 8 };

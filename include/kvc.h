@@ -143,7 +143,7 @@
  * fields are added (only ever appended). A program built against minor `m` runs on any
  * library with the same major and a minor `>= m`.
  */
-#define KVC_ABI_VERSION_MINOR 16
+#define KVC_ABI_VERSION_MINOR 17
 
 /**
  * The ABI version this header describes, `(major << 16) | minor`. Pass it to
@@ -2113,6 +2113,13 @@ typedef struct kvc_api {
      * See `kvc_kvq_cells_drop_ubatch` (ABI 0.16).
      */
     enum kvc_status (*kvq_cells_drop_ubatch)(struct kvc_kvq_cells *cells, int *dropped);
+    /**
+     * See `kvc_kvq_cells_capacity_bytes` (ABI 0.17).
+     */
+    enum kvc_status (*kvq_cells_capacity_bytes)(const struct kvc_kvq_cells *cells,
+                                                uint32_t n_seqs,
+                                                uint32_t n_ubatch,
+                                                size_t *out);
 } kvc_api;
 
 /**
@@ -3104,6 +3111,23 @@ KVC_NODISCARD
 enum kvc_status kvc_kvq_cells_bytes_held(const struct kvc_kvq_cells *cells,
                                          uint32_t tensor,
                                          size_t *out);
+
+/**
+ * Bytes the cells hold beside the engine's tensors with `n_seqs` sequences whose sinks and
+ * windows are full (every tensor's rows and centers), after ubatches of up to `n_ubatch`
+ * tokens (the per-cell and per-token bookkeeping), written to `*out`: what an engine states
+ * as its cache's size when it makes the cache (ABI 0.17). Not counted: a prefill's scratch
+ * (this ubatch's window rows that leave the window within it), held from that ubatch until
+ * the next one that needs none.
+ *
+ * # Safety
+ * `cells` a live handle; `out` writable.
+ */
+KVC_NODISCARD
+enum kvc_status kvc_kvq_cells_capacity_bytes(const struct kvc_kvq_cells *cells,
+                                             uint32_t n_seqs,
+                                             uint32_t n_ubatch,
+                                             size_t *out);
 
 /**
  * Starts a ubatch of `n` tokens: token `i` is at position `pos[i]` (>= 0) of sequence

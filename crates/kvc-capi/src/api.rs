@@ -35,10 +35,11 @@ use crate::kvq_block::{
 use crate::kvq_block::{kvc_kvq_block_accumulate_rows_multi, kvc_kvq_block_dot_rows_multi};
 use crate::kvq_cells::{
     kvc_kvq_cells_accumulate, kvc_kvq_cells_begin_ubatch, kvc_kvq_cells_bytes_held,
-    kvc_kvq_cells_clear, kvc_kvq_cells_copy, kvc_kvq_cells_drop_ubatch, kvc_kvq_cells_free,
-    kvc_kvq_cells_get_rows, kvc_kvq_cells_load, kvc_kvq_cells_main_cell_bytes, kvc_kvq_cells_new,
-    kvc_kvq_cells_release, kvc_kvq_cells_save, kvc_kvq_cells_scores, kvc_kvq_cells_set_positions,
-    kvc_kvq_cells_set_rows, kvc_kvq_cells_write, KvcKvqCells, KvcKvqCellsConfig, KvcKvqCellsTensor,
+    kvc_kvq_cells_capacity_bytes, kvc_kvq_cells_clear, kvc_kvq_cells_copy,
+    kvc_kvq_cells_drop_ubatch, kvc_kvq_cells_free, kvc_kvq_cells_get_rows, kvc_kvq_cells_load,
+    kvc_kvq_cells_main_cell_bytes, kvc_kvq_cells_new, kvc_kvq_cells_release, kvc_kvq_cells_save,
+    kvc_kvq_cells_scores, kvc_kvq_cells_set_positions, kvc_kvq_cells_set_rows, kvc_kvq_cells_write,
+    KvcKvqCells, KvcKvqCellsConfig, KvcKvqCellsTensor,
 };
 // ABI 0.12: symmetric, checkable kvq row calls (typed rows, checked dequantize, strided attend).
 use crate::kvq_rows::{
@@ -915,6 +916,13 @@ pub struct KvcApi {
     /// See `kvc_kvq_cells_drop_ubatch` (ABI 0.16).
     pub kvq_cells_drop_ubatch:
         unsafe extern "C" fn(cells: *mut KvcKvqCells, dropped: *mut c_int) -> KvcStatus,
+    /// See `kvc_kvq_cells_capacity_bytes` (ABI 0.17).
+    pub kvq_cells_capacity_bytes: unsafe extern "C" fn(
+        cells: *const KvcKvqCells,
+        n_seqs: u32,
+        n_ubatch: u32,
+        out: *mut usize,
+    ) -> KvcStatus,
 }
 
 static API: KvcApi = KvcApi {
@@ -1046,6 +1054,7 @@ static API: KvcApi = KvcApi {
     kvq_cells_set_rows: kvc_kvq_cells_set_rows,
     kvq_cells_set_positions: kvc_kvq_cells_set_positions,
     kvq_cells_drop_ubatch: kvc_kvq_cells_drop_ubatch,
+    kvq_cells_capacity_bytes: kvc_kvq_cells_capacity_bytes,
 };
 
 /// Whether a program built against ABI version `requested` can use this library.

@@ -172,6 +172,33 @@ pub unsafe extern "C" fn kvc_kvq_cells_bytes_held(
     })
 }
 
+/// Bytes the cells hold beside the engine's tensors with `n_seqs` sequences whose sinks and
+/// windows are full (every tensor's rows and centers), after ubatches of up to `n_ubatch`
+/// tokens (the per-cell and per-token bookkeeping), written to `*out`: what an engine states
+/// as its cache's size when it makes the cache (ABI 0.17). Not counted: a prefill's scratch
+/// (this ubatch's window rows that leave the window within it), held from that ubatch until
+/// the next one that needs none.
+///
+/// # Safety
+/// `cells` a live handle; `out` writable.
+#[no_mangle]
+#[must_use = "a kvc_status reports failure"]
+pub unsafe extern "C" fn kvc_kvq_cells_capacity_bytes(
+    cells: *const KvcKvqCells,
+    n_seqs: u32,
+    n_ubatch: u32,
+    out: *mut usize,
+) -> KvcStatus {
+    status_boundary("kvc_kvq_cells_capacity_bytes", || {
+        // SAFETY: caller contract.
+        let h = unsafe { handle_ref(cells, "cells") }?;
+        let v = h.0.capacity_bytes(n_seqs, n_ubatch);
+        // SAFETY: caller contract.
+        *unsafe { out_ref(out, "out") }? = v;
+        Ok(())
+    })
+}
+
 /// Starts a ubatch of `n` tokens: token `i` is at position `pos[i]` (>= 0) of sequence
 /// `seq[i]` (>= 0) and goes to cell `cell_idx[i]`, in the order of every tensor's rows
 /// (reads name a query by this index). Decides what the ubatch's writes do. Errors

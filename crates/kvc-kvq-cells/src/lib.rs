@@ -347,6 +347,29 @@ impl KvqCells {
             + 4 * self.ubatch.code.capacity()
     }
 
+    /// Bytes one sequence holds beside the engine's tensors once its sink and window are full
+    /// and its centers fixed: every tensor's sink and window rows and center, and the
+    /// sequence's share of the bookkeeping (its entry, its list of window cells, free slots),
+    /// the lists at their lengths (their capacities may add a few percent of that share). The
+    /// cells at capacity are `shared_bytes()` of a fresh cache plus one of these per sequence;
+    /// a prefill's scratch comes on top while its ubatch runs.
+    pub fn seq_bytes(&self) -> usize {
+        let (sink, window) = (self.cfg.sink as usize, self.cfg.window as usize);
+        let tensors: usize = self.tensors.iter().map(|t| t.seq_bytes(sink, window)).sum();
+        tensors + std::mem::size_of::<Seq>() + 4 * window + 4 * (sink + window)
+    }
+
+    /// Bytes the cells hold beside the engine's tensors with `n_seqs` sequences whose sinks and
+    /// windows are full, after ubatches of up to `n_ubatch` tokens: the per-cell bookkeeping,
+    /// the ubatch's per-token lists and `n_seqs` times [`seq_bytes`](Self::seq_bytes). What an
+    /// engine states as its cache's size when the cache is made. Not counted: a prefill's
+    /// scratch, held from its ubatch until the next ubatch that needs none (decoding).
+    pub fn capacity_bytes(&self, n_seqs: u32, n_ubatch: u32) -> usize {
+        self.cells.len() * std::mem::size_of::<Cell>()
+            + n_ubatch as usize * (12 + 4 + 4)
+            + n_seqs as usize * self.seq_bytes()
+    }
+
     /// Every byte held beside the engine's tensors: all tensors' plus the shared bookkeeping.
     pub fn bytes_held(&self) -> usize {
         self.tensors.iter().map(TensorRows::bytes).sum::<usize>() + self.shared_bytes()

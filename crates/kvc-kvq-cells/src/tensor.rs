@@ -187,6 +187,24 @@ impl TensorRows {
                 .sum::<usize>()
     }
 
+    /// Bytes one sequence's full sink (`sink` f16 rows) and window (`window` rows) and its
+    /// center hold in this tensor (see `KvqCells::seq_bytes`).
+    pub(crate) fn seq_bytes(&self, sink: usize, window: usize) -> usize {
+        let rows = sink * self.h * self.d * 2
+            + if self.win.is_some() {
+                window * self.h * self.win_row
+            } else {
+                0
+            };
+        let center = std::mem::size_of::<Option<Center>>()
+            + if self.spec.center {
+                4 * 2 * self.h * self.d
+            } else {
+                0
+            };
+        rows + center
+    }
+
     /// Forgets every row and center; keeps the write count (the next ubatch follows).
     pub(crate) fn clear(&mut self) {
         self.sink_rows.clear();

@@ -761,3 +761,30 @@ fn a_committed_ubatch_is_not_undone() {
     ));
     write_span(&mut cells, &mut mains, 3, 2);
 }
+
+#[test]
+fn seq_bytes_is_what_a_full_sequence_adds() {
+    for &(sink, window, center) in &[(4, 16, true), (0, 16, false), (4, 0, false), (2, 64, true)] {
+        let (mut cells, mut main) = new_cells(sink, window, center);
+        let fresh = cells.bytes_held();
+        // one token at a time (no scratch), well past the sink and the window
+        for p in 0..200 {
+            write_span(&mut cells, &mut main, p, 1);
+        }
+        let grown = (cells.bytes_held() - fresh) as f64;
+        let stated = cells.seq_bytes() as f64;
+        // the whole: one sequence after one-token ubatches
+        let whole = cells.capacity_bytes(1, 1) as f64;
+        let held = cells.bytes_held() as f64;
+        assert!(
+            (whole - held).abs() <= 0.05 * held,
+            "capacity {whole}, held {held}"
+        );
+        // the rows and centers exactly, the lists' capacities within a few percent (here two
+        // 64-value heads: the rows are small beside the lists)
+        assert!(
+            (grown - stated).abs() <= 0.05 * stated,
+            "sink {sink} window {window}: grown {grown}, stated {stated}"
+        );
+    }
+}
