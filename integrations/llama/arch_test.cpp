@@ -959,6 +959,7 @@ struct ProtectedRun {
     std::vector<std::vector<float>> before, after;  // logits: prefill + decode steps; steps after the shift
     std::string state;
     size_t api_bytes = 0;  // llama_kvc_cache_bytes' K + V: the tensors and what kvc holds beside them
+    size_t stated_bytes = 0;  // llama_kvc_cache_get_info's tensors + kvq cells at capacity, as made
 };
 
 static ProtectedRun protected_once(llama_model * model, const ModelFacts & mf, const Options & o, ggml_type tk,
@@ -974,6 +975,12 @@ static ProtectedRun protected_once(llama_model * model, const ModelFacts & mf, c
     }
     ProtectedRun r;
     CtxPtr ctx = make_ctx(model, cp);
+    {
+        // what the size line states when the context is made, before any sequence exists
+        llama_kvc_cache_info ki;
+        if (!llama_kvc_cache_get_info(ctx.get(), &ki)) throw std::runtime_error("llama_kvc_cache_get_info failed");
+        r.stated_bytes = ki.tensor_bytes + ki.cells_bytes;
+    }
     const std::vector<llama_token> pre(toks.begin(), toks.begin() + o.prefill);
     r.before.push_back(decode_tokens(ctx.get(), pre, 0, mf.n_vocab));
     int pos = o.prefill;
@@ -1212,6 +1219,13 @@ static int run_protected(llama_model * model, const ModelFacts & mf, const Optio
     if (prot.state != "identical" && prot.state.rfind("logits differ", 0) != 0) failures.push_back("state: " + prot.state);
     const bool swa = llama_model_n_swa(model) > 0;
     if (!swa && prot.state != "identical") failures.push_back("state: " + prot.state);
+    // the stated size (made before any token) against what the full context holds: within 1 %
+    for (const ProtectedRun * run : {&plain, &prot}) {
+        const double rel = std::fabs((double) run->stated_bytes - (double) run->api_bytes) / (double) run->api_bytes;
+        if (!(rel <= 0.01))
+            failures.push_back("the stated cache size " + std::to_string(run->stated_bytes) + " is " + json_num(100*rel) +
+                               " % from the bytes held when full, " + std::to_string(run->api_bytes));
+    }
     if (!(prot.api_bytes > plain.api_bytes))
         failures.push_back("llama_kvc_cache_bytes reports " + std::to_string(prot.api_bytes) + " bytes with the cells, " +
                            std::to_string(plain.api_bytes) + " without");
@@ -1225,7 +1239,8 @@ static int run_protected(llama_model * model, const ModelFacts & mf, const Optio
       << ",\"state\":" << json_str(prot.state) << ",\"aborted_batches\":" << json_str(aborted) << ",\"kvc_write_fault\":" << json_str(write_fault)
       << ",\"kvc_read_fault\":" << json_str(read_fault)
       << ",\"kv_bytes_plain\":" << plain.api_bytes
-      << ",\"kv_bytes_protected\":" << prot.api_bytes << ",\"pass\":" << (failures.empty() ? "true" : "false")
+      << ",\"kv_bytes_protected\":" << prot.api_bytes << ",\"kv_bytes_stated_protected\":" << prot.stated_bytes
+      << ",\"pass\":" << (failures.empty() ? "true" : "false")
       << ",\"failures\":[";
     for (size_t i = 0; i < failures.size(); ++i) j << (i ? "," : "") << json_str(failures[i]);
     j << "]}";

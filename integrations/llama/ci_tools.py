@@ -312,6 +312,24 @@ def main():
     if not 3.3 < kl["plan"]["ratio_vs_f16"] < 3.8:
         fail(f"plan's cache ratio {kl['plan']['ratio_vs_f16']}")
 
+    # ---- the size users see (issue 52): at the default log level, once per context, the
+    # cache's type, cells, bytes at capacity with the kvq cells, the ratio to f16 and the
+    # protections; /props says the same
+    with Server(b("llama-server"), ["-m", a.model, "-c", "2048", "-np", "1", "-ctk", "kvq4", "-ctv", "kvq4"] + t,
+                f"{a.out}/server-size.log") as s:
+        props = http(s.port, "/props")
+    log = open(f"{a.out}/server-size.log", errors="replace").read()
+    lines = [l for l in log.splitlines() if "KV cache kvq4_64, 2048 cells:" in l]
+    want = "protections: sink 4 (f16), window 64 at 8 bits, K center on"
+    if len(lines) != 1 or want not in lines[0] or "at capacity (tensors" not in lines[0]:
+        fail(f"llama-server at the default log level: want one size line with the kvq cells and '{want}', got {lines}")
+    kv = props.get("kv_cache") or {}
+    if kv.get("n_cells") != 2048 or kv.get("bytes") != kv.get("tensor_bytes", 0) + kv.get("cells_bytes", -1) \
+            or not kv.get("cells_bytes") or kv.get("protections", {}).get("window") != 64 \
+            or kv.get("summary", "") not in lines[0]:
+        fail(f"/props kv_cache: {kv}")
+    results["size_line"] = lines[0].split("common_init_: ", 1)[-1]
+
     # ---- offloaded layers on a device whose memory is not the host's (issue 47) ---------
     # llama.cpp's RPC backend: a ggml-rpc-server on the loopback address is a device of its own
     # (its buffers live in another process); -ngl 99 puts every layer's weights and matmuls

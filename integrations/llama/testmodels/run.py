@@ -147,7 +147,7 @@ def main() -> int:
             bad += not ok
             note = (f"KL plain {j['kl_plain']:.2e} protected {j['kl_protected']:.2e}; after a shift "
                     f"{j['kl_plain_after_shift']:.2e} / {j['kl_protected_after_shift']:.2e}; bytes "
-                    f"{j['kv_bytes_plain']} / {j['kv_bytes_protected']}; interrupted batches: "
+                    f"{j['kv_bytes_plain']} / {j['kv_bytes_protected']} (stated {j['kv_bytes_stated_protected']}); interrupted batches: "
                     f"{j['aborted_batches']}; failed kvc write / read: {j['kvc_write_fault']} / "
                     f"{j['kvc_read_fault']}; " + "; ".join(j["failures"])) if j else err
             rows.append([s.name, label, "pass" if ok else "FAIL",
