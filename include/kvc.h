@@ -3118,7 +3118,7 @@ enum kvc_status kvc_kvq_cells_bytes_held(const struct kvc_kvq_cells *cells,
  * tokens (the per-cell and per-token bookkeeping), written to `*out`: what an engine states
  * as its cache's size when it makes the cache (ABI 0.17). Not counted: a prefill's scratch
  * (this ubatch's window rows that leave the window within it), held from that ubatch until
- * the next one that needs none.
+ * the next one that needs none. Errors: `KVC_INVALID_ARGUMENT` when the size overflows.
  *
  * # Safety
  * `cells` a live handle; `out` writable.

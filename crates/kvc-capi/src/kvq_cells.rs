@@ -177,7 +177,7 @@ pub unsafe extern "C" fn kvc_kvq_cells_bytes_held(
 /// tokens (the per-cell and per-token bookkeeping), written to `*out`: what an engine states
 /// as its cache's size when it makes the cache (ABI 0.17). Not counted: a prefill's scratch
 /// (this ubatch's window rows that leave the window within it), held from that ubatch until
-/// the next one that needs none.
+/// the next one that needs none. Errors: `KVC_INVALID_ARGUMENT` when the size overflows.
 ///
 /// # Safety
 /// `cells` a live handle; `out` writable.
@@ -192,7 +192,7 @@ pub unsafe extern "C" fn kvc_kvq_cells_capacity_bytes(
     status_boundary("kvc_kvq_cells_capacity_bytes", || {
         // SAFETY: caller contract.
         let h = unsafe { handle_ref(cells, "cells") }?;
-        let v = h.0.capacity_bytes(n_seqs, n_ubatch);
+        let v = h.0.capacity_bytes(n_seqs, n_ubatch)?;
         // SAFETY: caller contract.
         *unsafe { out_ref(out, "out") }? = v;
         Ok(())

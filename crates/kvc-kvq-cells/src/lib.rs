@@ -364,10 +364,21 @@ impl KvqCells {
     /// the ubatch's per-token lists and `n_seqs` times [`seq_bytes`](Self::seq_bytes). What an
     /// engine states as its cache's size when the cache is made. Not counted: a prefill's
     /// scratch, held from its ubatch until the next ubatch that needs none (decoding).
-    pub fn capacity_bytes(&self, n_seqs: u32, n_ubatch: u32) -> usize {
-        self.cells.len() * std::mem::size_of::<Cell>()
-            + n_ubatch as usize * (12 + 4 + 4)
-            + n_seqs as usize * self.seq_bytes()
+    ///
+    /// Errors: a size that overflows `usize`.
+    pub fn capacity_bytes(&self, n_seqs: u32, n_ubatch: u32) -> Result<usize> {
+        // per ubatch token, the lists `shared_bytes` counts: its entry in `tokens`, and at most
+        // one cell to code and one slot dropped
+        let per_token = std::mem::size_of::<(i32, u32, u32)>() + 2 * std::mem::size_of::<u32>();
+        (n_ubatch as usize)
+            .checked_mul(per_token)
+            .and_then(|u| {
+                (n_seqs as usize)
+                    .checked_mul(self.seq_bytes())
+                    .and_then(|s| s.checked_add(u))
+            })
+            .and_then(|v| v.checked_add(self.cells.len() * std::mem::size_of::<Cell>()))
+            .ok_or_else(|| Error::invalid("n_seqs", "the cells' size at capacity overflows"))
     }
 
     /// Every byte held beside the engine's tensors: all tensors' plus the shared bookkeeping.

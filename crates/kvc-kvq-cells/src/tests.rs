@@ -774,7 +774,7 @@ fn seq_bytes_is_what_a_full_sequence_adds() {
         let grown = (cells.bytes_held() - fresh) as f64;
         let stated = cells.seq_bytes() as f64;
         // the whole: one sequence after one-token ubatches
-        let whole = cells.capacity_bytes(1, 1) as f64;
+        let whole = cells.capacity_bytes(1, 1).unwrap() as f64;
         let held = cells.bytes_held() as f64;
         assert!(
             (whole - held).abs() <= 0.05 * held,
