@@ -22,7 +22,9 @@
 //! prefill (`n_ubatch` 512) and one token at a time read the same rows. A prefill's window
 //! rows that leave the window within it live in one of two scratch buffers the whole cache
 //! shares (even and odd tensors: a layer's K and V), freed by the first ubatch that needs
-//! none; one-token decoding holds `window + 1` lasting rows per sequence and tensor.
+//! none; one-token decoding holds `window + 1` lasting rows per sequence and tensor. While a
+//! prefill's ubatch runs, its scratch window rows are also kept decoded and each tensor's sink
+//! rows rotated, once at the write, since every query of the ubatch reads them (same sums).
 //!
 //! Order of calls per ubatch: [`begin_ubatch`](KvqCells::begin_ubatch) (positions,
 //! sequences, cells), then one [`write`](KvqCells::write) per tensor, each tensor read
