@@ -636,6 +636,41 @@ int main(void) {
             free(fm[1]);
             kvc_kvq_cells_free(fresh);
         }
+        /* a sequence taken back (ABI 0.18): the window (4) reads 3 rows back from the next
+         * position; rows kept 2 positions past it, plus the last one-token ubatch undone,
+         * cover taking back 4 positions, not 5 */
+        {
+            kvc_kvq_cells* tc = NULL;
+            CHECK_STATUS(kvc_kvq_cells_new(&cfg, ts, 2, &tc), KVC_OK);
+            CHECK_STATUS(kvc_kvq_cells_set_rollback(tc, 2), KVC_OK);
+            CHECK_STATUS(kvc_kvq_cells_set_rollback(tc, 1u << 31), KVC_INVALID_ARGUMENT);
+            unsigned char* tm[2] = {calloc(NC, mb[0]), calloc(NC, mb[1])};
+            for (int32_t p = 0; p < 20; p++) {
+                const int32_t s0 = 0;
+                const int64_t idx = p;
+                CHECK_STATUS(kvc_kvq_cells_begin_ubatch(tc, &p, &s0, &idx, 1), KVC_OK);
+                for (uint32_t t = 0; t < 2; t++)
+                    CHECK_STATUS(kvc_kvq_cells_write(tc, t, crow, CHV * D, &idx, 1, tm[t], NC * mb[t]), KVC_OK);
+            }
+            int exact = -1;
+            CHECK_STATUS(kvc_kvq_cells_can_truncate(tc, 0, 16, &exact), KVC_OK);
+            CHECK(exact == 1);
+            CHECK_STATUS(kvc_kvq_cells_can_truncate(tc, 0, 15, &exact), KVC_OK);
+            CHECK(exact == 0);
+            CHECK_STATUS(kvc_kvq_cells_truncate(tc, -1, 15, &exact), KVC_OK);
+            CHECK(exact == 0);
+            CHECK_STATUS(kvc_kvq_cells_truncate(tc, 0, 16, &exact), KVC_OK);
+            CHECK(exact == 1);
+            for (uint32_t c = 16; c < 20; c++) CHECK_STATUS(kvc_kvq_cells_release(tc, c), KVC_OK);
+            /* a whole sequence always */
+            CHECK_STATUS(kvc_kvq_cells_truncate(tc, 0, 0, &exact), KVC_OK);
+            CHECK(exact == 1);
+            CHECK_STATUS(kvc_kvq_cells_truncate(tc, 0, 0, NULL), KVC_NULL_ARGUMENT);
+            CHECK_STATUS(kvc_kvq_cells_can_truncate(NULL, 0, 0, &exact), KVC_NULL_ARGUMENT);
+            free(tm[0]);
+            free(tm[1]);
+            kvc_kvq_cells_free(tc);
+        }
         free(saved);
         free(mains[0]);
         free(mains[1]);

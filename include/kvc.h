@@ -143,7 +143,7 @@
  * fields are added (only ever appended). A program built against minor `m` runs on any
  * library with the same major and a minor `>= m`.
  */
-#define KVC_ABI_VERSION_MINOR 17
+#define KVC_ABI_VERSION_MINOR 18
 
 /**
  * The ABI version this header describes, `(major << 16) | minor`. Pass it to
@@ -2120,6 +2120,24 @@ typedef struct kvc_api {
                                                 uint32_t n_seqs,
                                                 uint32_t n_ubatch,
                                                 size_t *out);
+    /**
+     * See `kvc_kvq_cells_set_rollback` (ABI 0.18).
+     */
+    enum kvc_status (*kvq_cells_set_rollback)(struct kvc_kvq_cells *cells, uint32_t n);
+    /**
+     * See `kvc_kvq_cells_truncate` (ABI 0.18).
+     */
+    enum kvc_status (*kvq_cells_truncate)(struct kvc_kvq_cells *cells,
+                                          int32_t seq,
+                                          int32_t p0,
+                                          int *exact);
+    /**
+     * See `kvc_kvq_cells_can_truncate` (ABI 0.18).
+     */
+    enum kvc_status (*kvq_cells_can_truncate)(const struct kvc_kvq_cells *cells,
+                                              int32_t seq,
+                                              int32_t p0,
+                                              int *exact);
 } kvc_api;
 
 /**
@@ -3128,6 +3146,54 @@ enum kvc_status kvc_kvq_cells_capacity_bytes(const struct kvc_kvq_cells *cells,
                                              uint32_t n_seqs,
                                              uint32_t n_ubatch,
                                              size_t *out);
+
+/**
+ * Keeps each window row `n` positions longer than the window reads it (default 0), so
+ * that a sequence taken back by up to `n + 1` positions (`kvc_kvq_cells_truncate`) still
+ * holds every window row a fresh sequence would. Costs `n` window rows per sequence and
+ * tensor, which `kvc_kvq_cells_capacity_bytes` counts; reads are the same for every `n`.
+ * Takes effect from the next ubatch. Errors: `KVC_INVALID_ARGUMENT` when `n >= 2^31`.
+ * (ABI 0.18)
+ *
+ * # Safety
+ * `cells` a live handle used by no other call.
+ */
+KVC_NODISCARD enum kvc_status kvc_kvq_cells_set_rollback(struct kvc_kvq_cells *cells, uint32_t n);
+
+/**
+ * Takes sequence `seq` (-1: every sequence) back to its positions before `p0`, before the
+ * engine frees its cells at `p0` and after (`kvc_kvq_cells_release`; an engine's `seq_rm`
+ * of a sequence's last positions, a chat server reusing a cached prompt). `*exact` is 1
+ * when the cells that stay now read exactly as those of a sequence that processed only
+ * them (main rows it would not have coded are uncoded, centers it would not have fixed are
+ * forgotten), or 0 when nothing changed because a window row they need was dropped: the
+ * engine then keeps the positions or processes the sequence again. Exact when the
+ * positions taken back are at most the rollback (`kvc_kvq_cells_set_rollback`) plus one
+ * (plus the last ubatch, which is undone when taken back whole), when `p0` is at most the
+ * sink, and always without a window. A last ubatch taken back in part is committed, and
+ * refused (0) when it is incomplete. (ABI 0.18)
+ *
+ * # Safety
+ * `cells` a live handle used by no other call; `exact` writable.
+ */
+KVC_NODISCARD
+enum kvc_status kvc_kvq_cells_truncate(struct kvc_kvq_cells *cells,
+                                       int32_t seq,
+                                       int32_t p0,
+                                       int *exact);
+
+/**
+ * Whether `kvc_kvq_cells_truncate(cells, seq, p0)` would be exact, in `*exact` (1 or 0);
+ * changes nothing. (ABI 0.18)
+ *
+ * # Safety
+ * `cells` a live handle; `exact` writable.
+ */
+KVC_NODISCARD
+enum kvc_status kvc_kvq_cells_can_truncate(const struct kvc_kvq_cells *cells,
+                                           int32_t seq,
+                                           int32_t p0,
+                                           int *exact);
 
 /**
  * Starts a ubatch of `n` tokens: token `i` is at position `pos[i]` (>= 0) of sequence

@@ -35,11 +35,12 @@ use crate::kvq_block::{
 use crate::kvq_block::{kvc_kvq_block_accumulate_rows_multi, kvc_kvq_block_dot_rows_multi};
 use crate::kvq_cells::{
     kvc_kvq_cells_accumulate, kvc_kvq_cells_begin_ubatch, kvc_kvq_cells_bytes_held,
-    kvc_kvq_cells_capacity_bytes, kvc_kvq_cells_clear, kvc_kvq_cells_copy,
-    kvc_kvq_cells_drop_ubatch, kvc_kvq_cells_free, kvc_kvq_cells_get_rows, kvc_kvq_cells_load,
-    kvc_kvq_cells_main_cell_bytes, kvc_kvq_cells_new, kvc_kvq_cells_release, kvc_kvq_cells_save,
-    kvc_kvq_cells_scores, kvc_kvq_cells_set_positions, kvc_kvq_cells_set_rows, kvc_kvq_cells_write,
-    KvcKvqCells, KvcKvqCellsConfig, KvcKvqCellsTensor,
+    kvc_kvq_cells_can_truncate, kvc_kvq_cells_capacity_bytes, kvc_kvq_cells_clear,
+    kvc_kvq_cells_copy, kvc_kvq_cells_drop_ubatch, kvc_kvq_cells_free, kvc_kvq_cells_get_rows,
+    kvc_kvq_cells_load, kvc_kvq_cells_main_cell_bytes, kvc_kvq_cells_new, kvc_kvq_cells_release,
+    kvc_kvq_cells_save, kvc_kvq_cells_scores, kvc_kvq_cells_set_positions,
+    kvc_kvq_cells_set_rollback, kvc_kvq_cells_set_rows, kvc_kvq_cells_truncate,
+    kvc_kvq_cells_write, KvcKvqCells, KvcKvqCellsConfig, KvcKvqCellsTensor,
 };
 // ABI 0.12: symmetric, checkable kvq row calls (typed rows, checked dequantize, strided attend).
 use crate::kvq_rows::{
@@ -923,6 +924,22 @@ pub struct KvcApi {
         n_ubatch: u32,
         out: *mut usize,
     ) -> KvcStatus,
+    /// See `kvc_kvq_cells_set_rollback` (ABI 0.18).
+    pub kvq_cells_set_rollback: unsafe extern "C" fn(cells: *mut KvcKvqCells, n: u32) -> KvcStatus,
+    /// See `kvc_kvq_cells_truncate` (ABI 0.18).
+    pub kvq_cells_truncate: unsafe extern "C" fn(
+        cells: *mut KvcKvqCells,
+        seq: i32,
+        p0: i32,
+        exact: *mut c_int,
+    ) -> KvcStatus,
+    /// See `kvc_kvq_cells_can_truncate` (ABI 0.18).
+    pub kvq_cells_can_truncate: unsafe extern "C" fn(
+        cells: *const KvcKvqCells,
+        seq: i32,
+        p0: i32,
+        exact: *mut c_int,
+    ) -> KvcStatus,
 }
 
 static API: KvcApi = KvcApi {
@@ -1055,6 +1072,9 @@ static API: KvcApi = KvcApi {
     kvq_cells_set_positions: kvc_kvq_cells_set_positions,
     kvq_cells_drop_ubatch: kvc_kvq_cells_drop_ubatch,
     kvq_cells_capacity_bytes: kvc_kvq_cells_capacity_bytes,
+    kvq_cells_set_rollback: kvc_kvq_cells_set_rollback,
+    kvq_cells_truncate: kvc_kvq_cells_truncate,
+    kvq_cells_can_truncate: kvc_kvq_cells_can_truncate,
 };
 
 /// Whether a program built against ABI version `requested` can use this library.

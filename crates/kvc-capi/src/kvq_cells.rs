@@ -199,6 +199,80 @@ pub unsafe extern "C" fn kvc_kvq_cells_capacity_bytes(
     })
 }
 
+/// Keeps each window row `n` positions longer than the window reads it (default 0), so
+/// that a sequence taken back by up to `n + 1` positions (`kvc_kvq_cells_truncate`) still
+/// holds every window row a fresh sequence would. Costs `n` window rows per sequence and
+/// tensor, which `kvc_kvq_cells_capacity_bytes` counts; reads are the same for every `n`.
+/// Takes effect from the next ubatch. Errors: `KVC_INVALID_ARGUMENT` when `n >= 2^31`.
+/// (ABI 0.18)
+///
+/// # Safety
+/// `cells` a live handle used by no other call.
+#[no_mangle]
+#[must_use = "a kvc_status reports failure"]
+pub unsafe extern "C" fn kvc_kvq_cells_set_rollback(cells: *mut KvcKvqCells, n: u32) -> KvcStatus {
+    status_boundary("kvc_kvq_cells_set_rollback", || {
+        // SAFETY: caller contract.
+        let h = unsafe { handle_mut(cells, "cells") }?;
+        h.0.set_rollback(n).map_err(Error::from)
+    })
+}
+
+/// Takes sequence `seq` (-1: every sequence) back to its positions before `p0`, before the
+/// engine frees its cells at `p0` and after (`kvc_kvq_cells_release`; an engine's `seq_rm`
+/// of a sequence's last positions, a chat server reusing a cached prompt). `*exact` is 1
+/// when the cells that stay now read exactly as those of a sequence that processed only
+/// them (main rows it would not have coded are uncoded, centers it would not have fixed are
+/// forgotten), or 0 when nothing changed because a window row they need was dropped: the
+/// engine then keeps the positions or processes the sequence again. Exact when the
+/// positions taken back are at most the rollback (`kvc_kvq_cells_set_rollback`) plus one
+/// (plus the last ubatch, which is undone when taken back whole), when `p0` is at most the
+/// sink, and always without a window. A last ubatch taken back in part is committed, and
+/// refused (0) when it is incomplete. (ABI 0.18)
+///
+/// # Safety
+/// `cells` a live handle used by no other call; `exact` writable.
+#[no_mangle]
+#[must_use = "a kvc_status reports failure"]
+pub unsafe extern "C" fn kvc_kvq_cells_truncate(
+    cells: *mut KvcKvqCells,
+    seq: i32,
+    p0: i32,
+    exact: *mut c_int,
+) -> KvcStatus {
+    status_boundary("kvc_kvq_cells_truncate", || {
+        // SAFETY: caller contract.
+        let h = unsafe { handle_mut(cells, "cells") }?;
+        // SAFETY: caller contract.
+        let out = unsafe { out_ref(exact, "exact") }?;
+        *out = c_int::from(h.0.truncate(seq, p0));
+        Ok(())
+    })
+}
+
+/// Whether `kvc_kvq_cells_truncate(cells, seq, p0)` would be exact, in `*exact` (1 or 0);
+/// changes nothing. (ABI 0.18)
+///
+/// # Safety
+/// `cells` a live handle; `exact` writable.
+#[no_mangle]
+#[must_use = "a kvc_status reports failure"]
+pub unsafe extern "C" fn kvc_kvq_cells_can_truncate(
+    cells: *const KvcKvqCells,
+    seq: i32,
+    p0: i32,
+    exact: *mut c_int,
+) -> KvcStatus {
+    status_boundary("kvc_kvq_cells_can_truncate", || {
+        // SAFETY: caller contract.
+        let h = unsafe { handle_ref(cells, "cells") }?;
+        // SAFETY: caller contract.
+        let out = unsafe { out_ref(exact, "exact") }?;
+        *out = c_int::from(h.0.can_truncate(seq, p0));
+        Ok(())
+    })
+}
+
 /// Starts a ubatch of `n` tokens: token `i` is at position `pos[i]` (>= 0) of sequence
 /// `seq[i]` (>= 0) and goes to cell `cell_idx[i]`, in the order of every tensor's rows
 /// (reads name a query by this index). Decides what the ubatch's writes do. Errors

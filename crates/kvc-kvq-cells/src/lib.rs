@@ -37,6 +37,13 @@
 //! did to the sequence's other cells (main rows coded, window rows dropped, centers fixed):
 //! the cells then read as if the ubatch had never begun, and the next ubatch starts clean.
 //!
+//! Taking a sequence back (an engine's `seq_rm` of its last positions):
+//! [`truncate`](KvqCells::truncate) before the engine frees the cells. It succeeds when the
+//! cells that stay can read exactly as a fresh sequence's that processed only them, which
+//! needs the window rows of the positions that re-enter the window: rows are kept
+//! [`rollback`](KvqCells::set_rollback) positions after they leave it. Otherwise nothing
+//! changes and the engine processes the positions again.
+//!
 //! Saving: [`save`](KvqCells::save) writes what the cells hold beside the engine's tensors
 //! for some cells (formats, sink and window rows, centers) in the versioned `KVCQCELS`
 //! format, [`load`](KvqCells::load) puts it back into the cells an engine restores them to.
@@ -54,6 +61,7 @@ mod error;
 mod slab;
 mod state;
 mod tensor;
+mod truncate;
 
 pub use error::{Error, ErrorKind, Result};
 pub use state::{STATE_MAGIC, STATE_VERSION};
@@ -245,6 +253,10 @@ pub struct KvqCells {
     /// Which tensor holds each of the two scratch buffers (even tensors' and odd tensors').
     scratch_owner: [Option<u32>; 2],
     ubatch: Ubatch,
+    /// Positions past the window whose window rows are still held ([`set_rollback`]).
+    ///
+    /// [`set_rollback`]: KvqCells::set_rollback
+    rollback: u32,
 }
 
 impl KvqCells {
@@ -296,6 +308,7 @@ impl KvqCells {
             dropped: Vec::new(),
             scratch_owner: [None, None],
             ubatch: Ubatch::default(),
+            rollback: 0,
         })
     }
 
@@ -356,9 +369,34 @@ impl KvqCells {
     /// cells at capacity are `shared_bytes()` of a fresh cache plus one of these per sequence;
     /// a prefill's scratch comes on top while its ubatch runs.
     pub fn seq_bytes(&self) -> usize {
-        let (sink, window) = (self.cfg.sink as usize, self.cfg.window as usize);
-        let tensors: usize = self.tensors.iter().map(|t| t.seq_bytes(sink, window)).sum();
-        tensors + std::mem::size_of::<Seq>() + 4 * window + 4 * (sink + window)
+        let sink = self.cfg.sink as usize;
+        // window rows held: the window's and the rollback's
+        let held = if self.cfg.window > 0 {
+            self.cfg.window as usize + self.rollback as usize
+        } else {
+            0
+        };
+        let tensors: usize = self.tensors.iter().map(|t| t.seq_bytes(sink, held)).sum();
+        tensors + std::mem::size_of::<Seq>() + 4 * held + 4 * (sink + held)
+    }
+
+    /// Keeps each window row `n` positions longer than the window reads it (default 0), so
+    /// that a sequence taken back by up to `n` positions still holds every window row a fresh
+    /// sequence would ([`truncate`](Self::truncate)). Costs `n` window rows per sequence and
+    /// tensor ([`seq_bytes`](Self::seq_bytes) counts them); reads are the same for every `n`.
+    /// Takes effect from the next ubatch (rows already dropped stay dropped). Errors: `n >=
+    /// 2^31`.
+    pub fn set_rollback(&mut self, n: u32) -> Result<()> {
+        if n > i32::MAX as u32 {
+            return Err(Error::invalid("rollback", format!("{n} is not below 2^31")));
+        }
+        self.rollback = n;
+        Ok(())
+    }
+
+    /// Positions past the window whose window rows are kept ([`set_rollback`](Self::set_rollback)).
+    pub fn rollback(&self) -> u32 {
+        self.rollback
     }
 
     /// Bytes the cells hold beside the engine's tensors with `n_seqs` sequences whose sinks and
@@ -535,6 +573,12 @@ impl KvqCells {
         self.ubatch.code.clear();
         self.ubatch.centers.clear();
         let (sink, w) = (i64::from(self.cfg.sink), i64::from(self.cfg.window));
+        // window rows are held `rollback` positions longer than the window reads them
+        let held_for = if w > 0 {
+            w + i64::from(self.rollback)
+        } else {
+            0
+        };
         // per sequence of the ubatch: its first and last positions
         let sis: Vec<u32> = seq.iter().map(|&s| self.seq_index(s)).collect();
         let mut spans: Vec<(u32, i64, i64)> = Vec::new();
@@ -577,8 +621,8 @@ impl KvqCells {
                 cell.flags = SINK;
             } else if w > 0 {
                 let last = spans.iter().find(|s| s.0 == si).map_or(p, |s| s.2);
-                if p > last - w {
-                    // still in the window after this ubatch: a lasting slot
+                if p > last - held_for {
+                    // still held after this ubatch: a lasting slot
                     cell.slot = self.win_slots.alloc();
                     cell.flags = WIN;
                 } else {
@@ -650,7 +694,7 @@ impl KvqCells {
                     cell.flags |= CODED;
                     self.ubatch.code.push(c);
                 }
-                if p <= first - w && cell.flags & SCRATCH == 0 {
+                if p <= first - held_for && cell.flags & SCRATCH == 0 {
                     // the slot keeps its rows (coded from them in this ubatch if due) and
                     // is freed at the next begin_ubatch
                     cell.flags &= !WIN;

@@ -788,3 +788,162 @@ fn seq_bytes_is_what_a_full_sequence_adds() {
         );
     }
 }
+
+/// Positions `first..first + n` of sequence 0 as one ubatch, rows of tokens `first + salt..`.
+fn write_span_salted(
+    cells: &mut KvqCells,
+    mains: &mut [Vec<u8>],
+    first: usize,
+    n: usize,
+    salt: usize,
+) {
+    let pos: Vec<i32> = (first..first + n).map(|p| p as i32).collect();
+    let seq = vec![0; n];
+    let idx: Vec<i64> = (first..first + n).map(cell_of).collect();
+    let k: Vec<f32> = (first..first + n)
+        .flat_map(|p| token_rows(p + salt))
+        .collect();
+    let v: Vec<f32> = (first..first + n).flat_map(|p| v_rows(p + salt)).collect();
+    ubatch(cells, mains, &pos, &seq, &idx, &k, &v);
+}
+
+/// A prompt of 60 positions in one ubatch, then one position at a time up to `end`.
+fn prompt_then_decode(cells: &mut KvqCells, mains: &mut [Vec<u8>], end: usize) {
+    write_span(cells, mains, 0, 60.min(end));
+    for p in 60..end {
+        write_span(cells, mains, p, 1);
+    }
+}
+
+/// Every read of a continuation from `p0` (one ubatch of 5, then one at a time up to 150),
+/// rows other than the first run's.
+fn continuation(
+    cells: &mut KvqCells,
+    mains: &mut [Vec<u8>],
+    p0: usize,
+) -> Vec<(Vec<f32>, Vec<f32>)> {
+    let mut out = Vec::new();
+    write_span_salted(cells, mains, p0, 5, 911);
+    for t in 0..5 {
+        out.push((
+            visible_scores(cells, mains, t as u32, p0 + t, 1),
+            visible_values(cells, mains, t as u32, p0 + t, 1),
+        ));
+    }
+    for p in p0 + 5..150 {
+        write_span_salted(cells, mains, p, 1, 911);
+        out.push((
+            visible_scores(cells, mains, 0, p, 0),
+            visible_values(cells, mains, 0, p, 1),
+        ));
+    }
+    out
+}
+
+#[test]
+fn a_truncated_sequence_reads_as_a_fresh_one() {
+    const END: usize = 100;
+    for &(sink, window, center) in &[(4, 16, true), (0, 16, false), (2, 1, false), (4, 0, false)] {
+        for rollback in [0u32, 16, 100] {
+            for back in [1usize, 2, 3, 15, 16, 17, 18, 19, 40, 60, 85, 97, END] {
+                let p0 = END - back;
+                let what = format!("sink {sink} window {window} center {center} rollback {rollback}: {back} back to {p0}");
+                // the next position reads `window - 1` rows back, and taking back the last ubatch (one
+                // position) undoes its drop: exact up to rollback + 2 (a window of 1 needs no row)
+                let exact = window <= 1 || back <= rollback as usize + 2 || p0 <= sink as usize;
+                let (mut cells, mut mains) = new_cells(sink, window, center);
+                cells.set_rollback(rollback).unwrap();
+                prompt_then_decode(&mut cells, &mut mains, END);
+                assert_eq!(cells.can_truncate(0, p0 as i32), exact, "{what}");
+                assert_eq!(cells.truncate(0, p0 as i32), exact, "{what}");
+                if !exact {
+                    // refused: nothing changed, the sequence goes on as if never asked
+                    let (mut twin, mut main_t) = new_cells(sink, window, center);
+                    twin.set_rollback(rollback).unwrap();
+                    prompt_then_decode(&mut twin, &mut main_t, END);
+                    assert_eq!(
+                        continuation(&mut cells, &mut mains, END),
+                        continuation(&mut twin, &mut main_t, END),
+                        "{what}: refused"
+                    );
+                    continue;
+                }
+                for p in (p0..END).rev() {
+                    cells.release(cell_of(p) as u32).unwrap();
+                }
+                let (mut fresh, mut main_f) = new_cells(sink, window, center);
+                fresh.set_rollback(rollback).unwrap();
+                prompt_then_decode(&mut fresh, &mut main_f, p0);
+                let got = continuation(&mut cells, &mut mains, p0);
+                let want = continuation(&mut fresh, &mut main_f, p0);
+                assert_eq!(got.len(), want.len(), "{what}");
+                for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                    assert_eq!(g, w, "{what}: read {i}");
+                }
+                for t in 0..2 {
+                    assert_eq!(
+                        cells.center_of(t, 0),
+                        fresh.center_of(t, 0),
+                        "{what}: center"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn rollback_rows_are_held_and_counted() {
+    let (mut plain, mut main_p) = new_cells(4, 16, true);
+    let (mut kept, mut main_k) = new_cells(4, 16, true);
+    kept.set_rollback(24).unwrap();
+    assert_eq!(kept.rollback(), 24);
+    prompt_then_decode(&mut plain, &mut main_p, 120);
+    prompt_then_decode(&mut kept, &mut main_k, 120);
+    assert_eq!(kept.window_rows() - plain.window_rows(), 24);
+    let row = kept.seq_bytes() - plain.seq_bytes();
+    // 24 more window rows per tensor (two tensors of two 64-value 8-bit heads) and their
+    // list entries
+    assert!(
+        (24 * 2 * 2 * 64..=24 * 2 * 2 * 80 + 24 * 16).contains(&row),
+        "{row}"
+    );
+    assert!(kept.set_rollback(1 << 31).is_err());
+}
+
+#[test]
+fn truncating_the_last_ubatch_undoes_it() {
+    for &(sink, window, center) in &[(4, 16, true), (0, 16, false)] {
+        let (mut fresh, mut main_f) = new_cells(sink, window, center);
+        let (mut cells, mut mains) = new_cells(sink, window, center);
+        prompt_then_decode(&mut fresh, &mut main_f, 70);
+        prompt_then_decode(&mut cells, &mut mains, 70);
+        // a ubatch of 30 whose compute failed after one tensor: the engine takes it back
+        begin_span_partly(&mut cells, &mut mains, 70, 30, 1);
+        assert!(cells.truncate(0, 70));
+        for p in 70..100 {
+            cells.release(cell_of(p) as u32).unwrap();
+        }
+        assert_eq!(
+            continuation(&mut cells, &mut mains, 70),
+            continuation(&mut fresh, &mut main_f, 70)
+        );
+    }
+}
+
+#[test]
+fn a_sequence_taken_back_whole_starts_afresh() {
+    let (mut cells, mut mains) = new_cells(4, 16, true);
+    prompt_then_decode(&mut cells, &mut mains, 100);
+    assert!(cells.center_of(0, 0).is_some());
+    assert!(cells.truncate(0, 0));
+    for p in 0..100 {
+        cells.release(cell_of(p) as u32).unwrap();
+    }
+    assert!(cells.center_of(0, 0).is_none());
+    let (mut fresh, mut main_f) = new_cells(4, 16, true);
+    assert_eq!(
+        continuation(&mut cells, &mut mains, 0),
+        continuation(&mut fresh, &mut main_f, 0)
+    );
+}
