@@ -28,7 +28,8 @@
 // --protect SINK,WINDOW,BITS,CENTER instead runs kvc's kvq cells (llama_context_params::kvc_sink
 // and the rest) on the asked kvq types, whose rows are then of three formats, so checks 1 and 2
 // do not apply: see run_protected (KL below the plain kvq run's before and after a context
-// shift, the state round trip, bytes beside the tensors; every cache of a sliding-window model).
+// shift, the state round trip, bytes beside the tensors, interrupted batches and rollbacks
+// against a fresh context; every cache of a sliding-window model).
 //
 // The bound of check 1. Per query row (token, query head h reading KV head h / group) of one
 // flash-attention call, with exact rows K_c, V_c (f32 as written), the rows the cache holds
@@ -1175,6 +1176,115 @@ static std::string interrupted_matches_fresh(llama_model * model, const ModelFac
     return "identical";
 }
 
+// Rollbacks (issue 52): with the protections, a sequence decoded to position N (a prefill, then
+// one-token steps) is taken back by r positions (llama_memory_seq_rm(mem, 0, N - r, -1), on a
+// context restored from its saved state) and continues with other tokens. Every logit must equal
+// those of a fresh context that decoded the kept tokens in the same batches and the same
+// continuation. With window rows kept 64 positions past the window (kvc_rollback 64), seq_rm
+// must succeed for r <= 65 and refuse further back with nothing removed; the sequence
+// then removed whole and decoded again must read as fresh, as must one first used for other
+// tokens (its K center comes from the new ones). Returns "identical" or what differed; the
+// rollbacks tried are in `tried` ("r:exact" or "r:refused").
+static std::string rollbacks_match_fresh(llama_model * model, const ModelFacts & mf, const Options & o, ggml_type tk,
+                                         ggml_type tv, std::string & tried) {
+    const int kRollback = 64;  // llama_context_params::kvc_rollback, as the issue's rollbacks ask
+    const std::vector<int> backs = {500, kRollback + 3, kRollback + 2, kRollback + 1, kRollback, kRollback - 1, 1};
+    const int n_end = o.prefill + 520;
+    llama_context_params cp = ctx_params(o, tk, tv, nullptr);
+    cp.cb_eval = nullptr;
+    cp.cb_eval_user_data = nullptr;
+    cp.kvc_sink = o.sink;
+    cp.kvc_window = o.window;
+    cp.kvc_window_bits = o.window_bits;
+    cp.kvc_k_center = o.center;
+    cp.kvc_rollback = (uint32_t) kRollback;
+    cp.n_ctx = (uint32_t) (n_end + 16);
+    std::mt19937_64 rng(o.seed + 52);
+    auto draw = [&](int n) {
+        std::vector<llama_token> v((size_t) n);
+        for (auto & t : v) t = (llama_token) (rng() % (uint64_t) mf.n_vocab);
+        return v;
+    };
+    const std::vector<llama_token> x = draw(n_end), y = draw(n_end), cont = draw(8);
+    // positions [from, to) of `t`: the prefill as one batch, then one token at a time
+    auto decode_span = [&](llama_context * c, const std::vector<llama_token> & t, int from, int to) {
+        if (from < o.prefill && to > 0) {
+            decode_tokens(c, std::vector<llama_token>(t.begin() + from, t.begin() + std::min(to, o.prefill)), from, mf.n_vocab);
+            from = std::min(to, o.prefill);
+        }
+        for (int p = from; p < to; ++p) decode_tokens(c, {t[(size_t) p]}, p, mf.n_vocab);
+    };
+    // the continuation at p0: five tokens in one batch, then three one at a time
+    auto continue_at = [&](llama_context * c, int p0) {
+        std::vector<std::vector<float>> out;
+        out.push_back(decode_tokens(c, std::vector<llama_token>(cont.begin(), cont.begin() + 5), p0, mf.n_vocab));
+        for (int j = 5; j < 8; ++j) out.push_back(decode_tokens(c, {cont[(size_t) j]}, p0 + j, mf.n_vocab));
+        return out;
+    };
+    auto save = [](llama_context * c) {
+        std::vector<uint8_t> st(llama_state_seq_get_size(c, 0));
+        if (st.empty() || llama_state_seq_get_data(c, st.data(), st.size(), 0) != st.size())
+            throw std::runtime_error("llama_state_seq_get_data failed");
+        return st;
+    };
+    auto restore = [&](const std::vector<uint8_t> & st) {
+        CtxPtr c = make_ctx(model, cp);
+        if (llama_state_seq_set_data(c.get(), st.data(), st.size(), 0) != st.size())
+            throw std::runtime_error("llama_state_seq_set_data refused a state");
+        return c;
+    };
+    auto max_diff = [](const std::vector<std::vector<float>> & a, const std::vector<std::vector<float>> & b) {
+        double d = 0;
+        for (size_t s = 0; s < a.size(); ++s)
+            for (size_t i = 0; i < a[s].size(); ++i) d = std::max(d, (double) std::fabs(a[s][i] - b[s][i]));
+        return d;
+    };
+    // the sequence to take back, saved at N; the fresh one, saved where each rollback lands
+    CtxPtr a = make_ctx(model, cp);
+    decode_span(a.get(), x, 0, n_end);
+    const std::vector<uint8_t> at_end = save(a.get());
+    CtxPtr f = make_ctx(model, cp);
+    std::vector<std::vector<uint8_t>> fresh_at;
+    int done = 0;
+    for (int r : backs) {
+        decode_span(f.get(), x, done, n_end - r);
+        done = n_end - r;
+        fresh_at.push_back(save(f.get()));
+    }
+    tried.clear();
+    for (size_t i = 0; i < backs.size(); ++i) {
+        const int r = backs[i], p0 = n_end - r;
+        CtxPtr b = restore(at_end);
+        llama_memory_t mem = llama_get_memory(b.get());
+        const bool removed = llama_memory_seq_rm(mem, 0, p0, -1);
+        const bool want_removed = r <= kRollback + 1;
+        tried += (tried.empty() ? "" : ",") + std::to_string(r) + (removed ? ":exact" : ":refused");
+        if (removed != want_removed)
+            return "taking back " + std::to_string(r) + " positions " + (removed ? "succeeded" : "was refused");
+        if (!removed) {
+            if (llama_memory_seq_pos_max(mem, 0) != n_end - 1) return "a refused rollback of " + std::to_string(r) + " removed positions";
+            // what an engine does then: the sequence removed whole and decoded again
+            if (!llama_memory_seq_rm(mem, 0, -1, -1)) return "removing the whole sequence was refused";
+            decode_span(b.get(), x, 0, p0);
+        }
+        CtxPtr g = restore(fresh_at[i]);
+        const double d = max_diff(continue_at(b.get(), p0), continue_at(g.get(), p0));
+        if (d != 0) return "after taking back " + std::to_string(r) + " positions the logits differ by up to " + json_num(d);
+    }
+    // a sequence first used for other tokens, removed whole, then decoding the first rollback's
+    // kept tokens
+    {
+        CtxPtr h = make_ctx(model, cp);
+        decode_span(h.get(), y, 0, o.prefill + 200);
+        if (!llama_memory_seq_rm(llama_get_memory(h.get()), 0, -1, -1)) return "removing a whole sequence was refused";
+        decode_span(h.get(), x, 0, n_end - backs[0]);
+        CtxPtr g = restore(fresh_at[0]);
+        const double d = max_diff(continue_at(h.get(), n_end - backs[0]), continue_at(g.get(), n_end - backs[0]));
+        if (d != 0) return "a sequence reused after other tokens differs from a fresh one by up to " + json_num(d);
+    }
+    return "identical";
+}
+
 static double mean_kl(const std::vector<std::vector<float>> & ref, const std::vector<std::vector<float>> & got) {
     double kl = 0;
     for (size_t s = 0; s < ref.size(); ++s) {
@@ -1209,7 +1319,12 @@ static int run_protected(llama_model * model, const ModelFacts & mf, const Optio
     const std::string aborted = interrupted_matches_fresh(model, mf, o, tk, tv, toks, Interrupt::abort_callback);
     const std::string write_fault = interrupted_matches_fresh(model, mf, o, tk, tv, toks, Interrupt::kvc_write);
     const std::string read_fault = interrupted_matches_fresh(model, mf, o, tk, tv, toks, Interrupt::kvc_scores);
+    const bool swa = llama_model_n_swa(model) > 0;
+    // a sliding-window cache forgets positions a rollback would need, with any cache type
+    std::string rollbacks_tried;
+    const std::string rollbacks = swa ? "not for a sliding-window model" : rollbacks_match_fresh(model, mf, o, tk, tv, rollbacks_tried);
     std::vector<std::string> failures;
+    if (!swa && rollbacks != "identical") failures.push_back("rollbacks: " + rollbacks);
     if (aborted != "identical") failures.push_back("after an interrupted batch: " + aborted);
     if (write_fault != "identical") failures.push_back("after a failed kvc write: " + write_fault);
     if (read_fault != "identical") failures.push_back("after a failed kvc read: " + read_fault);
@@ -1217,7 +1332,6 @@ static int run_protected(llama_model * model, const ModelFacts & mf, const Optio
     if (!(kl_prot_s < kl_plain_s))
         failures.push_back("after the shift, protected KL " + json_num(kl_prot_s) + " not below plain " + json_num(kl_plain_s));
     if (prot.state != "identical" && prot.state.rfind("logits differ", 0) != 0) failures.push_back("state: " + prot.state);
-    const bool swa = llama_model_n_swa(model) > 0;
     if (!swa && prot.state != "identical") failures.push_back("state: " + prot.state);
     // the stated size (made before any token) against what the full context holds: within 1 %
     for (const ProtectedRun * run : {&plain, &prot}) {
@@ -1237,7 +1351,8 @@ static int run_protected(llama_model * model, const ModelFacts & mf, const Optio
       << ",\"kl_plain\":" << json_num(kl_plain) << ",\"kl_protected\":" << json_num(kl_prot)
       << ",\"kl_plain_after_shift\":" << json_num(kl_plain_s) << ",\"kl_protected_after_shift\":" << json_num(kl_prot_s)
       << ",\"state\":" << json_str(prot.state) << ",\"aborted_batches\":" << json_str(aborted) << ",\"kvc_write_fault\":" << json_str(write_fault)
-      << ",\"kvc_read_fault\":" << json_str(read_fault)
+      << ",\"kvc_read_fault\":" << json_str(read_fault) << ",\"rollbacks\":" << json_str(rollbacks)
+      << ",\"rollbacks_tried\":" << json_str(rollbacks_tried)
       << ",\"kv_bytes_plain\":" << plain.api_bytes
       << ",\"kv_bytes_protected\":" << prot.api_bytes << ",\"kv_bytes_stated_protected\":" << prot.stated_bytes
       << ",\"pass\":" << (failures.empty() ? "true" : "false")

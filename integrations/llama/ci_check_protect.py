@@ -42,13 +42,16 @@ def packed(bits):  # one row of d values: f16 scale + codes
     return 2 + d * bits // 8
 
 
+# the window rows kept past the window for exact rollbacks (llama.cpp's --kvc-rollback)
+rollback = int(native["kvc_exact_rollback"]) - 1
+assert rollback >= 0, native
 # bytes: the main tensors are exactly kvc's rows; beside them, after a decode step, the sink
-# (f16), window + 1 lasting window rows (the one leaving is freed by the next ubatch), one f16
+# (f16), window + rollback + 1 lasting window rows (the one leaving is freed by the next ubatch), one f16
 # K center per layer (values and rotated copy, f32 in memory) and 16 bytes of bookkeeping per
 # cell; a few KiB of per-sequence and ubatch vectors on top. A scratch left from the prefill
 # or window storage that never shrank would be far more.
 main = sum(cells * h * (packed(l["k_bits"]) + packed(l["v_bits"])) for l in plan["layers"])
-rows = n_layer * 2 * (sink * h * d * 2 + (window + 1) * h * packed(wbits))
+rows = n_layer * 2 * (sink * h * d * 2 + (window + rollback + 1) * h * packed(wbits))
 centers = n_layer * (48 + 4 * 2 * h * d)
 floor = rows + centers + 16 * cells
 for name, r in (("decode", native), ("prefill", pre["kvq-native-plan:" + plan_path])):
@@ -60,11 +63,11 @@ for name, r in (("decode", native), ("prefill", pre["kvq-native-plan:" + plan_pa
 # saved states: llama.cpp saves the rows packed as they are held, the cells' side after them (a
 # u64 length and kvc's KVCQCELS bytes, docs/formats/kvq.md "Saved cells"), nothing else: the
 # protected state is the plain k4v4 state (same rows, same type-name lengths) plus exactly
-# that section. At the end of a decode, `window` cells hold window rows (none coded yet), the
+# that section. At the end of a decode, `window + rollback` cells hold window rows, the
 # sink's f16 rows, one writer with an f16 center per layer's K.
 n_cells = native["cells_end"]
 section = (12 + 13 + 10 * 2 * n_layer + 4 + 4 + (5 + n_layer * h * d * 2) + 4 + 9 * n_cells
-           + n_layer * 2 * (sink * h * d * 2 + window * h * packed(wbits)) + 32)
+           + n_layer * 2 * (sink * h * d * 2 + (window + rollback) * h * packed(wbits)) + 32)
 for name, r in (("decode", native), ("prefill", pre["kvq-native-plan:" + plan_path])):
     assert r["cells_end"] == plain["cells_end"], (r["cells_end"], plain["cells_end"])
     assert r["state_seq_bytes"] == plain["state_seq_bytes"] + 8 + section, \

@@ -14,6 +14,10 @@
   a cached prefix reused with the same answer (the host prompt cache on), generation past a
   256-token context with repeated context shifts through kvc, a slot saved (kvc's saved cells inside), erased and restored answering as
   before, and an unprotected slot file refused by name;
+- same prompt, same answer (issue 52): the default kvq4 cache answers a 700-word prompt the
+  same twice, processing it again (a rollback past --kvc-rollback 0 is refused), and with
+  --kvc-rollback 64 reusing it; a multi-turn chat with another chat between its turns (with
+  and without the host prompt cache) answers as on a fresh server;
 - bad input refused with a message: an unknown kvq width, a plan for another model, a saved
   slot whose kvc type name differs from this build's (another build's ids).
 
@@ -510,6 +514,58 @@ def main():
              f"{fresh['content']!r}")
     results["server_cancelled"] = {"answer": again["content"][:60], "prompt_cached_after_cancel":
                                    timings.get("cache_n", cancelled_cached), "prompt_n": timings.get("prompt_n")}
+
+    # ---- same prompt, same answer (issue 52) --------------------------------------------
+    # the prompt twice at temperature 0 takes the 24 generated positions back: the default
+    # kvq4 cache (--kvc-rollback 0) refuses that, and the server processes the prompt again;
+    # with --kvc-rollback 64 the cache takes them back exactly and the prompt is reused. Both
+    # answer the same twice. No RAM prompt cache, so that the slot's own cells serve.
+    rep = ["-m", a.model, "-c", "4096", "-np", "1", "-ctk", "kvq4", "-ctv", "kvq4", "--cache-ram", "0"] + t
+    req = {"prompt": long_prompt, "n_predict": 24, "temperature": 0, "cache_prompt": True}
+    repeat = {}
+    for label, extra, reused in [("default", [], False), ("rollback-64", ["--kvc-rollback", "64"], True)]:
+        with Server(b("llama-server"), rep + extra, f"{a.out}/server-repeat-{label}.log") as s:
+            first = http(s.port, "/completion", req, timeout=300)
+            second = http(s.port, "/completion", req, timeout=300)
+            log = open(s.log, errors="replace").read()
+        n_again = second.get("timings", {}).get("prompt_n")
+        if first["content"] != second["content"] or not first["content"].strip():
+            fail(f"llama-server ({label}) answered the same prompt {first['content']!r}, then {second['content']!r}")
+        refused = "cannot take positions" in log
+        if reused and (n_again is None or n_again > 2 or refused):
+            fail(f"llama-server ({label}) did not reuse the cached prompt: {n_again} tokens processed again")
+        if not reused and (n_again is None or n_again < 100 or not refused):
+            fail(f"llama-server ({label}) reused the prompt past --kvc-rollback ({n_again} tokens processed, "
+                 f"refusal logged: {refused})")
+        repeat[label] = {"answer": first["content"][:60], "prompt_n_again": n_again}
+
+    # a multi-turn chat on a fresh server, and on servers that serve another chat between its
+    # turns (with the RAM prompt cache, which saves and restores the slot's cells, and without,
+    # where the slot's cells are taken back to the shared template start or processed again)
+    turns = ["What is the GNU General Public License?", "Who publishes it?", "Can I sell copies of the software?"]
+    other = "Write a short poem about the sea, the wind and a lighthouse keeper who counts the waves."
+
+    def converse(extra, label, interleave):
+        with Server(b("llama-server"), ["-m", a.model, "-c", "4096", "-np", "1", "-ctk", "kvq4", "-ctv", "kvq4"]
+                    + extra + t, f"{a.out}/server-chat-{label}.log") as s:
+            msgs, answers = [], []
+            for q in turns:
+                if interleave:
+                    s.chat(other, max_tokens=48)
+                msgs.append({"role": "user", "content": q})
+                r = http(s.port, "/v1/chat/completions", {"messages": msgs, "temperature": 0, "max_tokens": 40},
+                         timeout=300)
+                answers.append(r["choices"][0]["message"]["content"])
+                msgs.append({"role": "assistant", "content": answers[-1]})
+            return answers
+
+    fresh_chat = converse([], "fresh", False)
+    for label, extra in [("ram-cache", []), ("no-ram-cache", ["--cache-ram", "0"])]:
+        got = converse(extra, label, True)
+        if got != fresh_chat:
+            fail(f"a multi-turn chat with another chat between its turns ({label}) answered {got!r}, "
+                 f"a fresh server {fresh_chat!r}")
+    results["server_same_prompt"] = dict(repeat, chat_turns=len(turns), chat_last_answer=fresh_chat[-1][:60])
 
     # ---- bad input: refused with a message ---------------------------------------------
     bad_plan = f"{a.out}/plan-24-layers.json"

@@ -289,7 +289,13 @@ RunResult run_decode(llama_model * model, const ModelInfo & mi, const Options & 
     r.cells_peak = (long) peak;
     r.held_bytes_end =
         (spec.held_bytes ? spec.held_bytes(held.size()) : (double) held.size() * cell_bytes + spec.fixed_bytes) + side_bytes();
-    if (spec.side_bytes_from_alloc) r.extra.push_back({"kvq_cells_side_bytes_end", json_num(side_bytes_end)});
+    if (spec.side_bytes_from_alloc) {
+        r.extra.push_back({"kvq_cells_side_bytes_end", json_num(side_bytes_end)});
+        // the window rows kept past the window (llama.cpp's --kvc-rollback): a sequence can be
+        // taken back exactly by one more position than that
+        llama_kvc_cache_info ki;
+        if (llama_kvc_cache_get_info(ctx.get(), &ki)) r.extra.push_back({"kvc_exact_rollback", std::to_string(ki.rollback)});
+    }
     r.held_ratio_end = (double) n * (double) full_cell_bytes / r.held_bytes_end;
     r.held_ratio_mean = ratio_steps ? ratio_sum / (double) ratio_steps : NAN;
     if (spec.side_bytes_from_alloc) {

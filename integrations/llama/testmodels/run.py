@@ -9,7 +9,8 @@ type of the model's head size ("kvq<bits>_<head>") and the head-size-agnostic na
 where this llama.cpp build has them (a name the build does not know is reported "no type", not a
 failure: the test looks types up by name), and kvq4 with kvc's kvq cells (--protect: sink,
 window, K center; both caches of a sliding-window model) against plain kvq4, before and after a
-context shift. Sliding-window models also run q8_0 and kvq4 past the size of their sliding-window
+context shift, and (models without a sliding window) rollbacks of 1 to 500 positions against a
+fresh context. Sliding-window models also run q8_0 and kvq4 past the size of their sliding-window
 cache (its cells reused). Then the refusals: a kvq type of another head size,
 a missing model and an unknown type name must each exit with status 2.
 
@@ -149,10 +150,11 @@ def main() -> int:
                     f"{j['kl_plain_after_shift']:.2e} / {j['kl_protected_after_shift']:.2e}; bytes "
                     f"{j['kv_bytes_plain']} / {j['kv_bytes_protected']} (stated {j['kv_bytes_stated_protected']}); interrupted batches: "
                     f"{j['aborted_batches']}; failed kvc write / read: {j['kvc_write_fault']} / "
-                    f"{j['kvc_read_fault']}; " + "; ".join(j["failures"])) if j else err
+                    f"{j['kvc_read_fault']}; rollbacks: {j['rollbacks']} ({j['rollbacks_tried']}); "
+                    + "; ".join(j["failures"])) if j else err
             rows.append([s.name, label, "pass" if ok else "FAIL",
                          f"{j['kl_protected']:.2e}" if j else "", "", "", "", "", "", "", "",
-                         j["state"][:80] if j else "", note[:300]])
+                         j["state"][:80] if j else "", note[:400]])
         # a kvq type of another head size must be refused (exit 2) with llama.cpp's reason
         other = 64 if s.head_k != 64 else 128
         t = f"kvq4_{other}"
