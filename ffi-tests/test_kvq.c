@@ -636,6 +636,65 @@ int main(void) {
             free(fm[1]);
             kvc_kvq_cells_free(fresh);
         }
+        /* a block of query positions at once (ABI 0.19): each token's scores and sums are its
+         * own call's, bit for bit, over tiles of main rows only and of window rows */
+        {
+            kvc_kvq_cells* bc = NULL;
+            CHECK_STATUS(kvc_kvq_cells_new(&cfg, ts, 2, &bc), KVC_OK);
+            unsigned char* bmain[2] = {calloc(NC, mb[0]), calloc(NC, mb[1])};
+            for (int32_t p = 0; p < 24; p++) {
+                const int32_t s0 = 0;
+                const int64_t idx = p;
+                const int n_tok = p < 20 ? 1 : 4;
+                int32_t pp[4], ss[4] = {0};
+                int64_t ii[4];
+                for (int k = 0; k < n_tok; k++) {
+                    pp[k] = p + k;
+                    ii[k] = p + k;
+                }
+                CHECK_STATUS(kvc_kvq_cells_begin_ubatch(bc, n_tok == 1 ? &p : pp, n_tok == 1 ? &s0 : ss,
+                                                        n_tok == 1 ? &idx : ii, (size_t) n_tok),
+                             KVC_OK);
+                for (uint32_t t = 0; t < 2; t++)
+                    CHECK_STATUS(kvc_kvq_cells_write(bc, t, crow + (p % 8) * CHV * D, (size_t) n_tok * CHV * D,
+                                                     n_tok == 1 ? &idx : ii, (size_t) n_tok, bmain[t], NC * mb[t]),
+                                 KVC_OK);
+                p += n_tok - 1;
+            }
+            const uint32_t toks[4] = {0, 1, 2, 3};
+            float bq[4 * D], bs[4 * 24], one[24], bw[4 * 24], bacc[4 * D], acc1[D];
+            for (int i = 0; i < 4 * D; i++) bq[i] = (float) ((i * 13) % 11) / 7.0f - 0.6f;
+            for (int i = 0; i < 4 * 24; i++) bw[i] = (float) (i % 5 + 1) / 8.0f;
+            /* cells 0..11: the sinks and main rows; 4..15: main rows only; 12..23: the window */
+            const uint32_t tiles[3] = {0, 4, 12};
+            for (int ti = 0; ti < 3; ti++) {
+                const uint32_t c0 = tiles[ti];
+                CHECK_STATUS(kvc_kvq_cells_scores_tokens(bc, 0, bmain[0], NC * mb[0], 1, c0, 12, toks, 4, bq, 1, bs,
+                                                         4 * 12),
+                             KVC_OK);
+                memset(bacc, 0, sizeof bacc);
+                CHECK_STATUS(kvc_kvq_cells_accumulate_tokens(bc, 1, bmain[1], NC * mb[1], 1, c0, 12, toks, 4, bw,
+                                                             4 * 12, 1, bacc),
+                             KVC_OK);
+                for (uint32_t k = 0; k < 4; k++) {
+                    CHECK_STATUS(kvc_kvq_cells_scores(bc, 0, bmain[0], NC * mb[0], 1, c0, 12, k, bq + k * D, 1, one, 12),
+                                 KVC_OK);
+                    CHECK(memcmp(one, bs + k * 12, 12 * sizeof(float)) == 0);
+                    memset(acc1, 0, sizeof acc1);
+                    CHECK_STATUS(kvc_kvq_cells_accumulate(bc, 1, bmain[1], NC * mb[1], 1, c0, 12, k, bw + k * 12, 12, 1,
+                                                          acc1),
+                                 KVC_OK);
+                    CHECK(memcmp(acc1, bacc + k * D, sizeof acc1) == 0);
+                }
+            }
+            /* a token past the ubatch, and more than 64 queries, refused */
+            const uint32_t past[2] = {0, 4};
+            CHECK_STATUS(kvc_kvq_cells_scores_tokens(bc, 0, bmain[0], NC * mb[0], 1, 0, 12, past, 2, bq, 1, bs, 2 * 12),
+                         KVC_INVALID_ARGUMENT);
+            free(bmain[0]);
+            free(bmain[1]);
+            kvc_kvq_cells_free(bc);
+        }
         /* a sequence taken back (ABI 0.18): the window (4) reads 3 rows back from the next
          * position; rows kept 2 positions past it, plus the last one-token ubatch undone,
          * cover taking back 4 positions, not 5 */

@@ -143,7 +143,7 @@
  * fields are added (only ever appended). A program built against minor `m` runs on any
  * library with the same major and a minor `>= m`.
  */
-#define KVC_ABI_VERSION_MINOR 18
+#define KVC_ABI_VERSION_MINOR 19
 
 /**
  * The ABI version this header describes, `(major << 16) | minor`. Pass it to
@@ -2138,6 +2138,38 @@ typedef struct kvc_api {
                                               int32_t seq,
                                               int32_t p0,
                                               int *exact);
+    /**
+     * See `kvc_kvq_cells_scores_tokens` (ABI 0.19).
+     */
+    enum kvc_status (*kvq_cells_scores_tokens)(const struct kvc_kvq_cells *cells,
+                                               uint32_t tensor,
+                                               const uint8_t *main,
+                                               size_t main_len,
+                                               uint32_t kv_head,
+                                               uint32_t cell0,
+                                               size_t n,
+                                               const uint32_t *tokens,
+                                               size_t n_tokens,
+                                               const float *q_rot,
+                                               size_t n_queries,
+                                               float *scores,
+                                               size_t scores_len);
+    /**
+     * See `kvc_kvq_cells_accumulate_tokens` (ABI 0.19).
+     */
+    enum kvc_status (*kvq_cells_accumulate_tokens)(const struct kvc_kvq_cells *cells,
+                                                   uint32_t tensor,
+                                                   const uint8_t *main,
+                                                   size_t main_len,
+                                                   uint32_t kv_head,
+                                                   uint32_t cell0,
+                                                   size_t n,
+                                                   const uint32_t *tokens,
+                                                   size_t n_tokens,
+                                                   const float *w,
+                                                   size_t w_len,
+                                                   size_t n_queries,
+                                                   float *acc);
 } kvc_api;
 
 /**
@@ -3146,6 +3178,61 @@ enum kvc_status kvc_kvq_cells_capacity_bytes(const struct kvc_kvq_cells *cells,
                                              uint32_t n_seqs,
                                              uint32_t n_ubatch,
                                              size_t *out);
+
+/**
+ * `kvc_kvq_cells_scores` for the queries of `n_tokens` ubatch tokens at once (a prefill's
+ * block of query positions): `q_rot` holds token `tokens[k]`'s `n_queries` rotated queries
+ * in turn (`n_tokens * n_queries * head_dim` floats), and its scores go to `scores[(k *
+ * n_queries + j) * n + i]` (`scores_len` = `n_tokens * n_queries * n`). At most 64
+ * queries in all. Each token's scores are what `kvc_kvq_cells_scores` gives it, bit for
+ * bit; a tile of main rows only is decoded once for every query. No allocation. (ABI 0.19)
+ *
+ * # Safety
+ * `cells` a live handle; `main` readable for `main_len` bytes, `tokens` for `n_tokens`
+ * values, `q_rot` for `n_tokens * n_queries * head_dim` floats; `scores` writable for
+ * `scores_len` floats, overlapping nothing else.
+ */
+KVC_NODISCARD
+enum kvc_status kvc_kvq_cells_scores_tokens(const struct kvc_kvq_cells *cells,
+                                            uint32_t tensor,
+                                            const uint8_t *main,
+                                            size_t main_len,
+                                            uint32_t kv_head,
+                                            uint32_t cell0,
+                                            size_t n,
+                                            const uint32_t *tokens,
+                                            size_t n_tokens,
+                                            const float *q_rot,
+                                            size_t n_queries,
+                                            float *scores,
+                                            size_t scores_len);
+
+/**
+ * `kvc_kvq_cells_accumulate` for the queries of `n_tokens` ubatch tokens at once: `w`
+ * holds token `tokens[k]`'s `n_queries * n` weights in turn (`w_len` in all), `acc` its
+ * `n_queries x head_dim` sums in turn (`n_tokens * n_queries * head_dim` floats). At most
+ * 64 queries in all. Each token's sums are what `kvc_kvq_cells_accumulate` gives it, bit
+ * for bit. No allocation. (ABI 0.19)
+ *
+ * # Safety
+ * `cells` a live handle; `main` readable for `main_len` bytes, `tokens` for `n_tokens`
+ * values, `w` for `w_len` floats; `acc` readable and writable for `n_tokens * n_queries *
+ * head_dim` floats, overlapping nothing else.
+ */
+KVC_NODISCARD
+enum kvc_status kvc_kvq_cells_accumulate_tokens(const struct kvc_kvq_cells *cells,
+                                                uint32_t tensor,
+                                                const uint8_t *main,
+                                                size_t main_len,
+                                                uint32_t kv_head,
+                                                uint32_t cell0,
+                                                size_t n,
+                                                const uint32_t *tokens,
+                                                size_t n_tokens,
+                                                const float *w,
+                                                size_t w_len,
+                                                size_t n_queries,
+                                                float *acc);
 
 /**
  * Keeps each window row `n` positions longer than the window reads it (default 0), so

@@ -1061,6 +1061,19 @@ enum kvc_status __wrap_kvc_kvq_cells_scores(const struct kvc_kvq_cells * cells, 
     return __real_kvc_kvq_cells_scores(cells, tensor, main, main_len, kv_head, cell0, n, token, q_rot, n_queries, scores,
                                        scores_len);
 }
+// a prefill's blocks of query positions read through this one (ABI 0.19): the same fault count
+enum kvc_status __real_kvc_kvq_cells_scores_tokens(const struct kvc_kvq_cells * cells, uint32_t tensor, const uint8_t * main,
+                                                   size_t main_len, uint32_t kv_head, uint32_t cell0, size_t n,
+                                                   const uint32_t * tokens, size_t n_tokens, const float * q_rot,
+                                                   size_t n_queries, float * scores, size_t scores_len);
+enum kvc_status __wrap_kvc_kvq_cells_scores_tokens(const struct kvc_kvq_cells * cells, uint32_t tensor, const uint8_t * main,
+                                                   size_t main_len, uint32_t kv_head, uint32_t cell0, size_t n,
+                                                   const uint32_t * tokens, size_t n_tokens, const float * q_rot,
+                                                   size_t n_queries, float * scores, size_t scores_len) {
+    if (g_scores_fault.hit()) return KVC_INVALID_STATE;
+    return __real_kvc_kvq_cells_scores_tokens(cells, tensor, main, main_len, kv_head, cell0, n, tokens, n_tokens, q_rot,
+                                              n_queries, scores, scores_len);
+}
 }
 #endif
 

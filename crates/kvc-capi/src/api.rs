@@ -34,13 +34,13 @@ use crate::kvq_block::{
 // ABI 0.9: several queries per tile (grouped-query attention).
 use crate::kvq_block::{kvc_kvq_block_accumulate_rows_multi, kvc_kvq_block_dot_rows_multi};
 use crate::kvq_cells::{
-    kvc_kvq_cells_accumulate, kvc_kvq_cells_begin_ubatch, kvc_kvq_cells_bytes_held,
-    kvc_kvq_cells_can_truncate, kvc_kvq_cells_capacity_bytes, kvc_kvq_cells_clear,
-    kvc_kvq_cells_copy, kvc_kvq_cells_drop_ubatch, kvc_kvq_cells_free, kvc_kvq_cells_get_rows,
-    kvc_kvq_cells_load, kvc_kvq_cells_main_cell_bytes, kvc_kvq_cells_new, kvc_kvq_cells_release,
-    kvc_kvq_cells_save, kvc_kvq_cells_scores, kvc_kvq_cells_set_positions,
-    kvc_kvq_cells_set_rollback, kvc_kvq_cells_set_rows, kvc_kvq_cells_truncate,
-    kvc_kvq_cells_write, KvcKvqCells, KvcKvqCellsConfig, KvcKvqCellsTensor,
+    kvc_kvq_cells_accumulate, kvc_kvq_cells_accumulate_tokens, kvc_kvq_cells_begin_ubatch,
+    kvc_kvq_cells_bytes_held, kvc_kvq_cells_can_truncate, kvc_kvq_cells_capacity_bytes,
+    kvc_kvq_cells_clear, kvc_kvq_cells_copy, kvc_kvq_cells_drop_ubatch, kvc_kvq_cells_free,
+    kvc_kvq_cells_get_rows, kvc_kvq_cells_load, kvc_kvq_cells_main_cell_bytes, kvc_kvq_cells_new,
+    kvc_kvq_cells_release, kvc_kvq_cells_save, kvc_kvq_cells_scores, kvc_kvq_cells_scores_tokens,
+    kvc_kvq_cells_set_positions, kvc_kvq_cells_set_rollback, kvc_kvq_cells_set_rows,
+    kvc_kvq_cells_truncate, kvc_kvq_cells_write, KvcKvqCells, KvcKvqCellsConfig, KvcKvqCellsTensor,
 };
 // ABI 0.12: symmetric, checkable kvq row calls (typed rows, checked dequantize, strided attend).
 use crate::kvq_rows::{
@@ -940,6 +940,38 @@ pub struct KvcApi {
         p0: i32,
         exact: *mut c_int,
     ) -> KvcStatus,
+    /// See `kvc_kvq_cells_scores_tokens` (ABI 0.19).
+    pub kvq_cells_scores_tokens: unsafe extern "C" fn(
+        cells: *const KvcKvqCells,
+        tensor: u32,
+        main: *const u8,
+        main_len: usize,
+        kv_head: u32,
+        cell0: u32,
+        n: usize,
+        tokens: *const u32,
+        n_tokens: usize,
+        q_rot: *const f32,
+        n_queries: usize,
+        scores: *mut f32,
+        scores_len: usize,
+    ) -> KvcStatus,
+    /// See `kvc_kvq_cells_accumulate_tokens` (ABI 0.19).
+    pub kvq_cells_accumulate_tokens: unsafe extern "C" fn(
+        cells: *const KvcKvqCells,
+        tensor: u32,
+        main: *const u8,
+        main_len: usize,
+        kv_head: u32,
+        cell0: u32,
+        n: usize,
+        tokens: *const u32,
+        n_tokens: usize,
+        w: *const f32,
+        w_len: usize,
+        n_queries: usize,
+        acc: *mut f32,
+    ) -> KvcStatus,
 }
 
 static API: KvcApi = KvcApi {
@@ -1075,6 +1107,8 @@ static API: KvcApi = KvcApi {
     kvq_cells_set_rollback: kvc_kvq_cells_set_rollback,
     kvq_cells_truncate: kvc_kvq_cells_truncate,
     kvq_cells_can_truncate: kvc_kvq_cells_can_truncate,
+    kvq_cells_scores_tokens: kvc_kvq_cells_scores_tokens,
+    kvq_cells_accumulate_tokens: kvc_kvq_cells_accumulate_tokens,
 };
 
 /// Whether a program built against ABI version `requested` can use this library.

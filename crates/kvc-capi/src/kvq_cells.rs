@@ -199,6 +199,147 @@ pub unsafe extern "C" fn kvc_kvq_cells_capacity_bytes(
     })
 }
 
+/// `kvc_kvq_cells_scores` for the queries of `n_tokens` ubatch tokens at once (a prefill's
+/// block of query positions): `q_rot` holds token `tokens[k]`'s `n_queries` rotated queries
+/// in turn (`n_tokens * n_queries * head_dim` floats), and its scores go to `scores[(k *
+/// n_queries + j) * n + i]` (`scores_len` = `n_tokens * n_queries * n`). At most 64
+/// queries in all. Each token's scores are what `kvc_kvq_cells_scores` gives it, bit for
+/// bit; a tile of main rows only is decoded once for every query. No allocation. (ABI 0.19)
+///
+/// # Safety
+/// `cells` a live handle; `main` readable for `main_len` bytes, `tokens` for `n_tokens`
+/// values, `q_rot` for `n_tokens * n_queries * head_dim` floats; `scores` writable for
+/// `scores_len` floats, overlapping nothing else.
+#[no_mangle]
+#[must_use = "a kvc_status reports failure"]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn kvc_kvq_cells_scores_tokens(
+    cells: *const KvcKvqCells,
+    tensor: u32,
+    main: *const u8,
+    main_len: usize,
+    kv_head: u32,
+    cell0: u32,
+    n: usize,
+    tokens: *const u32,
+    n_tokens: usize,
+    q_rot: *const f32,
+    n_queries: usize,
+    scores: *mut f32,
+    scores_len: usize,
+) -> KvcStatus {
+    status_boundary("kvc_kvq_cells_scores_tokens", || {
+        // SAFETY: caller contract.
+        let h = unsafe { handle_ref(cells, "cells") }?;
+        let d = h.0.head_dim(tensor)?;
+        let nq = n_tokens
+            .checked_mul(n_queries)
+            .and_then(|v| v.checked_mul(d))
+            .ok_or_else(|| Error::invalid("n_queries", "overflows"))?;
+        check_disjoint(
+            q_rot.cast(),
+            nq.saturating_mul(4),
+            scores.cast_const().cast(),
+            scores_len.saturating_mul(4),
+            "scores",
+        )?;
+        check_disjoint(
+            main,
+            main_len,
+            scores.cast_const().cast(),
+            scores_len.saturating_mul(4),
+            "scores",
+        )?;
+        check_disjoint(
+            tokens.cast(),
+            n_tokens.saturating_mul(4),
+            scores.cast_const().cast(),
+            scores_len.saturating_mul(4),
+            "scores",
+        )?;
+        // SAFETY: caller contract.
+        let m = unsafe { in_slice(main, main_len, "main") }?;
+        // SAFETY: caller contract.
+        let tk = unsafe { in_slice(tokens, n_tokens, "tokens") }?;
+        // SAFETY: caller contract.
+        let q = unsafe { in_slice(q_rot, nq, "q_rot") }?;
+        // SAFETY: caller contract; disjoint (checked).
+        let s = unsafe { out_slice(scores, scores_len, "scores") }?;
+        h.0.scores_tokens(tensor, m, kv_head, cell0, n, tk, q, s)
+            .map_err(Error::from)
+    })
+}
+
+/// `kvc_kvq_cells_accumulate` for the queries of `n_tokens` ubatch tokens at once: `w`
+/// holds token `tokens[k]`'s `n_queries * n` weights in turn (`w_len` in all), `acc` its
+/// `n_queries x head_dim` sums in turn (`n_tokens * n_queries * head_dim` floats). At most
+/// 64 queries in all. Each token's sums are what `kvc_kvq_cells_accumulate` gives it, bit
+/// for bit. No allocation. (ABI 0.19)
+///
+/// # Safety
+/// `cells` a live handle; `main` readable for `main_len` bytes, `tokens` for `n_tokens`
+/// values, `w` for `w_len` floats; `acc` readable and writable for `n_tokens * n_queries *
+/// head_dim` floats, overlapping nothing else.
+#[no_mangle]
+#[must_use = "a kvc_status reports failure"]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn kvc_kvq_cells_accumulate_tokens(
+    cells: *const KvcKvqCells,
+    tensor: u32,
+    main: *const u8,
+    main_len: usize,
+    kv_head: u32,
+    cell0: u32,
+    n: usize,
+    tokens: *const u32,
+    n_tokens: usize,
+    w: *const f32,
+    w_len: usize,
+    n_queries: usize,
+    acc: *mut f32,
+) -> KvcStatus {
+    status_boundary("kvc_kvq_cells_accumulate_tokens", || {
+        // SAFETY: caller contract.
+        let h = unsafe { handle_ref(cells, "cells") }?;
+        let d = h.0.head_dim(tensor)?;
+        let na = n_tokens
+            .checked_mul(n_queries)
+            .and_then(|v| v.checked_mul(d))
+            .ok_or_else(|| Error::invalid("n_queries", "overflows"))?;
+        check_disjoint(
+            w.cast(),
+            w_len.saturating_mul(4),
+            acc.cast_const().cast(),
+            na.saturating_mul(4),
+            "acc",
+        )?;
+        check_disjoint(
+            main,
+            main_len,
+            acc.cast_const().cast(),
+            na.saturating_mul(4),
+            "acc",
+        )?;
+        check_disjoint(
+            tokens.cast(),
+            n_tokens.saturating_mul(4),
+            acc.cast_const().cast(),
+            na.saturating_mul(4),
+            "acc",
+        )?;
+        // SAFETY: caller contract.
+        let m = unsafe { in_slice(main, main_len, "main") }?;
+        // SAFETY: caller contract.
+        let tk = unsafe { in_slice(tokens, n_tokens, "tokens") }?;
+        // SAFETY: caller contract.
+        let wv = unsafe { in_slice(w, w_len, "w") }?;
+        // SAFETY: caller contract; disjoint (checked).
+        let a = unsafe { out_slice(acc, na, "acc") }?;
+        h.0.accumulate_tokens(tensor, m, kv_head, cell0, n, tk, wv, a)
+            .map_err(Error::from)
+    })
+}
+
 /// Keeps each window row `n` positions longer than the window reads it (default 0), so
 /// that a sequence taken back by up to `n + 1` positions (`kvc_kvq_cells_truncate`) still
 /// holds every window row a fresh sequence would. Costs `n` window rows per sequence and

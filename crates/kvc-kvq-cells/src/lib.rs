@@ -26,6 +26,11 @@
 //! prefill's ubatch runs, its scratch window rows are also kept decoded and each tensor's sink
 //! rows rotated, once at the write, since every query of the ubatch reads them (same sums).
 //!
+//! A prefill's block of query positions can be read at once
+//! ([`scores_tokens`](KvqCells::scores_tokens), [`accumulate_tokens`](KvqCells::accumulate_tokens)):
+//! a tile of main rows only, which every position reads alike, is decoded once for all of
+//! their queries; the sums are those of one call per position, bit for bit.
+//!
 //! Order of calls per ubatch: [`begin_ubatch`](KvqCells::begin_ubatch) (positions,
 //! sequences, cells), then one [`write`](KvqCells::write) per tensor, each tensor read
 //! before the next tensor of its side (`t + 2`) is written.
@@ -61,6 +66,7 @@ mod error;
 mod slab;
 mod state;
 mod tensor;
+mod tokens;
 mod truncate;
 
 pub use error::{Error, ErrorKind, Result};

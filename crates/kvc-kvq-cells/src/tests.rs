@@ -947,3 +947,91 @@ fn a_sequence_taken_back_whole_starts_afresh() {
         continuation(&mut fresh, &mut main_f, 0)
     );
 }
+
+#[test]
+fn a_block_of_tokens_reads_as_each_token_alone() {
+    for &(sink, window, center) in &[(4, 16, true), (0, 16, false), (4, 0, false)] {
+        let (mut cells, mut mains) = new_cells(sink, window, center);
+        // 100 positions, then a prefill of 12: tiles of main rows, of sinks and mains, of
+        // window rows
+        prompt_then_decode(&mut cells, &mut mains, 100);
+        write_span(&mut cells, &mut mains, 100, 12);
+        let tokens: Vec<u32> = (0..12).collect();
+        let g = 2;
+        let q: Vec<f32> = (0..12).flat_map(|t| query(100 + t, g)).collect();
+        for (cell0, n) in [(0u32, 256usize), (0, 32), (32, 64), (96, 64), (200, 56)] {
+            let mut block = vec![0f32; 12 * g * n];
+            cells
+                .scores_tokens(0, &mains[0], 1, cell0, n, &tokens, &q, &mut block)
+                .unwrap();
+            let w: Vec<f32> = (0..12 * g * n)
+                .map(|i| ((i % 7) as f32 + 1.0) / 8.0)
+                .collect();
+            let mut acc = vec![0f32; 12 * g * D];
+            cells
+                .accumulate_tokens(1, &mains[1], 1, cell0, n, &tokens, &w, &mut acc)
+                .unwrap();
+            for (i, &tok) in tokens.iter().enumerate() {
+                let mut one = vec![0f32; g * n];
+                cells
+                    .scores(
+                        0,
+                        &mains[0],
+                        1,
+                        cell0,
+                        n,
+                        tok,
+                        &q[i * g * D..(i + 1) * g * D],
+                        &mut one,
+                    )
+                    .unwrap();
+                assert_eq!(
+                    one.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                    block[i * g * n..(i + 1) * g * n]
+                        .iter()
+                        .map(|x| x.to_bits())
+                        .collect::<Vec<_>>(),
+                    "scores: sink {sink} window {window}, cells {cell0}+{n}, token {tok}"
+                );
+                let mut a1 = vec![0f32; g * D];
+                cells
+                    .accumulate(
+                        1,
+                        &mains[1],
+                        1,
+                        cell0,
+                        n,
+                        tok,
+                        &w[i * g * n..(i + 1) * g * n],
+                        &mut a1,
+                    )
+                    .unwrap();
+                assert_eq!(
+                    a1.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                    acc[i * g * D..(i + 1) * g * D]
+                        .iter()
+                        .map(|x| x.to_bits())
+                        .collect::<Vec<_>>(),
+                    "sums: sink {sink} window {window}, cells {cell0}+{n}, token {tok}"
+                );
+            }
+        }
+        // refusals: no tokens, a token past the ubatch, values that do not split
+        let mut out = vec![0f32; 2 * 8];
+        assert!(cells
+            .scores_tokens(0, &mains[0], 1, 0, 8, &[], &q[..D], &mut out)
+            .is_err());
+        assert!(cells
+            .scores_tokens(0, &mains[0], 1, 0, 8, &[0, 12], &q[..2 * D], &mut out)
+            .is_err());
+        assert!(cells
+            .scores_tokens(0, &mains[0], 1, 0, 8, &[0, 1], &q[..3 * D], &mut out)
+            .is_err());
+        let many: Vec<u32> = (0..12).collect();
+        let mut big = vec![0f32; 12 * 6 * 8];
+        let q6: Vec<f32> = (0..12).flat_map(|t| query(t, 6)).collect();
+        assert!(cells
+            .scores_tokens(0, &mains[0], 1, 0, 8, &many, &q6, &mut big)
+            .is_err());
+    }
+}

@@ -1,0 +1,134 @@
+//! Reads for several ubatch tokens at once (a prefill's block of query positions): a tile of
+//! cells that every one of them reads alike, main rows only, is decoded once for all of their
+//! queries; any other tile is read token by token. Each token's scores and sums are what
+//! [`KvqCells::scores`] and [`KvqCells::accumulate`] give it, bit for bit (the multi-query
+//! kernels equal one call per query), so a prefill reads the same whatever its blocks.
+
+use crate::{Error, KvqCells, Result, MAX_QUERIES, SINK, WIN};
+
+impl KvqCells {
+    /// Whether every token reads cells `cell0..cell0 + n` alike: no sink or window row among
+    /// them, so each reads its main row (or nothing) whatever the query's position.
+    fn tile_reads_alike(&self, cell0: u32, n: usize) -> bool {
+        let end = (cell0 as usize).saturating_add(n).min(self.cells.len());
+        self.cells[(cell0 as usize).min(end)..end]
+            .iter()
+            .all(|c| c.flags & (SINK | WIN) == 0)
+    }
+
+    /// Checks `tokens` (1 or more, each of the ubatch) and that `values` splits into one equal
+    /// part per token; returns the part's length.
+    fn split_per_token(&self, tokens: &[u32], values: usize, what: &'static str) -> Result<usize> {
+        if tokens.is_empty() || !values.is_multiple_of(tokens.len()) {
+            return Err(Error::invalid(
+                what,
+                format!("{values} values for {} tokens", tokens.len()),
+            ));
+        }
+        if let Some(&t) = tokens
+            .iter()
+            .find(|&&t| t as usize >= self.ubatch.tokens.len())
+        {
+            return Err(Error::invalid(
+                "token",
+                format!(
+                    "{t} is not below the ubatch's {} tokens",
+                    self.ubatch.tokens.len()
+                ),
+            ));
+        }
+        Ok(values / tokens.len())
+    }
+
+    /// At most [`MAX_QUERIES`] queries of tensor `t` in `values` (`head_dim` each).
+    fn check_block(&self, t: u32, values: usize) -> Result<()> {
+        let queries = values / self.head_dim(t)?;
+        if queries > MAX_QUERIES {
+            return Err(Error::invalid(
+                "queries",
+                format!("{queries} queries in one block: at most {MAX_QUERIES}"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// [`scores`](Self::scores) for the queries of several ubatch tokens: `q_rot` holds each
+    /// token's `g` queries in turn (`tokens.len() * g <= MAX_QUERIES`), `scores` each
+    /// token's `g x n` scores in turn. Each token's are what `scores` gives it, bit for bit.
+    #[allow(clippy::too_many_arguments)]
+    pub fn scores_tokens(
+        &self,
+        t: u32,
+        main: &[u8],
+        kv_head: u32,
+        cell0: u32,
+        n: usize,
+        tokens: &[u32],
+        q_rot: &[f32],
+        scores: &mut [f32],
+    ) -> Result<()> {
+        let per_q = self.split_per_token(tokens, q_rot.len(), "queries")?;
+        let per_s = self.split_per_token(tokens, scores.len(), "scores")?;
+        if tokens.len() == 1 {
+            return self.scores(t, main, kv_head, cell0, n, tokens[0], q_rot, scores);
+        }
+        self.check_block(t, q_rot.len())?;
+        if self.tile_reads_alike(cell0, n) {
+            // no read depends on the query's position: one call for every query
+            return self.scores(t, main, kv_head, cell0, n, tokens[0], q_rot, scores);
+        }
+        for (i, &token) in tokens.iter().enumerate() {
+            self.scores(
+                t,
+                main,
+                kv_head,
+                cell0,
+                n,
+                token,
+                &q_rot[i * per_q..(i + 1) * per_q],
+                &mut scores[i * per_s..(i + 1) * per_s],
+            )?;
+        }
+        Ok(())
+    }
+
+    /// [`accumulate`](Self::accumulate) for the queries of several ubatch tokens: `w` holds
+    /// each token's `g x n` weights in turn, `acc` each token's `g x head_dim` sums in turn
+    /// (`tokens.len() * g <= MAX_QUERIES`). Each token's sums are what `accumulate` gives it,
+    /// bit for bit.
+    #[allow(clippy::too_many_arguments)]
+    pub fn accumulate_tokens(
+        &self,
+        t: u32,
+        main: &[u8],
+        kv_head: u32,
+        cell0: u32,
+        n: usize,
+        tokens: &[u32],
+        w: &[f32],
+        acc: &mut [f32],
+    ) -> Result<()> {
+        let per_w = self.split_per_token(tokens, w.len(), "weights")?;
+        let per_a = self.split_per_token(tokens, acc.len(), "sums")?;
+        if tokens.len() == 1 {
+            return self.accumulate(t, main, kv_head, cell0, n, tokens[0], w, acc);
+        }
+        self.check_block(t, acc.len())?;
+        if self.tile_reads_alike(cell0, n) {
+            return self.accumulate(t, main, kv_head, cell0, n, tokens[0], w, acc);
+        }
+        for (i, &token) in tokens.iter().enumerate() {
+            self.accumulate(
+                t,
+                main,
+                kv_head,
+                cell0,
+                n,
+                token,
+                &w[i * per_w..(i + 1) * per_w],
+                &mut acc[i * per_a..(i + 1) * per_a],
+            )?;
+        }
+        Ok(())
+    }
+}
