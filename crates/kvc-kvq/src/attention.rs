@@ -154,6 +154,9 @@ pub(super) mod avx2 {
     use super::super::simd::block::{self, block_code, BLOCK};
     use super::super::simd::block512;
     use super::*;
+    use std::arch::x86_64::{
+        _mm_loadu_ps, _mm_movehl_ps, _mm_movelh_ps, _mm_storeu_ps, _mm_unpackhi_ps, _mm_unpacklo_ps,
+    };
 
     /// Calls the block kernel `$m::$f::<BITS, NB>` for the shape `($bits, $nb)`.
     macro_rules! by_shape {
@@ -352,8 +355,42 @@ pub(super) mod avx2 {
         Ok(())
     }
 
+    /// `dst[8 n + j] = src[8 j + n]` over one block of 64 values (an 8 x 8 transpose, its own
+    /// inverse), in four 4 x 4 SSE transposes (SSE2 is part of x86-64).
+    #[inline(always)]
+    fn transpose8(src: &[f32], dst: &mut [f32]) {
+        let (src, dst) = (&src[..BLOCK], &mut dst[..BLOCK]);
+        for jb in [0usize, 4] {
+            for nb in [0usize, 4] {
+                // SAFETY: SSE2 is baseline on x86-64; rows `jb..jb + 4`, columns `nb..nb + 4`
+                // of `src` and the transposed block of `dst` lie inside the 64 values.
+                unsafe {
+                    let r0 = _mm_loadu_ps(src.as_ptr().add(8 * jb + nb));
+                    let r1 = _mm_loadu_ps(src.as_ptr().add(8 * (jb + 1) + nb));
+                    let r2 = _mm_loadu_ps(src.as_ptr().add(8 * (jb + 2) + nb));
+                    let r3 = _mm_loadu_ps(src.as_ptr().add(8 * (jb + 3) + nb));
+                    let t0 = _mm_unpacklo_ps(r0, r1);
+                    let t1 = _mm_unpacklo_ps(r2, r3);
+                    let t2 = _mm_unpackhi_ps(r0, r1);
+                    let t3 = _mm_unpackhi_ps(r2, r3);
+                    let d = dst.as_mut_ptr();
+                    _mm_storeu_ps(d.add(8 * nb + jb), _mm_movelh_ps(t0, t1));
+                    _mm_storeu_ps(d.add(8 * (nb + 1) + jb), _mm_movehl_ps(t1, t0));
+                    _mm_storeu_ps(d.add(8 * (nb + 2) + jb), _mm_movelh_ps(t2, t3));
+                    _mm_storeu_ps(d.add(8 * (nb + 3) + jb), _mm_movehl_ps(t3, t2));
+                }
+            }
+        }
+    }
+
     /// `qp` = `q` in block lane order: `qp[64 b + 8 n + j] = q[64 b + block_code(n, j)]`.
     pub(crate) fn permute_in(bits: u32, q: &[f32], qp: &mut [f32]) {
+        if bits != 2 {
+            for (qb, pb) in q.chunks_exact(BLOCK).zip(qp.chunks_exact_mut(BLOCK)) {
+                transpose8(qb, pb);
+            }
+            return;
+        }
         for (qb, pb) in q.chunks_exact(BLOCK).zip(qp.chunks_exact_mut(BLOCK)) {
             for n in 0..8 {
                 for j in 0..8 {
@@ -365,6 +402,12 @@ pub(super) mod avx2 {
 
     /// The inverse of [`permute_in`].
     pub(crate) fn permute_out(bits: u32, ap: &[f32], a: &mut [f32]) {
+        if bits != 2 {
+            for (pb, ab) in ap.chunks_exact(BLOCK).zip(a.chunks_exact_mut(BLOCK)) {
+                transpose8(pb, ab);
+            }
+            return;
+        }
         for (pb, ab) in ap.chunks_exact(BLOCK).zip(a.chunks_exact_mut(BLOCK)) {
             for n in 0..8 {
                 for j in 0..8 {

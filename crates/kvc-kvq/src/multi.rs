@@ -30,6 +30,11 @@ use crate::isa::dispatch;
 #[cfg(target_arch = "x86_64")]
 const PASS: usize = 8;
 
+/// Rows decoded at a time by the block path's weighted sums (their values live on the stack),
+/// each added to every query's sum.
+#[cfg(target_arch = "x86_64")]
+const CHUNK: usize = 32;
+
 /// A float buffer aligned for vector loads.
 #[repr(C, align(64))]
 struct Aligned<const N: usize>([f32; N]);
@@ -570,8 +575,125 @@ mod avx2 {
         Ok(())
     }
 
+    /// `a[r][i] += wf[r][t] v_t[i]` for `R` sums (`a`: `R x 64 * NB`, query `r` at `r * 64 *
+    /// NB`) over the `cn` decoded rows of a chunk (`vals`: row `t` at `t * 64 * NB`, factor
+    /// `fs[t]`, `live[t]` whether it was decoded; weights `w[r * n + c0 + t]`), each sum held
+    /// in registers across the chunk. Each value gets `fma(w f, v, a)` row after row, as
+    /// [`axpy`] gives it; a weight of 0 skips the row, a poisoned row makes the sum NaN.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2 and FMA (and AVX-512F when `Z`); `R * 4 * NB <= 16` when `Z`,
+    /// `R * 8 * NB <= 8` otherwise; `vals` readable for `cn` rows, `a` for `R` sums.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    unsafe fn axpy_chunk<const NB: usize, const Z: bool, const R: usize>(
+        w: &[f32],
+        n: usize,
+        c0: usize,
+        cn: usize,
+        live: &[bool],
+        fs: &[Option<f32>],
+        vals: *const f32,
+        a: *mut f32,
+    ) {
+        let d = BLOCK * NB;
+        // SAFETY: as the caller guarantees; every load and store stays inside the `R` sums
+        // and the `cn` rows.
+        unsafe {
+            if Z {
+                let nv = 4 * NB;
+                let mut r512 = [_mm512_setzero_ps(); 16];
+                for r in 0..R {
+                    for k in 0..nv {
+                        r512[r * nv + k] = _mm512_loadu_ps(a.add(r * d + 16 * k));
+                    }
+                }
+                for t in 0..cn {
+                    if !live[t] {
+                        continue;
+                    }
+                    let row = vals.add(t * d);
+                    for r in 0..R {
+                        let wg = w[r * n + c0 + t];
+                        if wg == 0.0 {
+                            continue;
+                        }
+                        match fs[t] {
+                            Some(f) => {
+                                let ws = _mm512_set1_ps(wg * f);
+                                for k in 0..nv {
+                                    r512[r * nv + k] = _mm512_fmadd_ps(
+                                        ws,
+                                        _mm512_loadu_ps(row.add(16 * k)),
+                                        r512[r * nv + k],
+                                    );
+                                }
+                            }
+                            None => {
+                                for k in 0..nv {
+                                    r512[r * nv + k] = _mm512_set1_ps(f32::NAN);
+                                }
+                            }
+                        }
+                    }
+                }
+                for r in 0..R {
+                    for k in 0..nv {
+                        _mm512_storeu_ps(a.add(r * d + 16 * k), r512[r * nv + k]);
+                    }
+                }
+                return;
+            }
+            let nv = 8 * NB;
+            let mut r256 = [_mm256_setzero_ps(); 8];
+            for r in 0..R {
+                for k in 0..nv {
+                    r256[r * nv + k] = _mm256_loadu_ps(a.add(r * d + 8 * k));
+                }
+            }
+            for t in 0..cn {
+                if !live[t] {
+                    continue;
+                }
+                let row = vals.add(t * d);
+                for r in 0..R {
+                    let wg = w[r * n + c0 + t];
+                    if wg == 0.0 {
+                        continue;
+                    }
+                    match fs[t] {
+                        Some(f) => {
+                            let ws = _mm256_set1_ps(wg * f);
+                            for k in 0..nv {
+                                r256[r * nv + k] = _mm256_fmadd_ps(
+                                    ws,
+                                    _mm256_loadu_ps(row.add(8 * k)),
+                                    r256[r * nv + k],
+                                );
+                            }
+                        }
+                        None => {
+                            for k in 0..nv {
+                                r256[r * nv + k] = _mm256_set1_ps(f32::NAN);
+                            }
+                        }
+                    }
+                }
+            }
+            for r in 0..R {
+                for k in 0..nv {
+                    _mm256_storeu_ps(a.add(r * d + 8 * k), r256[r * nv + k]);
+                }
+            }
+        }
+    }
+
     /// The block path of `accumulate_rows_multi` (shapes checked by the caller): each sum is
-    /// permuted into block lane order in place, accumulated, and permuted back.
+    /// permuted into block lane order in place, accumulated, and permuted back. Rows are
+    /// decoded a chunk at a time, each once for all queries; then each query's sum (or a few
+    /// queries' sums together) stays in registers across the chunk (where they fit: 512-bit
+    /// vectors, or 256-bit ones and 64-value rows), else it is added row by row in memory.
+    /// Each value of each sum gets the same operations in the same order either way.
     ///
     /// # Safety
     /// As [`dot_block`], with `w` (`G * n`) and `acc` (`G * 64 * NB`).
@@ -593,30 +715,86 @@ mod avx2 {
             tmp.copy_from_slice(ag);
             permute_in(BITS, tmp, ag);
         }
-        let mut vals = Aligned([0f32; MAX_HEAD_DIM]);
         let base = rows.bytes.as_ptr();
-        for t in 0..n {
-            if w.iter().skip(t).step_by(n).all(|&x| x == 0.0) {
-                continue;
-            }
-            // SAFETY: as in `dot_block`.
-            let f = unsafe {
-                decode::<BITS, NB, Z>(
-                    base.add(t * rows.stride),
-                    ns,
-                    group,
-                    &k,
-                    vals.0.as_mut_ptr(),
-                )
-            };
-            for (ag, &wg) in acc.chunks_exact_mut(d).zip(w.iter().skip(t).step_by(n)) {
-                if wg == 0.0 {
+        let g = acc.len() / d;
+        let in_registers = Z || NB == 1;
+        if !in_registers || g == 1 {
+            let mut vals = Aligned([0f32; MAX_HEAD_DIM]);
+            for t in 0..n {
+                if w.iter().skip(t).step_by(n).all(|&x| x == 0.0) {
                     continue;
                 }
-                match f {
-                    // SAFETY: `ag` and `vals` hold `d = 64 * NB` floats; features as above.
-                    Some(f) => unsafe { axpy::<NB, Z>(wg * f, vals.0.as_ptr(), ag.as_mut_ptr()) },
-                    None => ag.fill(f32::NAN),
+                // SAFETY: as in `dot_block`.
+                let f = unsafe {
+                    decode::<BITS, NB, Z>(
+                        base.add(t * rows.stride),
+                        ns,
+                        group,
+                        &k,
+                        vals.0.as_mut_ptr(),
+                    )
+                };
+                for (ag, &wg) in acc.chunks_exact_mut(d).zip(w.iter().skip(t).step_by(n)) {
+                    if wg == 0.0 {
+                        continue;
+                    }
+                    match f {
+                        // SAFETY: `ag` and `vals` hold `d = 64 * NB` floats; features as above.
+                        Some(f) => unsafe {
+                            axpy::<NB, Z>(wg * f, vals.0.as_ptr(), ag.as_mut_ptr())
+                        },
+                        None => ag.fill(f32::NAN),
+                    }
+                }
+            }
+        } else {
+            // written row by row before any read (only decoded rows are read): not zeroed,
+            // which would cost as much as a small call's work
+            let mut vals = std::mem::MaybeUninit::<Aligned<{ CHUNK * MAX_HEAD_DIM }>>::uninit();
+            let vbase = vals.as_mut_ptr().cast::<f32>();
+            let mut fs = [None; CHUNK];
+            let mut live = [false; CHUNK];
+            for c0 in (0..n).step_by(CHUNK) {
+                let cn = CHUNK.min(n - c0);
+                for t in 0..cn {
+                    live[t] = w.iter().skip(c0 + t).step_by(n).any(|&x| x != 0.0);
+                    if live[t] {
+                        // SAFETY: as in `dot_block`; row `t` of the chunk at `t * d` of `vals`.
+                        fs[t] = unsafe {
+                            decode::<BITS, NB, Z>(
+                                base.add((c0 + t) * rows.stride),
+                                ns,
+                                group,
+                                &k,
+                                vbase.add(t * d),
+                            )
+                        };
+                    }
+                }
+                // queries whose sums fit the registers together: 16 vectors of 512 bits,
+                // 8 of 256
+                let r = if Z { 4 / NB } else { 1 };
+                let mut qi = 0;
+                while qi < g {
+                    let wq = &w[qi * n..];
+                    let aq = acc[qi * d..].as_mut_ptr();
+                    let vp = vbase.cast_const();
+                    // SAFETY: queries `qi..qi + R` exist (`R` bounded by what is left), their
+                    // sums at `qi * d`; the chunk's `cn` rows decoded; sizes as axpy_chunk asks.
+                    unsafe {
+                        match (r, g - qi) {
+                            (4, 4..) => axpy_chunk::<NB, Z, 4>(wq, n, c0, cn, &live, &fs, vp, aq),
+                            (4 | 2, 2..) => {
+                                axpy_chunk::<NB, Z, 2>(wq, n, c0, cn, &live, &fs, vp, aq)
+                            }
+                            _ => axpy_chunk::<NB, Z, 1>(wq, n, c0, cn, &live, &fs, vp, aq),
+                        }
+                    }
+                    qi += match (r, g - qi) {
+                        (4, 4..) => 4,
+                        (4 | 2, 2..) => 2,
+                        _ => 1,
+                    };
                 }
             }
         }
