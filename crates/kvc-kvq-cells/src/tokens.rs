@@ -1,19 +1,28 @@
 //! Reads for several ubatch tokens at once (a prefill's block of query positions): a tile of
-//! cells that every one of them reads alike, main rows only, is decoded once for all of their
-//! queries; any other tile is read token by token. Each token's scores and sums are what
+//! cells that every one of them reads alike (each cell by the same row, main, window or sink)
+//! is read once for all of their queries; any other tile (one that holds a window's edge for
+//! the block) is read token by token. Each token's scores and sums are what
 //! [`KvqCells::scores`] and [`KvqCells::accumulate`] give it, bit for bit (the multi-query
 //! kernels equal one call per query), so a prefill reads the same whatever its blocks.
 
-use crate::{Error, KvqCells, Result, MAX_QUERIES, SINK, WIN};
+use crate::{Error, KvqCells, Result, MAX_QUERIES, WIN};
 
 impl KvqCells {
-    /// Whether every token reads cells `cell0..cell0 + n` alike: no sink or window row among
-    /// them, so each reads its main row (or nothing) whatever the query's position.
-    fn tile_reads_alike(&self, cell0: u32, n: usize) -> bool {
+    /// Whether every token reads cells `cell0..cell0 + n` alike: each cell by the same row
+    /// (main, window or sink) for the first and the last of their positions, and so for every
+    /// one between (a cell is read by its window row up to `window - 1` positions after it,
+    /// by its main row from there on).
+    fn tile_reads_alike(&self, cell0: u32, n: usize, tokens: &[u32]) -> bool {
+        let pos = tokens.iter().map(|&t| self.ubatch.tokens[t as usize].0);
+        let (lo, hi) = pos.fold((i32::MAX, i32::MIN), |(lo, hi), p| (lo.min(p), hi.max(p)));
         let end = (cell0 as usize).saturating_add(n).min(self.cells.len());
-        self.cells[(cell0 as usize).min(end)..end]
-            .iter()
-            .all(|c| c.flags & (SINK | WIN) == 0)
+        let start = (cell0 as usize).min(end);
+        self.cells[start..end].iter().enumerate().all(|(i, c)| {
+            c.flags & WIN == 0 || {
+                let cell = (start + i) as u32;
+                self.read_of(cell, lo) == self.read_of(cell, hi)
+            }
+        })
     }
 
     /// Checks `tokens` (1 or more, each of the ubatch) and that `values` splits into one equal
@@ -73,7 +82,7 @@ impl KvqCells {
             return self.scores(t, main, kv_head, cell0, n, tokens[0], q_rot, scores);
         }
         self.check_block(t, q_rot.len())?;
-        if self.tile_reads_alike(cell0, n) {
+        if self.tile_reads_alike(cell0, n, tokens) {
             // no read depends on the query's position: one call for every query
             return self.scores(t, main, kv_head, cell0, n, tokens[0], q_rot, scores);
         }
@@ -114,7 +123,7 @@ impl KvqCells {
             return self.accumulate(t, main, kv_head, cell0, n, tokens[0], w, acc);
         }
         self.check_block(t, acc.len())?;
-        if self.tile_reads_alike(cell0, n) {
+        if self.tile_reads_alike(cell0, n, tokens) {
             return self.accumulate(t, main, kv_head, cell0, n, tokens[0], w, acc);
         }
         for (i, &token) in tokens.iter().enumerate() {
