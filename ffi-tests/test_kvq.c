@@ -644,25 +644,25 @@ int main(void) {
             unsigned char* bmain[2] = {calloc(NC, mb[0]), calloc(NC, mb[1])};
             for (int32_t p = 0; p < 24; p++) {
                 const int32_t s0 = 0;
-                const int64_t idx = p;
+                const int64_t ci = p;
                 const int n_tok = p < 20 ? 1 : 4;
                 int32_t pp[4], ss[4] = {0};
                 int64_t ii[4];
-                for (int k = 0; k < n_tok; k++) {
-                    pp[k] = p + k;
-                    ii[k] = p + k;
+                for (int kt = 0; kt < n_tok; kt++) {
+                    pp[kt] = p + kt;
+                    ii[kt] = p + kt;
                 }
                 CHECK_STATUS(kvc_kvq_cells_begin_ubatch(bc, n_tok == 1 ? &p : pp, n_tok == 1 ? &s0 : ss,
-                                                        n_tok == 1 ? &idx : ii, (size_t) n_tok),
+                                                        n_tok == 1 ? &ci : ii, (size_t) n_tok),
                              KVC_OK);
                 for (uint32_t t = 0; t < 2; t++)
                     CHECK_STATUS(kvc_kvq_cells_write(bc, t, crow + (p % 8) * CHV * D, (size_t) n_tok * CHV * D,
-                                                     n_tok == 1 ? &idx : ii, (size_t) n_tok, bmain[t], NC * mb[t]),
+                                                     n_tok == 1 ? &ci : ii, (size_t) n_tok, bmain[t], NC * mb[t]),
                                  KVC_OK);
                 p += n_tok - 1;
             }
             const uint32_t toks[4] = {0, 1, 2, 3};
-            float bq[4 * D], bs[4 * 24], one[24], bw[4 * 24], bacc[4 * D], acc1[D];
+            float bq[4 * D], bs[4 * 24], sone[24], bw[4 * 24], bacc[4 * D], acc1[D];
             for (int i = 0; i < 4 * D; i++) bq[i] = (float) ((i * 13) % 11) / 7.0f - 0.6f;
             for (int i = 0; i < 4 * 24; i++) bw[i] = (float) (i % 5 + 1) / 8.0f;
             /* cells 0..11: the sinks and main rows; 4..15: main rows only; 12..23: the window */
@@ -676,15 +676,15 @@ int main(void) {
                 CHECK_STATUS(kvc_kvq_cells_accumulate_tokens(bc, 1, bmain[1], NC * mb[1], 1, c0, 12, toks, 4, bw,
                                                              4 * 12, 1, bacc),
                              KVC_OK);
-                for (uint32_t k = 0; k < 4; k++) {
-                    CHECK_STATUS(kvc_kvq_cells_scores(bc, 0, bmain[0], NC * mb[0], 1, c0, 12, k, bq + k * D, 1, one, 12),
+                for (uint32_t kt = 0; kt < 4; kt++) {
+                    CHECK_STATUS(kvc_kvq_cells_scores(bc, 0, bmain[0], NC * mb[0], 1, c0, 12, kt, bq + kt * D, 1, sone, 12),
                                  KVC_OK);
-                    CHECK(memcmp(one, bs + k * 12, 12 * sizeof(float)) == 0);
+                    CHECK(memcmp(sone, bs + kt * 12, 12 * sizeof(float)) == 0);
                     memset(acc1, 0, sizeof acc1);
-                    CHECK_STATUS(kvc_kvq_cells_accumulate(bc, 1, bmain[1], NC * mb[1], 1, c0, 12, k, bw + k * 12, 12, 1,
+                    CHECK_STATUS(kvc_kvq_cells_accumulate(bc, 1, bmain[1], NC * mb[1], 1, c0, 12, kt, bw + kt * 12, 12, 1,
                                                           acc1),
                                  KVC_OK);
-                    CHECK(memcmp(acc1, bacc + k * D, sizeof acc1) == 0);
+                    CHECK(memcmp(acc1, bacc + kt * D, sizeof acc1) == 0);
                 }
             }
             /* a token past the ubatch, and more than 64 queries, refused */
@@ -706,10 +706,10 @@ int main(void) {
             unsigned char* tm[2] = {calloc(NC, mb[0]), calloc(NC, mb[1])};
             for (int32_t p = 0; p < 20; p++) {
                 const int32_t s0 = 0;
-                const int64_t idx = p;
-                CHECK_STATUS(kvc_kvq_cells_begin_ubatch(tc, &p, &s0, &idx, 1), KVC_OK);
+                const int64_t ci = p;
+                CHECK_STATUS(kvc_kvq_cells_begin_ubatch(tc, &p, &s0, &ci, 1), KVC_OK);
                 for (uint32_t t = 0; t < 2; t++)
-                    CHECK_STATUS(kvc_kvq_cells_write(tc, t, crow, CHV * D, &idx, 1, tm[t], NC * mb[t]), KVC_OK);
+                    CHECK_STATUS(kvc_kvq_cells_write(tc, t, crow, CHV * D, &ci, 1, tm[t], NC * mb[t]), KVC_OK);
             }
             int exact = -1;
             CHECK_STATUS(kvc_kvq_cells_can_truncate(tc, 0, 16, &exact), KVC_OK);
