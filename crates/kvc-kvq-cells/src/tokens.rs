@@ -61,6 +61,42 @@ impl KvqCells {
         Ok(())
     }
 
+    /// One read for several tokens: `input` and `out` split into one equal part per token;
+    /// `read(token, input, out)` once for all of them (one token, or a tile every token reads
+    /// alike, at most [`MAX_QUERIES`] queries: `queries` values of tensor `t`), else once per
+    /// token on its parts.
+    #[allow(clippy::too_many_arguments)]
+    fn read_tokens(
+        &self,
+        t: u32,
+        cell0: u32,
+        n: usize,
+        tokens: &[u32],
+        (input, input_name): (&[f32], &'static str),
+        (out, out_name): (&mut [f32], &'static str),
+        queries: usize,
+        read: impl Fn(u32, &[f32], &mut [f32]) -> Result<()>,
+    ) -> Result<()> {
+        let per_in = self.split_per_token(tokens, input.len(), input_name)?;
+        let per_out = self.split_per_token(tokens, out.len(), out_name)?;
+        if tokens.len() == 1 {
+            return read(tokens[0], input, out);
+        }
+        self.check_block(t, queries)?;
+        if self.tile_reads_alike(cell0, n, tokens) {
+            // no read depends on the query's position: one call for every query
+            return read(tokens[0], input, out);
+        }
+        for ((&token, x), y) in tokens
+            .iter()
+            .zip(input.chunks_exact(per_in))
+            .zip(out.chunks_exact_mut(per_out))
+        {
+            read(token, x, y)?;
+        }
+        Ok(())
+    }
+
     /// [`scores`](Self::scores) for the queries of several ubatch tokens: `q_rot` holds each
     /// token's `g` queries in turn (`tokens.len() * g <= MAX_QUERIES`), `scores` each
     /// token's `g x n` scores in turn. Each token's are what `scores` gives it, bit for bit.
@@ -76,29 +112,17 @@ impl KvqCells {
         q_rot: &[f32],
         scores: &mut [f32],
     ) -> Result<()> {
-        let per_q = self.split_per_token(tokens, q_rot.len(), "queries")?;
-        let per_s = self.split_per_token(tokens, scores.len(), "scores")?;
-        if tokens.len() == 1 {
-            return self.scores(t, main, kv_head, cell0, n, tokens[0], q_rot, scores);
-        }
-        self.check_block(t, q_rot.len())?;
-        if self.tile_reads_alike(cell0, n, tokens) {
-            // no read depends on the query's position: one call for every query
-            return self.scores(t, main, kv_head, cell0, n, tokens[0], q_rot, scores);
-        }
-        for (i, &token) in tokens.iter().enumerate() {
-            self.scores(
-                t,
-                main,
-                kv_head,
-                cell0,
-                n,
-                token,
-                &q_rot[i * per_q..(i + 1) * per_q],
-                &mut scores[i * per_s..(i + 1) * per_s],
-            )?;
-        }
-        Ok(())
+        let queries = q_rot.len();
+        self.read_tokens(
+            t,
+            cell0,
+            n,
+            tokens,
+            (q_rot, "queries"),
+            (scores, "scores"),
+            queries,
+            |token, q, s| self.scores(t, main, kv_head, cell0, n, token, q, s),
+        )
     }
 
     /// [`accumulate`](Self::accumulate) for the queries of several ubatch tokens: `w` holds
@@ -117,27 +141,16 @@ impl KvqCells {
         w: &[f32],
         acc: &mut [f32],
     ) -> Result<()> {
-        let per_w = self.split_per_token(tokens, w.len(), "weights")?;
-        let per_a = self.split_per_token(tokens, acc.len(), "sums")?;
-        if tokens.len() == 1 {
-            return self.accumulate(t, main, kv_head, cell0, n, tokens[0], w, acc);
-        }
-        self.check_block(t, acc.len())?;
-        if self.tile_reads_alike(cell0, n, tokens) {
-            return self.accumulate(t, main, kv_head, cell0, n, tokens[0], w, acc);
-        }
-        for (i, &token) in tokens.iter().enumerate() {
-            self.accumulate(
-                t,
-                main,
-                kv_head,
-                cell0,
-                n,
-                token,
-                &w[i * per_w..(i + 1) * per_w],
-                &mut acc[i * per_a..(i + 1) * per_a],
-            )?;
-        }
-        Ok(())
+        let queries = acc.len();
+        self.read_tokens(
+            t,
+            cell0,
+            n,
+            tokens,
+            (w, "weights"),
+            (acc, "sums"),
+            queries,
+            |token, wt, a| self.accumulate(t, main, kv_head, cell0, n, token, wt, a),
+        )
     }
 }

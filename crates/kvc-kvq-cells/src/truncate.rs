@@ -63,11 +63,7 @@ impl KvqCells {
             // an incomplete ubatch can only be dropped whole
             return None;
         }
-        if !self
-            .cells
-            .iter()
-            .any(|c| c.seq == si && c.pos >= 0 && c.pos >= p0)
-        {
+        if !self.cells.iter().any(|c| c.seq == si && c.pos >= p0) {
             // nothing taken back
             return Some(Plan {
                 seq: si,

@@ -776,25 +776,25 @@ mod avx2 {
                 let r = if Z { 4 / NB } else { 1 };
                 let mut qi = 0;
                 while qi < g {
+                    // four, two or one queries' sums, as many as the registers hold
+                    let take = match r.min(g - qi) {
+                        3 => 2,
+                        k => k,
+                    };
                     let wq = &w[qi * n..];
                     let aq = acc[qi * d..].as_mut_ptr();
                     let vp = vbase.cast_const();
-                    // SAFETY: queries `qi..qi + R` exist (`R` bounded by what is left), their
-                    // sums at `qi * d`; the chunk's `cn` rows decoded; sizes as axpy_chunk asks.
+                    // SAFETY: queries `qi..qi + take` exist, their sums at `qi * d`; the
+                    // chunk's `cn` rows decoded; `take <= r` keeps the sums in the registers
+                    // axpy_chunk asks for.
                     unsafe {
-                        match (r, g - qi) {
-                            (4, 4..) => axpy_chunk::<NB, Z, 4>(wq, n, c0, cn, &live, &fs, vp, aq),
-                            (4 | 2, 2..) => {
-                                axpy_chunk::<NB, Z, 2>(wq, n, c0, cn, &live, &fs, vp, aq)
-                            }
+                        match take {
+                            4 => axpy_chunk::<NB, Z, 4>(wq, n, c0, cn, &live, &fs, vp, aq),
+                            2 => axpy_chunk::<NB, Z, 2>(wq, n, c0, cn, &live, &fs, vp, aq),
                             _ => axpy_chunk::<NB, Z, 1>(wq, n, c0, cn, &live, &fs, vp, aq),
                         }
                     }
-                    qi += match (r, g - qi) {
-                        (4, 4..) => 4,
-                        (4 | 2, 2..) => 2,
-                        _ => 1,
-                    };
+                    qi += take;
                 }
             }
         }
