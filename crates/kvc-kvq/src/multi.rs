@@ -453,40 +453,31 @@ mod avx2 {
         }
     }
 
-    /// The lanes of `sum q[i] v[i]` over `64 * NB` values (two accumulators, added), for
-    /// [`hsum16`] to sum; 512-bit vectors.
+    /// `sum q[i] v[i]` over `64 * NB` values (two accumulators, lanes summed at the end).
     ///
     /// # Safety
-    /// The CPU must have AVX-512F; `q` and `v` readable for `64 * NB` floats.
+    /// The CPU must have AVX2 and FMA (and AVX-512F when `Z`); `q` and `v` readable for
+    /// `64 * NB` floats.
     #[inline(always)]
-    unsafe fn dot_lanes16<const NB: usize>(q: *const f32, v: *const f32) -> __m512 {
+    unsafe fn dotv<const NB: usize, const Z: bool>(q: *const f32, v: *const f32) -> f32 {
         // SAFETY: as the caller guarantees; loads stay inside the `64 * NB` floats.
         unsafe {
-            let (mut a0, mut a1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
-            for k in (0..4 * NB).step_by(2) {
-                a0 = _mm512_fmadd_ps(
-                    _mm512_loadu_ps(q.add(16 * k)),
-                    _mm512_loadu_ps(v.add(16 * k)),
-                    a0,
-                );
-                a1 = _mm512_fmadd_ps(
-                    _mm512_loadu_ps(q.add(16 * k + 16)),
-                    _mm512_loadu_ps(v.add(16 * k + 16)),
-                    a1,
-                );
+            if Z {
+                let (mut a0, mut a1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+                for k in (0..4 * NB).step_by(2) {
+                    a0 = _mm512_fmadd_ps(
+                        _mm512_loadu_ps(q.add(16 * k)),
+                        _mm512_loadu_ps(v.add(16 * k)),
+                        a0,
+                    );
+                    a1 = _mm512_fmadd_ps(
+                        _mm512_loadu_ps(q.add(16 * k + 16)),
+                        _mm512_loadu_ps(v.add(16 * k + 16)),
+                        a1,
+                    );
+                }
+                return _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
             }
-            _mm512_add_ps(a0, a1)
-        }
-    }
-
-    /// As [`dot_lanes16`] in 256-bit vectors, for [`hsum8`].
-    ///
-    /// # Safety
-    /// The CPU must have AVX2 and FMA; `q` and `v` readable for `64 * NB` floats.
-    #[inline(always)]
-    unsafe fn dot_lanes8<const NB: usize>(q: *const f32, v: *const f32) -> __m256 {
-        // SAFETY: as the caller guarantees; loads stay inside the `64 * NB` floats.
-        unsafe {
             let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
             for k in (0..8 * NB).step_by(2) {
                 a0 = _mm256_fmadd_ps(
@@ -500,97 +491,14 @@ mod avx2 {
                     a1,
                 );
             }
-            _mm256_add_ps(a0, a1)
-        }
-    }
-
-    /// The sums of 16 rows' lanes, lane `r` row `r`'s: each row's lanes added in halves
-    /// (lane `i` and `i + 8`, then `i + 4`, `i + 2`, `i + 1`), the tree a horizontal sum of
-    /// one vector takes, for 16 rows at once.
-    ///
-    /// # Safety
-    /// The CPU must have AVX-512F.
-    #[inline(always)]
-    unsafe fn hsum16(x: &[__m512; 16]) -> __m512 {
-        // SAFETY: register operations only; features as the caller guarantees.
-        unsafe {
-            // rows 2i, 2i+1: quarters [row 2i: i + 8 (2 quarters), row 2i+1: the same]
-            let mut y = [_mm512_setzero_ps(); 8];
-            for (i, yi) in y.iter_mut().enumerate() {
-                let (a, b) = (x[2 * i], x[2 * i + 1]);
-                *yi = _mm512_add_ps(
-                    _mm512_shuffle_f32x4::<0b01_00_01_00>(a, b),
-                    _mm512_shuffle_f32x4::<0b11_10_11_10>(a, b),
-                );
-            }
-            // rows 4i..4i+4: quarter k row 4i + k, lanes i + 4
-            let mut z = [_mm512_setzero_ps(); 4];
-            for (i, zi) in z.iter_mut().enumerate() {
-                let (a, b) = (y[2 * i], y[2 * i + 1]);
-                *zi = _mm512_add_ps(
-                    _mm512_shuffle_f32x4::<0b10_00_10_00>(a, b),
-                    _mm512_shuffle_f32x4::<0b11_01_11_01>(a, b),
-                );
-            }
-            // quarter k: [row k, row k, row 4 + k, row 4 + k] (lanes i + 2), rows 0-7 and 8-15
-            let w0 = _mm512_add_ps(
-                _mm512_shuffle_ps::<0x44>(z[0], z[1]),
-                _mm512_shuffle_ps::<0xee>(z[0], z[1]),
-            );
-            let w1 = _mm512_add_ps(
-                _mm512_shuffle_ps::<0x44>(z[2], z[3]),
-                _mm512_shuffle_ps::<0xee>(z[2], z[3]),
-            );
-            // quarter k: rows k, 4 + k, 8 + k, 12 + k (lanes i + 1); then in row order
-            let f = _mm512_add_ps(
-                _mm512_shuffle_ps::<0x88>(w0, w1),
-                _mm512_shuffle_ps::<0xdd>(w0, w1),
-            );
-            let idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-            _mm512_permutexvar_ps(idx, f)
-        }
-    }
-
-    /// As [`hsum16`] for 8 rows of 256-bit vectors (the same tree as [`block::hsum`]).
-    ///
-    /// # Safety
-    /// The CPU must have AVX2.
-    #[inline(always)]
-    unsafe fn hsum8(x: &[__m256; 8]) -> __m256 {
-        // SAFETY: register operations only; features as the caller guarantees.
-        unsafe {
-            // rows 2i, 2i+1: halves [row 2i: i + 4, row 2i+1: i + 4]
-            let mut y = [_mm256_setzero_ps(); 4];
-            for (i, yi) in y.iter_mut().enumerate() {
-                let (a, b) = (x[2 * i], x[2 * i + 1]);
-                *yi = _mm256_add_ps(
-                    _mm256_permute2f128_ps::<0x20>(a, b),
-                    _mm256_permute2f128_ps::<0x31>(a, b),
-                );
-            }
-            // half h: [row h, row h, row 2 + h, row 2 + h] (lanes i + 2), rows 0-3 and 4-7
-            let z0 = _mm256_add_ps(
-                _mm256_shuffle_ps::<0x44>(y[0], y[1]),
-                _mm256_shuffle_ps::<0xee>(y[0], y[1]),
-            );
-            let z1 = _mm256_add_ps(
-                _mm256_shuffle_ps::<0x44>(y[2], y[3]),
-                _mm256_shuffle_ps::<0xee>(y[2], y[3]),
-            );
-            // half h: rows h, 2 + h, 4 + h, 6 + h (lanes i + 1); then in row order
-            let f = _mm256_add_ps(
-                _mm256_shuffle_ps::<0x88>(z0, z1),
-                _mm256_shuffle_ps::<0xdd>(z0, z1),
-            );
-            _mm256_permutevar8x32_ps(f, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7))
+            block::hsum(_mm256_add_ps(a0, a1))
         }
     }
 
     /// `a[i] += w v[i]` over `64 * NB` values.
     ///
     /// # Safety
-    /// The CPU must have AVX2 and FMA (and AVX-512F when `Z`); `v` readable and `a` writable
-    /// for `64 * NB` floats.
+    /// As [`dotv`], `a` writable.
     #[inline(always)]
     unsafe fn axpy<const NB: usize, const Z: bool>(w: f32, v: *const f32, a: *mut f32) {
         // SAFETY: as the caller guarantees.
@@ -613,9 +521,7 @@ mod avx2 {
         }
     }
 
-    /// The block path of `dot_rows_multi` (shapes checked by the caller): rows decoded 16 at a
-    /// time (8 without AVX-512), each query's 16 dot products summed together ([`hsum16`]), the
-    /// same sums in the same order as one row at a time.
+    /// The block path of `dot_rows_multi` (shapes checked by the caller).
     ///
     /// # Safety
     /// The CPU must have AVX2, FMA and F16C (AVX-512F when `Z`); `rows` holds `n` rows of
@@ -628,16 +534,12 @@ mod avx2 {
         n: usize,
         scores: &mut [f32],
     ) -> Result<()> {
-        const L: usize = 16;
         let d = BLOCK * NB;
-        let lanes = if Z { 16 } else { 8 };
         let (ns, group) = (c.n_scales(), c.dim() / c.n_scales());
         // SAFETY: features as the caller guarantees.
         let k = unsafe { kit::<Z>(c, BITS, group) };
         let mut qp = Aligned([0f32; PASS * MAX_HEAD_DIM]);
-        // written row by row before any read (a poisoned row's values are not read)
-        let mut vals = std::mem::MaybeUninit::<Aligned<{ L * MAX_HEAD_DIM }>>::uninit();
-        let vbase = vals.as_mut_ptr().cast::<f32>();
+        let mut vals = Aligned([0f32; MAX_HEAD_DIM]);
         let base = rows.bytes.as_ptr();
         for (pass, qs) in q.chunks(PASS * d).enumerate() {
             let gc = qs.len() / d;
@@ -645,55 +547,28 @@ mod avx2 {
                 permute_in(BITS, qg, pg);
             }
             let out = &mut scores[pass * PASS * n..(pass * PASS + gc) * n];
-            for c0 in (0..n).step_by(lanes) {
-                let cn = lanes.min(n - c0);
-                // each row's factor, NaN for a poisoned row (its scores NaN)
-                let mut fs = [f32::NAN; L];
-                for (t, f) in fs.iter_mut().enumerate().take(cn) {
-                    // SAFETY: row `c0 + t < n` is inside `rows.bytes` (checked by the
-                    // caller); row `t` of the chunk at `t * d` of `vals`; features as above.
-                    let got = unsafe {
-                        decode::<BITS, NB, Z>(
-                            base.add((c0 + t) * rows.stride),
-                            ns,
-                            group,
-                            &k,
-                            vbase.add(t * d),
-                        )
-                    };
-                    if let Some(got) = got {
-                        *f = got;
+            for t in 0..n {
+                // SAFETY: row `t` is inside `rows.bytes` (checked by the caller); `vals`
+                // holds `64 * NB` floats; features as above.
+                let f = unsafe {
+                    decode::<BITS, NB, Z>(
+                        base.add(t * rows.stride),
+                        ns,
+                        group,
+                        &k,
+                        vals.0.as_mut_ptr(),
+                    )
+                };
+                let Some(f) = f else {
+                    for s in out.iter_mut().skip(t).step_by(n) {
+                        *s = f32::NAN;
                     }
-                }
-                for gi in 0..gc {
-                    let qg = qp.0[gi * d..].as_ptr();
-                    let o = &mut out[gi * n + c0..gi * n + c0 + cn];
-                    // SAFETY: query `gi` of the pass holds `d = 64 * NB` floats at `gi * d`;
-                    // rows `t < cn` decoded at `t * d` unless poisoned (then not read); `o`
-                    // holds `cn` floats; features as above.
-                    unsafe {
-                        let mut sums = [0f32; L];
-                        if Z {
-                            let mut x = [_mm512_setzero_ps(); 16];
-                            for (t, xt) in x.iter_mut().enumerate().take(cn) {
-                                if !fs[t].is_nan() {
-                                    *xt = dot_lanes16::<NB>(qg, vbase.add(t * d));
-                                }
-                            }
-                            let r = _mm512_mul_ps(_mm512_loadu_ps(fs.as_ptr()), hsum16(&x));
-                            _mm512_storeu_ps(sums.as_mut_ptr(), r);
-                        } else {
-                            let mut x = [_mm256_setzero_ps(); 8];
-                            for (t, xt) in x.iter_mut().enumerate().take(cn) {
-                                if !fs[t].is_nan() {
-                                    *xt = dot_lanes8::<NB>(qg, vbase.add(t * d));
-                                }
-                            }
-                            let r = _mm256_mul_ps(_mm256_loadu_ps(fs.as_ptr()), hsum8(&x));
-                            _mm256_storeu_ps(sums.as_mut_ptr(), r);
-                        }
-                        o.copy_from_slice(&sums[..cn]);
-                    }
+                    continue;
+                };
+                for (gi, s) in out.iter_mut().skip(t).step_by(n).enumerate() {
+                    // SAFETY: query `gi` of the pass is at `gi * d` of `qp` (`gi < PASS`);
+                    // both hold `d = 64 * NB` floats there.
+                    *s = f * unsafe { dotv::<NB, Z>(qp.0.as_ptr().add(gi * d), vals.0.as_ptr()) };
                 }
             }
         }
@@ -991,58 +866,6 @@ mod avx2 {
                 n,
                 acc
             )
-        }
-    }
-
-    #[cfg(test)]
-    mod tests {
-        use super::*;
-
-        fn lanes(seed: u32, n: usize) -> Vec<f32> {
-            let mut x = seed.wrapping_mul(2_654_435_761) | 1;
-            (0..n)
-                .map(|_| {
-                    x ^= x << 13;
-                    x ^= x >> 17;
-                    x ^= x << 5;
-                    (x as f32 / u32::MAX as f32 - 0.5) * 1e3 / (1 + x % 7) as f32
-                })
-                .collect()
-        }
-
-        /// The 16 (8) rows' sums are each row's horizontal sum, bit for bit: the scores of the
-        /// block path do not depend on where a row sits in its chunk.
-        #[test]
-        fn sums_of_rows_together_equal_one_row_at_a_time() {
-            for seed in 0..200u32 {
-                let v = lanes(seed, 256);
-                if std::arch::is_x86_feature_detected!("avx512f") {
-                    // SAFETY: AVX-512F detected; loads inside `v`'s 256 floats.
-                    unsafe {
-                        let x: [__m512; 16] =
-                            std::array::from_fn(|r| _mm512_loadu_ps(v[16 * r..].as_ptr()));
-                        let mut got = [0f32; 16];
-                        _mm512_storeu_ps(got.as_mut_ptr(), hsum16(&x));
-                        for (r, g) in got.iter().enumerate() {
-                            let want = _mm512_reduce_add_ps(x[r]);
-                            assert_eq!(g.to_bits(), want.to_bits(), "seed {seed} row {r}");
-                        }
-                    }
-                }
-                if std::arch::is_x86_feature_detected!("avx2") {
-                    // SAFETY: AVX2 detected; loads inside `v`'s 256 floats.
-                    unsafe {
-                        let x: [__m256; 8] =
-                            std::array::from_fn(|r| _mm256_loadu_ps(v[8 * r..].as_ptr()));
-                        let mut got = [0f32; 8];
-                        _mm256_storeu_ps(got.as_mut_ptr(), hsum8(&x));
-                        for (r, g) in got.iter().enumerate() {
-                            let want = block::hsum(x[r]);
-                            assert_eq!(g.to_bits(), want.to_bits(), "seed {seed} row {r}");
-                        }
-                    }
-                }
-            }
         }
     }
 }
