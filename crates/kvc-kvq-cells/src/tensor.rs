@@ -17,7 +17,9 @@ const MAX_DIM: usize = 256;
 /// `q . c` is large beside the scores of rows coded against it, and every main row of the
 /// query gets it: an f32 sum's rounding (about 1e-6 of it) would move those rows' logits
 /// against the sink's and the window's. Measured in llama.cpp (50-llama's decode run): mean KL
-/// 0.0090 with eight f32 sums, 0.0081 with one, 0.0076-0.0083 in f64.
+/// 0.0090 with eight f32 sums, 0.0081 with one, 0.0076-0.0083 in f64; that run's 383 positions
+/// move by up to about 15 % with arithmetic alone (docs/results/kvq-protected.md, "The
+/// exponentials, understood"), so the reason for f64 is the rounding, not those numbers.
 fn dot(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0f64; 8];
     let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
