@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# llama-server instances sharing prompt prefixes through kvc's tiers (issue 51; patch 0007,
+# --kvc-tier): two servers on a real redis-server, on a 3-node Redis Cluster and on a shared
+# disk directory, all on 127.0.0.1; the second server restores what the first prefilled and
+# its answer equals its own cold prefill's (gear-v2, lossless); then each fault: Redis stopped,
+# Redis frozen past the timeout, every chunk damaged, every chunk swapped (foreign), a full disk.
+# Each must answer as a cold prefill, keep both servers up and show in /metrics
+# (integrations/llama/server_tiers.py). No timing is checked here: docs/results/server-tiers.md
+# has the measured times. The build is fetch-and-build.sh's (50-llama.sh built it).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+t0=$SECONDS
+eval "$(integrations/llama/fetch-and-build.sh | grep -E '^[A-Z_]+=')"
+echo "56-llama-server-tiers: fetch and build took $((SECONDS - t0)) s"
+out=".cache/llama/ci-server-tiers"
+rm -rf "$out"
+mkdir -p "$out"
+t1=$SECONDS
+python3 integrations/llama/server_tiers.py --server "$LLAMA_SERVER" --model "$MODEL" \
+    --texts "$(dirname "$TEXT_A")" --prefix 1024 --out "$out"
+echo "56-llama-server-tiers: the servers' workload took $((SECONDS - t1)) s"
+echo "56-llama-server-tiers: passed"
