@@ -6,7 +6,8 @@
 # Redis frozen past the timeout, every chunk damaged, every chunk swapped (foreign), a full disk.
 # Each must answer as a cold prefill, keep both servers up and show in /metrics
 # (integrations/llama/server_tiers.py). No timing is checked here: docs/results/server-tiers.md
-# has the measured times. The build is fetch-and-build.sh's (50-llama.sh built it).
+# has the measured times. Then the host prompt cache through kvc's codecs (below). The build is
+# fetch-and-build.sh's (50-llama.sh built it).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -20,4 +21,14 @@ t1=$SECONDS
 python3 integrations/llama/server_tiers.py --server "$LLAMA_SERVER" --model "$MODEL" \
     --texts "$(dirname "$TEXT_A")" --prefix 1024 --out "$out"
 echo "56-llama-server-tiers: the servers' workload took $((SECONDS - t1)) s"
+# the host prompt cache through kvc's codecs (--kvc-prompt-cache, patch 0008) at one --cache-ram
+# budget: llama.cpp's own raw states, gear-v2 and tc-0.008; each must hold at least as many
+# prompts as llama.cpp's own cache, and a prompt restored through a lossless one answers as its
+# cold prefill, distribution and tokens (integrations/llama/server_prompt_cache.py)
+t2=$SECONDS
+python3 integrations/llama/server_prompt_cache.py --server "$LLAMA_SERVER" --model "$MODEL" \
+    --texts "$(dirname "$TEXT_A")" --prompts 6 --prompt-tokens 512 --cache-ram 24 \
+    --codec raw-states --codec gear-v2 --codec tc-0.008 --calibration data/tc-calibrations/smollm2-135m.kvctc \
+    --out "$out/prompt-cache"
+echo "56-llama-server-tiers: the prompt cache's workload took $((SECONDS - t2)) s"
 echo "56-llama-server-tiers: passed"
