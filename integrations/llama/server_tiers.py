@@ -19,10 +19,15 @@ every chunk swapped with another (foreign), and a disk tier on a full filesystem
 where mounting is allowed, else a file-size limit, EFBIG). Each must give the cold answer, keep
 the server up and show in its /metrics counters.
 
+Then two slots of one server (`-np 2`) restoring at once, and the refusals: a kvq cache serves
+without tiers and says why in /props; a tier URL, a tc codec without its calibration and a
+chunk size kvc refuses stop the server at start, naming the flag.
+
 Writes DIR/server-tiers.json and prints one line per scenario. Exit 1 when an answer differs,
 a process dies, or a fault is not counted.
 """
 import argparse
+import concurrent.futures
 import json
 import os
 import resource
@@ -512,6 +517,52 @@ def main():
             # a full disk on the publishing side: D publishes, fails, counts; its answer is a cold one
             w.fault(f"disk full ({how})", d, b, min(prefixes), ("kvc_tier_errors_total", "kvc_tier_publish_dropped_total"),
                     publish=True)
+
+        # --- two slots restoring at once, from the shared directory ----------------------------
+        n = min(prefixes)
+        docs = [w.sys + w.next_doc(n - len(w.sys)) for _ in range(2)]
+        for d in docs:
+            m0 = a.metrics()
+            a.complete(d + w.questions[4], 8)
+            wait_published(a, m0)
+        e = Server("two-slots", args.server, args.model, workdir, w.tier_args("disk:" + ddir) + ["-np", "2"])
+        servers.append(e)
+        m0 = e.metrics()
+        with concurrent.futures.ThreadPoolExecutor(2) as ex:
+            outs = list(ex.map(lambda d: e.complete(d + w.questions[5], 8), docs))
+        m1 = e.metrics()
+        got = delta(m1, m0, "kvc_tier_tokens_restored_total")
+        row = {"scenario": "two slots at once", "tokens_restored": got, "hits": delta(m1, m0, "kvc_tier_hits_total"),
+               "answers": [len(o[1]) for o in outs], "alive": e.alive()}
+        w.results.append(row)
+        print(f"server_tiers: two slots at once: {row['hits']:.0f} restores, {got:.0f} tokens; answers of "
+              f"{row['answers']} tokens")
+        if row["hits"] < 2 or not all(row["answers"]) or not row["alive"]:
+            w.fail("two slots at once: " + json.dumps(row))
+
+        # --- refusals ----------------------------------------------------------------------------
+        # a kvq cache: served without tiers, the reason in /props
+        k = Server("kvq-refused", args.server, args.model, workdir, w.tier_args("disk:" + ddir) + ["-ctk", "kvq4", "-ctv", "kvq4"])
+        servers.append(k)
+        props = json.loads(k.get("/props")).get("kvc_tiers") or {}
+        _, toks, _ = k.complete(docs[0][:64], 4)
+        ok = props.get("enabled") is False and "kvq4" in props.get("reason", "") and len(toks) > 0
+        w.results.append({"scenario": "kvq cache refused", "props": props, "answered": len(toks)})
+        print(f"server_tiers: a kvq cache: tiers {'off' if props.get('enabled') is False else 'ON'}: "
+              f"{props.get('reason')!r}; answered {len(toks)} tokens")
+        if not ok:
+            w.fail("a kvq cache: not refused with its reason, or no answer: " + json.dumps(props))
+        # options kvc refuses stop the server at start, naming the flag
+        for bad, flag in ((["--kvc-tier", "foo:bar"], "--kvc-tier"),
+                          (["--kvc-tier", "disk:" + ddir, "--kvc-tier-codec", "tc-0.01"], "--kvc-tier-calibration"),
+                          (["--kvc-tier", "disk:" + ddir, "--kvc-tier-chunk", "7"], "--kvc-tier-chunk")):
+            r = subprocess.run([args.server, "-m", args.model, "--port", str(free_port()), "-t", "2"] + bad,
+                               capture_output=True, text=True, timeout=120)
+            said = flag in (r.stdout + r.stderr)
+            w.results.append({"scenario": "refused option", "args": bad, "exit": r.returncode, "names_the_flag": said})
+            print(f"server_tiers: {' '.join(bad)}: exit {r.returncode}, names {flag}: {said}")
+            if r.returncode == 0 or not said:
+                w.fail(f"{' '.join(bad)}: exit {r.returncode}; the output does not name {flag}")
     except Exception as e:  # noqa: BLE001 - report and fail
         w.fail(f"{type(e).__name__}: {e}")
     finally:

@@ -4,8 +4,9 @@
 # disk directory, all on 127.0.0.1; the second server restores what the first prefilled and
 # its answer equals its own cold prefill's (gear-v2, lossless); then each fault: Redis stopped,
 # Redis frozen past the timeout, every chunk damaged, every chunk swapped (foreign), a full disk.
-# Each must answer as a cold prefill, keep both servers up and show in /metrics
-# (integrations/llama/server_tiers.py). No timing is checked here: docs/results/server-tiers.md
+# Each must answer as a cold prefill, keep both servers up and show in /metrics; then two slots
+# restoring at once, a kvq cache refused with its reason in /props, and options kvc refuses
+# stopping the server at start with the flag named (integrations/llama/server_tiers.py). No timing is checked here: docs/results/server-tiers.md
 # has the measured times. Then the host prompt cache through kvc's codecs (below). The build is
 # fetch-and-build.sh's (50-llama.sh built it).
 set -euo pipefail
