@@ -40,19 +40,14 @@ import tempfile
 import time
 import urllib.request
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from server_load import free_port  # noqa: E402
+
 SYSTEM = ("<|im_start|>system\nYou are a careful assistant. Answer questions about the document "
           "below in one or two sentences.<|im_end|>\n<|im_start|>user\n")
 QUESTIONS = ["What is this document about?", "Who does it apply to?", "Name one obligation it sets.",
              "What does it say about changes?", "Summarise its first part.", "Is anything forbidden?",
              "What happens on a violation?", "Who wrote it?", "What is its purpose?", "List two key terms."]
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
 
 
 # ------------------------------------------------------------------------------------------
