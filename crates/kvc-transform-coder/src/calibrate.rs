@@ -69,6 +69,11 @@ pub struct Options {
     pub query_from: usize,
     /// Every `query_stride`-th position from `query_from` is a query.
     pub query_stride: usize,
+    /// Each layer's weight in the bound: how much the model's output moves per unit of the
+    /// layer's attention-output error (measured in the engine, `kvc tc sensitivity`). The
+    /// bound then holds for the weighted mean `Σ w_l·e_l / Σ w_l`, so bits move from layers
+    /// the output barely feels to those it feels most. Empty: every layer weighs the same.
+    pub layer_weights: Vec<f64>,
 }
 
 /// What a target reached on one layer of the calibration text.
@@ -401,11 +406,13 @@ struct Choice {
 /// One layer with its K-only and V-only (error, rate) curves over the step grid.
 struct Curves<'a> {
     layer: Layer<'a>,
+    /// The layer's weight in the bound (mean 1 over layers).
+    weight: f64,
     k: Vec<(f64, f64)>,
     v: Vec<(f64, f64)>,
 }
 
-fn curves<'a>(dump: &'a Dump<'a>, opts: &'a Options, layer: usize) -> Curves<'a> {
+fn curves<'a>(dump: &'a Dump<'a>, opts: &'a Options, layer: usize, weight: f64) -> Curves<'a> {
     let l = Layer::new(dump, opts, layer);
     let k = (0..GRID)
         .map(|m| {
@@ -419,10 +426,15 @@ fn curves<'a>(dump: &'a Dump<'a>, opts: &'a Options, layer: usize) -> Curves<'a>
             (l.error(&l.v_output(&vq)), r)
         })
         .collect();
-    Curves { layer: l, k, v }
+    Curves {
+        layer: l,
+        weight,
+        k,
+        v,
+    }
 }
 
-/// The grid point of least `rate + lambda·error`.
+/// The grid point of least `rate + lambda·error` (`lambda` includes the layer's weight).
 fn best_point(curve: &[(f64, f64)], lambda: f64) -> usize {
     (0..curve.len())
         .min_by(|&a, &b| {
@@ -435,14 +447,17 @@ fn best_point(curve: &[(f64, f64)], lambda: f64) -> usize {
 /// Per layer, the K and V grid points at `lambda` (separable: K and V errors add).
 fn points(all: &[Curves<'_>], lambda: f64) -> Vec<(usize, usize)> {
     all.iter()
-        .map(|c| (best_point(&c.k, lambda), best_point(&c.v, lambda)))
+        .map(|c| {
+            let l = lambda * c.weight;
+            (best_point(&c.k, l), best_point(&c.v, l))
+        })
         .collect()
 }
 
 fn predicted_mean_error(all: &[Curves<'_>], pts: &[(usize, usize)]) -> f64 {
     all.iter()
         .zip(pts)
-        .map(|(c, &(mk, mv))| c.k[mk].0 + c.v[mv].0)
+        .map(|(c, &(mk, mv))| c.weight * (c.k[mk].0 + c.v[mv].0))
         .sum::<f64>()
         / all.len() as f64
 }
@@ -496,7 +511,12 @@ fn allocate(all: &[Curves<'_>], bound: f64) -> Vec<Choice> {
             .zip(pts.par_iter())
             .map(|(c, &(mk, mv))| choose(c, mk, mv))
             .collect();
-        let mean = choices.iter().map(|c| c.result.error).sum::<f64>() / all.len() as f64;
+        let mean = choices
+            .iter()
+            .zip(all)
+            .map(|(ch, c)| c.weight * ch.result.error)
+            .sum::<f64>()
+            / all.len() as f64;
         if mean <= bound {
             return choices;
         }
@@ -557,9 +577,24 @@ pub fn calibrate(dump: &Dump<'_>, opts: &Options) -> Result<(Calibration, Report
     if bounds.is_empty() || bounds.iter().any(|b| !(b.is_finite() && *b > 0.0)) {
         return inv(format!("bounds {:?}: need positive numbers", opts.bounds));
     }
+    let weights = match opts.layer_weights.len() {
+        0 => vec![1.0; l_n],
+        n if n == l_n => {
+            if let Some(w) = opts
+                .layer_weights
+                .iter()
+                .find(|w| !(w.is_finite() && **w > 0.0))
+            {
+                return inv(format!("layer weight {w}: need positive numbers"));
+            }
+            let mean = opts.layer_weights.iter().sum::<f64>() / l_n as f64;
+            opts.layer_weights.iter().map(|w| w / mean).collect()
+        }
+        n => return inv(format!("{n} layer weights for {l_n} layers")),
+    };
     let all: Vec<Curves<'_>> = (0..l_n)
         .into_par_iter()
-        .map(|layer| curves(dump, opts, layer))
+        .map(|layer| curves(dump, opts, layer, weights[layer]))
         .collect();
     // [target][layer] -> [layer][target]
     let mut by_target: Vec<std::vec::IntoIter<Choice>> = bounds

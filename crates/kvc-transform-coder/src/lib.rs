@@ -10,6 +10,8 @@
 //! - [`calibrate()`] makes a [`Calibration`] from a dump of the model's K, V and Q.
 //! - [`Calibration`] is that result and its file format (`KVCTCCAL` v1), which the storing
 //!   and the restoring process both load; its BLAKE3 is part of every chunk's fingerprint.
+//! - [`layer_probe()`] makes the calibrations that measure, in the engine, how much the
+//!   model's output feels each layer's error: the weights of [`Options::layer_weights`].
 //! - [`TransformCodec`] codes one section (one layer's K or V of a chunk) and decodes it
 //!   with a hash check, bit-identically on every host: decoding uses only IEEE-754 `+ - *`
 //!   in a fixed order and integer arithmetic (no FMA, no platform `sin`/`cos`); its one
@@ -25,6 +27,7 @@ pub mod combine;
 mod eigen;
 pub mod error;
 pub mod golden;
+pub mod probe;
 pub mod rans;
 pub mod rope;
 pub mod section;
@@ -33,5 +36,6 @@ mod trig;
 pub use calibrate::{calibrate, Dump, LayerResult, Options, Report};
 pub use calibration::{Calibration, HeadBasis, Target};
 pub use error::{Error, ErrorKind, Result};
+pub use probe::{layer_probe, PROBE_BOUND};
 pub use rope::{Rope, RopeKind};
 pub use section::{parse_name, TransformCodec};

@@ -92,6 +92,7 @@ fn options(bounds: &[f32]) -> Options {
         bounds: bounds.to_vec(),
         query_from: 16,
         query_stride: 8,
+        layer_weights: Vec::new(),
     }
 }
 
@@ -355,6 +356,23 @@ fn bad_dumps_and_options_are_refused() {
             &format!("{b:?}"),
         );
     }
+    // Layer weights: one per layer, each positive and finite.
+    for w in [
+        vec![1.0; L + 1],
+        vec![1.0; L - 1],
+        vec![0.0; L],
+        vec![-1.0; L],
+        vec![f64::NAN; L],
+    ] {
+        refused(
+            &good,
+            &Options {
+                layer_weights: w.clone(),
+                ..opts.clone()
+            },
+            &format!("layer weights {w:?}"),
+        );
+    }
     // RoPE rotating more channels than a row has.
     let wide = Rope::from_base(RopeKind::Norm, 32, 32, 10000.0, 1.0).unwrap();
     refused(
@@ -383,4 +401,50 @@ fn a_rope_of_another_head_dim_is_refused() {
     .map(|_| ())
     .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
+}
+
+/// Layer weights move the error: the bound holds for the weighted mean, a layer that weighs
+/// more gets no larger an error than the same calibration gives it unweighted, and the
+/// layers that weigh less get larger errors for fewer bits.
+#[test]
+fn layer_weights_move_bits_to_the_layers_that_weigh_more() {
+    let data = data();
+    let bound = 0.01f32;
+    let (_, flat) = calibrate(&dump(&data), &options(&[bound])).unwrap();
+    let mut weights = vec![1.0; L];
+    weights[0] = 8.0;
+    let (_, heavy) = calibrate(
+        &dump(&data),
+        &Options {
+            layer_weights: weights.clone(),
+            ..options(&[bound])
+        },
+    )
+    .unwrap();
+    let (f, h) = (&flat[0], &heavy[0]);
+    let wsum: f64 = weights.iter().sum();
+    let weighted = h
+        .iter()
+        .zip(&weights)
+        .map(|(r, w)| r.error * w)
+        .sum::<f64>()
+        / wsum;
+    assert!(
+        weighted <= f64::from(bound),
+        "weighted mean error {weighted}"
+    );
+    assert!(
+        h[0].error <= f[0].error,
+        "the heavy layer: {:?} weighted, {:?} flat",
+        h[0],
+        f[0]
+    );
+    for l in 1..L {
+        assert!(
+            h[l].error > f[l].error && h[l].k_bits + h[l].v_bits < f[l].k_bits + f[l].v_bits,
+            "layer {l}: {:?} weighted, {:?} flat",
+            h[l],
+            f[l]
+        );
+    }
 }

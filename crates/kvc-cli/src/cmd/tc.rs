@@ -6,7 +6,9 @@
 use std::path::PathBuf;
 
 use clap::{Args, Subcommand};
-use kvc_transform_coder::{calibrate, Calibration, Dump, Options, Rope, RopeKind};
+use kvc_transform_coder::{
+    calibrate, layer_probe, parse_name, Calibration, Dump, Options, Rope, RopeKind,
+};
 
 use crate::cli_error::CliError;
 use crate::cmd::dump::KvqDump;
@@ -24,6 +26,10 @@ enum TcCommand {
     Calibrate(CalibrateArgs),
     /// Print a calibration file: layout, RoPE, targets and what they cost.
     Inspect(InspectArgs),
+    /// Write a layer probe: one target, `tc-1`, coding one layer at a target of a
+    /// calibration and every other layer almost exactly (what the engine decodes to measure
+    /// the layer's weight for `calibrate --layer-weights`).
+    Probe(ProbeArgs),
 }
 
 /// `kvc tc calibrate` arguments.
@@ -71,6 +77,27 @@ struct CalibrateArgs {
     /// Write what each target reached on each layer (error, K and V bits) as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Weigh each layer's error in the bounds by its measured sensitivity: a JSON file
+    /// with `"weights": [one positive number per layer]`
+    /// (`integrations/llama/tc-sensitivity.py` writes it). Default: every layer 1.
+    #[arg(long = "layer-weights")]
+    layer_weights: Option<PathBuf>,
+}
+
+/// `kvc tc probe` arguments.
+#[derive(Args)]
+struct ProbeArgs {
+    /// The calibration the probe is made from.
+    calibration: PathBuf,
+    /// The layer coded at `--target`; `base` for none (the probes' baseline).
+    #[arg(long)]
+    layer: String,
+    /// The target whose steps the layer gets, e.g. `tc-0.128`.
+    #[arg(long)]
+    target: String,
+    /// Write the probe calibration here.
+    #[arg(long)]
+    out: PathBuf,
 }
 
 /// `kvc tc inspect` arguments.
@@ -85,6 +112,7 @@ pub fn run(a: TcArgs) -> Result<(), CliError> {
     match a.command {
         TcCommand::Calibrate(c) => run_calibrate(c),
         TcCommand::Inspect(i) => run_inspect(i),
+        TcCommand::Probe(p) => run_probe(p),
     }
 }
 
@@ -132,6 +160,10 @@ fn rope_of(a: &CalibrateArgs, head_dim: usize) -> Result<Rope, CliError> {
 }
 
 fn run_calibrate(a: CalibrateArgs) -> Result<(), CliError> {
+    let layer_weights = match &a.layer_weights {
+        Some(path) => read_weights(path)?,
+        None => Vec::new(),
+    };
     let d = KvqDump::read(&a.dump, &a.text_tag)?;
     let (k, v, q) = (&d.k, &d.v, &d.q);
     let [n_layer, n_tokens, n_kv_head, head_dim] = k.shape;
@@ -153,6 +185,7 @@ fn run_calibrate(a: CalibrateArgs) -> Result<(), CliError> {
         bounds: a.bounds.clone(),
         query_from: a.query_from,
         query_stride: a.query_stride,
+        layer_weights: layer_weights.clone(),
     };
     let t0 = std::time::Instant::now();
     let (cal, report) = calibrate(&dump, &opts).map_err(CliError::input)?;
@@ -186,23 +219,34 @@ fn run_calibrate(a: CalibrateArgs) -> Result<(), CliError> {
             "dump": a.dump.display().to_string(),
             "seconds": secs,
             "file_bytes": bytes.len(),
+            "layer_weights": a.layer_weights.as_ref().map(|p| p.display().to_string()),
             "targets": targets,
         });
         let text = serde_json::to_string_pretty(&j).map_err(CliError::input)?;
         std::fs::write(path, text).map_err(|e| CliError::io(path, e))?;
     }
     println!(
-        "| target | K bits/value | V bits/value | f16 / coded | mean layer error | worst layer |"
+        "| target | K bits/value | V bits/value | f16 / coded | mean layer error | weighted mean | worst layer |"
     );
-    println!("|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|");
+    let wsum: f64 = layer_weights.iter().sum();
     for (t, rows) in cal.targets.iter().zip(&report) {
         let n = rows.len() as f64;
         let kb = rows.iter().map(|r| r.k_bits).sum::<f64>() / n;
         let vb = rows.iter().map(|r| r.v_bits).sum::<f64>() / n;
         let worst = rows.iter().map(|r| r.error).fold(0f64, f64::max);
         let mean = rows.iter().map(|r| r.error).sum::<f64>() / n;
+        let weighted = if layer_weights.is_empty() {
+            mean
+        } else {
+            rows.iter()
+                .zip(&layer_weights)
+                .map(|(r, w)| r.error * w)
+                .sum::<f64>()
+                / wsum
+        };
         println!(
-            "| tc-{} | {kb:.3} | {vb:.3} | {:.2} | {mean:.5} | {worst:.5} |",
+            "| tc-{} | {kb:.3} | {vb:.3} | {:.2} | {mean:.5} | {weighted:.5} | {worst:.5} |",
             t.bound,
             32.0 / (kb + vb)
         );
@@ -231,5 +275,52 @@ fn run_inspect(a: InspectArgs) -> Result<(), CliError> {
     );
     println!("symbol tables: {}", cal.tables.len());
     println!("targets: {}", cal.target_names().join(", "));
+    Ok(())
+}
+
+/// The `"weights"` array of a layer-weights file.
+fn read_weights(path: &std::path::Path) -> Result<Vec<f64>, CliError> {
+    let text = std::fs::read_to_string(path).map_err(|e| CliError::io(path, e))?;
+    let j: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| CliError::input(format!("{}: {e}", path.display())))?;
+    j["weights"]
+        .as_array()
+        .and_then(|a| {
+            a.iter()
+                .map(serde_json::Value::as_f64)
+                .collect::<Option<Vec<f64>>>()
+        })
+        .ok_or_else(|| {
+            CliError::input(format!(
+                "{}: expected \"weights\": [one number per layer]",
+                path.display()
+            ))
+        })
+}
+
+fn run_probe(a: ProbeArgs) -> Result<(), CliError> {
+    let bytes = std::fs::read(&a.calibration).map_err(|e| CliError::io(&a.calibration, e))?;
+    let cal = Calibration::from_bytes(&bytes)
+        .map_err(|e| CliError::input(format!("{}: {e}", a.calibration.display())))?;
+    let coarse = parse_name(&a.target).map_err(CliError::input)?;
+    let layer = match a.layer.as_str() {
+        "base" => None,
+        l => Some(
+            l.parse::<usize>()
+                .map_err(|_| CliError::input(format!("--layer {l:?}: a layer number or base")))?,
+        ),
+    };
+    let probe = layer_probe(&cal, layer, coarse).map_err(CliError::input)?;
+    let out = probe.to_bytes().map_err(CliError::input)?;
+    std::fs::write(&a.out, &out).map_err(|e| CliError::io(&a.out, e))?;
+    println!(
+        "probe {}: layer {} at {}, every other layer at {} / 64; {} bytes written to {}",
+        kvc_transform_coder::probe::PROBE_BOUND,
+        a.layer,
+        a.target,
+        cal.target_names()[0],
+        out.len(),
+        a.out.display()
+    );
     Ok(())
 }

@@ -367,6 +367,7 @@ pub fn transform_at(bound: &str) -> Arc<TransformCodec> {
             bounds: vec![0.01, 0.04],
             query_from: 64,
             query_stride: 16,
+            layer_weights: Vec::new(),
         };
         calibrate(&dump, &opts).unwrap().0.to_bytes().unwrap()
     });
