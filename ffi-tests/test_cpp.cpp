@@ -13,6 +13,8 @@
 #include <type_traits>
 #include <vector>
 
+#include <unistd.h>
+
 #define CHECK(cond)                                                                      \
     do {                                                                                 \
         if (!(cond)) {                                                                   \
@@ -294,6 +296,26 @@ static void test_tiers() {
     CHECK(m && m->chunks_restored == 2 && m->fallbacks == 0 && m->tiers[KVC_TIERS_MEMORY].present);
     auto bad = kvc::tiers_store(tiers->get(), tokens, tokens.size(), k, std::vector<std::uint8_t>(3));
     CHECK(bad.status() == KVC_INVALID_ARGUMENT);
+
+    // ABI 0.20: the prefix in a kv-prefix file, imported by a fresh handle.
+    const std::string path = "/tmp/kvc-test-cpp-" + std::to_string(getpid()) + "-" +
+                             std::to_string(KVC_HPP_EXCEPTIONS) + ".kvcprfix";
+    auto written = kvc::tiers_export_prefix(tiers->get(), tokens, path);
+    CHECK(written && *written == 8);
+    auto fresh = kvc::make_handle<kvc::Tiers>(kvc_tiers_new, &c);
+    CHECK(fresh.ok());
+    auto imported = kvc::tiers_import_prefix(fresh->get(), path);
+    CHECK(imported && imported->tokens == tokens && imported->chunk_tokens_imported == 8);
+    auto q = kvc::tiers_restore(fresh->get(), imported->tokens, 2, row);
+    CHECK(q && q->tokens == 8 && q->k == p->k && q->v == p->v);
+    c.model_hash[0] ^= 1;
+    auto other = kvc::make_handle<kvc::Tiers>(kvc_tiers_new, &c);
+    CHECK(other.ok());
+    auto foreign = kvc::tiers_import_prefix(other->get(), path);
+    CHECK(foreign.status() == KVC_INVALID_ARGUMENT &&
+          foreign.error().message().find("foreign") != std::string::npos);
+    CHECK(kvc::tiers_import_prefix(fresh->get(), path + ".missing").status() == KVC_IO);
+    std::remove(path.c_str());
 }
 
 int main() {

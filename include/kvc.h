@@ -143,7 +143,7 @@
  * fields are added (only ever appended). A program built against minor `m` runs on any
  * library with the same major and a minor `>= m`.
  */
-#define KVC_ABI_VERSION_MINOR 19
+#define KVC_ABI_VERSION_MINOR 20
 
 /**
  * The ABI version this header describes, `(major << 16) | minor`. Pass it to
@@ -2170,6 +2170,23 @@ typedef struct kvc_api {
                                                    size_t w_len,
                                                    size_t n_queries,
                                                    float *acc);
+    /**
+     * See `kvc_tiers_export_prefix` (ABI 0.20).
+     */
+    enum kvc_status (*tiers_export_prefix)(const struct kvc_tiers *tiers,
+                                           const uint32_t *tokens,
+                                           size_t n_tokens,
+                                           const char *path,
+                                           size_t *out_tokens);
+    /**
+     * See `kvc_tiers_import_prefix` (ABI 0.20).
+     */
+    enum kvc_status (*tiers_import_prefix)(const struct kvc_tiers *tiers,
+                                           const char *path,
+                                           uint32_t *tokens,
+                                           size_t capacity,
+                                           size_t *out_n_tokens,
+                                           size_t *out_chunk_tokens_imported);
 } kvc_api;
 
 /**
@@ -4607,6 +4624,66 @@ enum kvc_status kvc_tiers_store(const struct kvc_tiers *tiers,
 KVC_NODISCARD
 enum kvc_status kvc_tiers_get_metrics(const struct kvc_tiers *tiers,
                                       struct kvc_tiers_metrics *out);
+
+/**
+ * Exports the prefix `tokens` (`n_tokens` token ids, at most 2^26) as a kv-prefix file
+ * (docs/formats/kv-prefix.md) at `path` (NUL-terminated): every token id, and the blobs of
+ * the leading run of its whole chunks that the tiers hold valid (fetched and checked as
+ * `kvc_tiers_restore` fetches them, promoted into the tiers above where they were found;
+ * not decoded), up to the first chunk no tier holds. The file is written atomically (a
+ * temporary file in the same directory, renamed over `path`): a reader sees the old file
+ * or the whole new one. Stores in `*out_tokens` the tokens the file's chunks cover (a
+ * multiple of the chunk size; 0 with no whole chunk held, which is still a valid file).
+ * A file that cannot be written: `KVC_IO`; more than 2^26 tokens: `KVC_INVALID_ARGUMENT`.
+ * (ABI 0.20)
+ *
+ * Ownership: all caller-owned; the file is the caller's. Threads: safe, concurrently on
+ * one handle (two exports to one path: the last rename wins, both files whole).
+ *
+ * # Safety
+ * `tiers` live; `tokens` readable for `n_tokens`; `path` NUL-terminated; `out_tokens`
+ * writable.
+ */
+KVC_NODISCARD
+enum kvc_status kvc_tiers_export_prefix(const struct kvc_tiers *tiers,
+                                        const uint32_t *tokens,
+                                        size_t n_tokens,
+                                        const char *path,
+                                        size_t *out_tokens);
+
+/**
+ * Imports the kv-prefix file at `path` (NUL-terminated; `kvc_tiers_export_prefix` wrote
+ * it, here or in another process): checks all of it (every field, its length, its
+ * checksum, each chunk blob's own checks and its key against the file's token ids, the
+ * blobs against these tiers' codec and layout), then puts every chunk into the tiers'
+ * **first** tier (memory when configured); the engine then restores the file's tokens
+ * with `kvc_tiers_restore` as usual. The file's token ids are copied into `tokens`
+ * (`capacity` of them) and their count stored in `*out_n_tokens`; the tokens of the
+ * leading chunks the first tier holds after the import (a multiple of the chunk size,
+ * what a restore right after gives) in `*out_chunk_tokens_imported`.
+ *
+ * Size query: `tokens == NULL && capacity == 0` checks the file and stores the count in
+ * `*out_n_tokens` without importing (`*out_chunk_tokens_imported` untouched). Too small
+ * a capacity: `KVC_BUFFER_TOO_SMALL` with the count in `*out_n_tokens`, nothing imported.
+ * A damaged or truncated file: `KVC_CORRUPT_DATA`; a valid file of another model,
+ * layout, dtype, chunk size, codec or calibration: `KVC_INVALID_ARGUMENT`, with
+ * `foreign kv-prefix file` in the last-error message; both import nothing. An unreadable
+ * file, or a first tier (disk, Redis) that fails the write: `KVC_IO`. The handle stays
+ * usable after any of them. (ABI 0.20)
+ *
+ * Ownership: all caller-owned. Threads: safe, concurrently on one handle.
+ *
+ * # Safety
+ * `tiers` live; `path` NUL-terminated; `tokens` NULL with `capacity` 0, or writable for
+ * `capacity` token ids; `out_n_tokens` and `out_chunk_tokens_imported` writable.
+ */
+KVC_NODISCARD
+enum kvc_status kvc_tiers_import_prefix(const struct kvc_tiers *tiers,
+                                        const char *path,
+                                        uint32_t *tokens,
+                                        size_t capacity,
+                                        size_t *out_n_tokens,
+                                        size_t *out_chunk_tokens_imported);
 
 /**
  * Frees tiers (closes Redis connections; files on disk and values in Redis stay); NULL

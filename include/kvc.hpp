@@ -544,6 +544,50 @@ inline Result<kvc_tiers_metrics> tiers_metrics(const kvc_tiers* tiers) {
     return m;
 }
 
+// --- kv-prefix files (ABI 0.20) ---
+
+/// kvc_tiers_export_prefix: writes the kv-prefix file of `tokens` at `path` (atomically);
+/// the tokens its whole chunks cover.
+inline Result<std::size_t> tiers_export_prefix(const kvc_tiers* tiers,
+                                               const std::vector<std::uint32_t>& tokens,
+                                               const std::string& path) {
+    std::size_t n = 0;
+    kvc_status st = kvc_tiers_export_prefix(tiers, tokens.data(), tokens.size(), path.c_str(), &n);
+    if (st != KVC_OK) return detail::error_from(st);
+    return n;
+}
+
+/// What kvc_tiers_import_prefix read and imported.
+struct TiersImport {
+    /// Every token id of the file (restore these with tiers_restore / kvc_tiers_restore).
+    std::vector<std::uint32_t> tokens;
+    /// Tokens of the leading chunks the first tier holds after the import.
+    std::size_t chunk_tokens_imported = 0;
+};
+
+/// kvc_tiers_import_prefix of the file at `path`, its token ids sized by the size query.
+/// A damaged file is KVC_CORRUPT_DATA, a foreign one KVC_INVALID_ARGUMENT.
+inline Result<TiersImport> tiers_import_prefix(const kvc_tiers* tiers, const std::string& path) {
+    std::size_t n = 0, imported = 0;
+    kvc_status st = kvc_tiers_import_prefix(tiers, path.c_str(), nullptr, 0, &n, &imported);
+    // A file replaced between the two calls may need a larger buffer: ask again.
+    for (int attempt = 0; st == KVC_OK && attempt < 3; attempt++) {
+        TiersImport out;
+        out.tokens.resize(n);
+        st = kvc_tiers_import_prefix(tiers, path.c_str(), out.tokens.data(), out.tokens.size(), &n,
+                                     &imported);
+        if (st == KVC_BUFFER_TOO_SMALL) {
+            st = KVC_OK;
+            continue;
+        }
+        if (st != KVC_OK) break;
+        out.tokens.resize(n);
+        out.chunk_tokens_imported = imported;
+        return out;
+    }
+    return detail::error_from(st == KVC_OK ? KVC_BUFFER_TOO_SMALL : st);
+}
+
 }  // namespace kvc
 
 #endif  // KVC_HPP

@@ -21,7 +21,7 @@ if [ "${1:-}" = "--time" ]; then
     mode=time
     limit="${2:?usage: fuzz-all.sh --time SECONDS}"
 fi
-all_targets="gear_v1_decode gear_v2_decode mlp_weights c8_checkpoint h2o_replay kvq_plan kvq_rows kvq_block kvq_channel kvq_file tier_blob tc_calibration tc_section kvq_cells_state llama_state"
+all_targets="gear_v1_decode gear_v2_decode mlp_weights c8_checkpoint h2o_replay kvq_plan kvq_rows kvq_block kvq_channel kvq_file tier_blob prefix_file tc_calibration tc_section kvq_cells_state llama_state"
 targets="${FUZZ_TARGETS:-$all_targets}"
 
 host="$(rustc -vV | sed -n 's/^host: //p')"
@@ -57,6 +57,7 @@ seed mlp_weights ../crates/kvc-mlp/tests/fixtures/*.bin
 seed h2o_replay seeds/h2o_replay/*
 seed kvq_plan ../data/kvq-plans/*.json
 seed kvq_cells_state ../crates/kvc-kvq-cells/tests/golden/kvq-cells-state-v1/*
+seed prefix_file ../crates/kvc-store-tiers/tests/golden/kv-prefix-v1/*
 # kvq_file: packed cache files `kvc quant apply --kvq` wrote (fuzz/make_kvq_file_seeds.sh).
 seed kvq_file seeds/kvq_file/*
 # c8_checkpoint: u16 LE description length, the description, the safetensors file (the
@@ -71,12 +72,13 @@ for d in ../crates/kvc-int8/tests/fixtures/c8/*/; do
     } >"corpus/c8_checkpoint/$(basename "$d")"
 done
 
-# kvq_rows, kvq_block, kvq_channel, tier_blob: the target writes seeds from the embedded
-# sample (data/sample) itself on its first call (kvq rows quantized per config or per block
-# format; K channel-group blocks per bits and group; blobs per codec). tc_calibration and
-# tc_section write theirs the same way (fixed calibrations of small layouts; sections the
-# encoder made with the fixed calibration). kvq_cells_state: saves of its fixed cells.
-for t in kvq_rows kvq_block kvq_channel tier_blob tc_calibration tc_section kvq_cells_state; do
+# kvq_rows, kvq_block, kvq_channel, tier_blob, prefix_file: the target writes seeds from the
+# embedded sample (data/sample) itself on its first call (kvq rows quantized per config or per
+# block format; K channel-group blocks per bits and group; blobs per codec; kv-prefix files per
+# codec). tc_calibration and tc_section write theirs the same way (fixed calibrations of small
+# layouts; sections the encoder made with the fixed calibration). kvq_cells_state: saves of
+# its fixed cells.
+for t in kvq_rows kvq_block kvq_channel tier_blob prefix_file tc_calibration tc_section kvq_cells_state; do
     if [[ " $targets " = *" $t "* ]]; then
         mkdir -p "corpus/$t"
         KVC_FUZZ_WRITE_SEEDS="corpus/$t" "$(bin_of "$t")" -runs=1 "corpus/$t" >/dev/null 2>&1 || true
@@ -91,7 +93,7 @@ max_len() {
         gear_v1_decode | h2o_replay) echo 4096 ;;
         mlp_weights) echo 32768 ;;
         kvq_rows) echo 2048 ;;
-        kvq_file) echo 16384 ;;
+        kvq_file | prefix_file) echo 16384 ;;
         *) echo 8192 ;;
     esac
 }

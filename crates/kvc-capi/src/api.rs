@@ -88,6 +88,8 @@ use crate::tiers::{
     kvc_tiers_config_default, kvc_tiers_free, kvc_tiers_get_metrics, kvc_tiers_hash_model_file,
     kvc_tiers_lookup, kvc_tiers_new, kvc_tiers_new_tc, kvc_tiers_restore, kvc_tiers_store,
 };
+// ABI 0.20: a prefix's chunks in one file (kv-prefix), for saved sequences.
+use crate::tiers::{kvc_tiers_export_prefix, kvc_tiers_import_prefix};
 use crate::tiers::{KvcTiers, KvcTiersConfig, KvcTiersMetrics, KvcTiersStoreReport};
 
 /// The C API as function pointers; each field behaves exactly as the function of the
@@ -972,6 +974,24 @@ pub struct KvcApi {
         n_queries: usize,
         acc: *mut f32,
     ) -> KvcStatus,
+    // --- kv-prefix files (ABI 0.20) ---
+    /// See `kvc_tiers_export_prefix` (ABI 0.20).
+    pub tiers_export_prefix: unsafe extern "C" fn(
+        tiers: *const KvcTiers,
+        tokens: *const u32,
+        n_tokens: usize,
+        path: *const c_char,
+        out_tokens: *mut usize,
+    ) -> KvcStatus,
+    /// See `kvc_tiers_import_prefix` (ABI 0.20).
+    pub tiers_import_prefix: unsafe extern "C" fn(
+        tiers: *const KvcTiers,
+        path: *const c_char,
+        tokens: *mut u32,
+        capacity: usize,
+        out_n_tokens: *mut usize,
+        out_chunk_tokens_imported: *mut usize,
+    ) -> KvcStatus,
 }
 
 static API: KvcApi = KvcApi {
@@ -1109,6 +1129,9 @@ static API: KvcApi = KvcApi {
     kvq_cells_can_truncate: kvc_kvq_cells_can_truncate,
     kvq_cells_scores_tokens: kvc_kvq_cells_scores_tokens,
     kvq_cells_accumulate_tokens: kvc_kvq_cells_accumulate_tokens,
+    // --- kv-prefix files (ABI 0.20) ---
+    tiers_export_prefix: kvc_tiers_export_prefix,
+    tiers_import_prefix: kvc_tiers_import_prefix,
 };
 
 /// Whether a program built against ABI version `requested` can use this library.

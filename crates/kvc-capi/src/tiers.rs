@@ -8,6 +8,7 @@
 //! `const kvc_tiers *` and may run concurrently with any other call on the same handle.
 
 use std::ffi::{c_char, c_void, CStr};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use kvc_store_tiers::{
@@ -607,6 +608,159 @@ pub unsafe extern "C" fn kvc_tiers_get_metrics(
         *out = to_c(t, &t.tiers.metrics());
         Ok(())
     })
+}
+
+/// A NUL-terminated UTF-8 path argument (NULL: `KVC_NULL_ARGUMENT`).
+///
+/// # Safety
+/// `p` must be NULL or point to a NUL-terminated string.
+unsafe fn path_arg(p: *const c_char, argument: &'static str) -> Result<PathBuf, Error> {
+    // SAFETY: caller contract (NULL checked first).
+    unsafe { in_ref(p, argument) }?;
+    // SAFETY: non-NULL and NUL-terminated (contract).
+    let s = unsafe { opt_str(p, argument) }?.unwrap_or_default();
+    if s.is_empty() {
+        return Err(Error::invalid(argument, "is empty"));
+    }
+    Ok(PathBuf::from(s))
+}
+
+/// Exports the prefix `tokens` (`n_tokens` token ids, at most 2^26) as a kv-prefix file
+/// (docs/formats/kv-prefix.md) at `path` (NUL-terminated): every token id, and the blobs of
+/// the leading run of its whole chunks that the tiers hold valid (fetched and checked as
+/// `kvc_tiers_restore` fetches them, promoted into the tiers above where they were found;
+/// not decoded), up to the first chunk no tier holds. The file is written atomically (a
+/// temporary file in the same directory, renamed over `path`): a reader sees the old file
+/// or the whole new one. Stores in `*out_tokens` the tokens the file's chunks cover (a
+/// multiple of the chunk size; 0 with no whole chunk held, which is still a valid file).
+/// A file that cannot be written: `KVC_IO`; more than 2^26 tokens: `KVC_INVALID_ARGUMENT`.
+/// (ABI 0.20)
+///
+/// Ownership: all caller-owned; the file is the caller's. Threads: safe, concurrently on
+/// one handle (two exports to one path: the last rename wins, both files whole).
+///
+/// # Safety
+/// `tiers` live; `tokens` readable for `n_tokens`; `path` NUL-terminated; `out_tokens`
+/// writable.
+#[no_mangle]
+#[must_use = "a kvc_status reports failure"]
+pub unsafe extern "C" fn kvc_tiers_export_prefix(
+    tiers: *const KvcTiers,
+    tokens: *const u32,
+    n_tokens: usize,
+    path: *const c_char,
+    out_tokens: *mut usize,
+) -> KvcStatus {
+    status_boundary("kvc_tiers_export_prefix", || {
+        // SAFETY: caller contract.
+        let t = unsafe { handle_ref(tiers, "tiers") }?;
+        // SAFETY: caller contract.
+        let tokens = unsafe { in_slice(tokens, n_tokens, "tokens") }?;
+        // SAFETY: caller contract.
+        let path = unsafe { path_arg(path, "path") }?;
+        // SAFETY: caller contract.
+        let out = unsafe { out_ref(out_tokens, "out_tokens") }?;
+        let export = t.tiers.export_prefix_file(tokens, &path)?;
+        *out = export.tokens_covered;
+        Ok(())
+    })
+}
+
+/// Imports the kv-prefix file at `path` (NUL-terminated; `kvc_tiers_export_prefix` wrote
+/// it, here or in another process): checks all of it (every field, its length, its
+/// checksum, each chunk blob's own checks and its key against the file's token ids, the
+/// blobs against these tiers' codec and layout), then puts every chunk into the tiers'
+/// **first** tier (memory when configured); the engine then restores the file's tokens
+/// with `kvc_tiers_restore` as usual. The file's token ids are copied into `tokens`
+/// (`capacity` of them) and their count stored in `*out_n_tokens`; the tokens of the
+/// leading chunks the first tier holds after the import (a multiple of the chunk size,
+/// what a restore right after gives) in `*out_chunk_tokens_imported`.
+///
+/// Size query: `tokens == NULL && capacity == 0` checks the file and stores the count in
+/// `*out_n_tokens` without importing (`*out_chunk_tokens_imported` untouched). Too small
+/// a capacity: `KVC_BUFFER_TOO_SMALL` with the count in `*out_n_tokens`, nothing imported.
+/// A damaged or truncated file: `KVC_CORRUPT_DATA`; a valid file of another model,
+/// layout, dtype, chunk size, codec or calibration: `KVC_INVALID_ARGUMENT`, with
+/// `foreign kv-prefix file` in the last-error message; both import nothing. An unreadable
+/// file, or a first tier (disk, Redis) that fails the write: `KVC_IO`. The handle stays
+/// usable after any of them. (ABI 0.20)
+///
+/// Ownership: all caller-owned. Threads: safe, concurrently on one handle.
+///
+/// # Safety
+/// `tiers` live; `path` NUL-terminated; `tokens` NULL with `capacity` 0, or writable for
+/// `capacity` token ids; `out_n_tokens` and `out_chunk_tokens_imported` writable.
+#[no_mangle]
+#[must_use = "a kvc_status reports failure"]
+pub unsafe extern "C" fn kvc_tiers_import_prefix(
+    tiers: *const KvcTiers,
+    path: *const c_char,
+    tokens: *mut u32,
+    capacity: usize,
+    out_n_tokens: *mut usize,
+    out_chunk_tokens_imported: *mut usize,
+) -> KvcStatus {
+    status_boundary("kvc_tiers_import_prefix", || {
+        // SAFETY: caller contract.
+        let t = unsafe { handle_ref(tiers, "tiers") }?;
+        // SAFETY: caller contract.
+        let path = unsafe { path_arg(path, "path") }?;
+        // SAFETY: caller contract.
+        let out_n = unsafe { out_ref(out_n_tokens, "out_n_tokens") }?;
+        // SAFETY: caller contract.
+        let out_imported =
+            unsafe { out_ref(out_chunk_tokens_imported, "out_chunk_tokens_imported") }?;
+        let size_query = tokens.is_null() && capacity == 0;
+        let dst = if size_query {
+            None
+        } else {
+            // SAFETY: caller contract.
+            Some(unsafe { out_slice(tokens, capacity, "tokens") }?)
+        };
+        let bytes = std::fs::read(&path).map_err(|e| Error::Wrapped {
+            status: KvcStatus::KVC_IO,
+            message: format!("read {}: {e}", path.display()),
+        })?;
+        let checked = t
+            .tiers
+            .check_prefix(&bytes)
+            .map_err(foreign_is_an_argument)?;
+        let n = checked.file().tokens().len();
+        if size_query {
+            *out_n = n;
+            return Ok(());
+        }
+        let Some(dst) = dst.and_then(|d| d.get_mut(..n)) else {
+            *out_n = n;
+            return Err(Error::BufferTooSmall {
+                argument: "tokens",
+                needed: n,
+                capacity,
+            });
+        };
+        let imported = t
+            .tiers
+            .import_checked(checked)
+            .map_err(foreign_is_an_argument)?;
+        dst.copy_from_slice(&imported.tokens);
+        *out_n = n;
+        *out_imported = imported.tokens_covered;
+        Ok(())
+    })
+}
+
+/// A foreign kv-prefix file (another model, layout or codec) is the caller's mismatch,
+/// `KVC_INVALID_ARGUMENT`, not damage (`KVC_CORRUPT_DATA`, which other foreign data maps
+/// to); its message says "foreign".
+fn foreign_is_an_argument(e: kvc_store_tiers::Error) -> Error {
+    if e.kind() == kvc_store_tiers::ErrorKind::Foreign {
+        Error::Wrapped {
+            status: KvcStatus::KVC_INVALID_ARGUMENT,
+            message: e.to_string(),
+        }
+    } else {
+        e.into()
+    }
 }
 
 /// Frees tiers (closes Redis connections; files on disk and values in Redis stay); NULL

@@ -11,7 +11,7 @@ pub const KVC_ABI_VERSION_MAJOR: u32 = 0;
 /// ABI minor version: bumped whenever functions, status codes, constants or `kvc_api`
 /// fields are added (only ever appended). A program built against minor `m` runs on any
 /// library with the same major and a minor `>= m`.
-pub const KVC_ABI_VERSION_MINOR: u32 = 19;
+pub const KVC_ABI_VERSION_MINOR: u32 = 20;
 
 /// The ABI version this header describes, `(major << 16) | minor`. Pass it to
 /// `kvc_get_api`; compare it with `kvc_abi_version()`.

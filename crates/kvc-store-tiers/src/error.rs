@@ -2,6 +2,8 @@
 
 use std::fmt;
 
+use crate::key::Fingerprint;
+
 /// The coarse class of an [`Error`], shared by every kvc crate; `kvc-capi` maps each
 /// kind to one C status.
 pub use kvc_types::ErrorKind;
@@ -87,6 +89,36 @@ pub enum Error {
         /// What the client said.
         reason: String,
     },
+    /// A kv-prefix file (docs/formats/kv-prefix.md) that is not what its format says: too
+    /// short, a wrong magic, version, reserved field, header length or count, a blob
+    /// length past the end, bytes after the last blob, a checksum mismatch.
+    BadPrefixFile {
+        /// The field or part (`magic`, `version`, `n_tokens`, `blob length`, `checksum`, ...).
+        field: &'static str,
+        /// Its byte offset in the file.
+        offset: u64,
+        /// What is wrong, with the values found and expected.
+        reason: String,
+    },
+    /// A chunk blob of a kv-prefix file that fails the blob's own checks (the kv-chunk
+    /// reader's error is the source), or that is not the chunk of the file's tokens at its
+    /// position (another key, fingerprint, token count, codec or shape).
+    BadPrefixChunk {
+        /// The chunk's index in the file (chunk `i` holds tokens `i·n .. (i+1)·n`).
+        chunk: usize,
+        /// The byte offset of its blob in the file.
+        offset: u64,
+        /// What is wrong with the blob.
+        source: Box<Error>,
+    },
+    /// A valid kv-prefix file made for another model, layout, dtype, chunk size, codec or
+    /// calibration than the tiers importing it (its fingerprint is not theirs).
+    ForeignPrefixFile {
+        /// The importing tiers' fingerprint.
+        expected: Fingerprint,
+        /// The file's.
+        found: Fingerprint,
+    },
 }
 
 impl Error {
@@ -98,8 +130,10 @@ impl Error {
             | Error::BadMagic { .. }
             | Error::BadVersion { .. }
             | Error::ChecksumMismatch
-            | Error::BadField { .. } => ErrorKind::CorruptData,
-            Error::ForeignBlob { .. } => ErrorKind::Foreign,
+            | Error::BadField { .. }
+            | Error::BadPrefixFile { .. }
+            | Error::BadPrefixChunk { .. } => ErrorKind::CorruptData,
+            Error::ForeignBlob { .. } | Error::ForeignPrefixFile { .. } => ErrorKind::Foreign,
             Error::Codec { .. } => ErrorKind::Internal,
             Error::Io { .. } | Error::Redis { .. } => ErrorKind::Io,
         }
@@ -154,6 +188,29 @@ impl fmt::Display for Error {
             ),
             Error::Io { op, source } => write!(f, "{op}: {source}"),
             Error::Redis { op, reason } => write!(f, "redis {op}: {reason}"),
+            Error::BadPrefixFile {
+                field,
+                offset,
+                reason,
+            } => write!(
+                f,
+                "damaged kv-prefix file: {field} at byte {offset}: {reason}"
+            ),
+            Error::BadPrefixChunk {
+                chunk,
+                offset,
+                source,
+            } => write!(
+                f,
+                "damaged kv-prefix file: chunk {chunk} (blob at byte {offset}): {source}"
+            ),
+            Error::ForeignPrefixFile { expected, found } => write!(
+                f,
+                "foreign kv-prefix file: made for another model, layout, codec or calibration \
+                 (fingerprint {}.., these tiers' {}..)",
+                &found.to_hex()[..16],
+                &expected.to_hex()[..16]
+            ),
         }
     }
 }
@@ -162,6 +219,7 @@ impl std::error::Error for Error {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             Error::Io { source, .. } => Some(source),
+            Error::BadPrefixChunk { source, .. } => Some(&**source),
             _ => None,
         }
     }

@@ -126,6 +126,11 @@ impl Fingerprint {
         h.update(cfg.as_bytes());
         Fingerprint(*h.finalize().as_bytes())
     }
+
+    /// Lower-case hex, 64 characters (messages).
+    pub fn to_hex(&self) -> String {
+        hex(&self.0)
+    }
 }
 
 impl fmt::Debug for Fingerprint {

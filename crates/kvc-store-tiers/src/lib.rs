@@ -10,6 +10,9 @@
 //! [`ChunkCodec::lossless`]). [`Tiers`] looks up the longest cached
 //! prefix, restores it with fallthrough memory → disk → Redis and promotion, and stores
 //! through every tier; every failure is a counted miss, never a wrong restore.
+//! [`Tiers::export_prefix`] and [`Tiers::import_prefix`] carry one prefix's chunks in a
+//! single checksummed file ([`prefix_file`], docs/formats/kv-prefix.md), for an engine that
+//! saves a sequence to disk and loads it in another process.
 //!
 //! This crate does not know engines or their caches (restores are
 //! `[n_layer][tokens][n_kv_head][head_dim]`; `kvc-cache`'s layouts or the engine copy
@@ -41,6 +44,7 @@ pub mod codec;
 pub mod disk;
 pub mod error;
 pub mod key;
+pub mod prefix_file;
 pub mod redis_tier;
 pub mod tier;
 pub mod tiers;
@@ -51,9 +55,13 @@ pub use disk::DiskTier;
 pub use error::{Error, ErrorKind, Result};
 pub use key::{chain_keys, hash_model_file, ChunkKey, ChunkShape, Fingerprint};
 pub use kvc_transform_coder::TransformCodec;
+pub use prefix_file::PrefixFile;
 pub use redis_tier::{RedisConfig, RedisTier};
 pub use tier::{Blob, MemoryTier, Tier, TierStats};
-pub use tiers::{Restored, StoreReport, TierMetrics, Tiers, TiersConfig, TiersMetrics};
+pub use tiers::{
+    CheckedPrefix, PrefixExport, PrefixImport, Restored, StoreReport, TierMetrics, Tiers,
+    TiersConfig, TiersMetrics,
+};
 
 /// The transform codec named `name` (`tc-<bound>`) of the calibration file at `path`
 /// (`kvc tc calibrate` writes one): unreadable is [`Error::Io`], a damaged file or a target

@@ -6,6 +6,8 @@
 //! counted in [`TiersMetrics`] and treated as a miss: a restore returns only chunks whose
 //! blob passed every check, so a fault costs recomputation, never a wrong restore.
 
+use std::io::Write;
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -15,6 +17,7 @@ use crate::blob::{check_chunk, decode_checked, encode_chunk};
 use crate::codec::{ChunkCodec, SectionCoder};
 use crate::error::{Error, ErrorKind, Result};
 use crate::key::{chain_keys, ChunkKey, ChunkShape, Fingerprint};
+use crate::prefix_file::{self, PrefixFile, MAX_TOKENS};
 use crate::tier::{Blob, Tier, TierStats};
 use kvc_transform_coder::TransformCodec;
 
@@ -162,6 +165,46 @@ pub struct StoreReport {
     /// Chunks refused because the codec cannot encode them (kvq and a non-finite value):
     /// not written anywhere (counted in the metrics too).
     pub chunks_refused: usize,
+}
+
+/// What [`Tiers::export_prefix`] made: a kv-prefix file (docs/formats/kv-prefix.md).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PrefixExport {
+    /// The file's bytes.
+    pub bytes: Vec<u8>,
+    /// Whole chunks in the file: the leading run of the prefix's chunks that some tier
+    /// held valid.
+    pub chunks: usize,
+    /// Tokens those chunks cover (`chunks * chunk_tokens`).
+    pub tokens_covered: usize,
+}
+
+/// What [`Tiers::import_prefix`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PrefixImport {
+    /// Every token id the file carries (the prefix its writer was given).
+    pub tokens: Vec<u32>,
+    /// Chunks the file holds.
+    pub chunks: usize,
+    /// Tokens of the leading run of the file's chunks that the first tier holds after the
+    /// import (`chunks * chunk_tokens` unless its byte budget could not keep them all): what
+    /// a restore of `tokens` right after the import gives.
+    pub tokens_covered: usize,
+}
+
+/// A kv-prefix file that passed every check for one [`Tiers`]: [`Tiers::check_prefix`]
+/// makes it, [`Tiers::import_checked`] puts its blobs into the first tier. Between the two
+/// a caller can look at the file (its tokens) without importing anything.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckedPrefix<'a> {
+    file: PrefixFile<'a>,
+}
+
+impl<'a> CheckedPrefix<'a> {
+    /// The file.
+    pub fn file(&self) -> &PrefixFile<'a> {
+        &self.file
+    }
 }
 
 /// The front over the tiers. Shared by threads.
@@ -638,6 +681,139 @@ impl Tiers {
         Ok(report)
     }
 
+    /// Exports the prefix `tokens` as a kv-prefix file (docs/formats/kv-prefix.md): every
+    /// token id of `tokens` (at most 2^26, else [`Error::InvalidArgument`]), and the blobs
+    /// of the leading run of its whole chunks that the tiers hold valid, each fetched as a
+    /// restore fetches it (fallthrough from the first tier, checked against its key and
+    /// this front's fingerprint, promoted into the tiers above where it was found; a bad
+    /// blob is counted and removed) and stopping at the first chunk no tier holds valid.
+    /// The blobs are copied as they are (no decode, no re-encode). A prefix with no whole
+    /// chunk, or none held, is a valid file of 0 chunks.
+    pub fn export_prefix(&self, tokens: &[u32]) -> Result<PrefixExport> {
+        if tokens.len() > MAX_TOKENS {
+            return Err(Error::invalid(
+                "tokens",
+                format!(
+                    "{} token ids, a kv-prefix file carries at most {MAX_TOKENS}",
+                    tokens.len()
+                ),
+            ));
+        }
+        let keys = self.keys(tokens);
+        let blobs: Vec<Blob> = self
+            .fetch(&keys)
+            .into_iter()
+            .map_while(|c| c.map(|c| c.blob))
+            .collect();
+        let refs: Vec<&[u8]> = blobs.iter().map(|b| b.as_slice()).collect();
+        let bytes = prefix_file::write(&self.fp, self.shape.chunk_tokens, tokens, &refs)?;
+        Ok(PrefixExport {
+            bytes,
+            chunks: blobs.len(),
+            tokens_covered: blobs.len() * self.shape.chunk_tokens,
+        })
+    }
+
+    /// [`Tiers::export_prefix`] into the file at `path`, written atomically: to a
+    /// temporary file in the same directory (`.<name>.tmp-<pid>-<n>`), fsynced, renamed
+    /// over `path`, the directory fsynced; a reader sees the old file or the whole new one,
+    /// and a failure leaves no temporary file behind. Errors: as `export_prefix`, and
+    /// [`Error::Io`].
+    pub fn export_prefix_file(&self, tokens: &[u32], path: &Path) -> Result<PrefixExport> {
+        let export = self.export_prefix(tokens)?;
+        write_atomically(path, &export.bytes)?;
+        Ok(export)
+    }
+
+    /// Checks the kv-prefix file `bytes` for these tiers without importing anything:
+    /// [`PrefixFile::read`] (every field, the length, the checksum, each blob's own checks
+    /// and key), then the file's fingerprint against this front's (another is
+    /// [`Error::ForeignPrefixFile`], kind `Foreign`: a file of another model, layout,
+    /// dtype, chunk size, codec or calibration, not a damaged one), then each blob as a
+    /// restore checks it (codec, dtype, shape, section table; else
+    /// [`Error::BadPrefixChunk`]). A damaged file is kind `CorruptData`.
+    pub fn check_prefix<'a>(&self, bytes: &'a [u8]) -> Result<CheckedPrefix<'a>> {
+        let file = PrefixFile::read(bytes)?;
+        if *file.fingerprint() != self.fp {
+            return Err(Error::ForeignPrefixFile {
+                expected: self.fp,
+                found: *file.fingerprint(),
+            });
+        }
+        for (i, (key, blob)) in file.chunks().enumerate() {
+            self.check(&key, blob).map_err(|e| Error::BadPrefixChunk {
+                chunk: i,
+                offset: file.blob_offset(i).unwrap_or(0) as u64,
+                source: Box::new(e),
+            })?;
+        }
+        Ok(CheckedPrefix { file })
+    }
+
+    /// Imports a file [`Tiers::check_prefix`] accepted: puts every blob, under its key,
+    /// into this front's **first** tier only (the fastest; an engine loading a saved
+    /// sequence imports into a front whose first tier is memory), then the caller restores
+    /// `tokens` with [`Tiers::restore`] or [`Tiers::restore_into`] as usual, which decodes
+    /// them (and promotes nothing: they are already in the first tier). Chunks already
+    /// there are replaced by the same bytes. The first tier's byte budget applies: its
+    /// eviction may keep fewer chunks, which `tokens_covered` reports. A file checked by a
+    /// front of another fingerprint is [`Error::ForeignPrefixFile`]; a failing tier write is
+    /// the tier's error (counted in its `errors`).
+    pub fn import_checked(&self, checked: CheckedPrefix<'_>) -> Result<PrefixImport> {
+        let file = checked.file;
+        if *file.fingerprint() != self.fp {
+            return Err(Error::ForeignPrefixFile {
+                expected: self.fp,
+                found: *file.fingerprint(),
+            });
+        }
+        let items: Vec<(ChunkKey, Blob)> = file
+            .chunks()
+            .map(|(key, blob)| (key, Arc::new(blob.to_vec())))
+            .collect();
+        let keys: Vec<ChunkKey> = items.iter().map(|(k, _)| *k).collect();
+        let c = &self.counters[0];
+        if !items.is_empty() {
+            if let Err(e) = self.tiers[0].put(&items) {
+                add(&c.errors, 1);
+                return Err(e);
+            }
+            add(&c.chunks_written, items.len() as u64);
+            add(
+                &c.bytes_written,
+                items.iter().map(|(_, b)| b.len() as u64).sum(),
+            );
+        }
+        drop(items);
+        let held = match self.tiers[0].contains(&keys) {
+            Ok(h) => h.iter().take_while(|&&h| h).count(),
+            Err(e) => {
+                add(&c.errors, 1);
+                return Err(e);
+            }
+        };
+        let chunks = file.n_chunks();
+        let chunk_tokens = file.chunk_tokens();
+        Ok(PrefixImport {
+            tokens: file.into_tokens(),
+            chunks,
+            tokens_covered: held * chunk_tokens,
+        })
+    }
+
+    /// Checks the kv-prefix file `bytes` and imports it into the first tier:
+    /// [`Tiers::check_prefix`], then [`Tiers::import_checked`] (see both). Nothing is
+    /// imported from a file that fails any check.
+    pub fn import_prefix(&self, bytes: &[u8]) -> Result<PrefixImport> {
+        self.import_checked(self.check_prefix(bytes)?)
+    }
+
+    /// [`Tiers::import_prefix`] of the file at `path` (unreadable: [`Error::Io`]).
+    pub fn import_prefix_file(&self, path: &Path) -> Result<PrefixImport> {
+        let bytes = read_file(path)?;
+        self.import_prefix(&bytes)
+    }
+
     /// A snapshot of the counters.
     pub fn metrics(&self) -> TiersMetrics {
         let ld = |a: &AtomicU64| a.load(Ordering::Relaxed);
@@ -671,4 +847,42 @@ impl Tiers {
             tiers,
         }
     }
+}
+
+/// The bytes of the file at `path` ([`Error::Io`] naming it when unreadable).
+fn read_file(path: &Path) -> Result<Vec<u8>> {
+    std::fs::read(path).map_err(|e| Error::io(format!("read {}", path.display()), e))
+}
+
+/// Writes `bytes` to `path` atomically: a temporary file in the same directory, fsynced,
+/// renamed over `path`, then the directory fsynced (as the disk tier writes its chunks).
+fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
+    static SEQ: AtomicU64 = AtomicU64::new(0);
+    let name = path.file_name().ok_or_else(|| {
+        Error::invalid("path", format!("{} does not name a file", path.display()))
+    })?;
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let mut tmp_name = std::ffi::OsString::from(".");
+    tmp_name.push(name);
+    tmp_name.push(format!(
+        ".tmp-{}-{}",
+        std::process::id(),
+        SEQ.fetch_add(1, Ordering::Relaxed)
+    ));
+    let tmp = dir.join(tmp_name);
+    let write = || -> std::io::Result<()> {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        drop(f);
+        std::fs::rename(&tmp, path)?;
+        std::fs::File::open(dir)?.sync_all()
+    };
+    write().map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        Error::io(format!("write {}", path.display()), e)
+    })
 }
