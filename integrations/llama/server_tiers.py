@@ -23,6 +23,15 @@ Then two slots of one server (`-np 2`) restoring at once, and the refusals: a kv
 without tiers and says why in /props; a tier URL, a tc codec without its calibration and a
 chunk size kvc refuses stop the server at start, naming the flag.
 
+Slot files (`--kvc-slot-files CODEC`, each --slot-codec): a server answers a prompt and saves its
+slot (`/slots/0?action=save`) as a kv-prefix file; a second server process restores the file
+into its slot and answers the same prompt, prefilling only the tokens after the file's last whole
+chunk (its `timings.cache_n`). Its answer must equal its own cold answer with a lossless codec.
+The file's bytes are set against llama.cpp's own slot file of the same prompt. Faults: a damaged
+file and a file of another codec are refused with an error and leave the server answering;
+llama.cpp's own slot file still restores; `--kvc-slot-files` without `--slot-save-path` stops the
+server at start.
+
 Writes DIR/server-tiers.json and prints one line per scenario. Exit 1 when an answer differs,
 a process dies, or a fault is not counted.
 """
@@ -38,6 +47,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -173,6 +183,7 @@ class Server:
         self.alive_at_stop = None
         slots = os.path.join(workdir, f"slots-{name}")
         os.makedirs(slots, exist_ok=True)
+        self.slots = slots
         args = [binary, "-m", model, "--host", "127.0.0.1", "--port", str(self.port), "-c", "8192", "-np", "1",
                 "-t", "2", "--metrics", "--no-warmup", "--slot-save-path", slots] + extra
         self.proc = subprocess.Popen(args, stdout=open(self.log, "w"), stderr=subprocess.STDOUT, preexec_fn=preexec)
@@ -207,6 +218,16 @@ class Server:
                                      headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=timeout) as r:
             return json.load(r)
+
+    def post_status(self, path, body):
+        """(HTTP status, JSON body) of a POST, errors included."""
+        try:
+            return 200, self.post(path, body)
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read().decode() or "{}")
+
+    def slot_dir(self):
+        return self.slots
 
     def get(self, path):
         with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=30) as r:
@@ -383,6 +404,100 @@ class Workload:
         return row
 
 
+def slot_files(w, args, workdir, servers):
+    """Slot files through kvc's codecs: save in one process, restore in another; the faults."""
+    n = min(args.prefix or [2048])
+    prompt = w.sys + w.next_doc(n - len(w.sys)) + w.questions[6]
+    own = Server("slots-own", args.server, args.model, workdir, [])
+    servers.append(own)
+    own.complete(prompt, 4)
+    st, r = own.post_status("/slots/0?action=save", {"filename": "own.bin"})
+    own_bytes = r.get("n_written", 0) if st == 200 else 0
+    own_tokens = r.get("n_saved", 0) if st == 200 else 0
+    own.stop()
+    codecs = args.slot_codec or ["gear-v2"]
+    files = {}
+    for codec in codecs:
+        extra = ["--kvc-slot-files", codec, "--kvc-tier-chunk", str(args.chunk)]
+        if codec.startswith("tc-"):
+            extra += ["--kvc-tier-calibration", args.calibration or ""]
+        s1 = Server(f"slots-{codec}-1", args.server, args.model, workdir, extra)
+        servers.append(s1)
+        _, toks1, _ = s1.complete(prompt, args.n_predict)
+        st1, saved = s1.post_status("/slots/0?action=save", {"filename": "slot.bin"})
+        s1.stop()
+        s2 = Server(f"slots-{codec}-2", args.server, args.model, workdir, extra)
+        servers.append(s2)
+        src = os.path.join(s1.slot_dir(), "slot.bin")
+        files[codec] = (src, extra)
+        if st1 == 200:
+            shutil.copy(src, os.path.join(s2.slot_dir(), "slot.bin"))
+        st2, rest = s2.post_status("/slots/0?action=restore", {"filename": "slot.bin"})
+        t0 = time.time()
+        ttft_r, toks_r, tim_r = s2.complete(prompt, args.n_predict)
+        ttft_c, toks_c, _ = s2.complete(prompt, args.n_predict, cache_prompt=False)
+        lossless = codec in ("gear-v2", "gear-v1", "raw")
+        row = {"scenario": f"slot file {codec}", "prompt_tokens": len(prompt), "save_status": st1, "restore_status": st2,
+               "n_saved": saved.get("n_saved"), "file_bytes": saved.get("n_written"), "llama_file_bytes": own_bytes,
+               "save_ms": (saved.get("timings") or {}).get("save_ms"), "n_restored": rest.get("n_restored"),
+               "restore_ms": (rest.get("timings") or {}).get("restore_ms"),
+               "cache_n_after_restore": tim_r.get("cache_n"), "prefilled_after_restore": tim_r.get("prompt_n"),
+               "ttft_restored_s": round(ttft_r, 4), "ttft_cold_s": round(ttft_c, 4),
+               "restored_equals_cold": toks_r == toks_c, "same_as_saving_process": toks_r == toks1,
+               "seconds": round(time.time() - t0, 3)}
+        if own_bytes and own_tokens and row["file_bytes"] and row["n_saved"]:
+            # per token held: llama.cpp's file holds every token of the slot, kvc's its whole chunks
+            row["llama_bytes_per_token"] = round(own_bytes / own_tokens, 1)
+            row["kvc_bytes_per_token"] = round(row["file_bytes"] / row["n_saved"], 1)
+            row["llama_over_kvc_bytes"] = round(row["llama_bytes_per_token"] / row["kvc_bytes_per_token"], 3)
+        w.results.append(row)
+        print(f"server_tiers: slot file {codec}: saved {row['n_saved']} tokens in {row['file_bytes']} B "
+              f"({row.get('kvc_bytes_per_token')} B/token; llama.cpp's own file {row.get('llama_bytes_per_token')} B/token, "
+              f"{row.get('llama_over_kvc_bytes')}x); restored {row['n_restored']} in "
+              f"another process, prefilled {row['prefilled_after_restore']} after it; TTFT {ttft_r:.3f} s vs cold "
+              f"{ttft_c:.3f} s; answer equals cold: {row['restored_equals_cold']}")
+        whole = len(prompt) // args.chunk * args.chunk
+        if st1 != 200 or st2 != 200 or row["n_saved"] != whole or row["n_restored"] != whole:
+            w.fail(f"slot file {codec}: " + json.dumps(row))
+        elif (row["cache_n_after_restore"] or 0) < whole:
+            w.fail(f"slot file {codec}: the restored tokens were not reused: " + json.dumps(row))
+        elif lossless and not row["restored_equals_cold"]:
+            w.fail(f"slot file {codec}: the restored answer differs from the cold one with a lossless codec")
+        s2.stop()
+
+    # faults: a damaged file, a file of another codec, llama.cpp's own file; the server answers on
+    codec = codecs[0]
+    src, extra = files[codec]
+    other = "raw" if codec != "raw" else "gear-v2"
+    f = Server("slots-faults", args.server, args.model, workdir, ["--kvc-slot-files", other, "--kvc-tier-chunk", str(args.chunk)])
+    servers.append(f)
+    good = open(src, "rb").read()
+    bad = bytearray(good)
+    bad[len(bad) // 2] ^= 0x10
+    open(os.path.join(f.slot_dir(), "damaged.bin"), "wb").write(bytes(bad))
+    open(os.path.join(f.slot_dir(), "foreign.bin"), "wb").write(good)
+    shutil.copy(os.path.join(own.slot_dir(), "own.bin"), os.path.join(f.slot_dir(), "own.bin"))
+    for name, want_ok, mention in (("damaged.bin", False, "kvc"), ("foreign.bin", False, "foreign"), ("own.bin", True, None)):
+        st, r = f.post_status("/slots/0?action=restore", {"filename": name})
+        msg = json.dumps(r)
+        _, toks, _ = f.complete(prompt[:64], 4)
+        ok = f.alive() and len(toks) > 0 and ((st == 200) if want_ok else (st != 200 and mention in msg))
+        w.results.append({"scenario": f"slot file fault {name}", "status": st, "answer": msg[:300], "answered": len(toks),
+                          "alive": f.alive()})
+        print(f"server_tiers: slot file {name} into a {other} server: HTTP {st}; {msg[:160]}; answered {len(toks)} tokens; "
+              f"{'ok' if ok else 'FAILED'}")
+        if not ok:
+            w.fail(f"slot file fault {name}: HTTP {st} {msg[:300]}")
+    r = subprocess.run([args.server, "-m", args.model, "--port", str(free_port()), "-t", "2", "--kvc-slot-files", "gear-v2"],
+                       capture_output=True, text=True, timeout=120)
+    said = "--slot-save-path" in (r.stdout + r.stderr)
+    w.results.append({"scenario": "refused option", "args": ["--kvc-slot-files", "gear-v2"], "exit": r.returncode,
+                      "names_the_flag": said})
+    print(f"server_tiers: --kvc-slot-files without --slot-save-path: exit {r.returncode}, names --slot-save-path: {said}")
+    if r.returncode == 0 or not said:
+        w.fail("--kvc-slot-files without --slot-save-path did not stop the server naming --slot-save-path")
+
+
 def full_filesystem(workdir, how):
     """A directory on a full filesystem: a 1 MiB tmpfs where mounting is allowed (root) and `how`
     is auto or tmpfs, else None (the caller limits the server's file size instead)."""
@@ -413,6 +528,10 @@ def main():
     ap.add_argument("--n-predict", type=int, default=24)
     ap.add_argument("--no-cluster", action="store_true")
     ap.add_argument("--no-faults", action="store_true")
+    ap.add_argument("--slot-codec", action="append",
+                    help="slot files through kvc (--kvc-slot-files), per codec (repeatable; default gear-v2)")
+    ap.add_argument("--no-slot-files", action="store_true")
+    ap.add_argument("--only-slot-files", action="store_true", help="the slot files and their faults, nothing else")
     ap.add_argument("--full-disk", choices=("auto", "tmpfs", "fsize"), default="auto",
                     help="the full disk: a 1 MiB tmpfs where mounting is allowed (auto), or a file-size limit")
     args = ap.parse_args()
@@ -428,6 +547,13 @@ def main():
     w = Workload(args, workdir)
     mounted = None
     try:
+        if args.only_slot_files:
+            t = Server("tokenizer", args.server, args.model, workdir, [])
+            servers.append(t)
+            w.load_tokens(t)
+            t.stop()
+            slot_files(w, args, workdir, servers)
+            raise SystemExit  # to the report
         # --- one Redis -------------------------------------------------------------------
         rport = free_port()
         redis = start_redis(rport, workdir)
@@ -558,6 +684,12 @@ def main():
             print(f"server_tiers: {' '.join(bad)}: exit {r.returncode}, names {flag}: {said}")
             if r.returncode == 0 or not said:
                 w.fail(f"{' '.join(bad)}: exit {r.returncode}; the output does not name {flag}")
+
+        # --- slot files through kvc's codecs ------------------------------------------------------
+        if not args.no_slot_files:
+            slot_files(w, args, workdir, servers)
+    except SystemExit:
+        pass
     except Exception as e:  # noqa: BLE001 - report and fail
         w.fail(f"{type(e).__name__}: {e}")
     finally:
