@@ -43,13 +43,15 @@ pub struct BlobHeader {
     pub payload_len: u64,
 }
 
-fn u16_at(b: &[u8], o: usize) -> u16 {
+/// Little-endian integers at `o` (the caller has checked the length); the kv-prefix reader
+/// reads its header with the same helpers.
+pub(crate) fn u16_at(b: &[u8], o: usize) -> u16 {
     u16::from_le_bytes([b[o], b[o + 1]])
 }
-fn u32_at(b: &[u8], o: usize) -> u32 {
+pub(crate) fn u32_at(b: &[u8], o: usize) -> u32 {
     u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]])
 }
-fn u64_at(b: &[u8], o: usize) -> u64 {
+pub(crate) fn u64_at(b: &[u8], o: usize) -> u64 {
     let mut w = [0u8; 8];
     w.copy_from_slice(&b[o..o + 8]);
     u64::from_le_bytes(w)

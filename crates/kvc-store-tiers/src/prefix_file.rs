@@ -14,7 +14,7 @@
 //! ordinary restore ([`crate::Tiers::restore`], [`crate::Tiers::restore_into`]) decodes
 //! them there.
 
-use crate::blob::{self, verify};
+use crate::blob::{self, u16_at, u32_at, u64_at, verify};
 use crate::error::{Error, Result};
 use crate::key::{chain_keys, ChunkKey, Fingerprint};
 
@@ -44,18 +44,6 @@ pub struct PrefixFile<'a> {
     tokens: Vec<u32>,
     /// Per chunk: its key (chained from the tokens), the blob's offset in the file, the blob.
     chunks: Vec<(ChunkKey, usize, &'a [u8])>,
-}
-
-fn u16_at(b: &[u8], o: usize) -> u16 {
-    u16::from_le_bytes([b[o], b[o + 1]])
-}
-fn u32_at(b: &[u8], o: usize) -> u32 {
-    u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]])
-}
-fn u64_at(b: &[u8], o: usize) -> u64 {
-    let mut w = [0u8; 8];
-    w.copy_from_slice(&b[o..o + 8]);
-    u64::from_le_bytes(w)
 }
 
 fn bad(field: &'static str, offset: usize, reason: impl Into<String>) -> Error {
@@ -282,6 +270,18 @@ impl<'a> PrefixFile<'a> {
     }
 }
 
+/// [`Error::InvalidArgument`] when `n` token ids are more than a file carries
+/// ([`MAX_TOKENS`]).
+pub(crate) fn check_token_count(n: usize) -> Result<()> {
+    if n > MAX_TOKENS {
+        return Err(Error::invalid(
+            "tokens",
+            format!("{n} token ids, a kv-prefix file carries at most {MAX_TOKENS}"),
+        ));
+    }
+    Ok(())
+}
+
 /// Writes a kv-prefix file: `tokens` (every token id of the prefix, at most
 /// [`MAX_TOKENS`]), then `blobs`, the kv-chunk blobs of the leading whole chunks of
 /// `tokens` (chunk `i` covers tokens `i·chunk_tokens ..`) under `fingerprint`. The writer
@@ -294,15 +294,7 @@ pub fn write(
     tokens: &[u32],
     blobs: &[&[u8]],
 ) -> Result<Vec<u8>> {
-    if tokens.len() > MAX_TOKENS {
-        return Err(Error::invalid(
-            "tokens",
-            format!(
-                "{} token ids, a kv-prefix file carries at most {MAX_TOKENS}",
-                tokens.len()
-            ),
-        ));
-    }
+    check_token_count(tokens.len())?;
     let chunk = u32::try_from(chunk_tokens)
         .ok()
         .filter(|&c| c > 0)

@@ -17,7 +17,7 @@ use crate::blob::{check_chunk, decode_checked, encode_chunk};
 use crate::codec::{ChunkCodec, SectionCoder};
 use crate::error::{Error, ErrorKind, Result};
 use crate::key::{chain_keys, ChunkKey, ChunkShape, Fingerprint};
-use crate::prefix_file::{self, PrefixFile, MAX_TOKENS};
+use crate::prefix_file::{self, PrefixFile};
 use crate::tier::{Blob, Tier, TierStats};
 use kvc_transform_coder::TransformCodec;
 
@@ -690,15 +690,7 @@ impl Tiers {
     /// The blobs are copied as they are (no decode, no re-encode). A prefix with no whole
     /// chunk, or none held, is a valid file of 0 chunks.
     pub fn export_prefix(&self, tokens: &[u32]) -> Result<PrefixExport> {
-        if tokens.len() > MAX_TOKENS {
-            return Err(Error::invalid(
-                "tokens",
-                format!(
-                    "{} token ids, a kv-prefix file carries at most {MAX_TOKENS}",
-                    tokens.len()
-                ),
-            ));
-        }
+        prefix_file::check_token_count(tokens.len())?;
         let keys = self.keys(tokens);
         let blobs: Vec<Blob> = self
             .fetch(&keys)
