@@ -42,18 +42,18 @@ assert kvq["logits_identical"] is False and 0.0 < kvq["kl"], kvq  # bounds: ci_c
 assert kvq["wire_ratio_vs_f16"] > 3.5, kvq
 assert 0.0 < kvq["restore_rel_rms_k"] < 0.12 and 0.0 < kvq["restore_rel_rms_v"] < 0.12, kvq
 assert kvq["control_caught"] is True, kvq
-# disk tier, the transform coder tc-0.032 with the checked-in calibration (lossy): every chunk
-# restored, small KL, at least f16/5 on the wire with every blob byte counted (6.7-7.0 at a
+# disk tier, the transform coder tc-0.016 with the checked-in calibration (lossy): every chunk
+# restored, small KL, at least f16/5 on the wire with every blob byte counted (6.5 at a
 # 2048-token prefix: docs/results/tc-eval.md; 128-token chunks and the 4 raw sink tokens cost
-# some of that here), the damaged control caught
+# some of that here: 5.77), the damaged control caught
 tc = json.load(open(f"{d}/tc/share-disk-tc.json"))["texts"][0]["results"][0]
-assert tc["codec"] == "tc-0.032" and tc["lossless"] is False, tc
+assert tc["codec"] == "tc-0.016" and tc["lossless"] is False, tc
 assert tc["chunks_stored"] == 2 and tc["fallbacks"] == 0 and tc["restored_tokens_min"] == 256, tc
 assert tc["state_round_trip"] is True and tc["control_caught"] is True, tc
-assert tc["logits_identical"] is False and 0.0 < tc["kl"] < 0.1, tc  # 8 tokens: noisy (0.045 here)
+assert tc["logits_identical"] is False and 0.0 < tc["kl"] < 0.1, tc  # 8 tokens: noisy (0.035 here, AVX-512 and AVX2)
 assert tc["wire_ratio_vs_f16"] > 5.0, tc
 assert 0.8 < tc["ppl_restored_max"] / tc["ppl_prefilled"] < 1.25, tc
-print(f"50-llama: share: tc-0.032 {tc['wire_ratio_vs_f16']:.3f}:1 vs f16, KL {tc['kl']:.4f}, "
+print(f"50-llama: share: tc-0.016 {tc['wire_ratio_vs_f16']:.3f}:1 vs f16, KL {tc['kl']:.4f}, "
       f"PPL {tc['ppl_restored_max']:.3f} vs {tc['ppl_prefilled']:.3f} over {tc['ppl_rows']:.0f} tokens")
 print(f"50-llama: share: kvq k4v4 {kvq['wire_ratio_vs_f16']:.3f}:1 vs f16, KL {kvq['kl']:.4f}")
 print(f"50-llama: share: redis {up['wire_ratio_vs_f16']:.3f}:1 vs f16, restore {up['restore_s']:.3f} s vs "

@@ -66,7 +66,7 @@ redis-cli -p "$rport" flushall >/dev/null
 # the wire (bounds in ci_check_share.py; its own directory, outside ci_check_quality's record)
 mkdir -p "$out/tc"
 tccal=data/tc-calibrations/smollm2-135m.kvctc
-"$EVAL" "${share[@]}" --share-codec tc-0.032 --share-calibration "$tccal" --json "$out/tc/share-disk-tc.json"
+"$EVAL" "${share[@]}" --share-codec tc-0.016 --share-calibration "$tccal" --json "$out/tc/share-disk-tc.json"
 echo "50-llama: share runs took $((SECONDS - t2)) s"
 python3 integrations/llama/ci_check_share.py "$out"
 
