@@ -1,12 +1,12 @@
-/* kvc_fault_shim: a kvc library that fails on purpose, for the check that a kvc error in the
- * middle of a run ends MNN's request with a clear error instead of decoding on.
+/* kvc_fault_shim: a kvc library that fails on purpose, for the checks that a kvc error in the
+ * middle of a run ends the engine's request with a clear error instead of decoding on (MNN's
+ * and InfiniLM's CI steps).
  *
- * It is what MNN loads as kvc_library: kvc_get_api loads the real library (environment
- * KVC_FAULT_REAL, its path), copies its function table and replaces three entries. The
- * KVC_FAULT_AFTER-th call (default 100) of h2o_end_call or of kvq_cells_write (H2O or kvq
- * rows) and every later one return KVC_INVALID_STATE; last_error_message then says the
- * fault was injected. Everything else is
- * the real kvc. Test code: never ship it. */
+ * It is what the engine loads as its kvc library: kvc_get_api loads the real library
+ * (environment KVC_FAULT_REAL, its path), copies its function table and replaces three
+ * entries. The KVC_FAULT_AFTER-th call (default 100) of h2o_end_call or of kvq_cells_write
+ * (H2O or kvq rows) and every later one return KVC_INVALID_STATE; last_error_message then says
+ * the fault was injected. Everything else is the real kvc. Test code: never ship it. */
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
