@@ -25,7 +25,8 @@ w="$MLP_WEIGHTS"
 # the shipped files, with the sink and recent window they were trained with (16, 64). kvc's H2O
 # in InfiniLM's attention at the specification's settings but a 64-token recent window and a
 # 256-token trigger (the continuation is 512 tokens). kvq rows: plain k8v8, the protected 4-bit
-# rows (f16 sink 4, 64 rows of 8 bits, K centers), a 5:1-class k3v2, and the 4-bit rows with H2O.
+# rows (f16 sink 4, 64 rows of 8 bits, K centers), k3v2 with the same protections (4.1x the f16
+# rows at 1024 tokens), and the 4-bit rows with H2O.
 h2o='h2o=3.5,h2o_recent=64,h2o_trigger=256'
 modes=(
     --mode full=full
