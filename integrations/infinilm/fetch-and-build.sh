@@ -120,7 +120,7 @@ if [ ! -f "$build/build.ninja" ]; then
         >"$cache/configure.log" 2>&1 || { cat "$cache/configure.log" >&2; exit 1; }
 fi
 t0=$SECONDS
-[ -f "$build/kvc_infinilm_eval" ] || log "building (about 15 minutes on 2 cores the first time)"
+[ -f "$build/kvc_infinilm_eval" ] || log "building (about 5 minutes on 2 cores the first time)"
 ninja -C "$build" -j "$jobs" >"$cache/build.log" 2>&1 || { tail -n 50 "$cache/build.log" >&2; exit 1; }
 log "build step took $((SECONDS - t0)) s"
 
