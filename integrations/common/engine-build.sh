@@ -5,6 +5,9 @@
 #       PATCH_DIR/*.patch in name order, exactly (no fuzz); a patch that does not apply stops
 #       the script with patch's own report. Done once per series: older copies of DEST_BASE
 #       are removed. Sets PATCHED_SRC and SERIES_HASH.
+#   unpack_pinned TARBALL SHA256 DEST MARKER
+#       unpacks TARBALL (its top folder stripped) into DEST once its sha256 is SHA256, unless
+#       DEST/MARKER shows it is there already; a wrong hash stops the script.
 #   build_kvc_library REPO
 #       cargo builds kvc's C ABI crate (release; static and shared library) into
 #       KVC_CARGO_TARGET_DIR (default REPO/target), cargo's progress shown on stderr. Sets
@@ -31,6 +34,17 @@ apply_patch_series() {
     done
     touch "$PATCHED_SRC.tmp/.kvc-patched"
     mv "$PATCHED_SRC.tmp" "$PATCHED_SRC"
+}
+
+unpack_pinned() {
+    local tarball="$1" sha="$2" dest="$3" marker="$4" got
+    [ -e "$dest/$marker" ] && return 0
+    got="$(sha256sum "$tarball" | cut -d' ' -f1)"
+    [ "$got" = "$sha" ] || { log "$tarball: sha256 $got, expected $sha"; exit 1; }
+    rm -rf "$dest" "$dest.tmp"
+    mkdir -p "$dest.tmp"
+    tar -xzf "$tarball" -C "$dest.tmp" --strip-components=1
+    mv "$dest.tmp" "$dest"
 }
 
 build_kvc_library() {

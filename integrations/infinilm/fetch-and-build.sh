@@ -43,40 +43,34 @@ cache="$(cd "$cache" && pwd)"
 
 log() { echo "fetch-and-build (infinilm): $*" >&2; }
 
+# shellcheck source=../common/engine-build.sh
+. "$here/../common/engine-build.sh"
+
 # ---- 1. sources ---------------------------------------------------------------------------
-# source VAR TARBALL SHA256 MARKER: the tree VAR names, else the tarball unpacked into the
-# cache; prints its path. MARKER is a file the tree must have.
+# source_tree VAR TARBALL SHA256 MARKER: sets TREE to the tree VAR names, else to the tarball
+# unpacked into the cache. MARKER is a file the tree must have.
 source_tree() {
-    local var="$1" tarball="$2" sha="$3" marker="$4" dir got
-    dir="${!var:-}"
-    if [ -n "$dir" ]; then
-        [ -e "$dir/$marker" ] || { log "$var=$dir has no $marker"; exit 1; }
-        (cd "$dir" && pwd)
+    local var="$1" tarball="$2" sha="$3" marker="$4"
+    if [ -n "${!var:-}" ]; then
+        [ -e "${!var}/$marker" ] || { log "$var=${!var} has no $marker"; exit 1; }
+        TREE="$(cd "${!var}" && pwd)"
         return
     fi
     if [ ! -f "$engines/$tarball" ]; then
         echo "no InfiniLM sources: set $var (or put $tarball in $engines)"
         exit 3
     fi
-    dir="$cache/${tarball%.tar.gz}"
-    if [ ! -e "$dir/$marker" ]; then
-        got="$(sha256sum "$engines/$tarball" | cut -d' ' -f1)"
-        [ "$got" = "$sha" ] || { log "$engines/$tarball: sha256 $got, expected $sha"; exit 1; }
-        rm -rf "$dir" "$dir.tmp"
-        mkdir -p "$dir.tmp"
-        tar -xzf "$engines/$tarball" -C "$dir.tmp" --strip-components=1
-        mv "$dir.tmp" "$dir"
-    fi
-    echo "$dir"
+    TREE="$cache/${tarball%.tar.gz}"
+    unpack_pinned "$engines/$tarball" "$sha" "$TREE" "$marker"
 }
-core_src="$(source_tree INFINICORE_SOURCE_DIR "$INFINICORE_TARBALL" "$INFINICORE_SHA256" xmake.lua)"
-lm_src="$(source_tree INFINILM_SOURCE_DIR "$INFINILM_TARBALL" "$INFINILM_SHA256" csrc/cache/kv_cache.hpp)"
-spdlog_src="$(source_tree SPDLOG_SOURCE_DIR "$SPDLOG_TARBALL" "$SPDLOG_SHA256" include/spdlog/spdlog.h)"
+source_tree INFINICORE_SOURCE_DIR "$INFINICORE_TARBALL" "$INFINICORE_SHA256" xmake.lua
+core_src="$TREE"
+source_tree INFINILM_SOURCE_DIR "$INFINILM_TARBALL" "$INFINILM_SHA256" csrc/cache/kv_cache.hpp
+lm_src="$TREE"
+source_tree SPDLOG_SOURCE_DIR "$SPDLOG_TARBALL" "$SPDLOG_SHA256" include/spdlog/spdlog.h
+spdlog_src="$TREE"
 
 # ---- 1b. patch series, synced into fixed folders ------------------------------------------
-# shellcheck source=../common/engine-build.sh
-. "$here/../common/engine-build.sh"
-
 # sync_tree SRC DEST: DEST becomes a copy of SRC; files whose bytes did not change keep their
 # times, so ninja rebuilds only what a patch changed.
 sync_tree() {

@@ -469,8 +469,8 @@ public:
         position_ = 0;
     }
 
-    // Feeds ids; returns their logits, [ids.size(), vocab] row-major.
-    std::vector<float> forward(const std::vector<int64_t> &ids) {
+    // Feeds ids; returns the logits of the last `rows` of them (all when 0), row-major.
+    std::vector<float> forward(const std::vector<int64_t> &ids, size_t rows = 0) {
         size_t n = ids.size();
         std::vector<int64_t> positions(n);
         for (size_t i = 0; i < n; ++i) positions[i] = int64_t(position_ + i);
@@ -481,12 +481,14 @@ public:
         in.total_sequence_lengths = i64_tensor({int64_t(cache_len_ + n)}, {1});
         auto logits = model_->forward(in).logits;
         infinicore::context::syncDevice();
-        std::vector<float> out(n * config_.vocab_size);
+        if (rows == 0 || rows > n) rows = n;
+        const size_t skip = (n - rows) * config_.vocab_size;
+        std::vector<float> out(rows * config_.vocab_size);
         if (logits->dtype() == infinicore::DataType::F16) {
-            const uint16_t *p = reinterpret_cast<const uint16_t *>(logits->data());
+            const uint16_t *p = reinterpret_cast<const uint16_t *>(logits->data()) + skip;
             for (size_t i = 0; i < out.size(); ++i) out[i] = f16_to_f32(p[i]);
         } else {
-            const float *p = reinterpret_cast<const float *>(logits->data());
+            const float *p = reinterpret_cast<const float *>(logits->data()) + skip;
             std::copy(p, p + out.size(), out.begin());
         }
         cache_len_ += n;
@@ -558,7 +560,7 @@ Result run(Engine &engine, const Mode &mode, const std::vector<int64_t> &ids, si
     std::vector<float> logits;
     try {
         engine.reset(mode);
-        logits = engine.forward(std::vector<int64_t>(ids.begin(), ids.begin() + prompt));
+        logits = engine.forward(std::vector<int64_t>(ids.begin(), ids.begin() + prompt), 1);
     } catch (const std::exception &e) {
         // The engine's error ends this mode's request, as a server would end it.
         r.error = e.what();
@@ -602,7 +604,7 @@ Result run(Engine &engine, const Mode &mode, const std::vector<int64_t> &ids, si
         }
         ++scored;
     };
-    score(logits.data() + (prompt - 1) * vocab, prompt);
+    score(logits.data(), prompt);
     double decode_s = 0, held_sum = 0;
     size_t decoded = 0, steps = 0;
     for (size_t at = prompt; at + 1 < ids.size(); at += chunk) {
@@ -662,7 +664,7 @@ void restore(infinilm::cache::StaticKVCache &cache, bool v, size_t len, const st
 int check_equal(Engine &engine, const std::vector<int64_t> &ids, size_t prompt, const std::string &weights,
                 const std::string &kvc_library, double bound) {
     engine.reset(Mode{});
-    engine.forward(std::vector<int64_t>(ids.begin(), ids.begin() + prompt));
+    engine.forward(std::vector<int64_t>(ids.begin(), ids.begin() + prompt), 1);
     auto &cache = engine.cache();
     auto k0 = snapshot(cache, false, prompt), v0 = snapshot(cache, true, prompt);
     infinilm::cache::KVCompressionConfig cfg;
@@ -709,7 +711,7 @@ void speed(const LlamaConfig &config, const SafeTensors &weights, const std::vec
     for (const Mode &m : modes) {
         engines.push_back(std::make_unique<Engine>(config, weights, ids.size()));
         engines.back()->reset(m);
-        engines.back()->forward(std::vector<int64_t>(ids.begin(), ids.begin() + prompt));
+        engines.back()->forward(std::vector<int64_t>(ids.begin(), ids.begin() + prompt), 1);
         if (m.compress) engines.back()->compress(m);
     }
     for (size_t r = 0; r < rounds; ++r) {

@@ -70,6 +70,8 @@ mkdir -p "$cache"
 cache="$(cd "$cache" && pwd)"
 
 log() { echo "fetch-and-build (mnn): $*" >&2; }
+# shellcheck source=../common/engine-build.sh
+. "$here/../common/engine-build.sh"
 
 # ---- 1. MNN source ------------------------------------------------------------------------
 if [ -n "$source_dir" ]; then
@@ -80,15 +82,7 @@ if [ -n "$source_dir" ]; then
 elif [ -f "$engines/$MNN_TARBALL" ]; then
     src_id="${MNN_TARBALL%.tar.gz}"
     src="$cache/$src_id"
-    if [ ! -f "$src/transformers/llm/engine/src/llm.cpp" ]; then
-        got="$(sha256sum "$engines/$MNN_TARBALL" | cut -d' ' -f1)"
-        [ "$got" = "$MNN_TARBALL_SHA256" ] \
-            || { log "$engines/$MNN_TARBALL: sha256 $got, expected $MNN_TARBALL_SHA256"; exit 1; }
-        rm -rf "$src" "$src.tmp"
-        mkdir -p "$src.tmp"
-        tar -xzf "$engines/$MNN_TARBALL" -C "$src.tmp" --strip-components=1
-        mv "$src.tmp" "$src"
-    fi
+    unpack_pinned "$engines/$MNN_TARBALL" "$MNN_TARBALL_SHA256" "$src" transformers/llm/engine/src/llm.cpp
 else
     echo "no MNN source: set $source_var to an MNN checkout (or put $MNN_TARBALL in $engines)"
     exit 3
@@ -100,8 +94,6 @@ if [ "$source_only" = 1 ]; then
 fi
 
 # ---- 1b. patch series -----------------------------------------------------------------------
-# shellcheck source=../common/engine-build.sh
-. "$here/../common/engine-build.sh"
 apply_patch_series "$src" "$here/$PATCHES" "$cache/src-$src_id" "MNN $tree ($src)"
 psrc="$PATCHED_SRC"
 
