@@ -128,9 +128,10 @@ def main():
     ok &= check("cannot load" in x["error"] and x["error_position"] == 0,
                 f"missing: \"{x['error']}\"")
 
-    # A kvc error mid-run: the 11th decode step's first failing call (30 layers: one
-    # h2o_end_call per layer and forward, two kvq_cells_write).
-    layers = 30
+    # A kvc error mid-run: a call of the 11th decode step (one h2o_end_call per layer and
+    # forward, two kvq_cells_write), the layer count read from the model.
+    with open(os.path.join(a.model, "config.json")) as f:
+        layers = json.load(f)["num_hidden_layers"]
     for name, spec, after, call in (("fault-h2o", h2o, layers * 11 + 5, "end_call"),
                                     ("fault-kvq", kvq, 2 * layers * 11 + 7, "cells_write")):
         env = dict(os.environ, KVC_FAULT_REAL=a.kvc_library, KVC_FAULT_AFTER=str(after))
