@@ -9,7 +9,7 @@ use kvc::kvq::{kvc_kvq_free, kvc_kvq_new_from_plan, kvc_kvq_row_bytes, KvcKvq};
 use kvc::KvcStatus;
 use kvc_kvq::{row_bytes, KvqPlan, Method};
 use kvc_kvq_calibrate::{
-    allocate, make_plan, sensitivity, BitBounds, CalibShape, CalibSource, QuerySample,
+    allocate, make_plan, sensitivity, BitBounds, CalibShape, CalibSource, Objective, QuerySample,
 };
 
 #[test]
@@ -36,7 +36,15 @@ fn calibrated_plan_loads_through_the_c_api() {
     let sample = QuerySample { from: 8, stride: 8 };
     let m = Method::LloydMax;
     let sens = sensitivity(shape, &k, &v, &q, m, 3, sample).unwrap();
-    let alloc = allocate(&sens, m, 64, 4.0, 1.0, BitBounds::default()).unwrap();
+    let alloc = allocate(
+        &sens,
+        m,
+        64,
+        4.0,
+        Objective::k_weight(1.0),
+        BitBounds::default(),
+    )
+    .unwrap();
     let src = CalibSource {
         source: "synthetic".into(),
         tag: "t".into(),
@@ -48,7 +56,7 @@ fn calibrated_plan_loads_through_the_c_api() {
         sample,
         &src,
         4.0,
-        1.0,
+        Objective::k_weight(1.0),
         BitBounds::default(),
         &sens,
         &alloc,
@@ -89,4 +97,42 @@ fn calibrated_plan_loads_through_the_c_api() {
     let st = unsafe { kvc_kvq_new_from_plan(v1.as_ptr().cast(), v1.len(), &mut h) };
     assert_eq!(st, KvcStatus::KVC_CORRUPT_DATA);
     assert!(h.is_null());
+
+    // With layer weights the plan is version 4; it loads, and as version 3 it is refused.
+    let w = [4.0, 0.5, 1.0, 0.25];
+    let obj = Objective {
+        k_weight: 1.0,
+        layer_weights: Some(&w),
+    };
+    let alloc = allocate(&sens, m, 64, 4.0, obj, BitBounds::default()).unwrap();
+    let plan = make_plan(
+        shape,
+        m,
+        3,
+        sample,
+        &src,
+        4.0,
+        obj,
+        BitBounds::default(),
+        &sens,
+        &alloc,
+    )
+    .unwrap();
+    let json = plan.to_json();
+    assert!(json.contains("\"version\": 4") && json.contains("layer_weights"));
+    for (text, want) in [
+        (json.clone(), KvcStatus::KVC_OK),
+        (
+            json.replacen("\"version\": 4", "\"version\": 3", 1),
+            KvcStatus::KVC_CORRUPT_DATA,
+        ),
+    ] {
+        let mut h: *mut KvcKvq = ptr::null_mut();
+        // SAFETY: as above.
+        let st = unsafe { kvc_kvq_new_from_plan(text.as_ptr().cast(), text.len(), &mut h) };
+        assert_eq!(st, want);
+        assert_eq!(h.is_null(), want != KvcStatus::KVC_OK);
+        // SAFETY: `h` is null or live and used by nothing else.
+        unsafe { kvc_kvq_free(h) };
+    }
 }

@@ -127,6 +127,72 @@ fn bounded_plan_keeps_every_layer_in_bounds() {
 }
 
 #[test]
+fn layer_weights_make_a_version_4_plan() {
+    let dir = dump("weights");
+    let out = dir.join("plan.json");
+    let weights = dir.join("weights.json");
+    std::fs::write(&weights, r#"{"weights": [8.0, 0.25, 1.0]}"#).unwrap();
+    let arg = ["--layer-weights", weights.to_str().unwrap()];
+    let o = plan_with(&dir, "4", Some(&out), &arg);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.contains("per layer x its weight"), "{text}");
+    let weighted = KvqPlan::from_json(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    assert_eq!(weighted.version, 4);
+    assert_eq!(
+        weighted.calibration.as_ref().unwrap().layer_weights,
+        Some(vec![8.0, 0.25, 1.0])
+    );
+    let o = kvc().args(["quant", "inspect"]).arg(&out).output().unwrap();
+    let shown = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        shown.contains("layers weighed by measured sensitivity: 0.250 to 8.000"),
+        "{shown}"
+    );
+    // the heavy layer gets at least the bits it gets unweighted, the light one at most
+    let o = plan_with(&dir, "4", Some(&out), &[]);
+    assert!(o.status.success());
+    let plain = KvqPlan::from_json(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    assert_eq!(plain.version, 2);
+    let bits = |p: &KvqPlan, l: usize| p.layers[l].k_bits + p.layers[l].v_bits;
+    assert!(bits(&weighted, 0) >= bits(&plain, 0) && bits(&weighted, 1) <= bits(&plain, 1));
+    // with protections the version is still 4
+    let prot = [
+        "--layer-weights",
+        weights.to_str().unwrap(),
+        "--sink",
+        "4",
+        "--recent",
+        "16",
+        "--recent-bits",
+        "8",
+        "--k-center",
+    ];
+    let o = plan_with(&dir, "4", Some(&out), &prot);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let p = KvqPlan::from_json(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    assert_eq!((p.version, p.recent_bits), (4, Some(8)));
+    // a file of the wrong length, a zero weight, no weights array, or no file: refused
+    for (body, says) in [
+        (r#"{"weights": [1.0, 1.0]}"#, "layer weights"),
+        (r#"{"weights": [1.0, 0.0, 1.0]}"#, "finite and > 0"),
+        (r#"{"w": [1.0, 1.0, 1.0]}"#, "\"weights\""),
+        ("not json", "weights.json"),
+    ] {
+        std::fs::write(&weights, body).unwrap();
+        let o = plan_with(&dir, "4", None, &arg);
+        assert_eq!(o.status.code(), Some(2), "{body}");
+        let e = String::from_utf8_lossy(&o.stderr);
+        assert!(e.contains(says), "{body}: {e}");
+    }
+    std::fs::remove_file(&weights).unwrap();
+    let o = plan_with(&dir, "4", None, &arg);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("weights.json"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
 fn plan_is_written_and_loads() {
     let dir = dump("ok");
     let out = dir.join("plan.json");

@@ -455,6 +455,37 @@ fn layer_errors(
     Ok((k_errs, v_errs))
 }
 
+/// What [`allocate`] minimizes: per layer `w_l * (k_weight * K_err + V_err)`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Objective<'a> {
+    /// Weight of every K error against the V errors (1: alike).
+    pub k_weight: f64,
+    /// Each layer's weight `w_l` (one per layer); `None`: every layer 1.
+    pub layer_weights: Option<&'a [f64]>,
+}
+
+impl Objective<'_> {
+    /// K weight `k_weight`, every layer weighed 1.
+    pub fn k_weight(k_weight: f64) -> Objective<'static> {
+        Objective {
+            k_weight,
+            layer_weights: None,
+        }
+    }
+
+    /// The objective of `layers` on `sens` (a plan's, or a uniform configuration's).
+    pub fn error_of(&self, sens: &Sensitivity, layers: &[LayerBits]) -> f64 {
+        layers
+            .iter()
+            .enumerate()
+            .map(|(l, b)| {
+                self.layer_weights.map_or(1.0, |w| w[l])
+                    * (self.k_weight * sens.k_err(l, b.k_bits) + sens.v_err(l, b.v_bits))
+            })
+            .sum()
+    }
+}
+
 /// The result of [`allocate`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct Allocation {
@@ -501,6 +532,9 @@ pub fn plan_bits_per_value(layers: &[LayerBits], method: Method, head_dim: usize
 ///
 /// `k_weight` multiplies every K error in the objective (1 treats K and V alike; end to end,
 /// K errors cost more than their layer-local size says, see `data/kvq-plans/README.md`).
+/// `layer_weights` (one per layer, finite and > 0) multiplies each layer's K and V errors:
+/// the model's measured sensitivity to that layer (`integrations/llama/kvq-calibrate.py`
+/// measures it in llama.cpp); `None` weighs every layer 1.
 /// Every layer's bits are within `bounds`; the budget check then names the largest ratio
 /// the bounds' minimums reach.
 pub fn allocate(
@@ -508,9 +542,13 @@ pub fn allocate(
     method: Method,
     head_dim: usize,
     ratio: f64,
-    k_weight: f64,
+    objective: Objective<'_>,
     bounds: BitBounds,
 ) -> Result<Allocation> {
+    let Objective {
+        k_weight,
+        layer_weights,
+    } = objective;
     let n_layer = sens.k.len();
     if n_layer == 0 || sens.v.len() != n_layer {
         return Err(Error::LayoutMismatch {
@@ -519,6 +557,22 @@ pub fn allocate(
             found: sens.v.len(),
         });
     }
+    if let Some(w) = layer_weights {
+        if w.len() != n_layer {
+            return Err(Error::LayoutMismatch {
+                what: "layer weights (one per layer)",
+                expected: n_layer,
+                found: w.len(),
+            });
+        }
+        if let Some(i) = w.iter().position(|x| !(x.is_finite() && *x > 0.0)) {
+            return Err(Error::BadConfig {
+                input: format!("layer weight {i}: {}", w[i]),
+                reason: "layer weights must be finite and > 0".into(),
+            });
+        }
+    }
+    let weight_of = |l: usize| layer_weights.map_or(1.0, |w| w[l]);
     if !(ratio.is_finite() && ratio > 0.0) {
         return Err(Error::BadConfig {
             input: format!("{ratio}"),
@@ -593,7 +647,7 @@ pub fn allocate(
         for bk in bounds.k.0..=bounds.k.1 {
             for bv in bounds.v.0..=bounds.v.1 {
                 let c = unit_of(bk) + unit_of(bv);
-                let e = k_weight * sens.k_err(l, bk) + sens.v_err(l, bv);
+                let e = weight_of(l) * (k_weight * sens.k_err(l, bk) + sens.v_err(l, bv));
                 if e < best[c].0 {
                     best[c] = (e, bk, bv);
                 }
@@ -665,7 +719,7 @@ pub fn make_plan(
     sample: QuerySample,
     src: &CalibSource,
     ratio: f64,
-    k_weight: f64,
+    objective: Objective<'_>,
     bounds: BitBounds,
     sens: &Sensitivity,
     alloc: &Allocation,
@@ -675,8 +729,13 @@ pub fn make_plan(
         |what: &'static str, x: usize| u32::try_from(x).map_err(|_| Error::SizeOverflow { what });
     let plan = KvqPlan {
         format: kvc_kvq::config::PLAN_FORMAT.into(),
-        // a calibration record is version 2; protections (version 3) are added by the caller
-        version: 2,
+        // a calibration record is version 2, with layer weights 4; protections (version 3)
+        // are added by the caller
+        version: if objective.layer_weights.is_some() {
+            4
+        } else {
+            2
+        },
         method: method.tag(),
         seed,
         head_dim: u32_of("head_dim", shape.head_dim)?,
@@ -694,10 +753,11 @@ pub fn make_plan(
             query_from: u32_of("query_from", sample.from)?,
             query_stride: u32_of("query_stride", sample.stride)?,
             budget_ratio: ratio,
-            k_weight,
+            k_weight: objective.k_weight,
             k_bits_range: range(bounds.is_full(), bounds.k),
             v_bits_range: range(bounds.is_full(), bounds.v),
             k_center_tokens: None,
+            layer_weights: objective.layer_weights.map(<[f64]>::to_vec),
             achieved_ratio: alloc.ratio(),
             total_error: alloc.total_error,
             layer_errors: alloc
@@ -852,23 +912,87 @@ mod tests {
             v: vec![[0.1; N_BITS]],
         };
         // 2 bits everywhere is 2.25 bits/value with lm at d = 64: ratio 7.11 at most.
-        let e = allocate(&s, m, 64, 8.0, 1.0, BitBounds::default()).unwrap_err();
+        let e = allocate(
+            &s,
+            m,
+            64,
+            8.0,
+            Objective::k_weight(1.0),
+            BitBounds::default(),
+        )
+        .unwrap_err();
         assert!(e.to_string().contains("7.111"), "{e}");
-        assert!(allocate(&s, m, 64, 7.1, 1.0, BitBounds::default()).is_ok());
-        assert!(allocate(&s, m, 64, f64::NAN, 1.0, BitBounds::default()).is_err());
-        assert!(allocate(&s, m, 64, 0.0, 1.0, BitBounds::default()).is_err());
+        assert!(allocate(
+            &s,
+            m,
+            64,
+            7.1,
+            Objective::k_weight(1.0),
+            BitBounds::default()
+        )
+        .is_ok());
+        assert!(allocate(
+            &s,
+            m,
+            64,
+            f64::NAN,
+            Objective::k_weight(1.0),
+            BitBounds::default()
+        )
+        .is_err());
+        assert!(allocate(
+            &s,
+            m,
+            64,
+            0.0,
+            Objective::k_weight(1.0),
+            BitBounds::default()
+        )
+        .is_err());
         let mut nan = s.clone();
         nan.k[0][3] = f64::NAN;
-        assert!(allocate(&nan, m, 64, 4.0, 1.0, BitBounds::default()).is_err());
-        assert!(allocate(&s, m, 64, 4.0, 0.0, BitBounds::default()).is_err());
-        assert!(allocate(&s, m, 64, 4.0, f64::INFINITY, BitBounds::default()).is_err());
+        assert!(allocate(
+            &nan,
+            m,
+            64,
+            4.0,
+            Objective::k_weight(1.0),
+            BitBounds::default()
+        )
+        .is_err());
+        assert!(allocate(
+            &s,
+            m,
+            64,
+            4.0,
+            Objective::k_weight(0.0),
+            BitBounds::default()
+        )
+        .is_err());
+        assert!(allocate(
+            &s,
+            m,
+            64,
+            4.0,
+            Objective::k_weight(f64::INFINITY),
+            BitBounds::default()
+        )
+        .is_err());
     }
 
     #[test]
     fn plan_from_calibration_round_trips() {
         let (k, v, q) = synth(SHAPE, 4);
         let s = sensitivity(SHAPE, &k, &v, &q, Method::LloydMax, 5, SAMPLE).unwrap();
-        let a = allocate(&s, Method::LloydMax, 64, 3.5, 1.0, BitBounds::default()).unwrap();
+        let a = allocate(
+            &s,
+            Method::LloydMax,
+            64,
+            3.5,
+            Objective::k_weight(1.0),
+            BitBounds::default(),
+        )
+        .unwrap();
         assert!(a.ratio() >= 3.5);
         let src = CalibSource {
             source: "synthetic".into(),
@@ -881,7 +1005,7 @@ mod tests {
             SAMPLE,
             &src,
             3.5,
-            1.0,
+            Objective::k_weight(1.0),
             BitBounds::default(),
             &s,
             &a,
@@ -910,6 +1034,73 @@ mod tests {
         assert!(short.validate().is_err());
         // Free bounds are not recorded, so plans made without bounds are unchanged.
         assert!(!p.to_json().contains("bits_range"));
+    }
+
+    #[test]
+    fn layer_weights_steer_bits_and_make_a_version_4_plan() {
+        let (k, v, q) = synth(SHAPE, 4);
+        let s = sensitivity(SHAPE, &k, &v, &q, Method::LloydMax, 5, SAMPLE).unwrap();
+        let n = SHAPE.n_layer;
+        let plain = allocate(
+            &s,
+            Method::LloydMax,
+            64,
+            4.0,
+            Objective::k_weight(1.0),
+            BitBounds::default(),
+        )
+        .unwrap();
+        // Layer 0 weighs 1000 times the others: it gets at least the bits it had.
+        let mut w = vec![1.0; n];
+        w[0] = 1000.0;
+        let obj = Objective {
+            k_weight: 1.0,
+            layer_weights: Some(&w),
+        };
+        let a = allocate(&s, Method::LloydMax, 64, 4.0, obj, BitBounds::default()).unwrap();
+        let bits = |l: &LayerBits| l.k_bits + l.v_bits;
+        assert!(
+            bits(&a.layers[0]) > bits(&plain.layers[0]),
+            "{:?} vs {:?}",
+            a.layers,
+            plain.layers
+        );
+        assert!(a.ratio() >= 4.0);
+        assert!((obj.error_of(&s, &a.layers) - a.total_error).abs() <= 1e-12);
+        let src = CalibSource {
+            source: "synthetic".into(),
+            tag: "t".into(),
+        };
+        let p = make_plan(
+            SHAPE,
+            Method::LloydMax,
+            5,
+            SAMPLE,
+            &src,
+            4.0,
+            obj,
+            BitBounds::default(),
+            &s,
+            &a,
+        )
+        .unwrap();
+        assert_eq!(p.version, 4);
+        let back = KvqPlan::from_json(&p.to_json()).unwrap();
+        assert_eq!(back.calibration.unwrap().layer_weights.unwrap(), w);
+        // Wrong length, zero, negative or non-finite weights are refused.
+        for bad in [
+            vec![1.0; n - 1],
+            vec![1.0; n + 1],
+            vec![0.0; n],
+            vec![-1.0; n],
+            vec![f64::NAN; n],
+        ] {
+            let obj = Objective {
+                k_weight: 1.0,
+                layer_weights: Some(&bad),
+            };
+            assert!(allocate(&s, Method::LloydMax, 64, 4.0, obj, BitBounds::default()).is_err());
+        }
     }
 
     #[test]
@@ -944,7 +1135,7 @@ mod tests {
         let (k, v, q) = synth(SHAPE, 6);
         let s = sensitivity(SHAPE, &k, &v, &q, Method::LloydMax, 5, SAMPLE).unwrap();
         let b = BitBounds::new((4, 6), (4, 8)).unwrap();
-        let a = allocate(&s, Method::LloydMax, 64, 3.6, 1.0, b).unwrap();
+        let a = allocate(&s, Method::LloydMax, 64, 3.6, Objective::k_weight(1.0), b).unwrap();
         assert!(a.layers.iter().all(|l| b.allows(l.k_bits, l.v_bits)));
         let src = CalibSource {
             source: "synthetic".into(),
@@ -957,7 +1148,7 @@ mod tests {
             SAMPLE,
             &src,
             3.6,
-            1.0,
+            Objective::k_weight(1.0),
             b,
             &s,
             &a,
@@ -987,11 +1178,11 @@ mod tests {
             assert_eq!(c.validate().is_ok(), ok, "{range:?}");
         }
         // Minimums above the budget name the ratio they reach: k4v4 rows are 4.25 bits.
-        let e = allocate(&s, Method::LloydMax, 64, 3.9, 1.0, b).unwrap_err();
+        let e = allocate(&s, Method::LloydMax, 64, 3.9, Objective::k_weight(1.0), b).unwrap_err();
         assert!(e.to_string().contains("3.765"), "{e}");
         // Equal bounds are a uniform plan.
         let one = BitBounds::new((5, 5), (3, 3)).unwrap();
-        let a = allocate(&s, Method::LloydMax, 64, 2.0, 1.0, one).unwrap();
+        let a = allocate(&s, Method::LloydMax, 64, 2.0, Objective::k_weight(1.0), one).unwrap();
         assert!(a.layers.iter().all(|l| (l.k_bits, l.v_bits) == (5, 3)));
         for bad in [
             ((1, 8), (2, 8)),
@@ -1022,6 +1213,7 @@ mod tests {
             k_weight in prop_oneof![Just(1.0f64), 0.25f64..8.0],
             uniform_group in prop_oneof![Just(None), Just(Some(32u16))],
             (k_lo, k_hi, v_lo, v_hi) in (2u8..=8, 2u8..=8, 2u8..=8, 2u8..=8),
+            weights in proptest::option::of(proptest::collection::vec(0.05f64..20.0, 12)),
         ) {
             let bounds = BitBounds::new(
                 (k_lo.min(k_hi), k_lo.max(k_hi)),
@@ -1033,17 +1225,21 @@ mod tests {
             let min_bpv = 4.0 * (row_bytes(m, bounds.k.0, d).unwrap()
                 + row_bytes(m, bounds.v.0, d).unwrap()) as f64 / d as f64;
             prop_assume!(16.0 / ratio >= min_bpv);
-            let a = allocate(&s, m, d, ratio, k_weight, bounds).unwrap();
+            let w = weights.as_ref().map(|w| &w[..s.k.len()]);
+            let obj = Objective { k_weight, layer_weights: w };
+            let a = allocate(&s, m, d, ratio, obj, bounds).unwrap();
             prop_assert!(a.layers.iter().all(|l| bounds.allows(l.k_bits, l.v_bits)));
             prop_assert!(a.bits_per_value <= 16.0 / ratio, "{} > {}", a.bits_per_value, 16.0 / ratio);
             let recomputed: f64 = a.layers.iter().enumerate()
-                .map(|(l, b)| k_weight * s.k_err(l, b.k_bits) + s.v_err(l, b.v_bits)).sum();
+                .map(|(l, b)| w.map_or(1.0, |w| w[l])
+                    * (k_weight * s.k_err(l, b.k_bits) + s.v_err(l, b.v_bits))).sum();
             prop_assert!((recomputed - a.total_error).abs() <= 1e-9);
+            prop_assert!((obj.error_of(&s, &a.layers) - a.total_error).abs() <= 1e-9);
             for bk in BITS {
                 for bv in BITS {
                     let u = vec![LayerBits { k_bits: bk, v_bits: bv }; s.k.len()];
                     if bounds.allows(bk, bv) && plan_bits_per_value(&u, m, d).unwrap() <= 16.0 / ratio {
-                        let ue = s.uniform_error(bk, bv, k_weight);
+                        let ue = obj.error_of(&s, &u);
                         prop_assert!(a.total_error <= ue + 1e-9,
                             "k{bk}v{bv}: {} > {ue}", a.total_error);
                     }

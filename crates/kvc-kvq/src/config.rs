@@ -165,8 +165,10 @@ pub const PLAN_FORMAT: &str = "kvc-kvq-plan";
 /// without one is written as version 1, which every reader of version 1 still loads.
 /// Version 3 adds the protections an engine applies with the plan (`recent_bits`: the
 /// recent window as kvq rows of those bits instead of f16; `k_center`: K coded relative
-/// to a per-sequence center); a plan without them keeps its older version.
-pub const PLAN_VERSION: u32 = 3;
+/// to a per-sequence center); a plan without them keeps its older version. Version 4 adds
+/// the calibration's `layer_weights` (each layer's errors weighed by the model's measured
+/// sensitivity to them); a plan made without weights keeps its older version.
+pub const PLAN_VERSION: u32 = 4;
 /// The oldest plan version this crate reads.
 pub const PLAN_VERSION_MIN: u32 = 1;
 
@@ -214,10 +216,15 @@ pub struct PlanCalibration {
     /// centered); absent when K was coded as is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub k_center_tokens: Option<[u32; 2]>,
+    /// Version 4: each layer's weight in the objective (its errors were multiplied by it),
+    /// the model's measured end-to-end sensitivity to that layer's error; absent when every
+    /// layer weighed 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub layer_weights: Option<Vec<f64>>,
     /// The ratio the plan reaches: 16 / mean bits per value, scales included.
     pub achieved_ratio: f64,
     /// The allocation's objective: sum over layers of the K errors times `k_weight` and
-    /// the V errors.
+    /// the V errors (each layer's sum times its weight in `layer_weights`).
     pub total_error: f64,
     /// One entry per layer, in order.
     pub layer_errors: Vec<LayerErrors>,
@@ -239,7 +246,7 @@ pub struct LayerBits {
 pub struct KvqPlan {
     /// Always [`PLAN_FORMAT`].
     pub format: String,
-    /// Always [`PLAN_VERSION`].
+    /// [`PLAN_VERSION_MIN`]..=[`PLAN_VERSION`]: the oldest version that holds the plan's fields.
     pub version: u32,
     /// `lm` or `u<group>`.
     pub method: String,
@@ -405,6 +412,24 @@ impl KvqPlan {
                     ));
                 }
             }
+            if let Some(w) = &c.layer_weights {
+                if self.version < 4 {
+                    return bad("calibration layer_weights need plan version 4".into());
+                }
+                if w.len() != self.layers.len() {
+                    return bad(format!(
+                        "calibration has {} layer weights for {} layers",
+                        w.len(),
+                        self.layers.len()
+                    ));
+                }
+                if let Some(i) = w.iter().position(|&x| !pos(x)) {
+                    return bad(format!(
+                        "calibration layer {i}: weight {} must be finite and > 0",
+                        w[i]
+                    ));
+                }
+            }
             if let Some([a, b]) = c.k_center_tokens {
                 if a >= b || b > c.n_tokens {
                     return bad(format!(
@@ -519,7 +544,7 @@ mod tests {
         let j = p.to_json();
         for (from, to) in [
             ("\"kvc-kvq-plan\"", "\"other\""),
-            ("\"version\": 1", "\"version\": 4"),
+            ("\"version\": 1", "\"version\": 5"),
             ("\"version\": 1", "\"version\": 0"),
             // version 3's fields in an older plan, and out of range
             (
@@ -543,6 +568,62 @@ mod tests {
         }
         for cut in 0..j.len() {
             assert!(KvqPlan::from_json(&j[..cut]).is_err());
+        }
+        // version 4: layer weights in the calibration record
+        let cal = PlanCalibration {
+            source: "dump".into(),
+            tag: "textA".into(),
+            n_tokens: 1024,
+            n_head: 9,
+            query_from: 64,
+            query_stride: 8,
+            budget_ratio: 4.0,
+            k_weight: 1.0,
+            k_bits_range: None,
+            v_bits_range: None,
+            k_center_tokens: None,
+            // binary fractions: JSON round-trips them exactly
+            layer_weights: Some((0..30).map(|i| 0.5 + f64::from(i) / 32.0).collect()),
+            achieved_ratio: 4.27,
+            total_error: 1.0,
+            layer_errors: vec![
+                LayerErrors {
+                    k_err: 0.01,
+                    v_err: 0.02
+                };
+                30
+            ],
+        };
+        let mut p4 = p.clone();
+        p4.version = 4;
+        p4.calibration = Some(cal);
+        let j4 = p4.to_json();
+        assert_eq!(KvqPlan::from_json(&j4).unwrap(), p4);
+        let mut w = p4.clone();
+        w.version = 3;
+        assert!(w.validate().is_err(), "layer weights in a version-3 plan");
+        for bad_w in [
+            vec![1.0; 29],
+            vec![1.0; 31],
+            {
+                let mut v = vec![1.0; 30];
+                v[7] = 0.0;
+                v
+            },
+            {
+                let mut v = vec![1.0; 30];
+                v[0] = f64::NAN;
+                v
+            },
+        ] {
+            let mut w = p4.clone();
+            if let Some(c) = w.calibration.as_mut() {
+                c.layer_weights = Some(bad_w);
+            }
+            assert!(w.validate().is_err());
+        }
+        for cut in (0..j4.len()).step_by(7) {
+            assert!(KvqPlan::from_json(&j4[..cut]).is_err());
         }
         // version 3: protections round-trip; each rule refuses its own breach
         let mut p3 = p.clone();

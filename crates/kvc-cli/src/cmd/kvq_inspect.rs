@@ -80,6 +80,18 @@ pub fn run(a: InspectArgs) -> Result<(), CliError> {
                 println!("  {side} bits bounded to {lo}..={hi}");
             }
         }
+        if let Some(w) = &c.layer_weights {
+            let (lo, hi) = w.iter().fold((f64::INFINITY, 0.0f64), |(lo, hi), &x| {
+                (lo.min(x), hi.max(x))
+            });
+            println!(
+                "  layers weighed by measured sensitivity: {lo:.3} to {hi:.3} (mean 1): {}",
+                w.iter()
+                    .map(|x| format!("{x:.2}"))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            );
+        }
     }
     println!(
         "  {:>5} {:>6} {:>6} {:>9} {:>9} {:>8}",

@@ -9,7 +9,7 @@ use kvc_kvq::config::DEFAULT_SEED;
 use kvc_kvq::{KvqConfig, LayerBits, Method};
 use kvc_kvq_calibrate::{
     allocate, make_plan, plan_bits_per_value, sensitivity_with, BitBounds, CalibShape, CalibSource,
-    QuerySample, BITS,
+    Objective, QuerySample, BITS,
 };
 
 use crate::cli_error::CliError;
@@ -77,6 +77,12 @@ pub struct PlanArgs {
     /// first fills (plan version 3; needs --sink and --recent).
     #[arg(long = "k-center")]
     k_center_engine: bool,
+    /// Weigh each layer's errors by the model's measured sensitivity to them: a JSON file
+    /// with `"weights": [one positive number per layer]`
+    /// (`integrations/llama/kvq-calibrate.py` measures them in llama.cpp). The plan is then
+    /// version 4 and records them. Default: every layer 1.
+    #[arg(long = "layer-weights")]
+    layer_weights: Option<PathBuf>,
     /// Write the plan (JSON) here.
     #[arg(long)]
     out: Option<PathBuf>,
@@ -97,6 +103,10 @@ pub fn run(a: PlanArgs) -> Result<(), CliError> {
     let method = method_of(&a.method)?;
     let bounds = BitBounds::new((a.k_bits_min, a.k_bits_max), (a.v_bits_min, a.v_bits_max))
         .map_err(|e| CliError::input(format!("--k-bits-min/max, --v-bits-min/max: {e}")))?;
+    let weights = match &a.layer_weights {
+        Some(path) => Some(crate::cmd::tc::read_weights(path)?),
+        None => None,
+    };
     let dump = KvqDump::read(&a.dump, &a.text_tag)?;
     let (k, v, q) = (&dump.k, &dump.v, &dump.q);
     let [n_layer, n_tokens, n_kv_head, head_dim] = k.shape;
@@ -132,10 +142,19 @@ pub fn run(a: PlanArgs) -> Result<(), CliError> {
         ))
     })?;
     let secs = t0.elapsed().as_secs_f64();
-    let alloc = allocate(&sens, method, head_dim, a.budget, a.k_weight, bounds).map_err(|e| {
+    let objective = Objective {
+        k_weight: a.k_weight,
+        layer_weights: weights.as_deref(),
+    };
+    let alloc = allocate(&sens, method, head_dim, a.budget, objective, bounds).map_err(|e| {
         CliError::input(format!(
-            "--budget {} --k-weight {}: {e}",
-            a.budget, a.k_weight
+            "--budget {} --k-weight {}{}: {e}",
+            a.budget,
+            a.k_weight,
+            a.layer_weights
+                .as_ref()
+                .map(|p| format!(" --layer-weights {}", p.display()))
+                .unwrap_or_default()
         ))
     })?;
     let src = CalibSource {
@@ -143,7 +162,7 @@ pub fn run(a: PlanArgs) -> Result<(), CliError> {
         tag: a.text_tag.clone(),
     };
     let mut plan = make_plan(
-        shape, method, a.seed, sample, &src, a.budget, a.k_weight, bounds, &sens, &alloc,
+        shape, method, a.seed, sample, &src, a.budget, objective, bounds, &sens, &alloc,
     )
     .map_err(lib)?;
     if let (Some(r), Some(c)) = (&k_center, plan.calibration.as_mut()) {
@@ -156,7 +175,7 @@ pub fn run(a: PlanArgs) -> Result<(), CliError> {
     plan.recent_bits = a.recent_bits;
     plan.k_center = a.k_center_engine;
     if plan.recent_bits.is_some() || plan.k_center {
-        plan.version = 3;
+        plan.version = plan.version.max(3);
     }
     plan.validate()
         .map_err(|e| CliError::input(format!("--sink/--recent/--recent-bits/--k-center: {e}")))?;
@@ -172,8 +191,8 @@ pub fn run(a: PlanArgs) -> Result<(), CliError> {
         a.query_stride
     );
     println!(
-        "  {:>5} {:>3} {:>3} {:>11} {:>11}",
-        "layer", "bk", "bv", "K err", "V err"
+        "  {:>5} {:>3} {:>3} {:>11} {:>11} {:>7}",
+        "layer", "bk", "bv", "K err", "V err", "weight"
     );
     let cal = plan
         .calibration
@@ -182,15 +201,25 @@ pub fn run(a: PlanArgs) -> Result<(), CliError> {
     let (mut sk, mut sv) = (0.0, 0.0);
     for (i, (l, e)) in plan.layers.iter().zip(&cal.layer_errors).enumerate() {
         println!(
-            "  {i:>5} {:>3} {:>3} {:>11.4e} {:>11.4e}",
-            l.k_bits, l.v_bits, e.k_err, e.v_err
+            "  {i:>5} {:>3} {:>3} {:>11.4e} {:>11.4e} {:>7.3}",
+            l.k_bits,
+            l.v_bits,
+            e.k_err,
+            e.v_err,
+            weights.as_ref().map_or(1.0, |w| w[i])
         );
         sk += e.k_err;
         sv += e.v_err;
     }
     println!(
-        "  total: K {sk:.4e} x {} + V {sv:.4e} = {:.4e}; {:.4} bits/value, ratio {:.3}",
+        "  total: {}K {sk:.4e} x {} + V {sv:.4e}{} = {:.4e}; {:.4} bits/value, ratio {:.3}",
+        if weights.is_some() { "(" } else { "" },
         a.k_weight,
+        if weights.is_some() {
+            ") per layer x its weight"
+        } else {
+            ""
+        },
         alloc.total_error,
         alloc.bits_per_value,
         alloc.ratio()
@@ -219,7 +248,7 @@ pub fn run(a: PlanArgs) -> Result<(), CliError> {
                 n_layer
             ];
             let bpv = plan_bits_per_value(&u, method, head_dim).map_err(lib)?;
-            uniform.push((bk, bv, bpv, sens.uniform_error(bk, bv, a.k_weight)));
+            uniform.push((bk, bv, bpv, objective.error_of(&sens, &u)));
         }
     }
     let best = uniform

@@ -278,8 +278,9 @@ fn run_inspect(a: InspectArgs) -> Result<(), CliError> {
     Ok(())
 }
 
-/// The `"weights"` array of a layer-weights file.
-fn read_weights(path: &std::path::Path) -> Result<Vec<f64>, CliError> {
+/// The `"weights"` array of a layer-weights file (`kvc tc calibrate` and `kvc quant plan`
+/// read the same files).
+pub(crate) fn read_weights(path: &std::path::Path) -> Result<Vec<f64>, CliError> {
     let text = std::fs::read_to_string(path).map_err(|e| CliError::io(path, e))?;
     let j: serde_json::Value = serde_json::from_str(&text)
         .map_err(|e| CliError::input(format!("{}: {e}", path.display())))?;
