@@ -87,11 +87,13 @@ bool sidecar_shape(const std::string & path, int & L, int & T) {
     return std::sscanf(s.c_str() + b, "[ %d , %d", &L, &T) == 2;
 }
 
-// dtype: "f16" (the cache bytes), "bf16" (RNE of the callback's f32) or "f32" (the callback's f32)
+// dtype: "f16" (the cache bytes), "bf16" (RNE of the callback's f32) or "f32" (the callback's f32);
+// n_swa > 0: a sliding-window model, whose f16 files are the callback's f32 rounded to f16 (its
+// state holds only the window's cells of those layers)
 void write_sidecar(const std::string & path, const std::string & file, const char * tensor, const std::string & dtype,
                    const ModelInfo & mi, int n_tok, const Options & o, const std::string & text_path,
-                   const std::string & text, long text_tokens_total) {
-    const bool bf16 = dtype == "bf16", f32 = dtype == "f32", from_f32 = bf16 || f32;
+                   const std::string & text, long text_tokens_total, int n_swa) {
+    const bool bf16 = dtype == "bf16", f32 = dtype == "f32", from_f32 = bf16 || f32 || n_swa > 0;
     std::ostringstream j;
     j << "{\n";
     j << "  \"file\": \"" << json_escape(file) << "\",\n";
@@ -99,8 +101,13 @@ void write_sidecar(const std::string & path, const std::string & file, const cha
     j << "  \"dtype\": \""
       << (bf16  ? "bfloat16 (RNE from float32)"
           : f32 ? "float32 (the rows the model computed, before the f16 cache)"
+          : n_swa > 0 ? "float16 IEEE binary16 (the rows the model computed, rounded as the f16 cache rounds them)"
                 : "float16 IEEE binary16 (bytes read back from the llama.cpp f16 KV cache)")
       << "\",\n";
+    if (n_swa > 0) {
+        // informational: kvc quant plan's layer-local errors attend over every token
+        j << "  \"sliding_window\": " << n_swa << ",\n";
+    }
     j << "  \"byte_order\": \"little-endian\",\n";
     const bool q = tensor[0] == 'Q';  // queries have n_head heads, K and V n_kv_head
     j << "  \"layout\": \"[n_layer][n_tokens][" << (q ? "n_head" : "n_kv_head") << "][head_dim]\",\n";
@@ -187,13 +194,21 @@ RunResult run_dump(llama_model * model, const ModelInfo & mi, const Options & o,
         decode_batch(ctx.get(), toks, s, m, s, want);
     }
     const double dt = now_s() - t0;
-    const auto blob = get_seq_state(ctx.get());
-    const CacheDump d = parse_f16_state(blob, mi);
-    if (d.n_cells != n) fail("dump: cache holds " + std::to_string(d.n_cells) + " cells, expected " + std::to_string(n));
-    for (int c = 0; c < n; ++c) {
-        if (d.pos[c] != c) fail("dump: cell " + std::to_string(c) + " holds position " + std::to_string(d.pos[c]));
-    }
     const size_t ne = (size_t) mi.n_embd_kv();
+    // A sliding-window model's state holds two caches, the window's layers only their last
+    // cells (llama.cpp's iSWA): its rows come from the eval callback alone, and the checks that
+    // read the state (cells, positions, layer 0's attention, f16 bytes) are not made.
+    const int n_swa = llama_model_n_swa(model);
+    std::vector<uint8_t> blob;
+    CacheDump d;
+    if (n_swa == 0) {
+        blob = get_seq_state(ctx.get());
+        d = parse_f16_state(blob, mi);
+        if (d.n_cells != n) fail("dump: cache holds " + std::to_string(d.n_cells) + " cells, expected " + std::to_string(n));
+        for (int c = 0; c < n; ++c) {
+            if (d.pos[c] != c) fail("dump: cell " + std::to_string(c) + " holds position " + std::to_string(d.pos[c]));
+        }
+    }
     for (int l = 0; l < mi.n_layer; ++l) {
         if (tap.k_rows[l].size() != (size_t) n * ne || tap.v_rows[l].size() != (size_t) n * ne) {
             fail("dump: eval callback captured the wrong number of rows for layer " + std::to_string(l));
@@ -206,8 +221,19 @@ RunResult run_dump(llama_model * model, const ModelInfo & mi, const Options & o,
     // over the cached K, recomputed from the captured Q (rounded to f16 as the f16 K x f32 Q
     // product does) for every query of the last ubatch and every head, must match llama.cpp's
     // kq_soft_max-0. A wrong head, token or layer order gives differences of order 0.1.
-    double q_attention_max_err = 0.0;
-    {
+    if (n_swa > 0) {
+        d.n_cells = n;
+        d.k.resize((size_t) mi.n_layer * n * ne);
+        d.v.resize(d.k.size());
+        for (int l = 0; l < mi.n_layer; ++l) {
+            for (size_t x = 0; x < (size_t) n * ne; ++x) {
+                d.k[(size_t) l * n * ne + x] = ggml_fp32_to_fp16(tap.k_rows[l][x]);
+                d.v[(size_t) l * n * ne + x] = ggml_fp32_to_fp16(tap.v_rows[l][x]);
+            }
+        }
+    }
+    double q_attention_max_err = n_swa > 0 ? -1.0 : 0.0;
+    if (n_swa == 0) {
         const int last0 = ((n - 1) / 512) * 512, m = n - last0, D = mi.head_dim, H = mi.n_head;
         const int group = mi.n_head / mi.n_head_kv;
         if (tap.kq0_ntok != m || tap.kq0_nkv < n) fail("dump: layer 0's attention of the last ubatch was not captured");
@@ -256,8 +282,9 @@ RunResult run_dump(llama_model * model, const ModelInfo & mi, const Options & o,
     r.cells_end = n;
     r.cells_verified = d.n_cells;
     r.extra.push_back({"f16_of_callback_f32_mismatches", std::to_string(f16_mismatch)});
-    r.extra.push_back({"q_attention_max_err", json_num(q_attention_max_err)});
-    r.extra.push_back({"state_bytes", std::to_string(blob.size())});
+    r.extra.push_back({"q_attention_max_err", n_swa > 0 ? std::string("null") : json_num(q_attention_max_err)});
+    r.extra.push_back({"state_bytes", n_swa > 0 ? std::string("null") : std::to_string(blob.size())});
+    if (n_swa > 0) r.detail += "; sliding-window model (window " + std::to_string(n_swa) + "): rows from the eval callback";
 
     if (!o.dump_dir.empty()) {
         const std::string pre = o.dump_dir + "/" + tag;
@@ -269,7 +296,7 @@ RunResult run_dump(llama_model * model, const ModelInfo & mi, const Options & o,
             write_bytes(o.dump_dir + "/" + bin, f.second->data(), nb);
             const bool bf16 = std::strstr(f.first, "bf16") != nullptr;
             write_sidecar(pre + "." + f.first + ".json", bin, f.first[0] == 'K' ? "K" : "V", bf16 ? "bf16" : "f16", mi, n,
-                          o, text_path, text, (long) toks.size());
+                          o, text_path, text, (long) toks.size(), n_swa);
         }
         // f32: the rows the model computed (the f16 cache rounds them), layer after layer
         for (const bool is_v : { false, true }) {
@@ -283,7 +310,7 @@ RunResult run_dump(llama_model * model, const ModelInfo & mi, const Options & o,
             }
             write_bytes(o.dump_dir + "/" + bin, all.data(), all.size() * sizeof(float));
             write_sidecar(pre + "." + name + ".json", bin, is_v ? "V" : "K", "f32", mi, n, o, text_path, text,
-                          (long) toks.size());
+                          (long) toks.size(), n_swa);
         }
         // Q: the post-RoPE queries of every layer, for training and checking compressors that
         // must keep attention's output (softmax(q K^T) V), not only K and V
@@ -293,7 +320,7 @@ RunResult run_dump(llama_model * model, const ModelInfo & mi, const Options & o,
             all.reserve((size_t) mi.n_layer * n * mi.n_head * mi.head_dim);
             for (int l = 0; l < mi.n_layer; ++l) all.insert(all.end(), tap.q_rows[l].begin(), tap.q_rows[l].end());
             write_bytes(o.dump_dir + "/" + bin, all.data(), all.size() * sizeof(float));
-            write_sidecar(pre + ".Q.f32.json", bin, "Q", "f32", mi, n, o, text_path, text, (long) toks.size());
+            write_sidecar(pre + ".Q.f32.json", bin, "Q", "f32", mi, n, o, text_path, text, (long) toks.size(), n_swa);
         }
         r.extra.push_back({"dump_dir", "\"" + json_escape(o.dump_dir) + "\""});
     }

@@ -162,10 +162,11 @@ int run(int argc, char ** argv) {
     }
     // the modes that read or write the sequence state parse it as one cache holding every layer
     // (llama_state_parse.hpp); a sliding-window model's state holds two (llama.cpp's iSWA cache:
-    // the full-attention layers, then the sliding-window layers), so they are refused on it
+    // the full-attention layers, then the sliding-window layers), so they are refused on it (the
+    // dump mode takes such a model's rows from the eval callback alone)
     if (llama_model_n_swa(model) > 0) {
         for (const auto & m : o.modes) {
-            if (m == "state" || m == "share" || m == "dump" || is_mlp_mode(m) || m.rfind("mlp", 0) == 0)
+            if (m == "state" || m == "share" || is_mlp_mode(m) || m.rfind("mlp", 0) == 0)
                 throw UsageError("mode '" + m + "' reads the sequence state as one cache of every layer; this model has " +
                                  "sliding-window layers (window " + std::to_string(llama_model_n_swa(model)) +
                                  "), whose state llama.cpp writes as two caches (iSWA)");
