@@ -9,6 +9,8 @@
 - llama-server with -ctk kvq4 -ctv kvq4 and with --kvc-plan answers a chat completion; a
   repeated prompt reuses the cache; a slot saved and restored; generation past the context
   with context shift;
+- a layer-weighted version-4 plan at 5:1 (issue 50, data/kvq-plans/smollm2-135m-lw5-s4w64.json):
+  loads, its tensors hold its rows, and its KL is below q4_0's with 36 % fewer bytes;
 - a plan with protections (f16 sink, 8-bit window, K center through kvc's kvq cells): in
   llama-perplexity's batched prefill under half of kvq4's KL; in llama-server two slots at once,
   a cached prefix reused with the same answer (the host prompt cache on), generation past a
@@ -23,7 +25,8 @@
 
 Every check can fail; the first failure ends the run with status 1 and says what it saw.
 
-    ci_tools.py --bin-dir DIR --model GGUF --text TEXT --plan PLAN.json --out DIR
+    ci_tools.py --bin-dir DIR --model GGUF --text TEXT --plan PLAN.json --protect-plan PLAN.json
+                --frontier-plan PLAN.json --out DIR
 """
 import argparse
 import http.client as http_client
@@ -214,6 +217,8 @@ def main():
     ap.add_argument("--text", required=True)
     ap.add_argument("--plan", required=True)
     ap.add_argument("--protect-plan", required=True, help="a version-3 plan with sink, window and K center")
+    ap.add_argument("--frontier-plan", required=True,
+                    help="a version-4 plan past q4_0's ratio (layer weights from kvq-calibrate.py)")
     ap.add_argument("--out", required=True)
     ap.add_argument("--threads", default="2")
     a = ap.parse_args()
@@ -258,6 +263,8 @@ def main():
                        ("default", ["-ctk", "kvq4", "-ctv", "kvq4"]),
                        ("plan", ["--kvc-plan", a.plan]), ("q4_0", ["-ctk", "q4_0", "-ctv", "q4_0", "-fa", "on"]),
                        ("protected", ["--kvc-plan", a.protect_plan]),
+                       # issue 50: a layer-weighted plan at 5:1 (2048 cells, everything counted)
+                       ("frontier", ["--kvc-plan", a.frontier_plan]),
                        # the same protections as flags on kvq by bits
                        ("flags", ["-ctk", "kvq4", "-ctv", "kvq4"] + protect_flags(a.protect_plan))]:
         _, text = run(ppl + args + ["--kl-divergence-base", base, "--kl-divergence"], f"{a.out}/ppl-{name}.log")
@@ -282,6 +289,15 @@ def main():
         fail(f"the protected plan's KL {kl['protected']['kld']} is not below half of kvq4's {kl['kvq4']['kld']}")
     if "kvc kvq cells on 30 layers" not in open(f"{a.out}/ppl-protected.log", errors="replace").read():
         fail("llama-perplexity's log does not say the kvq cells are on")
+    # the version-4 plan loads, its tensors hold its rows (5.58:1 before the cells' bytes), and
+    # with 36 % fewer bytes than q4_0 it has less KL (docs/results/kvq-frontier.md: 0.030 / 0.074
+    # at 2048 tokens; here 256)
+    fplan = json.load(open(a.frontier_plan))
+    want = 128 * len(fplan["layers"]) / sum(4 + 8 * (l["k_bits"] + l["v_bits"]) for l in fplan["layers"])
+    if fplan["version"] != 4 or abs(kl["frontier"]["ratio_vs_f16"] - want) > 0.02 * want:
+        fail(f"frontier plan: version {fplan['version']}, tensors at {kl['frontier']['ratio_vs_f16']:.3f}:1, want 4 and {want:.3f}")
+    if not kl["frontier"]["kld"] < kl["q4_0"]["kld"]:
+        fail(f"the 5:1 plan's KL {kl['frontier']['kld']} is not below q4_0's {kl['q4_0']['kld']}")
     # a k4v4 plan's rows are kvq4's: its protections as flags give the same run, bit for bit
     if (kl["flags"]["kld"], kl["flags"]["k_mib"], kl["flags"]["v_mib"]) != \
             (kl["protected"]["kld"], kl["protected"]["k_mib"], kl["protected"]["v_mib"]):

@@ -59,7 +59,7 @@ for path in sorted(glob.glob(os.path.join(d, "*.log"))):
             r[key] = float(m.group(1))
     # llama.cpp's own line: "KV cache <type>, N cells: X MiB at capacity (...), f16 Y MiB: R:1" (one
     # per cache; a sliding-window model has two), else its size lines
-    held = [(float(a), float(b)) for a, b in re.findall(r"KV cache [^,]+, \d+ cells: ([0-9.]+) MiB[^\n]*?f16 ([0-9.]+) MiB", log)]
+    held = [(float(a), float(b)) for a, b in re.findall(r"KV cache [^\n]*?\d+ cells: ([0-9.]+) MiB[^\n]*?f16 ([0-9.]+) MiB", log)]
     if held:
         r["held"], r["f16"] = sum(h for h, _ in held), sum(f for _, f in held)
     else:

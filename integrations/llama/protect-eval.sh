@@ -12,7 +12,8 @@
 # Environment: KVC_PROTECT_THREADS (default: nproc), KVC_PROTECT_REPEATS (default 3),
 # KVC_PROTECT_PARTS (default "2k 8k speed"), KVC_PROTECT_SPEED_CTX (default 2048,8192,32768;
 # the run writes speed-<ctx list>.json with each round; the table takes medians over rounds),
-# KVC_PROTECT_SPEED_REPEATS (default 5).
+# KVC_PROTECT_SPEED_REPEATS (default 5), KVC_PROTECT_SET (protected, default; or frontier:
+# issue 50's layer-weighted plans, see below), KVC_PROTECT_SKIP (labels not to run).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 eval "$(integrations/llama/fetch-and-build.sh | grep -E '^[A-Z_]+=')"
@@ -30,11 +31,26 @@ configs=(
     "q8_0|-ctk q8_0 -ctv q8_0 -fa on"
     "q5_0-q4_0|-ctk q5_0 -ctv q4_0 -fa on"
     "q4_0|-ctk q4_0 -ctv q4_0 -fa on"
-    "kvq4|-ctk kvq4 -ctv kvq4"
+    "kvq4|-ctk kvq4 -ctv kvq4 --kvc-sink 0 --kvc-window 0 --kvc-center off"
     "k4v4-s4w64|--kvc-plan $P-k4v4-s4w64.json"
     "r3.73-min4-s4w64|--kvc-plan $P-r3.73-min4-s4w64.json"
     "r5.66-kw3-kc-s4w64|--kvc-plan $P-r5.66-kw3-kc-s4w64.json"
 )
+# KVC_PROTECT_SET=frontier: issue 50's frontier (docs/results/kvq-frontier.md): the plans whose
+# layers are weighed by the probes of integrations/llama/kvq-calibrate.py, next to the plans
+# before them, llama.cpp's own types and the most compact kvq rows (kvq2, no protections)
+if [ "${KVC_PROTECT_SET:-protected}" = frontier ]; then
+    configs=(
+        "${configs[@]:0:3}"
+        "k4v4-s4w64|--kvc-plan $P-k4v4-s4w64.json"
+        "lw3.5-s4w64|--kvc-plan $P-lw3.5-s4w64.json"
+        "lw4.2-s4w64|--kvc-plan $P-lw4.2-s4w64.json"
+        "r5.66-kw3-kc-s4w64|--kvc-plan $P-r5.66-kw3-kc-s4w64.json"
+        "lw5-s4w64|--kvc-plan $P-lw5-s4w64.json"
+        "lw6-s4w64|--kvc-plan $P-lw6-s4w64.json"
+        "kvq2|-ctk kvq2 -ctv kvq2 --kvc-sink 0 --kvc-window 0 --kvc-center off"
+    )
+fi
 keep() { grep -aE "llama_kv_cache: size|kvc kvq cells|over [0-9]+ chunks|^ +[0-9]+ +[0-9.]+ ±|Final estimate|Mean|KLD|Same top|RMS Δp|Cor\(" "$1" || true; }
 run_text() {  # name text ctx chunks
     local name="$1" text="$2" ctx="$3" chunks="$4"
@@ -45,6 +61,7 @@ run_text() {  # name text ctx chunks
     keep "$work/$name.f16.log" >"$out/$name.f16.log"
     for c in "${configs[@]}"; do
         local label="${c%%|*}"
+        [[ " ${KVC_PROTECT_SKIP:-} " == *" $label "* ]] && continue
         read -r -a args <<<"${c#*|}"
         echo "protect-eval: $name $label" >&2
         OMP_WAIT_POLICY=passive "${ppl[@]}" "${args[@]}" --kl-divergence-base "$base" --kl-divergence \
@@ -72,6 +89,10 @@ if [[ " $parts " == *" 8k "* ]]; then
 fi
 if [[ " $parts " == *" speed "* ]]; then
     modes="f16,q8_0,q4_0,kvq-native:k4v4,kvq-native-plan:$P-k4v4-s4w64.json,kvq-native-plan:$P-r3.73-min4-s4w64.json"
+    if [ "${KVC_PROTECT_SET:-protected}" = frontier ]; then
+        modes="f16,q8_0,q4_0,kvq-native-plan:$P-k4v4-s4w64.json,kvq-native-plan:$P-lw3.5-s4w64.json"
+        modes+=",kvq-native-plan:$P-lw5-s4w64.json,kvq-native-plan:$P-lw6-s4w64.json"
+    fi
     # every mode's cache filled once (batched prefill on 2 threads), then $speed_repeats timed
     # rounds of 31 one-token steps, the modes interleaved; one thread's rows go to the table
     echo "protect-eval: speed, $speed_repeats interleaved rounds" >&2

@@ -22,12 +22,12 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from tools_kl_table import parse  # noqa: E402
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
-PLANS = {
-    "k4v4-s4w64": "data/kvq-plans/smollm2-135m-k4v4-s4w64.json",
-    "r3.73-min4-s4w64": "data/kvq-plans/smollm2-135m-r3.73-min4-s4w64.json",
-    "r5.66-kw3-kc-s4w64": "data/kvq-plans/smollm2-135m-r5.66-kw3-kc-s4w64.json",
-}
-ORDER = ["q8_0", "q5_0-q4_0", "q4_0", "kvq4", "k4v4-s4w64", "r3.73-min4-s4w64", "r5.66-kw3-kc-s4w64"]
+# a label names a plan when data/kvq-plans/smollm2-135m-<label>.json exists
+PLANS = {label: f"data/kvq-plans/smollm2-135m-{label}.json"
+         for label in ["k4v4-s4w64", "r3.73-min4-s4w64", "r5.66-kw3-kc-s4w64", "lw3.5-s4w64", "lw4.2-s4w64",
+                       "lw5-s4w64", "lw6-s4w64"]}
+ORDER = ["q8_0", "q5_0-q4_0", "q4_0", "kvq4", "k4v4-s4w64", "r3.73-min4-s4w64", "lw3.5-s4w64", "lw4.2-s4w64",
+         "r5.66-kw3-kc-s4w64", "lw5-s4w64", "lw6-s4w64", "kvq2"]
 
 
 def packed(d, bits):

@@ -22,6 +22,7 @@ mkdir -p "$out"
 t1=$SECONDS
 python3 integrations/llama/ci_tools.py --bin-dir "$(dirname "$LLAMA_SERVER")" --model "$MODEL" --text "$TEXT_A" \
     --plan data/kvq-plans/smollm2-135m-r3.5-kw3.json --protect-plan data/kvq-plans/smollm2-135m-k4v4-s4w64.json \
+    --frontier-plan data/kvq-plans/smollm2-135m-lw5-s4w64.json \
     --out "$out"
 echo "55-llama-tools: the tools' checks took $((SECONDS - t1)) s"
 # the first page of docs/llama-cpp.md, every command as written on the test model (build

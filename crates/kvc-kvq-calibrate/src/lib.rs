@@ -911,73 +911,27 @@ mod tests {
             k: vec![[0.1; N_BITS]],
             v: vec![[0.1; N_BITS]],
         };
+        let alloc = |s: &Sensitivity, ratio: f64, k_weight: f64| {
+            allocate(
+                s,
+                m,
+                64,
+                ratio,
+                Objective::k_weight(k_weight),
+                BitBounds::default(),
+            )
+        };
         // 2 bits everywhere is 2.25 bits/value with lm at d = 64: ratio 7.11 at most.
-        let e = allocate(
-            &s,
-            m,
-            64,
-            8.0,
-            Objective::k_weight(1.0),
-            BitBounds::default(),
-        )
-        .unwrap_err();
+        let e = alloc(&s, 8.0, 1.0).unwrap_err();
         assert!(e.to_string().contains("7.111"), "{e}");
-        assert!(allocate(
-            &s,
-            m,
-            64,
-            7.1,
-            Objective::k_weight(1.0),
-            BitBounds::default()
-        )
-        .is_ok());
-        assert!(allocate(
-            &s,
-            m,
-            64,
-            f64::NAN,
-            Objective::k_weight(1.0),
-            BitBounds::default()
-        )
-        .is_err());
-        assert!(allocate(
-            &s,
-            m,
-            64,
-            0.0,
-            Objective::k_weight(1.0),
-            BitBounds::default()
-        )
-        .is_err());
+        assert!(alloc(&s, 7.1, 1.0).is_ok());
+        assert!(alloc(&s, f64::NAN, 1.0).is_err());
+        assert!(alloc(&s, 0.0, 1.0).is_err());
         let mut nan = s.clone();
         nan.k[0][3] = f64::NAN;
-        assert!(allocate(
-            &nan,
-            m,
-            64,
-            4.0,
-            Objective::k_weight(1.0),
-            BitBounds::default()
-        )
-        .is_err());
-        assert!(allocate(
-            &s,
-            m,
-            64,
-            4.0,
-            Objective::k_weight(0.0),
-            BitBounds::default()
-        )
-        .is_err());
-        assert!(allocate(
-            &s,
-            m,
-            64,
-            4.0,
-            Objective::k_weight(f64::INFINITY),
-            BitBounds::default()
-        )
-        .is_err());
+        assert!(alloc(&nan, 4.0, 1.0).is_err());
+        assert!(alloc(&s, 4.0, 0.0).is_err());
+        assert!(alloc(&s, 4.0, f64::INFINITY).is_err());
     }
 
     #[test]
