@@ -27,7 +27,10 @@ What it runs (all from this repository: kvc's llama.cpp build and the `kvc` comm
 The budget: `--budget R` is the ratio of the quantized rows alone (as `kvc quant plan`); with
 `--held-ratio R --context N` the script finds the rows' budget so that everything the cache
 holds at N cells of one sequence (llama.cpp's tensors and kvc's cells beside them, as
-`kvc quant inspect --context` counts it) is R times smaller than f16.
+`kvc quant inspect --context` counts it) is R times smaller than f16. That count gives every layer
+N cells; a sliding-window model's window layers hold fewer (llama.cpp's iSWA cache), so for it
+the ratio llama.cpp reports is lower: size such a model with `--budget` and read the ratio from
+llama.cpp's "KV cache ... at capacity" line (frontier-model.sh does).
 
 Cost: one model run for the dump, about 10 s of `kvc`, and layers + 2 perplexity runs of
 `--probe-ctx x --probe-chunks` tokens. SmolLM2-135M (30 layers) on 2 cores: about 4 minutes at
@@ -36,6 +39,7 @@ one you evaluate on.
 """
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -224,6 +228,7 @@ def main():
     t_probe = time.time() - t0
 
     # 4. the weighted plan
+    budget = math.ceil(budget * 1e6) / 1e6  # rounded up: the rows never take more than asked
     out = run([a.kvc, "quant", "plan", "--budget", f"{budget:.6f}", "--dump", dump, "--k-weight", str(a.k_weight),
                *center, *protections(a), "--layer-weights", weights_path, "--out", a.out], "kvc quant plan")
     held = ""
