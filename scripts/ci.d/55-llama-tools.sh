@@ -8,7 +8,8 @@
 # qwen3, gemma3 with sliding-window layers at head 256 and 128, phi3 at head 96): attention
 # within a bound derived from each type's row error, rows and bytes as asked, the state round
 # trip, refusals (integrations/llama/testmodels/, docs/llama-cpp.md); every command on the
-# first page of docs/llama-cpp.md, as written (integrations/llama/ci_docs.py). The build is
+# first page of docs/llama-cpp.md, as written (integrations/llama/ci_docs.py); kvq-calibrate.py on a
+# short text, its version-4 plan loaded by llama-perplexity (issue 50). The build is
 # fetch-and-build.sh's, cached with the rest of .cache/llama (50-llama.sh built it).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -25,6 +26,29 @@ python3 integrations/llama/ci_tools.py --bin-dir "$(dirname "$LLAMA_SERVER")" --
     --frontier-plan data/kvq-plans/smollm2-135m-lw5-s4w64.json \
     --out "$out"
 echo "55-llama-tools: the tools' checks took $((SECONDS - t1)) s"
+# issue 50's one command, small: a layer-weighted plan from the GGUF and a text (dump, one
+# llama-perplexity probe per layer, the weighted allocation), then loaded by llama-perplexity
+t4=$SECONDS
+python3 integrations/llama/kvq-calibrate.py --model "$MODEL" --text "$TEXT_A" --held-ratio 4 --context 512 \
+    --dump-tokens 256 --probe-ctx 128 --probe-chunks 2 --threads 2 --eval "$EVAL" --perplexity "$LLAMA_PERPLEXITY" \
+    --kvc target/debug/kvc --work "$out/calibrate" --out "$out/calibrated.json" >"$out/calibrate.log" 2>&1 \
+    || { cat "$out/calibrate.log" >&2; echo "55-llama-tools: kvq-calibrate.py failed" >&2; exit 1; }
+python3 - "$out/calibrated.json" "$out/calibrate.log" <<'EOF'
+import json, re, sys
+p = json.load(open(sys.argv[1]))
+w = p["calibration"]["layer_weights"]
+held = re.search(r"bytes per token, ratio ([0-9.]+) vs f16", open(sys.argv[2]).read())
+protections = (p["sink_tokens"], p["recent_tokens"], p["recent_bits"], p["k_center"])
+if not (p["version"] == 4 and len(w) == len(p["layers"]) == 30 and all(x > 0 for x in w)
+        and abs(sum(w) / len(w) - 1) < 1e-9 and protections == (4, 64, 8, True) and held
+        and float(held.group(1)) >= 4.0):
+    sys.exit(f"55-llama-tools: kvq-calibrate.py did not write a version-4 plan with 30 weights and the "
+             f"protections at >= 4:1 held: {p} {held and held.group(0)}")
+EOF
+"$LLAMA_PERPLEXITY" -m "$MODEL" -f "$TEXT_A" -c 256 --chunks 1 -t 2 --kvc-plan "$out/calibrated.json" -v \
+    >"$out/ppl-calibrated.log" 2>&1 && grep -q "kvc kvq cells on 30 layers" "$out/ppl-calibrated.log" \
+    || { tail -n 20 "$out/ppl-calibrated.log" >&2; echo "55-llama-tools: llama-perplexity did not run the calibrated plan" >&2; exit 1; }
+echo "55-llama-tools: kvq-calibrate.py and its plan took $((SECONDS - t4)) s"
 # the first page of docs/llama-cpp.md, every command as written on the test model (build
 # commands checked against fetch-and-build.sh and the patched tree); first the check's own
 # negative test: a synthetic page naming a flag that does not exist must fail on that line
