@@ -142,9 +142,16 @@ int main(void) {
     kvq = NULL;
     for (size_t cut = 0; cut < strlen(plan); cut += 3)
         CHECK(kvc_kvq_new_from_plan(plan, cut, &kvq) != KVC_OK && kvq == NULL);
+    /* Version 4 (layer weights in the calibration record) loads; a version past it does not. */
     const char* v4 = "{\"format\":\"kvc-kvq-plan\",\"version\":4,\"method\":\"lm\",\"seed\":1,"
                      "\"head_dim\":64,\"n_kv_head\":3,\"layers\":[{\"k_bits\":4,\"v_bits\":4}]}";
-    CHECK_STATUS(kvc_kvq_new_from_plan(v4, strlen(v4), &kvq), KVC_UNSUPPORTED);
+    CHECK_STATUS(kvc_kvq_new_from_plan(v4, strlen(v4), &kvq), KVC_OK);
+    kvc_kvq_free(kvq);
+    kvq = NULL;
+    const char* v5 = "{\"format\":\"kvc-kvq-plan\",\"version\":5,\"method\":\"lm\",\"seed\":1,"
+                     "\"head_dim\":64,\"n_kv_head\":3,\"layers\":[{\"k_bits\":4,\"v_bits\":4}]}";
+    CHECK_STATUS(kvc_kvq_new_from_plan(v5, strlen(v5), &kvq), KVC_UNSUPPORTED);
+    CHECK(kvq == NULL);
     /* Version 3: the protections an engine applies with kvc_kvq_cells (ABI 0.14). */
     const char* v3 = "{\"format\":\"kvc-kvq-plan\",\"version\":3,\"method\":\"lm\",\"seed\":1,"
                      "\"head_dim\":64,\"n_kv_head\":3,\"sink_tokens\":4,\"recent_tokens\":64,"
