@@ -293,7 +293,8 @@ def main():
     # with 36 % fewer bytes than q4_0 it has less KL (docs/results/kvq-frontier.md: 0.030 / 0.074
     # at 2048 tokens; here 256)
     fplan = json.load(open(a.frontier_plan))
-    want = 128 * len(fplan["layers"]) / sum(4 + 8 * (l["k_bits"] + l["v_bits"]) for l in fplan["layers"])
+    # f16 holds 2 x 64 x 2 bytes of K and V per layer, KV head and token; kvq 4 + 8 x (K + V bits)
+    want = 256 * len(fplan["layers"]) / sum(4 + 8 * (l["k_bits"] + l["v_bits"]) for l in fplan["layers"])
     if fplan["version"] != 4 or abs(kl["frontier"]["ratio_vs_f16"] - want) > 0.02 * want:
         fail(f"frontier plan: version {fplan['version']}, tensors at {kl['frontier']['ratio_vs_f16']:.3f}:1, want 4 and {want:.3f}")
     if not kl["frontier"]["kld"] < kl["q4_0"]["kld"]:
