@@ -805,6 +805,13 @@ mod tests {
         n_kv_head: 2,
         head_dim: 64,
     };
+    fn synthetic_src() -> CalibSource {
+        CalibSource {
+            source: "synthetic".into(),
+            tag: "t".into(),
+        }
+    }
+
     const SAMPLE: QuerySample = QuerySample {
         from: 16,
         stride: 8,
@@ -948,10 +955,7 @@ mod tests {
         )
         .unwrap();
         assert!(a.ratio() >= 3.5);
-        let src = CalibSource {
-            source: "synthetic".into(),
-            tag: "t".into(),
-        };
+        let src = synthetic_src();
         let p = make_plan(
             SHAPE,
             Method::LloydMax,
@@ -1021,10 +1025,7 @@ mod tests {
         );
         assert!(a.ratio() >= 4.0);
         assert!((obj.error_of(&s, &a.layers) - a.total_error).abs() <= 1e-12);
-        let src = CalibSource {
-            source: "synthetic".into(),
-            tag: "t".into(),
-        };
+        let src = synthetic_src();
         let p = make_plan(
             SHAPE,
             Method::LloydMax,
@@ -1091,10 +1092,7 @@ mod tests {
         let b = BitBounds::new((4, 6), (4, 8)).unwrap();
         let a = allocate(&s, Method::LloydMax, 64, 3.6, Objective::k_weight(1.0), b).unwrap();
         assert!(a.layers.iter().all(|l| b.allows(l.k_bits, l.v_bits)));
-        let src = CalibSource {
-            source: "synthetic".into(),
-            tag: "t".into(),
-        };
+        let src = synthetic_src();
         let p = make_plan(
             SHAPE,
             Method::LloydMax,
